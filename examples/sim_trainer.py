@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""A simulated Hugging Face-style trainer: no GPU, no PyTorch, plain Python 3.
+
+It takes the usual Trainer flags, "uses" memory according to a simple model, and
+when that exceeds the simulated GPU it dies exactly like a real PyTorch 2.x run:
+a traceback ending in `torch.OutOfMemoryError: CUDA out of memory. ...` and exit 1.
+It saves and resumes real-shaped `checkpoint-N/trainer_state.json` folders, so
+oomguard can be tried end to end on any machine:
+
+    oomguard python3 examples/sim_trainer.py --per_device_train_batch_size 16 \
+        --gradient_accumulation_steps 2 --max_seq_length 1024 \
+        --output_dir /tmp/sim-out --max_steps 30 --save_steps 5
+
+Memory model (GiB): model_gib + micro_batch * seq_len * gib_per_sample_token,
+with the activation part x0.4 under gradient checkpointing. With the defaults
+(24 GiB GPU, 2 GiB model, 0.004) micro-batch 16 and 8 OOM at seq 1024, 4 fits.
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+CHECKPOINTING_FACTOR = 0.4  # activations kept with gradient checkpointing
+CUDA_CONTEXT_GIB = 0.5      # "non-PyTorch memory": the CUDA context
+GIB, MIB = 1024 ** 3, 1024 ** 2
+
+
+def str2bool(v):
+    if v.lower() in ("true", "1", "yes"):
+        return True
+    if v.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--per_device_train_batch_size", type=int, default=8)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--max_seq_length", type=int, default=512)
+    p.add_argument("--gradient_checkpointing", type=str2bool, nargs="?", const=True, default=False)
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--save_steps", type=int, default=10)
+    p.add_argument("--max_steps", type=int, default=30)
+    p.add_argument("--resume_from_checkpoint", default=None)
+    p.add_argument("--step_seconds", type=float, default=0.02)
+    p.add_argument("--capacity_gib", type=float, default=float(os.environ.get("SIM_CAPACITY_GIB", 24)))
+    p.add_argument("--gib_per_sample_token", type=float,
+                   default=float(os.environ.get("SIM_GIB_PER_SAMPLE_TOKEN", 0.004)))
+    p.add_argument("--model_gib", type=float, default=2.0)
+    p.add_argument("--oom_at_step", type=int, default=7,
+                   help="a run that does not fit dies at the first step >= this one")
+    # Test-only behaviours.
+    p.add_argument("--hang_after_oom", action="store_true", help="print the OOM, then hang (like NCCL)")
+    p.add_argument("--fail_with", type=int, default=None, help="die of a non-OOM error with this code")
+    p.add_argument("--die_while_saving_at", type=int, default=None, help="SIGKILL self mid-save of checkpoint-N")
+    p.add_argument("--print_signals", action="store_true", help="print each signal received")
+    return p.parse_args()
+
+
+def fmt(nbytes):
+    """Format a size the way PyTorch's OOM message does (c10 format_size)."""
+    if nbytes < 1024:
+        return f"{nbytes:.0f} bytes"
+    if nbytes < MIB:
+        return f"{nbytes / 1024:.2f} KiB"
+    if nbytes < GIB:
+        return f"{nbytes / MIB:.2f} MiB"
+    return f"{nbytes / GIB:.2f} GiB"
+
+
+def die_of_oom(args, need_gib, hang):
+    """Print what a real PyTorch 2.x run prints when an allocation fails, then exit 1."""
+    total = args.capacity_gib * GIB
+    free = total * 0.05                        # a little is always left free
+    in_use = total - free                      # what this process holds
+    reserved_unalloc = min(912 * MIB, in_use / 10)
+    allocated = in_use - reserved_unalloc - CUDA_CONTEXT_GIB * GIB
+    tried = max((need_gib * GIB - in_use) / 4, free + 2 * MIB)  # one chunk of the rest
+    gpu = int(os.environ.get("LOCAL_RANK", 0))
+    sys.stdout.flush()
+    sys.stderr.write(
+        "Traceback (most recent call last):\n"
+        f'  File "{os.path.abspath(__file__)}", line 230, in <module>\n'
+        "    main()\n"
+        f'  File "{os.path.abspath(__file__)}", line 205, in main\n'
+        "    loss = training_step(batch)\n"
+        '  File "/usr/lib/python3/site-packages/torch/nn/functional.py", line 1704, in softmax\n'
+        "    ret = input.softmax(dim)\n"
+        "          ^^^^^^^^^^^^^^^^^^\n"
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {fmt(tried)}. "
+        f"GPU {gpu} has a total capacity of {fmt(total)} of which {fmt(free)} is free. "
+        f"Including non-PyTorch memory, this process has {fmt(in_use)} memory in use. "
+        f"Of the allocated memory {fmt(allocated)} is allocated by PyTorch, and "
+        f"{fmt(reserved_unalloc)} is reserved by PyTorch but unallocated. If reserved but "
+        "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+        "to avoid fragmentation.  See documentation for Memory Management  "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n")
+    sys.stderr.flush()
+    while hang:                                # a rank stuck in a collective never exits
+        time.sleep(3600)
+    sys.exit(1)
+
+
+def die_of_other_error(code):
+    sys.stdout.flush()
+    sys.stderr.write(
+        "Traceback (most recent call last):\n"
+        f'  File "{os.path.abspath(__file__)}", line 205, in main\n'
+        "    loss = training_step(batch)\n"
+        "RuntimeError: Expected all tensors to be on the same device, but found at least "
+        "two devices, cuda:0 and cpu!\n")
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+def write_atomic(path, text):
+    """Write to a temporary name, then rename, so a reader never sees half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(args, step, state):
+    """Save like HF: weights first, trainer_state.json last (its presence = complete)."""
+    ckpt = os.path.join(args.output_dir, f"checkpoint-{step}")
+    os.makedirs(ckpt, exist_ok=True)
+    write_atomic(os.path.join(ckpt, "model.safetensors"), f"sim weights at step {step}\n")
+    if args.die_while_saving_at == step:
+        print(f"(simulated crash while saving checkpoint-{step})", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    state["global_step"] = step
+    write_atomic(os.path.join(ckpt, "trainer_state.json"), json.dumps(state, indent=2) + "\n")
+    print(f"Saving model checkpoint to {ckpt}", flush=True)
+
+
+def install_signal_printer():
+    def handler(signum, _frame):
+        print(f"received signal {signal.Signals(signum).name}", flush=True)
+        signal.signal(signum, signal.SIG_DFL)  # then die of it as usual
+        os.kill(os.getpid(), signum)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, handler)
+
+
+def main():
+    args = parse_args()
+    if args.print_signals:
+        install_signal_printer()
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    micro, accum, seq = args.per_device_train_batch_size, args.gradient_accumulation_steps, args.max_seq_length
+    global_batch = micro * accum * world
+    activations = micro * seq * args.gib_per_sample_token
+    if args.gradient_checkpointing:
+        activations *= CHECKPOINTING_FACTOR
+    need_gib = args.model_gib + activations
+
+    print(f"micro batch: {micro}  grad accum: {accum}  world size: {world}  seq len: {seq}  "
+          f"grad checkpointing: {args.gradient_checkpointing}")
+    print(f"global batch: {global_batch}")
+    print(f"memory needed: {need_gib:.2f} GiB of {args.capacity_gib:.2f} GiB", flush=True)
+
+    # The state a checkpoint carries, in the shape of HF's trainer_state.json.
+    # "oomguard_sim.segments" records which settings trained which steps.
+    state = {"global_step": 0, "max_steps": args.max_steps, "save_steps": args.save_steps,
+             "logging_steps": 1, "train_batch_size": micro, "epoch": 0.0, "log_history": [],
+             "best_metric": None, "best_model_checkpoint": None, "is_hyper_param_search": False,
+             "is_local_process_zero": True, "is_world_process_zero": True, "total_flos": 0,
+             "trial_name": None, "trial_params": None,
+             "oomguard_sim": {"micro": micro, "accum": accum, "world": world,
+                              "global_batch": global_batch, "segments": []}}
+    start = 0
+    if args.resume_from_checkpoint:
+        with open(os.path.join(args.resume_from_checkpoint, "trainer_state.json")) as f:
+            old = json.load(f)
+        start = old["global_step"]
+        state["log_history"] = old["log_history"]
+        state["oomguard_sim"]["segments"] = old.get("oomguard_sim", {}).get("segments", [])
+        print(f"resuming from {os.path.basename(os.path.normpath(args.resume_from_checkpoint))} "
+              f"at step {start}", flush=True)
+    segment = {"start_step": start, "end_step": start, "micro": micro, "accum": accum,
+               "world": world, "global_batch": global_batch, "seq_len": seq,
+               "gradient_checkpointing": args.gradient_checkpointing,
+               "resumed_from": args.resume_from_checkpoint}
+    state["oomguard_sim"]["segments"].append(segment)
+    os.makedirs(args.output_dir, exist_ok=True)
+
+    tty = sys.stdout.isatty()
+    t0 = time.time()
+    for step in range(start + 1, args.max_steps + 1):
+        time.sleep(args.step_seconds)
+        if step >= args.oom_at_step and args.fail_with is not None:
+            die_of_other_error(args.fail_with)
+        if step >= args.oom_at_step and need_gib > args.capacity_gib:
+            if tty:
+                print()
+            die_of_oom(args, need_gib, args.hang_after_oom)
+        loss = 4.0 / (1 + 0.1 * step)
+        state["log_history"].append({"step": step, "loss": round(loss, 4), "epoch": step / args.max_steps})
+        state["epoch"] = step / args.max_steps
+        segment["end_step"] = step
+        rate = (step - start) / max(time.time() - t0, 1e-9)
+        pct = 100 * step // args.max_steps
+        if tty:   # tqdm-style bar redrawn in place
+            bar = "#" * (pct // 10)
+            print(f"\r{pct:3d}%|{bar:<10}| {step}/{args.max_steps} [{rate:.1f}it/s, loss={loss:.3f}]",
+                  end="", flush=True)
+        else:
+            print(f"step {step}/{args.max_steps} loss={loss:.3f} global_batch={global_batch}", flush=True)
+        if step % args.save_steps == 0 or step == args.max_steps:
+            if tty:
+                print()
+            save_checkpoint(args, step, state)
+    if tty:
+        print()
+
+    final = {"global_step": args.max_steps, "global_batch": global_batch,
+             "micro": micro, "accum": accum, "world": world, "seq_len": seq,
+             "gradient_checkpointing": args.gradient_checkpointing,
+             "attempts": state["oomguard_sim"]["segments"]}
+    write_atomic(os.path.join(args.output_dir, "final.json"), json.dumps(final, indent=2) + "\n")
+    print(f"training finished: global_step={args.max_steps} global_batch={global_batch}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

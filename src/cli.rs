@@ -1,0 +1,118 @@
+//! Command-line definitions (clap derive) — the raw, unvalidated form.
+//!
+//! The rest of the program sees the validated [`crate::supervise::RunConfig`]
+//! built from these once parsing is done.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Carry a PyTorch training command through GPU out-of-memory failures.
+///
+/// Prefix any training command with `oomguard`. It sets the allocator and
+/// tokenizer environment, runs the command with its output passed through, and
+/// when the run dies of an OOM it changes the training settings by a policy
+/// (halve the micro-batch and double gradient accumulation so the global batch
+/// stays the same, enable gradient checkpointing, shorten the sequence) and
+/// relaunches from the last complete checkpoint.
+///
+/// Examples:
+///
+///   oomguard torchrun --nproc_per_node=4 train.py --per_device_train_batch_size 8 --output_dir out
+///
+///   oomguard plan python train.py --per_device_train_batch_size 8 --output_dir out
+///
+///   oomguard diagnose crash.log
+#[derive(Parser, Debug)]
+#[command(
+    name = "oomguard",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    after_help = "Exit codes: 0 success; the command's own code when it failed for another reason \
+                  (128+N when killed by signal N); 130/143 interrupted by the user; 75 the policy ran \
+                  out of steps and the run still does not fit; 2 usage error; 126/127 the command \
+                  cannot be executed / was not found."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub sub: Option<Sub>,
+
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Sub {
+    /// Show what oomguard would do for this command, and run nothing.
+    ///
+    /// Prints the knobs it found and where they live, the world size and global
+    /// batch, the environment the command would get, the checkpoint it would
+    /// resume from, and every rung of the ladder with its exact argv.
+    Plan {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Classify a saved log: GPU OOM, host OOM, another failure, or none.
+    Diagnose {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        /// The log file; standard input when absent or `-`.
+        file: Option<PathBuf>,
+    },
+}
+
+/// Options shared by `oomguard COMMAND` and `oomguard plan COMMAND`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Policy: a shipped name (default, keep-results, keep-micro-batch) or a TOML file.
+    #[arg(long, value_name = "NAME|FILE", default_value = "default")]
+    pub policy: String,
+
+    /// Stop after this many attempts (overrides the policy's max_attempts).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_attempts: Option<u32>,
+
+    /// Where the journal and each attempt's output go [default: .oomguard/runs/<time>/].
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+
+    /// Say where a knob lives: NAME=FLAG (`--knob micro_batch=--bs`) or NAME=env:VAR.
+    /// Knobs: micro_batch, grad_accum, seq_len, grad_checkpointing. Repeatable.
+    #[arg(long, value_name = "NAME=WHERE")]
+    pub knob: Vec<String>,
+
+    /// Do not add the default environment (allocator, tokenizers, unbuffered Python).
+    #[arg(long)]
+    pub no_env: bool,
+
+    /// After an OOM is printed, a child silent for this long is killed and treated as OOM.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub hang_timeout: f64,
+
+    /// Seconds between SIGTERM and SIGKILL when stopping the command's process group.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub grace: f64,
+
+    /// More detail on stderr (repeat for more).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+
+    /// Only errors and the final summary on stderr.
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// The training command and its arguments, passed byte-exact (no shell).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND",
+        num_args = 1..
+    )]
+    pub command: Vec<OsString>,
+}

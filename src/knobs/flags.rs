@@ -1,0 +1,698 @@
+//! Knobs bound to command-line flags (`--x 4`, `--x=4`, bare `--x`), and
+//! environment variables named with `--knob NAME=env:VAR`.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+
+use super::{
+    Binding, Bound, Discovery, Knob, KnobError, Materialized, Settings, UserBinding, Value, World,
+};
+
+/// How a flag was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagForm {
+    /// `--x 4`: the value is the next argv element.
+    Space,
+    /// `--x=4`
+    Equals,
+    /// `--x` alone (a boolean switched on).
+    Bare,
+}
+
+/// Spellings that unambiguously mean the per-device micro-batch.
+const MICRO: &[&str] = &[
+    "--per_device_train_batch_size",
+    "--per-device-train-batch-size",
+    "--micro_batch_size",
+    "--micro-batch-size",
+    "--train_micro_batch_size_per_gpu",
+    "--micro_batch_size_per_gpu",
+    "--micro_train_batch_size",
+    "--per_device_training_batch_size",
+    "--train.micro_batch_size",
+    "--per_gpu_train_batch_size",
+];
+const ACCUM: &[&str] = &[
+    "--gradient_accumulation_steps",
+    "--gradient-accumulation-steps",
+    "--grad_accum_steps",
+    "--grad_accum",
+    "--accumulate_grad_batches",
+    "--trainer.accumulate_grad_batches",
+];
+const SEQ: &[&str] = &[
+    "--max_seq_length",
+    "--max-seq-length",
+    "--max_seq_len",
+    "--max-seq-len",
+    "--max_length",
+    "--max-length",
+    "--block_size",
+    "--block-size",
+    "--model_max_length",
+    "--seq_length",
+    "--seq-length",
+    "--seq_len",
+    "--cutoff_len",
+    "--sequence_len",
+    "--max_len",
+];
+const CHECKPOINTING: &[&str] = &[
+    "--gradient_checkpointing",
+    "--gradient-checkpointing",
+    "--grad_checkpointing",
+    "--grad-checkpointing",
+    "--activation_checkpointing",
+];
+/// A global batch written next to a micro-batch: accumulation follows from it.
+const GLOBAL: &[&str] = &["--global_batch_size", "--global-batch-size"];
+/// Spellings that may be the global batch or the micro-batch: never guessed.
+const AMBIGUOUS_BATCH: &[&str] = &[
+    "--batch_size",
+    "--batch-size",
+    "--bs",
+    "--train_batch_size",
+    "--train-batch-size",
+];
+const OUTPUT_DIR: &[&str] = &["--output_dir", "--output-dir"];
+const RESUME: &[&str] = &["--resume_from_checkpoint", "--resume-from-checkpoint"];
+
+pub const HF_MICRO: &str = "--per_device_train_batch_size";
+pub const HF_ACCUM: &str = "--gradient_accumulation_steps";
+pub const HF_CHECKPOINTING: &str = "--gradient_checkpointing";
+pub const HF_RESUME: &str = "--resume_from_checkpoint";
+
+/// One flag occurrence in argv.
+#[derive(Debug, Clone)]
+struct Occurrence {
+    name: String,
+    index: usize,
+    form: FlagForm,
+    value: Option<String>,
+}
+
+/// Every `--flag` occurrence after argv[0]. A value is the next element when it
+/// does not itself start with `--` (so `-1` and `1e-4` stay values).
+fn occurrences(argv: &[OsString]) -> Vec<Occurrence> {
+    let mut out = Vec::new();
+    let mut i = 1;
+    while i < argv.len() {
+        let Some(a) = argv[i].to_str() else {
+            i += 1;
+            continue;
+        };
+        if a == "--" {
+            i += 1;
+            continue;
+        }
+        if a.starts_with('-') && a.len() > 1 {
+            if let Some((name, value)) = a.split_once('=') {
+                out.push(Occurrence {
+                    name: name.to_string(),
+                    index: i,
+                    form: FlagForm::Equals,
+                    value: Some(value.to_string()),
+                });
+            } else {
+                let next = argv.get(i + 1).and_then(|n| n.to_str());
+                let takes = next.is_some_and(|n| !(n.starts_with("--") || is_short_flag(n)));
+                out.push(Occurrence {
+                    name: a.to_string(),
+                    index: i,
+                    form: if takes {
+                        FlagForm::Space
+                    } else {
+                        FlagForm::Bare
+                    },
+                    value: if takes { next.map(str::to_string) } else { None },
+                });
+                if takes {
+                    i += 1;
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+fn is_short_flag(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() >= 2 && b[0] == b'-' && b[1].is_ascii_alphabetic()
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "y" | "on" => Some(true),
+        "false" | "0" | "no" | "n" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static str)> {
+    if knob.is_bool() {
+        match &occ.value {
+            None => Ok(Value::Bool(true)),
+            Some(v) => parse_bool(v)
+                .map(Value::Bool)
+                .ok_or((v.clone(), "true or false")),
+        }
+    } else {
+        let v = occ.value.clone().unwrap_or_default();
+        v.parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(Value::Int)
+            .ok_or((v, "a positive whole number"))
+    }
+}
+
+/// Bind a knob to all occurrences of the first spelling found (last value wins,
+/// as argparse does). Returns the spelling used.
+fn bind_flag(
+    knob: Knob,
+    occs: &[Occurrence],
+    spellings: &[&str],
+) -> Result<Option<Bound>, KnobError> {
+    let Some(first) = occs.iter().find(|o| spellings.contains(&o.name.as_str())) else {
+        return Ok(None);
+    };
+    let flag = first.name.clone();
+    let mine: Vec<&Occurrence> = occs.iter().filter(|o| o.name == flag).collect();
+    let last = mine.last().expect("at least the first occurrence");
+    let value = parse_value(knob, last).map_err(|(value, expected)| KnobError::BadValue {
+        knob,
+        flag: flag.clone(),
+        value,
+        expected,
+    })?;
+    Ok(Some(Bound {
+        value,
+        binding: Binding::Flag {
+            flag,
+            at: mine.iter().map(|o| (o.index, o.form)).collect(),
+        },
+    }))
+}
+
+fn default_for(knob: Knob) -> Option<Value> {
+    match knob {
+        Knob::GradAccum => Some(Value::Int(1)),
+        Knob::GradCheckpointing => Some(Value::Bool(false)),
+        _ => None,
+    }
+}
+
+pub fn discover(
+    argv: &[OsString],
+    user: &[(Knob, UserBinding)],
+    env: &dyn Fn(&str) -> Option<OsString>,
+    world: World,
+) -> Result<Discovery, KnobError> {
+    let occs = occurrences(argv);
+    let mut knobs: BTreeMap<Knob, Bound> = BTreeMap::new();
+    let mut notes = Vec::new();
+
+    // 1. What the user told us wins.
+    for (knob, ub) in user {
+        let bound = match ub {
+            UserBinding::Flag(flag) => match bind_flag(*knob, &occs, &[flag.as_str()])? {
+                Some(b) => b,
+                None => match default_for(*knob) {
+                    Some(value) => {
+                        notes.push(format!(
+                            "{knob}: {flag} is not in the command; it will be added when {knob} changes (assumed {value} now)"
+                        ));
+                        Bound {
+                            value,
+                            binding: Binding::AddFlag { flag: flag.clone() },
+                        }
+                    }
+                    None => {
+                        return Err(KnobError::FlagNotInCommand {
+                            knob: *knob,
+                            flag: flag.clone(),
+                        });
+                    }
+                },
+            },
+            UserBinding::Env(var) => {
+                let raw = env(var);
+                let value = match (&raw, default_for(*knob)) {
+                    (None, Some(d)) => d,
+                    (None, None) => {
+                        return Err(KnobError::EnvUnset {
+                            knob: *knob,
+                            var: var.clone(),
+                        });
+                    }
+                    (Some(v), _) => {
+                        let s = v.to_string_lossy().trim().to_string();
+                        let parsed = if knob.is_bool() {
+                            parse_bool(&s).map(Value::Bool)
+                        } else {
+                            s.parse::<u64>().ok().filter(|n| *n > 0).map(Value::Int)
+                        };
+                        parsed.ok_or_else(|| KnobError::BadEnvValue {
+                            knob: *knob,
+                            var: var.clone(),
+                            value: s.clone(),
+                            expected: if knob.is_bool() {
+                                "true or false"
+                            } else {
+                                "a positive whole number"
+                            },
+                        })?
+                    }
+                };
+                Bound {
+                    value,
+                    binding: Binding::Env {
+                        var: var.clone(),
+                        present: raw.is_some(),
+                    },
+                }
+            }
+        };
+        knobs.insert(*knob, bound);
+    }
+
+    // 2. Known spellings.
+    let table: [(Knob, &[&str]); 4] = [
+        (Knob::MicroBatch, MICRO),
+        (Knob::GradAccum, ACCUM),
+        (Knob::SeqLen, SEQ),
+        (Knob::GradCheckpointing, CHECKPOINTING),
+    ];
+    for (knob, spellings) in table {
+        if knobs.contains_key(&knob) {
+            continue;
+        }
+        if knob == Knob::SeqLen {
+            let mut found: Vec<&str> = occs
+                .iter()
+                .map(|o| o.name.as_str())
+                .filter(|n| spellings.contains(n))
+                .collect();
+            found.dedup();
+            found.sort_unstable();
+            found.dedup();
+            if found.len() > 1 {
+                notes.push(format!(
+                    "seq_len: several sequence-length flags ({}); not guessed. Bind the one to shorten with --knob seq_len=FLAG",
+                    found.join(", ")
+                ));
+                continue;
+            }
+        }
+        if let Some(b) = bind_flag(knob, &occs, spellings)? {
+            knobs.insert(knob, b);
+        }
+    }
+
+    let has = |names: &[&str]| occs.iter().any(|o| names.contains(&o.name.as_str()));
+    let hf_style = has(&["--per_device_train_batch_size", "--per-device-train-batch-size"])
+        || (has(OUTPUT_DIR) && !has(AMBIGUOUS_BATCH) && knobs.contains_key(&Knob::MicroBatch));
+
+    // 3. A global batch next to a micro-batch: accumulation is derived from it.
+    if !knobs.contains_key(&Knob::GradAccum) && knobs.contains_key(&Knob::MicroBatch) {
+        let global_spellings: Vec<&str> = GLOBAL
+            .iter()
+            .chain(if hf_style { &[][..] } else { AMBIGUOUS_BATCH })
+            .copied()
+            .collect();
+        if let Some(o) = occs
+            .iter()
+            .rev()
+            .find(|o| global_spellings.contains(&o.name.as_str()))
+        {
+            let micro = knobs[&Knob::MicroBatch].value.as_int().unwrap_or(1);
+            if let Some(global) = o.value.as_ref().and_then(|v| v.parse::<u64>().ok()) {
+                let per_step = micro * world.size;
+                if per_step > 0 && global % per_step == 0 {
+                    knobs.insert(
+                        Knob::GradAccum,
+                        Bound {
+                            value: Value::Int(global / per_step),
+                            binding: Binding::DerivedFromGlobalBatch {
+                                flag: o.name.clone(),
+                                global,
+                            },
+                        },
+                    );
+                    notes.push(format!(
+                        "grad_accum: derived from {} {global} (global batch) / micro-batch {micro} / world size {}; the global batch flag is left as it is",
+                        o.name, world.size
+                    ));
+                } else {
+                    notes.push(format!(
+                        "grad_accum: {} {global} is not a multiple of micro-batch {micro} × world size {}; cannot derive accumulation",
+                        o.name, world.size
+                    ));
+                }
+            }
+        }
+    }
+
+    // 4. Hugging Face–style commands: missing knobs with a known flag and default may be added.
+    if hf_style {
+        for (knob, flag) in [
+            (Knob::GradAccum, HF_ACCUM),
+            (Knob::GradCheckpointing, HF_CHECKPOINTING),
+        ] {
+            if let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(knob) {
+                e.insert(Bound {
+                    value: default_for(knob).expect("accum and checkpointing have defaults"),
+                    binding: Binding::AddFlag { flag: flag.into() },
+                });
+            }
+        }
+    }
+
+    // 5. What is still missing, and how to bind it.
+    if !knobs.contains_key(&Knob::MicroBatch) {
+        if let Some(o) = occs
+            .iter()
+            .find(|o| AMBIGUOUS_BATCH.contains(&o.name.as_str()))
+        {
+            notes.push(format!(
+                "micro_batch: {} may be the global batch or the per-device micro-batch, so oomguard does not guess. If it is the per-device micro-batch: --knob micro_batch={}",
+                o.name, o.name
+            ));
+        } else {
+            notes.push(
+                "micro_batch: no micro-batch flag found (looked for --per_device_train_batch_size, --micro_batch_size, ...). Bind it with --knob micro_batch=FLAG or --knob micro_batch=env:VAR".into(),
+            );
+        }
+    }
+    if !knobs.contains_key(&Knob::GradAccum) {
+        notes.push(
+            "grad_accum: no accumulation flag found; the global batch cannot be kept when the micro-batch is halved. Bind it with --knob grad_accum=FLAG (added with value 1 when absent)".into(),
+        );
+    }
+    if !knobs.contains_key(&Knob::SeqLen) && !notes.iter().any(|n| n.starts_with("seq_len")) {
+        notes.push(
+            "seq_len: no sequence-length flag found (looked for --max_seq_length, --max_length, --block_size, ...). Bind it with --knob seq_len=FLAG to let the policy shorten it".into(),
+        );
+    }
+    if !knobs.contains_key(&Knob::GradCheckpointing) {
+        notes.push(
+            "grad_checkpointing: no flag found. Bind it with --knob grad_checkpointing=FLAG (added bare when absent)".into(),
+        );
+    }
+
+    let output_dir = occs
+        .iter()
+        .rev()
+        .find(|o| OUTPUT_DIR.contains(&o.name.as_str()) && o.value.is_some())
+        .map(|o| {
+            let idx = match o.form {
+                FlagForm::Space => o.index + 1,
+                _ => o.index,
+            };
+            (OsString::from(o.value.clone().unwrap_or_default()), idx)
+        });
+    let resume_at = occs
+        .iter()
+        .rev()
+        .find(|o| RESUME.contains(&o.name.as_str()))
+        .map(|o| (o.index, o.form));
+
+    Ok(Discovery {
+        knobs,
+        world,
+        hf_style,
+        output_dir,
+        resume_at,
+        notes,
+    })
+}
+
+/// Render a value the way the user wrote the old one (`True` vs `true`).
+fn render(new: &Value, old: Option<&str>) -> String {
+    match new {
+        Value::Int(n) => n.to_string(),
+        Value::Bool(b) => {
+            let s = if *b { "true" } else { "false" };
+            match old {
+                Some(o) if o.chars().next().is_some_and(|c| c.is_ascii_uppercase()) => {
+                    let mut c = s.chars();
+                    let first = c.next().map(|f| f.to_ascii_uppercase()).unwrap_or('T');
+                    format!("{first}{}", c.as_str())
+                }
+                Some(o) if o == "1" || o == "0" => (if *b { "1" } else { "0" }).into(),
+                _ => s.into(),
+            }
+        }
+    }
+}
+
+pub fn materialize(
+    argv: &[OsString],
+    disc: &Discovery,
+    settings: &Settings,
+    resume: Option<&OsStr>,
+) -> Materialized {
+    let mut out: Vec<OsString> = argv.to_vec();
+    // Insertions after an index (a bare bool given a value), applied at the end.
+    let mut inserts: Vec<(usize, OsString)> = Vec::new();
+    let mut append: Vec<OsString> = Vec::new();
+    let mut env = Vec::new();
+
+    for (knob, bound) in &disc.knobs {
+        let Some(new) = settings.knobs.get(knob) else {
+            continue;
+        };
+        if *new == bound.value {
+            continue; // unchanged: leave the user's text exactly as written
+        }
+        match &bound.binding {
+            Binding::Flag { flag, at } => {
+                for (idx, form) in at {
+                    match form {
+                        FlagForm::Space => {
+                            let old = argv[idx + 1].to_str();
+                            out[idx + 1] = render(new, old).into();
+                        }
+                        FlagForm::Equals => {
+                            let old = argv[*idx]
+                                .to_str()
+                                .and_then(|s| s.split_once('='))
+                                .map(|(_, v)| v);
+                            out[*idx] = format!("{flag}={}", render(new, old)).into();
+                        }
+                        FlagForm::Bare => {
+                            if new.as_bool() != Some(true) {
+                                // A bare switch turned off: say it explicitly.
+                                out[*idx] = format!("{flag}={}", render(new, Some("False"))).into();
+                            }
+                        }
+                    }
+                }
+            }
+            Binding::AddFlag { flag } => match new {
+                Value::Bool(true) => append.push(flag.into()),
+                Value::Bool(false) => append.push(format!("{flag}=False").into()),
+                Value::Int(n) => {
+                    append.push(flag.into());
+                    append.push(n.to_string().into());
+                }
+            },
+            Binding::Env { var, .. } => env.push((var.clone(), new.to_string())),
+            Binding::DerivedFromGlobalBatch { .. } => {}
+        }
+    }
+
+    if let Some(path) = resume {
+        match disc.resume_at {
+            Some((idx, FlagForm::Space)) => out[idx + 1] = path.to_os_string(),
+            Some((idx, FlagForm::Equals)) => {
+                let name = argv[idx]
+                    .to_str()
+                    .and_then(|s| s.split_once('='))
+                    .map(|(n, _)| n.to_string())
+                    .unwrap_or_else(|| HF_RESUME.into());
+                let mut v = OsString::from(format!("{name}="));
+                v.push(path);
+                out[idx] = v;
+            }
+            Some((idx, FlagForm::Bare)) => inserts.push((idx, path.to_os_string())),
+            None => {
+                append.push(HF_RESUME.into());
+                append.push(path.to_os_string());
+            }
+        }
+    }
+
+    inserts.sort_by(|a, b| b.0.cmp(&a.0));
+    for (idx, v) in inserts {
+        out.insert(idx + 1, v);
+    }
+    out.extend(append);
+    Materialized { argv: out, env }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knobs::{discover as discover_all, materialize as mat};
+
+    fn argv(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+    fn no_env(_: &str) -> Option<OsString> {
+        None
+    }
+    fn strs(v: &[OsString]) -> String {
+        v.iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn hf_flags_space_and_equals() {
+        let a = argv(
+            "torchrun --nproc_per_node=2 train.py --per_device_train_batch_size=8 --per_device_eval_batch_size 32 --gradient_accumulation_steps 4 --max_seq_length 2048 --output_dir out",
+        );
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let s = d.settings();
+        assert_eq!(s.int(Knob::MicroBatch), Some(8));
+        assert_eq!(s.int(Knob::GradAccum), Some(4));
+        assert_eq!(s.int(Knob::SeqLen), Some(2048));
+        assert_eq!(s.bool(Knob::GradCheckpointing), Some(false));
+        assert_eq!(s.global_batch(), Some(64));
+        assert!(d.hf_style);
+
+        let mut next = s.clone();
+        next.knobs.insert(Knob::MicroBatch, Value::Int(4));
+        next.knobs.insert(Knob::GradAccum, Value::Int(8));
+        next.knobs.insert(Knob::GradCheckpointing, Value::Bool(true));
+        let m = mat(&a, &d, &next, Some(OsStr::new("out/checkpoint-10")));
+        assert_eq!(
+            strs(&m.argv),
+            "torchrun --nproc_per_node=2 train.py --per_device_train_batch_size=4 --per_device_eval_batch_size 32 --gradient_accumulation_steps 8 --max_seq_length 2048 --output_dir out --gradient_checkpointing --resume_from_checkpoint out/checkpoint-10"
+        );
+    }
+
+    #[test]
+    fn eval_batch_is_never_the_micro_batch() {
+        let a = argv("python t.py --per_device_eval_batch_size 8 --output_dir o");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert!(!d.knobs.contains_key(&Knob::MicroBatch));
+    }
+
+    #[test]
+    fn ambiguous_batch_size_is_not_guessed() {
+        let a = argv("python train.py --batch_size=12 --max_iters 100");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert!(!d.knobs.contains_key(&Knob::MicroBatch));
+        assert!(
+            d.notes
+                .iter()
+                .any(|n| n.contains("--knob micro_batch=--batch_size")),
+            "{:?}",
+            d.notes
+        );
+        // Bound by the user, it works, and the equals form is kept.
+        let user = parse_user_bindings_ok("micro_batch=--batch_size");
+        let d = discover_all(&a, &user, &no_env).unwrap();
+        assert_eq!(d.settings().int(Knob::MicroBatch), Some(12));
+        let mut s = d.settings();
+        s.knobs.insert(Knob::MicroBatch, Value::Int(6));
+        assert_eq!(
+            strs(&mat(&a, &d, &s, None).argv),
+            "python train.py --batch_size=6 --max_iters 100"
+        );
+    }
+
+    fn parse_user_bindings_ok(s: &str) -> Vec<(Knob, UserBinding)> {
+        crate::knobs::parse_user_bindings(&[s.to_string()]).unwrap()
+    }
+
+    #[test]
+    fn global_batch_next_to_micro_derives_accum() {
+        // alpaca-lora: --batch_size is the global batch when --micro_batch_size is present.
+        let a = argv("python finetune.py --batch_size 128 --micro_batch_size 4 --cutoff_len 512");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(d.settings().int(Knob::GradAccum), Some(32));
+        assert!(matches!(
+            d.knobs[&Knob::GradAccum].binding,
+            Binding::DerivedFromGlobalBatch { .. }
+        ));
+        let mut s = d.settings();
+        s.knobs.insert(Knob::MicroBatch, Value::Int(2));
+        s.knobs.insert(Knob::GradAccum, Value::Int(64));
+        assert_eq!(
+            strs(&mat(&a, &d, &s, None).argv),
+            "python finetune.py --batch_size 128 --micro_batch_size 2 --cutoff_len 512"
+        );
+    }
+
+    #[test]
+    fn user_flag_missing_is_an_error_with_advice() {
+        let a = argv("python t.py --bs 4");
+        let e = discover_all(&a, &parse_user_bindings_ok("micro_batch=--batchsz"), &no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the command has no --batchsz flag"), "{e}");
+    }
+
+    #[test]
+    fn bad_value_names_the_flag() {
+        let a = argv("python t.py --per_device_train_batch_size auto");
+        let e = discover_all(&a, &[], &no_env).unwrap_err().to_string();
+        assert!(e.contains("--per_device_train_batch_size") && e.contains("\"auto\""), "{e}");
+    }
+
+    #[test]
+    fn env_binding() {
+        let a = argv("python t.py");
+        let env = |k: &str| (k == "MICRO_BS").then(|| OsString::from("16"));
+        let d = discover_all(&a, &parse_user_bindings_ok("micro_batch=env:MICRO_BS"), &env)
+            .unwrap();
+        let mut s = d.settings();
+        assert_eq!(s.int(Knob::MicroBatch), Some(16));
+        s.knobs.insert(Knob::MicroBatch, Value::Int(8));
+        let m = mat(&a, &d, &s, None);
+        assert_eq!(m.argv, a);
+        assert_eq!(m.env, vec![("MICRO_BS".to_string(), "8".to_string())]);
+    }
+
+    #[test]
+    fn bool_values_keep_their_style() {
+        let a = argv("python t.py --gradient_checkpointing False --per_device_train_batch_size 2");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let mut s = d.settings();
+        assert_eq!(s.bool(Knob::GradCheckpointing), Some(false));
+        s.knobs.insert(Knob::GradCheckpointing, Value::Bool(true));
+        assert_eq!(
+            strs(&mat(&a, &d, &s, None).argv),
+            "python t.py --gradient_checkpointing True --per_device_train_batch_size 2"
+        );
+    }
+
+    #[test]
+    fn resume_replaces_earlier_value() {
+        let a = argv("python t.py --per_device_train_batch_size 2 --resume_from_checkpoint=old");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let m = mat(&a, &d, &d.settings(), Some(OsStr::new("o/checkpoint-5")));
+        assert_eq!(
+            strs(&m.argv),
+            "python t.py --per_device_train_batch_size 2 --resume_from_checkpoint=o/checkpoint-5"
+        );
+    }
+
+    #[test]
+    fn non_utf8_arguments_pass_through() {
+        use std::os::unix::ffi::OsStringExt;
+        let mut a = argv("python t.py --per_device_train_batch_size 8");
+        a.push(OsString::from_vec(vec![0xff, 0xfe, b'x']));
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let mut s = d.settings();
+        s.knobs.insert(Knob::MicroBatch, Value::Int(4));
+        let m = mat(&a, &d, &s, None);
+        assert_eq!(m.argv[5], a[5]);
+        assert_eq!(m.argv[3], OsString::from("4"));
+    }
+}

@@ -1,0 +1,750 @@
+//! Launch one attempt: spawn in its own process group, pass output through, watch it.
+//!
+//! # Theory of operation
+//!
+//! `run()` resolves argv[0] itself (so "not found" and "not executable" are distinct errors
+//! that list what was tried), spawns the child as the leader of a new process group (pipe
+//! mode) or of a new session on a fresh pseudo-terminal (tty mode), starts a guardian
+//! process (see `guard`), and then runs one single-threaded `poll(2)` loop over:
+//!
+//! * the child's stdout and stderr pipes (or the pty master), read with one fixed 64 KiB
+//!   buffer, each chunk written to our stdout/stderr first, then fed to the scanner, then to
+//!   the bounded log;
+//! * the self-pipe of `Signals`, whose handlers only count signals.
+//!
+//! Only one extra thread exists, in tty mode: it forwards our stdin to the pty master.
+//!
+//! The loop keeps reading at all times, including while the group is being terminated, so a
+//! child blocked on a full pipe can always make progress and exit. The attempt ends when:
+//!
+//! 1. the direct child has exited and been reaped,
+//! 2. nothing of the attempt is alive: no non-zombie member in the process group and no live
+//!    process carrying the attempt's marker (`tree`) — if something is, it gets SIGTERM,
+//!    `grace` later SIGKILL, and we wait a little more for it to disappear (bounded), and
+//! 3. the output reached end of file, or 200 ms passed since (2): a process that left the
+//!    group may hold the pipe open for ever, and must not hang oomguard.
+//!
+//! So when `run()` returns, the next attempt may start: nothing of this one holds GPU memory
+//! (except a process that both left the group and cleared its environment; see `guard`).
+//!
+//! Hang detection: after the scanner reports the first OOM line, `hang_timeout` with no
+//! output while the direct child is still alive means the run is stuck (NCCL ranks waiting
+//! for a dead peer, typically): SIGTERM the group, SIGKILL after `grace`, `hung = true`.
+//!
+//! Known limits: if our own stdout blocks (a reader that stopped reading), the loop blocks in
+//! write(2) with it, hang detection included. In pipe mode the child inherits our stdin but
+//! is not the terminal's foreground group: a child that reads a terminal stdin is stopped by
+//! SIGTTIN (torchrun does not read stdin). `run()` must be called from a thread that lives
+//! until it returns (PR_SET_PDEATHSIG is tied to the spawning thread); it always does.
+
+mod guard;
+mod output;
+mod signals;
+mod spawn;
+mod tree;
+
+#[cfg(test)]
+mod tests;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use crate::detect;
+
+pub use guard::{GUARD_ARG, guard_main};
+pub use signals::Signals;
+pub use tree::MARKER_VAR;
+
+use output::{Log, RawOut, Sink};
+
+/// After the group is gone, how long to keep waiting for end of file on the output.
+const EOF_WAIT: Duration = Duration::from_millis(200);
+/// After SIGKILL, how long to wait for the processes to disappear before giving up.
+const KILL_WAIT: Duration = Duration::from_secs(2);
+
+/// What to run and how.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Byte-exact, never through a shell; argv[0] is looked up in PATH (the PATH of
+    /// `env_set` if it sets one, else ours).
+    pub argv: Vec<OsString>,
+    /// Set on top of the inherited environment.
+    pub env_set: Vec<(OsString, OsString)>,
+    /// true: the child gets a pseudo-terminal (stdout and stderr both to it); false: pipes.
+    pub tty: bool,
+    /// Save a bounded copy of the output here (created mode 0600; the caller creates the
+    /// directories).
+    pub log: Option<PathBuf>,
+    /// Keep the first N bytes ...
+    pub log_head_bytes: u64,
+    /// ... and the last M bytes, with "\n[oomguard: N bytes omitted]\n" between.
+    pub log_tail_bytes: u64,
+    /// After an OOM is seen: no output for this long and still alive => kill, `hung`.
+    pub hang_timeout: Duration,
+    /// SIGTERM -> wait `grace` -> SIGKILL.
+    pub grace: Duration,
+}
+
+/// How the direct child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl Exit {
+    /// The shell's convention: the exit code, or 128+N for death by signal N.
+    pub fn status_code(&self) -> i32 {
+        match *self {
+            Exit::Code(c) => c,
+            Exit::Signal(n) => 128 + n,
+        }
+    }
+
+    fn from_status(status: ExitStatus) -> Exit {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(c), _) => Exit::Code(c),
+            (None, Some(s)) => Exit::Signal(s),
+            (None, None) => Exit::Code(status.into_raw()),
+        }
+    }
+}
+
+impl fmt::Display for Exit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Exit::Code(c) => write!(f, "exit code {c}"),
+            Exit::Signal(n) => write!(f, "signal {n} ({})", signal_name(n)),
+        }
+    }
+}
+
+/// "SIGKILL" for 9; "unknown signal" for numbers nix does not know.
+pub fn signal_name(sig: i32) -> &'static str {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str())
+        .unwrap_or("unknown signal")
+}
+
+/// What happened during one attempt.
+#[derive(Debug)]
+pub struct Report {
+    pub pid: u32,
+    pub exit: Exit,
+    /// The user signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT) received and forwarded during this
+    /// attempt, if any (the first one).
+    pub interrupted: Option<i32>,
+    /// Killed by us because it hung after an OOM.
+    pub hung: bool,
+    /// Everything the child printed went through `scanner.feed(stream, bytes)`.
+    pub scanner: detect::Scanner,
+    pub duration: Duration,
+    /// Time from start to the first OOM line.
+    pub oom_at: Option<Duration>,
+    /// Problems that did not stop supervision, e.g. "could not write log ...: disk full".
+    pub warnings: Vec<String>,
+}
+
+#[derive(thiserror::Error, Debug)]
+pub enum Error {
+    /// Exit 127.
+    #[error("{}: command not found (searched: {})", .program.to_string_lossy(), show_dirs(.searched))]
+    NotFound {
+        program: OsString,
+        searched: Vec<PathBuf>,
+    },
+    /// Exit 126.
+    #[error("{}: cannot execute: {reason}", .program.to_string_lossy())]
+    NotExecutable { program: OsString, reason: String },
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+fn show_dirs(dirs: &[PathBuf]) -> String {
+    if dirs.is_empty() {
+        return "nothing: the command is empty".into();
+    }
+    dirs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Error {
+    /// The exit status a shell would give: 127 not found, 126 not executable, 1 otherwise.
+    pub fn status_code(&self) -> i32 {
+        match self {
+            Error::NotFound { .. } => 127,
+            Error::NotExecutable { .. } => 126,
+            Error::Io(_) => 1,
+        }
+    }
+}
+
+/// Runs one attempt to its end; see the module documentation.
+pub fn run(spec: &Spec, signals: &Signals) -> Result<Report, Error> {
+    run_with(spec, signals, &mut RawOut::stdout(), &mut RawOut::stderr())
+}
+
+/// `run` with the destinations of the child's stdout and stderr given (tests capture them).
+pub(crate) fn run_with(
+    spec: &Spec,
+    signals: &Signals,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<Report, Error> {
+    let Some(program) = spec.argv.first() else {
+        return Err(Error::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "empty command",
+        )));
+    };
+    let path_var = spec
+        .env_set
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var_os("PATH"));
+    let resolved = spawn::resolve(program, path_var.as_deref())?;
+
+    let mut warnings = Vec::new();
+    let wiring = if spec.tty {
+        spawn::Wiring::Pty(spawn::open_pty(spawn::our_winsize())?)
+    } else {
+        spawn::Wiring::Pipes
+    };
+    let marker = new_marker();
+    let mut env = spec.env_set.clone();
+    env.push((MARKER_VAR.into(), marker.clone().into()));
+
+    // Signals that arrived between attempts and only make sense for a running child.
+    signals.forget_stale();
+    let start = Instant::now();
+    let mut child = spawn::spawn_child(&resolved, &spec.argv, &env, &wiring)
+        .map_err(|e| spawn::map_spawn_error(program, &resolved, e))?;
+    let pid = child.id() as i32;
+
+    let mut streams: Vec<StreamFd> = Vec::new();
+    let mut master: Option<OwnedFd> = None;
+    match wiring {
+        spawn::Wiring::Pipes => {
+            if let Some(o) = child.stdout.take() {
+                streams.push(StreamFd::new(OwnedFd::from(o), detect::Stream::Out));
+            }
+            if let Some(e) = child.stderr.take() {
+                streams.push(StreamFd::new(OwnedFd::from(e), detect::Stream::Err));
+            }
+        }
+        spawn::Wiring::Pty(pty) => {
+            drop(pty.slave); // only the child holds the slave now: EOF when it is done
+            master = Some(pty.master.try_clone()?);
+            streams.push(StreamFd::new(pty.master, detect::Stream::Out));
+        }
+    }
+    let mut attempt = Attempt {
+        child,
+        pid,
+        marker,
+        done: false,
+        guardian: None,
+        stdin_fwd: None,
+    };
+    for s in &streams {
+        output::set_nonblocking(&s.fd)?;
+    }
+    match guard::Guardian::start(pid, &attempt.marker) {
+        Ok(g) => attempt.guardian = Some(g),
+        Err(e) => {
+            tracing::warn!("could not start the guardian: {e}");
+            warnings.push(format!(
+                "could not start the guardian process ({e}): if oomguard is killed, \
+                 processes of this attempt may survive it"
+            ));
+        }
+    }
+    if let Some(m) = &master {
+        match StdinForwarder::start(m.try_clone()?) {
+            Ok(f) => attempt.stdin_fwd = Some(f),
+            Err(e) => warnings.push(format!("could not forward stdin to the terminal: {e}")),
+        }
+    }
+
+    let mut w = Watch {
+        spec,
+        start,
+        out: Sink::new(out),
+        err: Sink::new(err),
+        log: spec
+            .log
+            .as_ref()
+            .map(|p| Log::open(p, spec.log_head_bytes, spec.log_tail_bytes)),
+        scanner: detect::Scanner::new(),
+        oom_at: None,
+        last_output: Instant::now(),
+    };
+    let outcome = supervise(&mut attempt, &mut streams, &mut w, signals, master.as_ref())?;
+    drop(streams);
+    attempt.finish();
+
+    w.scanner.finish();
+    if let Some(log) = w.log.as_mut() {
+        log.finish();
+        warnings.extend(log.warning.take());
+    }
+    for (name, sink) in [("stdout", &mut w.out.error), ("stderr", &mut w.err.error)] {
+        if let Some(e) = sink.take() {
+            warnings.push(format!(
+                "could not write the command's output to our {name} ({e}); \
+                 kept reading, scanning and logging it"
+            ));
+        }
+    }
+    warnings.extend(outcome.warnings);
+    Ok(Report {
+        pid: pid as u32,
+        exit: outcome.exit,
+        interrupted: outcome.interrupted,
+        hung: outcome.hung,
+        scanner: w.scanner,
+        duration: start.elapsed(),
+        oom_at: w.oom_at,
+        warnings,
+    })
+}
+
+fn new_marker() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}.{}.{nanos}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// One output fd of the child.
+struct StreamFd {
+    fd: OwnedFd,
+    kind: detect::Stream,
+    open: bool,
+}
+
+impl StreamFd {
+    fn new(fd: OwnedFd, kind: detect::Stream) -> Self {
+        StreamFd {
+            fd,
+            kind,
+            open: true,
+        }
+    }
+}
+
+/// Where output goes and what it told us.
+struct Watch<'a> {
+    spec: &'a Spec,
+    start: Instant,
+    out: Sink<&'a mut dyn Write>,
+    err: Sink<&'a mut dyn Write>,
+    log: Option<Log>,
+    scanner: detect::Scanner,
+    oom_at: Option<Duration>,
+    last_output: Instant,
+}
+
+impl Watch<'_> {
+    /// Our stream first (live), then the scanner, then the log.
+    fn dispatch(&mut self, kind: detect::Stream, chunk: &[u8]) {
+        match kind {
+            detect::Stream::Err => self.err.write(chunk),
+            _ => self.out.write(chunk),
+        }
+        if self.scanner.feed(kind, chunk) && self.oom_at.is_none() {
+            self.oom_at = Some(self.start.elapsed());
+        }
+        if let Some(log) = self.log.as_mut() {
+            log.feed(chunk);
+        }
+        self.last_output = Instant::now();
+    }
+}
+
+/// The in-flight attempt. Dropping it unfinished (an error or a panic in the loop) kills
+/// everything and reaps, so no exit path leaves processes behind.
+struct Attempt {
+    child: Child,
+    pid: i32,
+    marker: String,
+    done: bool,
+    guardian: Option<guard::Guardian>,
+    stdin_fwd: Option<StdinForwarder>,
+}
+
+impl Attempt {
+    /// Normal end: the group is gone; tell the guardian so and stop the stdin thread.
+    fn finish(&mut self) {
+        self.done = true;
+        if let Some(f) = self.stdin_fwd.take() {
+            f.stop();
+        }
+        if let Some(g) = self.guardian.take() {
+            g.release();
+        }
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        tree::kill_group(self.pid, libc::SIGKILL);
+        tree::kill_marked(&self.marker, libc::SIGKILL);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(f) = self.stdin_fwd.take() {
+            f.stop();
+        }
+        // Dropping the guardian unreleased closes its pipe: it SIGKILLs the group too.
+        self.guardian.take();
+    }
+}
+
+struct Outcome {
+    exit: Exit,
+    interrupted: Option<i32>,
+    hung: bool,
+    warnings: Vec<String>,
+}
+
+/// The poll loop; see the module documentation.
+fn supervise(
+    attempt: &mut Attempt,
+    streams: &mut [StreamFd],
+    w: &mut Watch<'_>,
+    signals: &Signals,
+    master: Option<&OwnedFd>,
+) -> Result<Outcome, Error> {
+    let pgid = attempt.pid;
+    let grace = w.spec.grace;
+    let tty = w.spec.tty;
+    let mut buf = vec![0u8; output::READ_BUF];
+    let mut warnings = Vec::new();
+
+    let mut exited: Option<Exit> = None;
+    let mut term_at: Option<Instant> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut gone_at: Option<Instant> = None;
+    let mut hung = false;
+    let mut interrupted: Option<i32> = None;
+    let mut sigints = 0usize;
+    let mut stopped = false;
+
+    loop {
+        let now = Instant::now();
+        // ---- how long may poll sleep?
+        let mut deadline: Option<Instant> = None;
+        let mut at = |t: Instant| deadline = Some(deadline.map_or(t, |d: Instant| d.min(t)));
+        if exited.is_none() {
+            // Backstop for a SIGCHLD we could not see (e.g. reaped by a wait elsewhere).
+            at(now + Duration::from_millis(500));
+            if w.oom_at.is_some() && term_at.is_none() && !stopped {
+                at(w.last_output + w.spec.hang_timeout);
+            }
+        } else {
+            // Cleanup: watch the group closely.
+            at(now + Duration::from_millis(20));
+        }
+        if let (Some(t), None) = (term_at, kill_at) {
+            at(t + grace);
+        }
+        if let Some(g) = gone_at {
+            at(g + EOF_WAIT);
+        }
+        let timeout = deadline
+            .map(|d| d.saturating_duration_since(now))
+            .unwrap_or(Duration::from_millis(500));
+
+        // ---- wait for output or a signal
+        let mut ready = vec![false; streams.len()];
+        {
+            let mut fds = Vec::with_capacity(streams.len() + 1);
+            fds.push(PollFd::new(signals.wake_fd(), PollFlags::POLLIN));
+            let open: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].open).collect();
+            for &i in &open {
+                fds.push(PollFd::new(streams[i].fd.as_fd(), PollFlags::POLLIN));
+            }
+            let ms = timeout.as_millis().clamp(0, 60_000) as u16;
+            match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) => {
+                    for (slot, &i) in open.iter().enumerate() {
+                        ready[i] = fds[slot + 1].revents().is_some_and(|r| !r.is_empty());
+                    }
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(Error::Io(e.into())),
+            }
+        }
+
+        // ---- signals
+        signals.drain_wake();
+        for (sig, n) in signals.take_new() {
+            let now = Instant::now();
+            match sig {
+                libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT => {
+                    interrupted.get_or_insert(sig);
+                    if sig == libc::SIGINT {
+                        sigints += n;
+                    }
+                    if sig == libc::SIGINT && sigints >= 2 {
+                        tracing::info!("second interrupt: killing process group {pgid}");
+                        tree::kill_group(pgid, libc::SIGKILL);
+                        tree::kill_marked(&attempt.marker, libc::SIGKILL);
+                        term_at.get_or_insert(now);
+                        kill_at.get_or_insert(now);
+                    } else {
+                        tree::kill_group(pgid, sig);
+                    }
+                }
+                libc::SIGUSR1 | libc::SIGUSR2 => {
+                    tree::kill_group(pgid, sig);
+                }
+                libc::SIGTSTP => {
+                    // In tty mode the child's group is orphaned (its parent is in another
+                    // session), and the kernel discards SIGTSTP sent to an orphaned group.
+                    let stop = if tty { libc::SIGSTOP } else { libc::SIGTSTP };
+                    tree::kill_group(pgid, stop);
+                    stopped = true;
+                    // SAFETY: stopping ourselves; we continue here on SIGCONT.
+                    unsafe {
+                        libc::kill(libc::getpid(), libc::SIGSTOP);
+                    }
+                }
+                libc::SIGCONT => {
+                    tree::kill_group(pgid, libc::SIGCONT);
+                    stopped = false;
+                    w.last_output = now; // time spent stopped is not a hang
+                }
+                libc::SIGWINCH => {
+                    if let (Some(m), Some(ws)) = (master, spawn::our_winsize()) {
+                        spawn::set_winsize(m.as_raw_fd(), &ws);
+                    }
+                }
+                _ => {} // SIGCHLD: the try_wait below
+            }
+        }
+
+        // ---- output
+        for (i, s) in streams.iter_mut().enumerate() {
+            if !ready[i] || !s.open {
+                continue;
+            }
+            match output::read_some(s.fd.as_raw_fd(), &mut buf) {
+                Ok(Some(0)) => s.open = false,
+                Ok(Some(n)) => w.dispatch(s.kind, &buf[..n]),
+                Ok(None) => {}
+                Err(e) => {
+                    warnings.push(format!("reading the command's output failed: {e}"));
+                    s.open = false;
+                }
+            }
+        }
+
+        // ---- the direct child
+        if exited.is_none() {
+            match attempt.child.try_wait() {
+                Ok(Some(status)) => exited = Some(Exit::from_status(status)),
+                Ok(None) => {}
+                Err(e) => return Err(Error::Io(e)),
+            }
+        }
+
+        let now = Instant::now();
+        if exited.is_none() {
+            if w.oom_at.is_some()
+                && term_at.is_none()
+                && !stopped
+                && now.duration_since(w.last_output) >= w.spec.hang_timeout
+            {
+                tracing::info!(
+                    "no output for {:?} after an OOM: terminating process group {pgid}",
+                    w.spec.hang_timeout
+                );
+                hung = true;
+                tree::kill_group(pgid, libc::SIGTERM);
+                tree::kill_marked(&attempt.marker, libc::SIGTERM);
+                term_at = Some(now);
+            }
+        } else if gone_at.is_none() {
+            let alive = tree::group_alive(pgid) || !tree::marked_pids(&attempt.marker).is_empty();
+            if !alive {
+                gone_at = Some(now);
+            } else if term_at.is_none() {
+                tracing::debug!("child exited; terminating the rest of group {pgid}");
+                tree::kill_group(pgid, libc::SIGTERM);
+                tree::kill_marked(&attempt.marker, libc::SIGTERM);
+                term_at = Some(now);
+            } else if let Some(k) = kill_at
+                && now >= k + KILL_WAIT
+            {
+                let msg = format!(
+                    "processes of group {pgid} were still present {:?} after SIGKILL",
+                    KILL_WAIT
+                );
+                tracing::warn!("{msg}");
+                warnings.push(msg);
+                gone_at = Some(now);
+            }
+        }
+        if let (Some(t), None) = (term_at, kill_at)
+            && now >= t + grace
+        {
+            tracing::info!("grace period over: killing process group {pgid}");
+            tree::kill_group(pgid, libc::SIGKILL);
+            tree::kill_marked(&attempt.marker, libc::SIGKILL);
+            kill_at = Some(now);
+        }
+
+        // ---- done?
+        if let (Some(exit), Some(gone)) = (exited, gone_at) {
+            let all_eof = streams.iter().all(|s| !s.open);
+            if all_eof || now >= gone + EOF_WAIT {
+                // What is already in the pipes is output too: take it, boundedly (a process
+                // that left the group could write for ever).
+                for s in streams.iter_mut().filter(|s| s.open) {
+                    for _ in 0..64 {
+                        match output::read_some(s.fd.as_raw_fd(), &mut buf) {
+                            Ok(Some(n)) if n > 0 => w.dispatch(s.kind, &buf[..n]),
+                            _ => break,
+                        }
+                    }
+                    s.open = false;
+                }
+                return Ok(Outcome {
+                    exit,
+                    interrupted,
+                    hung,
+                    warnings,
+                });
+            }
+        }
+    }
+}
+
+/// Tty mode: a thread copying our stdin to the pty master, so the child can be answered
+/// (a pdb prompt, "overwrite? [y/N]"). Our terminal stays in cooked mode: the user edits a
+/// line and Ctrl-C/Ctrl-Z are signals to oomguard, which forwards them.
+struct StdinForwarder {
+    stop: Option<OwnedFd>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl StdinForwarder {
+    fn start(master: OwnedFd) -> io::Result<StdinForwarder> {
+        let (stop_r, stop_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let handle = std::thread::Builder::new()
+            .name("oomguard-stdin".into())
+            .spawn(move || forward_stdin(master, stop_r))?;
+        Ok(StdinForwarder {
+            stop: Some(stop_w),
+            handle: Some(handle),
+        })
+    }
+
+    fn stop(mut self) {
+        self.stop.take(); // closing the write end wakes the thread
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn forward_stdin(master: OwnedFd, stop: OwnedFd) {
+    // SAFETY: fd 0 is open for the life of the process (or poll reports POLLNVAL).
+    let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+    let is_tty = nix::unistd::isatty(stdin).unwrap_or(false);
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut fds = [
+            PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+            PollFd::new(stdin, PollFlags::POLLIN),
+        ];
+        match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+        if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+            return;
+        }
+        let Some(r) = fds[1].revents() else { continue };
+        if r.contains(PollFlags::POLLNVAL) {
+            return;
+        }
+        if r.is_empty() {
+            continue;
+        }
+        // In the background, leave the terminal's input to the foreground job.
+        if is_tty && nix::unistd::tcgetpgrp(stdin).ok() != Some(nix::unistd::getpgrp()) {
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let n = match output::read_some(0, &mut buf) {
+            Ok(Some(0)) if is_tty => {
+                // Ctrl-D on a terminal: pass the end-of-file on (VEOF of the pty, ^D).
+                if !write_master(master.as_raw_fd(), b"\x04", &stop) {
+                    return;
+                }
+                continue;
+            }
+            Ok(Some(0)) | Err(_) => return,
+            Ok(Some(n)) => n,
+            Ok(None) => continue,
+        };
+        if !write_master(master.as_raw_fd(), &buf[..n], &stop) {
+            return;
+        }
+    }
+}
+
+/// Writes all of `bytes` to the (non-blocking) master; false when told to stop or on error.
+fn write_master(master: RawFd, mut bytes: &[u8], stop: &OwnedFd) -> bool {
+    while !bytes.is_empty() {
+        // SAFETY: bytes is a valid slice; master is open (we hold a dup).
+        let n = unsafe { libc::write(master, bytes.as_ptr().cast(), bytes.len()) };
+        if n > 0 {
+            bytes = &bytes[n as usize..];
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => {}
+            Some(libc::EAGAIN) => {
+                // SAFETY: master stays open for this call.
+                let m = unsafe { std::os::fd::BorrowedFd::borrow_raw(master) };
+                let mut fds = [
+                    PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+                    PollFd::new(m, PollFlags::POLLOUT),
+                ];
+                let _ = nix::poll::poll(&mut fds, PollTimeout::from(200u16));
+                if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}

@@ -1,0 +1,224 @@
+//! Where the child's bytes go: our stdout/stderr (live, byte-exact), then the bounded log.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Size of the one read buffer: bounds oomguard's memory whatever the child prints.
+pub(crate) const READ_BUF: usize = 64 * 1024;
+
+/// One of our own output fds (1 or 2), written unbuffered. After EPIPE or another write error
+/// it is marked dead and further writes are dropped, so the child keeps being drained.
+pub(crate) struct Sink<W: Write> {
+    out: W,
+    dead: bool,
+    /// Set once, when the sink died; the caller turns it into a warning.
+    pub(crate) error: Option<io::Error>,
+}
+
+impl<W: Write> Sink<W> {
+    pub(crate) fn new(out: W) -> Self {
+        Sink {
+            out,
+            dead: false,
+            error: None,
+        }
+    }
+
+    /// Writes all of `chunk`, unless the sink is dead.
+    pub(crate) fn write(&mut self, chunk: &[u8]) {
+        if self.dead {
+            return;
+        }
+        if let Err(e) = self.out.write_all(chunk).and_then(|()| self.out.flush()) {
+            self.dead = true;
+            self.error = Some(e);
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn into_inner(self) -> W {
+        self.out
+    }
+}
+
+/// Our fd 1 or 2, written with write(2) directly: no userspace buffering (a `\r` progress
+/// bar shows immediately), and if the fd is non-blocking (someone set O_NONBLOCK on a shared
+/// terminal) EAGAIN waits for POLLOUT instead of failing.
+pub(crate) struct RawOut(RawFd);
+
+impl RawOut {
+    pub(crate) fn stdout() -> Self {
+        RawOut(1)
+    }
+    pub(crate) fn stderr() -> Self {
+        RawOut(2)
+    }
+}
+
+impl Write for RawOut {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        loop {
+            // SAFETY: buf is a valid slice; fd 1/2 are ours for the life of the process.
+            let n = unsafe { libc::write(self.0, buf.as_ptr().cast(), buf.len()) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => {
+                    // SAFETY: fd stays open; we only borrow it for poll.
+                    let fd = unsafe { BorrowedFd::borrow_raw(self.0) };
+                    let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLOUT)];
+                    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(1000u16));
+                }
+                _ => return Err(e),
+            }
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The bounded copy of the output: the first `head` bytes go to the file as they come; the
+/// last `tail` bytes are kept in a ring buffer and written at the end, after a marker saying
+/// how many bytes were left out. Write errors turn into one warning and stop the log; they
+/// never stop supervision.
+pub(crate) struct Log {
+    file: Option<File>,
+    head: u64,
+    tail: usize,
+    written_head: u64,
+    ring: VecDeque<u8>,
+    total: u64,
+    pub(crate) warning: Option<String>,
+    path_shown: String,
+}
+
+impl Log {
+    pub(crate) fn open(path: &Path, head: u64, tail: u64) -> Log {
+        let path_shown = path.display().to_string();
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)
+            // An existing file keeps its mode on open; the log must not be world-readable.
+            .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(0o600)).map(|()| f));
+        let (file, warning) = match opened {
+            Ok(f) => (Some(f), None),
+            Err(e) => (None, Some(format!("could not write log {path_shown}: {e}"))),
+        };
+        Log {
+            file,
+            head,
+            tail: usize::try_from(tail).unwrap_or(usize::MAX),
+            written_head: 0,
+            ring: VecDeque::new(),
+            total: 0,
+            warning,
+            path_shown,
+        }
+    }
+
+    pub(crate) fn feed(&mut self, mut chunk: &[u8]) {
+        if self.file.is_none() {
+            return;
+        }
+        self.total += chunk.len() as u64;
+        if self.written_head < self.head {
+            let n = (self.head - self.written_head).min(chunk.len() as u64) as usize;
+            let (h, rest) = chunk.split_at(n);
+            self.write_file(h);
+            self.written_head += n as u64;
+            chunk = rest;
+        }
+        if self.tail == 0 || chunk.is_empty() {
+            return;
+        }
+        if chunk.len() >= self.tail {
+            self.ring.clear();
+            self.ring.extend(&chunk[chunk.len() - self.tail..]);
+        } else {
+            let overflow = (self.ring.len() + chunk.len()).saturating_sub(self.tail);
+            self.ring.drain(..overflow);
+            self.ring.extend(chunk);
+        }
+    }
+
+    /// Writes the tail (with the omitted marker when bytes were dropped) and closes the file.
+    pub(crate) fn finish(&mut self) {
+        if self.file.is_none() {
+            return;
+        }
+        let kept = self.written_head + self.ring.len() as u64;
+        let omitted = self.total - kept;
+        if omitted > 0 {
+            let marker = format!("\n[oomguard: {omitted} bytes omitted]\n");
+            self.write_file(marker.as_bytes());
+        }
+        let ring = std::mem::take(&mut self.ring);
+        let (a, b) = ring.as_slices();
+        self.write_file(a);
+        self.write_file(b);
+        if let Some(f) = self.file.take()
+            && let Err(e) = f.sync_all()
+        {
+            self.fail(e);
+        }
+    }
+
+    fn write_file(&mut self, bytes: &[u8]) {
+        if let Some(f) = self.file.as_mut()
+            && let Err(e) = f.write_all(bytes)
+        {
+            self.fail(e);
+        }
+    }
+
+    fn fail(&mut self, e: io::Error) {
+        self.file = None;
+        self.ring = VecDeque::new();
+        if self.warning.is_none() {
+            self.warning = Some(format!("could not write log {}: {e}", self.path_shown));
+        }
+    }
+}
+
+/// Reads once from a non-blocking fd into `buf`. Ok(None): nothing now. Ok(Some(0)): EOF
+/// (EIO from a pty master whose slave side is all closed counts as EOF).
+pub(crate) fn read_some(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    loop {
+        // SAFETY: buf is a valid, writable slice.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => return Ok(None),
+            Some(libc::EIO) => return Ok(Some(0)),
+            _ => return Err(e),
+        }
+    }
+}
+
+pub(crate) fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: fcntl on an fd we own.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+

@@ -1,0 +1,145 @@
+//! Finding and signalling everything an attempt started.
+//!
+//! Two nets, because one is not enough for PyTorch:
+//!
+//! * the process group (-pgid): the child and every descendant that did not move itself;
+//! * the attempt marker: the child's environment carries `OOMGUARD_ATTEMPT=<marker>`, which
+//!   descendants inherit. torchrun starts its workers with `start_new_session=True`
+//!   (torch/distributed/elastic/multiprocessing/subprocess_handler), so they are NOT in the
+//!   child's group; they do inherit torchrun's environment, so the marker finds them even
+//!   after they were reparented to init. /proc/PID/environ is the environment given to exec,
+//!   so a later setenv/unsetenv in the process does not hide it. Only processes of our own
+//!   user are readable, which are the only ones we could signal anyway.
+
+use std::io::Read;
+
+/// Name of the environment variable that marks an attempt's processes.
+pub const MARKER_VAR: &str = "OOMGUARD_ATTEMPT";
+
+/// Sends `sig` to the group. Returns false when the group is gone (ESRCH). Other errors are
+/// logged, never ignored silently.
+pub(crate) fn kill_group(pgid: i32, sig: i32) -> bool {
+    debug_assert!(pgid > 1);
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: kill has no memory-safety implications; pgid > 1 so this is one group.
+    if unsafe { libc::kill(-pgid, sig) } == 0 {
+        return true;
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::ESRCH) {
+        tracing::warn!("kill(-{pgid}, {}) failed: {e}", super::signal_name(sig));
+    }
+    false
+}
+
+/// Sends `sig` to one process; ESRCH is "already gone".
+pub(crate) fn kill_pid(pid: i32, sig: i32) {
+    // SAFETY: as above; pid > 0.
+    if pid > 0 && unsafe { libc::kill(pid, sig) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ESRCH) {
+            tracing::warn!("kill({pid}, {}) failed: {e}", super::signal_name(sig));
+        }
+    }
+}
+
+/// One entry of /proc.
+struct ProcInfo {
+    pgrp: i32,
+    zombie: bool,
+}
+
+fn read_stat(pid: i32) -> Option<ProcInfo> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // "pid (comm) S ppid pgrp ..."; comm may contain spaces and parentheses: split at the
+    // last ')'.
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?;
+    let _ppid = fields.next()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    Some(ProcInfo {
+        pgrp,
+        zombie: state == "Z" || state == "X",
+    })
+}
+
+fn all_pids() -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// True while the group has a member that is not a zombie. A zombie member cannot hold GPU
+/// memory, and it may stay around until its (possibly foreign) parent reaps it.
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    if unsafe { libc::kill(-pgid, 0) } != 0 {
+        return std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    }
+    if std::fs::metadata("/proc/self/stat").is_err() {
+        return true; // no /proc: trust kill
+    }
+    all_pids()
+        .into_iter()
+        .filter_map(read_stat)
+        .any(|p| p.pgrp == pgid && !p.zombie)
+}
+
+fn has_marker(pid: i32, needle: &[u8]) -> bool {
+    let Ok(mut f) = std::fs::File::open(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    // Bounded read: environments are small; a huge one is read in fixed chunks.
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut carry: Vec<u8> = Vec::new();
+    loop {
+        let n = match f.read(&mut buf) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => n,
+        };
+        carry.extend_from_slice(&buf[..n]);
+        if carry.split(|&b| b == 0).any(|entry| entry == needle) {
+            return true;
+        }
+        // Keep only the unfinished last entry.
+        match carry.iter().rposition(|&b| b == 0) {
+            Some(i) => {
+                carry.drain(..=i);
+            }
+            None if carry.len() > 1024 * 1024 => return false,
+            None => {}
+        }
+    }
+}
+
+/// Live (non-zombie) processes carrying the marker, other than ourselves.
+pub(crate) fn marked_pids(marker: &str) -> Vec<i32> {
+    let needle = format!("{MARKER_VAR}={marker}").into_bytes();
+    let me = std::process::id() as i32;
+    all_pids()
+        .into_iter()
+        .filter(|&pid| pid != me)
+        .filter(|&pid| has_marker(pid, &needle))
+        .filter(|&pid| read_stat(pid).is_some_and(|p| !p.zombie))
+        .collect()
+}
+
+/// Sends `sig` to every live process carrying the marker; returns how many.
+pub(crate) fn kill_marked(marker: &str, sig: i32) -> usize {
+    let pids = marked_pids(marker);
+    for &pid in &pids {
+        kill_pid(pid, sig);
+    }
+    pids.len()
+}
+
+#[cfg(test)]
+pub(crate) fn pid_alive(pid: i32) -> bool {
+    read_stat(pid).is_some_and(|p| !p.zombie)
+}

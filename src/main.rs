@@ -1,0 +1,92 @@
+//! oomguard: carry a PyTorch training command through GPU out-of-memory failures.
+//!
+//! `main` is thin: parse the command line, call one function per subcommand,
+//! map the result to an exit code.
+
+mod checkpoint;
+mod cli;
+mod detect;
+mod envmerge;
+mod exit;
+mod journal;
+mod knobs;
+mod launch;
+mod policy;
+mod supervise;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    // The guardian that kills the command's process group if oomguard dies
+    // (see launch::guard). Dispatched before clap: it is not a user command.
+    if args.get(1).is_some_and(|a| a == "__guard") {
+        launch::guard_main(&args[2..]);
+    }
+    let code = run(args);
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn run(args: Vec<OsString>) -> i32 {
+    let cli = match cli::Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    exit::SUCCESS
+                }
+                _ => exit::USAGE,
+            };
+        }
+    };
+    match cli.sub {
+        Some(cli::Sub::Diagnose { json, file }) => detect::diagnose_main(file.as_deref(), json),
+        Some(cli::Sub::Plan { json, run }) => {
+            init_tracing(run.verbose, run.quiet);
+            match supervise::RunConfig::from_args(run) {
+                Ok(cfg) => supervise::plan(&cfg, json),
+                Err(e) => usage_error(&e),
+            }
+        }
+        None => {
+            init_tracing(cli.run.verbose, cli.run.quiet);
+            let cfg = match supervise::RunConfig::from_args(cli.run) {
+                Ok(cfg) => cfg,
+                Err(e) => return usage_error(&e),
+            };
+            let signals = match launch::Signals::install() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("oomguard: error: cannot install signal handlers: {e}");
+                    return exit::CANNOT_EXECUTE;
+                }
+            };
+            supervise::run(&cfg, &signals)
+        }
+    }
+}
+
+fn usage_error(e: &dyn std::fmt::Display) -> i32 {
+    eprintln!("oomguard: error: {e}");
+    exit::USAGE
+}
+
+fn init_tracing(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, _) => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OOMGUARD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,518 @@
+//! Policy: an ordered list of steps with floors, read from TOML, and the choice
+//! of the next decision after an OOM.
+//!
+//! Theory of operation: after every OOM the steps are tried in order and the
+//! first one that can still change the settings is taken. A step can change the
+//! settings while its knob is bound and above its floor, so a step "repeats"
+//! until its floor before the next step gets a turn (a policy that wants
+//! checkpointing before micro-batch 1 lists `halve_micro_batch` twice, with
+//! floors 4 and 1, around `enable_grad_checkpointing`). Steps whose knob is not
+//! bound are "not applicable" and say why; they are never silently skipped.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::knobs::{Discovery, Knob, Settings, Value};
+
+/// Policies shipped in `policies/`, embedded in the binary.
+pub const SHIPPED: &[(&str, &str)] = &[
+    ("default", include_str!("../policies/default.toml")),
+    ("keep-results", include_str!("../policies/keep-results.toml")),
+    (
+        "keep-micro-batch",
+        include_str!("../policies/keep-micro-batch.toml"),
+    ),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    HalveMicroBatch,
+    EnableGradCheckpointing,
+    ShortenSeq,
+    RaiseZeroStage,
+    OffloadOptimizer,
+    OffloadParam,
+}
+
+impl StepKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StepKind::HalveMicroBatch => "halve_micro_batch",
+            StepKind::EnableGradCheckpointing => "enable_grad_checkpointing",
+            StepKind::ShortenSeq => "shorten_seq",
+            StepKind::RaiseZeroStage => "raise_zero_stage",
+            StepKind::OffloadOptimizer => "offload_optimizer",
+            StepKind::OffloadParam => "offload_param",
+        }
+    }
+}
+
+impl fmt::Display for StepKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One step as written in the TOML file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStep {
+    kind: toml::Spanned<StepKind>,
+    /// halve_micro_batch: smallest micro-batch; shorten_seq: shortest sequence.
+    min: Option<toml::Spanned<u64>>,
+    /// shorten_seq: multiply the sequence length by this (0 < factor < 1).
+    factor: Option<toml::Spanned<f64>>,
+    /// shorten_seq: round the new length down to a multiple of this.
+    multiple_of: Option<toml::Spanned<u64>>,
+    /// raise_zero_stage: highest stage.
+    max: Option<toml::Spanned<u64>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    description: Option<String>,
+    max_attempts: Option<toml::Spanned<u32>>,
+    /// Keep micro × accum × world exactly; a halving that cannot is not applicable.
+    keep_global_batch: Option<bool>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default, rename = "step")]
+    steps: Vec<RawStep>,
+}
+
+/// A validated step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Step {
+    pub kind: StepKind,
+    pub min: u64,
+    pub factor: f64,
+    pub multiple_of: u64,
+    pub max: u64,
+}
+
+/// A validated policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct Policy {
+    pub name: String,
+    pub description: String,
+    pub max_attempts: u32,
+    pub keep_global_batch: bool,
+    /// Environment defaults (merged into the user's, never overriding).
+    pub env: BTreeMap<String, String>,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error(
+        "policy '{0}' is neither a shipped policy (default, keep-results, keep-micro-batch) nor a file: {1}"
+    )]
+    NotFound(String, std::io::Error),
+    #[error("{file}:{line}: {key}: {message}")]
+    Invalid {
+        file: PathBuf,
+        line: usize,
+        key: String,
+        message: String,
+    },
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+impl Policy {
+    /// A shipped name or a path to a TOML file.
+    pub fn load(name_or_file: &str) -> Result<Policy, PolicyError> {
+        if let Some((name, text)) = SHIPPED.iter().find(|(n, _)| *n == name_or_file) {
+            return Policy::parse(name, Path::new(&format!("policies/{name}.toml")), text);
+        }
+        let path = Path::new(name_or_file);
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PolicyError::NotFound(name_or_file.to_string(), e))?;
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| name_or_file.to_string());
+        Policy::parse(&name, path, &text)
+    }
+
+    pub fn parse(name: &str, file: &Path, text: &str) -> Result<Policy, PolicyError> {
+        let invalid = |offset: usize, key: &str, message: String| PolicyError::Invalid {
+            file: file.to_path_buf(),
+            line: line_of(text, offset),
+            key: key.to_string(),
+            message,
+        };
+        let raw: RawPolicy = toml::from_str(text).map_err(|e| {
+            let offset = e.span().map(|s| s.start).unwrap_or(0);
+            // The key is the last `word =` before the error on its line, if any.
+            let line_start = text[..offset.min(text.len())]
+                .rfind('\n')
+                .map_or(0, |p| p + 1);
+            let line_text = text[line_start..].lines().next().unwrap_or("");
+            let key = line_text
+                .split_once('=')
+                .map(|(k, _)| k.trim().trim_matches('[').trim_matches(']').to_string())
+                .filter(|k| !k.is_empty())
+                .unwrap_or_else(|| line_text.trim().to_string());
+            invalid(offset, &key, e.message().trim().to_string())
+        })?;
+
+        let mut steps = Vec::new();
+        for (i, s) in raw.steps.iter().enumerate() {
+            let kind = *s.kind.get_ref();
+            let key = |k: &str| format!("step[{i}].{k}");
+            let not_for = |field: &str, sp: std::ops::Range<usize>| {
+                invalid(
+                    sp.start,
+                    &key(field),
+                    format!("{kind} does not take {field}"),
+                )
+            };
+            let mut step = Step {
+                kind,
+                min: 1,
+                factor: 0.5,
+                multiple_of: 1,
+                max: 3,
+            };
+            match kind {
+                StepKind::HalveMicroBatch => {
+                    if let Some(f) = &s.factor {
+                        return Err(not_for("factor", f.span()));
+                    }
+                    if let Some(m) = &s.max {
+                        return Err(not_for("max", m.span()));
+                    }
+                    if let Some(m) = &s.min {
+                        if *m.get_ref() == 0 {
+                            return Err(invalid(
+                                m.span().start,
+                                &key("min"),
+                                "the smallest micro-batch is 1".into(),
+                            ));
+                        }
+                        step.min = *m.get_ref();
+                    }
+                }
+                StepKind::ShortenSeq => {
+                    if let Some(m) = &s.max {
+                        return Err(not_for("max", m.span()));
+                    }
+                    if let Some(f) = &s.factor {
+                        let v = *f.get_ref();
+                        if !(v > 0.0 && v < 1.0) {
+                            return Err(invalid(
+                                f.span().start,
+                                &key("factor"),
+                                format!("must be between 0 and 1 (exclusive), found {v}"),
+                            ));
+                        }
+                        step.factor = v;
+                    }
+                    step.min = s.min.as_ref().map_or(128, |m| *m.get_ref()).max(1);
+                    step.multiple_of = s.multiple_of.as_ref().map_or(8, |m| *m.get_ref()).max(1);
+                }
+                StepKind::RaiseZeroStage => {
+                    if let Some(m) = &s.max {
+                        let v = *m.get_ref();
+                        if !(1..=3).contains(&v) {
+                            return Err(invalid(
+                                m.span().start,
+                                &key("max"),
+                                format!("ZeRO stages are 1 to 3, found {v}"),
+                            ));
+                        }
+                        step.max = v;
+                    }
+                }
+                StepKind::EnableGradCheckpointing
+                | StepKind::OffloadOptimizer
+                | StepKind::OffloadParam => {
+                    for (field, sp) in [
+                        ("min", s.min.as_ref().map(|x| x.span())),
+                        ("factor", s.factor.as_ref().map(|x| x.span())),
+                        ("max", s.max.as_ref().map(|x| x.span())),
+                    ] {
+                        if let Some(sp) = sp {
+                            return Err(not_for(field, sp));
+                        }
+                    }
+                }
+            }
+            if kind != StepKind::ShortenSeq {
+                if let Some(m) = &s.multiple_of {
+                    return Err(not_for("multiple_of", m.span()));
+                }
+            }
+            steps.push(step);
+        }
+        if steps.is_empty() {
+            return Err(invalid(
+                0,
+                "step",
+                "the policy has no [[step]] tables; add at least one, e.g. [[step]] kind = \"halve_micro_batch\"".into(),
+            ));
+        }
+        let max_attempts = match &raw.max_attempts {
+            Some(m) if *m.get_ref() == 0 => {
+                return Err(invalid(
+                    m.span().start,
+                    "max_attempts",
+                    "must be at least 1".into(),
+                ));
+            }
+            Some(m) => *m.get_ref(),
+            None => 8,
+        };
+        Ok(Policy {
+            name: name.to_string(),
+            description: raw.description.unwrap_or_default(),
+            max_attempts,
+            keep_global_batch: raw.keep_global_batch.unwrap_or(true),
+            env: raw.env,
+            steps,
+        })
+    }
+}
+
+/// The step chosen after an outcome, with settings before and after, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decision {
+    pub step: StepKind,
+    pub before: Settings,
+    pub after: Settings,
+    pub reason: String,
+}
+
+/// Why a step cannot be used for this command (shown by `plan`).
+#[derive(Debug, Clone, Serialize)]
+pub struct NotApplicable {
+    pub step: StepKind,
+    pub why: String,
+}
+
+/// Largest divisor of `n` that is at most `limit` (≥ 1).
+fn largest_divisor_at_most(n: u64, limit: u64) -> u64 {
+    (1..=limit.min(n)).rev().find(|d| n % d == 0).unwrap_or(1)
+}
+
+/// Steps that cannot apply to this command at all, whatever the settings.
+pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
+    let mut out = Vec::new();
+    for s in &policy.steps {
+        let why = match s.kind {
+            StepKind::HalveMicroBatch if !disc.knobs.contains_key(&Knob::MicroBatch) => {
+                Some("micro_batch is not bound (see the notes for how to bind it)".to_string())
+            }
+            StepKind::HalveMicroBatch
+                if policy.keep_global_batch && !disc.knobs.contains_key(&Knob::GradAccum) =>
+            {
+                Some("grad_accum is not bound, so halving the micro-batch would change the global batch (bind it with --knob grad_accum=FLAG, or set keep_global_batch = false in the policy)".to_string())
+            }
+            StepKind::EnableGradCheckpointing
+                if !disc.knobs.contains_key(&Knob::GradCheckpointing) =>
+            {
+                Some("grad_checkpointing is not bound (--knob grad_checkpointing=FLAG)".into())
+            }
+            StepKind::ShortenSeq if !disc.knobs.contains_key(&Knob::SeqLen) => {
+                Some("seq_len is not bound (--knob seq_len=FLAG)".into())
+            }
+            StepKind::RaiseZeroStage | StepKind::OffloadOptimizer | StepKind::OffloadParam => {
+                Some("needs a DeepSpeed or accelerate config binding; this version binds command-line flags and environment variables only".into())
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            if !out.iter().any(|n: &NotApplicable| n.step == s.kind) {
+                out.push(NotApplicable { step: s.kind, why });
+            }
+        }
+    }
+    out
+}
+
+/// Apply one step to `cur`; `None` when it cannot change anything (unbound or at its floor).
+fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, String)> {
+    let mut next = cur.clone();
+    match step.kind {
+        StepKind::HalveMicroBatch => {
+            let micro = cur.int(Knob::MicroBatch)?;
+            let accum = cur.int(Knob::GradAccum);
+            if micro <= step.min {
+                return None;
+            }
+            let target = (micro / 2).max(step.min);
+            match accum {
+                Some(accum) if policy.keep_global_batch => {
+                    // Keep micro × accum exactly: the new micro-batch divides the product.
+                    let product = micro * accum;
+                    let m = largest_divisor_at_most(product, target);
+                    if m < step.min || m >= micro {
+                        return None;
+                    }
+                    next.knobs.insert(Knob::MicroBatch, Value::Int(m));
+                    next.knobs.insert(Knob::GradAccum, Value::Int(product / m));
+                    let gb = next
+                        .global_batch()
+                        .map(|g| format!(", global batch {g} kept"))
+                        .unwrap_or_default();
+                    Some((
+                        next,
+                        format!(
+                            "micro-batch {micro} → {m}, accumulation {accum} → {}{gb}",
+                            product / m
+                        ),
+                    ))
+                }
+                None if policy.keep_global_batch => None,
+                _ => {
+                    next.knobs.insert(Knob::MicroBatch, Value::Int(target));
+                    Some((
+                        next,
+                        format!(
+                            "micro-batch {micro} → {target} (global batch not kept: keep_global_batch = false)"
+                        ),
+                    ))
+                }
+            }
+        }
+        StepKind::EnableGradCheckpointing => {
+            if cur.bool(Knob::GradCheckpointing)? {
+                return None;
+            }
+            next.knobs
+                .insert(Knob::GradCheckpointing, Value::Bool(true));
+            Some((
+                next,
+                "gradient checkpointing on: activations recomputed in backward instead of stored"
+                    .into(),
+            ))
+        }
+        StepKind::ShortenSeq => {
+            let seq = cur.int(Knob::SeqLen)?;
+            if seq <= step.min {
+                return None;
+            }
+            let raw = ((seq as f64) * step.factor).floor() as u64;
+            let rounded = raw / step.multiple_of * step.multiple_of;
+            let new = rounded.max(step.min);
+            if new >= seq {
+                return None;
+            }
+            next.knobs.insert(Knob::SeqLen, Value::Int(new));
+            Some((
+                next,
+                format!("sequence length {seq} → {new} (this changes what the model sees)"),
+            ))
+        }
+        StepKind::RaiseZeroStage | StepKind::OffloadOptimizer | StepKind::OffloadParam => None,
+    }
+}
+
+/// The next decision after an OOM, or `None` when the policy has run out of steps.
+pub fn next(policy: &Policy, cur: &Settings, cause: &str) -> Option<Decision> {
+    policy.steps.iter().find_map(|step| {
+        apply(step, policy, cur).map(|(after, what)| Decision {
+            step: step.kind,
+            before: cur.clone(),
+            after,
+            reason: format!("{cause}: {what}"),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(micro: u64, accum: u64, seq: Option<u64>, gc: bool) -> Settings {
+        let mut knobs = BTreeMap::new();
+        knobs.insert(Knob::MicroBatch, Value::Int(micro));
+        knobs.insert(Knob::GradAccum, Value::Int(accum));
+        if let Some(s) = seq {
+            knobs.insert(Knob::SeqLen, Value::Int(s));
+        }
+        knobs.insert(Knob::GradCheckpointing, Value::Bool(gc));
+        Settings {
+            knobs,
+            world_size: 2,
+        }
+    }
+
+    #[test]
+    fn shipped_policies_parse() {
+        for (name, _) in SHIPPED {
+            let p = Policy::load(name).unwrap();
+            assert!(!p.steps.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn default_ladder_keeps_global_batch_exactly() {
+        let p = Policy::load("default").unwrap();
+        let mut s = settings(6, 1, Some(2048), false);
+        let gb = s.global_batch().unwrap();
+        let mut steps = vec![];
+        while let Some(d) = next(&p, &s, "OOM") {
+            steps.push(d.step);
+            s = d.after;
+            assert_eq!(s.global_batch().unwrap(), gb);
+        }
+        // 6 → 3 → 1 (divisors of 6), then checkpointing, then the sequence.
+        assert_eq!(steps[0], StepKind::HalveMicroBatch);
+        assert_eq!(steps[1], StepKind::HalveMicroBatch);
+        assert_eq!(steps[2], StepKind::EnableGradCheckpointing);
+        assert_eq!(s.int(Knob::MicroBatch), Some(1));
+        assert_eq!(s.int(Knob::GradAccum), Some(6));
+        assert!(steps.contains(&StepKind::ShortenSeq));
+    }
+
+    #[test]
+    fn keep_results_never_shortens() {
+        let p = Policy::load("keep-results").unwrap();
+        let mut s = settings(8, 1, Some(1024), false);
+        while let Some(d) = next(&p, &s, "OOM") {
+            assert_ne!(d.step, StepKind::ShortenSeq);
+            s = d.after;
+        }
+        assert_eq!(s.int(Knob::SeqLen), Some(1024));
+    }
+
+    #[test]
+    fn malformed_policy_names_file_line_and_key() {
+        let text = "max_attempts = 3\n\n[[step]]\nkind = \"halve_micro_batch\"\nmin = 1\n\n[[step]]\nkind = \"shorten_seq\"\nfactor = 1.5\n";
+        let e = Policy::parse("x", Path::new("my.toml"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("my.toml:9: step[1].factor:"), "{e}");
+
+        let text = "[[step]]\nkind = \"halve_the_batch\"\n";
+        let e = Policy::parse("x", Path::new("p.toml"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.toml:2: kind:"), "{e}");
+        assert!(e.contains("halve_micro_batch"), "{e}");
+
+        let text = "[[step]]\nkind = \"halve_micro_batch\"\nminimum = 2\n";
+        let e = Policy::parse("x", Path::new("p.toml"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.toml:3: minimum:"), "{e}");
+    }
+
+    #[test]
+    fn odd_micro_batches_stay_exact() {
+        let p = Policy::load("default").unwrap();
+        let s = settings(5, 2, None, true);
+        let d = next(&p, &s, "OOM").unwrap();
+        assert_eq!(d.after.int(Knob::MicroBatch), Some(2));
+        assert_eq!(d.after.int(Knob::GradAccum), Some(5));
+    }
+}

@@ -1,0 +1,858 @@
+//! The attempt loop: the only place that sequences the others.
+//!
+//! Theory of operation (data flows one way):
+//!
+//!   argv ──discover──▶ bindings + settings₀
+//!   settings_n ──materialize──▶ attempt n: argv', env'
+//!   attempt n ──launch + watch──▶ outcome_n      (output passes through untouched)
+//!   outcome_n ──policy──▶ decision ──▶ settings_n+1 (+ resume checkpoint)
+//!   every arrow ──▶ journal
+//!
+//! `plan` runs the same pipeline with launch replaced by "assume OOM", so what
+//! it prints is what a run would do. Only an OOM leads to another attempt: a
+//! failure of any other kind is not fixed by shrinking, so oomguard stops and
+//! exits with the command's own status; a user's signal is never followed by a
+//! relaunch.
+
+use std::ffi::{OsStr, OsString};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+
+use crate::checkpoint;
+use crate::cli::RunArgs;
+use crate::detect::{Finding, Kind};
+use crate::envmerge::{self, EnvSet};
+use crate::exit;
+use crate::journal::{self, Journal, Row};
+use crate::knobs::{self, Discovery, Knob, Settings};
+use crate::launch;
+use crate::policy::{self, Decision, NotApplicable, Policy};
+
+/// Validated options for `run` and `plan`.
+pub struct RunConfig {
+    pub argv: Vec<OsString>,
+    pub policy: Policy,
+    pub max_attempts: u32,
+    pub run_dir: Option<PathBuf>,
+    pub no_env: bool,
+    pub hang_timeout: Duration,
+    pub grace: Duration,
+    pub verbose: u8,
+    pub quiet: bool,
+    pub disc: Discovery,
+}
+
+/// A usage error: printed and mapped to exit 2 by main.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    #[error(transparent)]
+    Knob(#[from] knobs::KnobError),
+    #[error("--{flag} {value}: {why}")]
+    BadNumber {
+        flag: &'static str,
+        value: f64,
+        why: &'static str,
+    },
+}
+
+fn real_env(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+fn secs(flag: &'static str, v: f64, min: f64) -> Result<Duration, ConfigError> {
+    if !v.is_finite() || v < min {
+        return Err(ConfigError::BadNumber {
+            flag,
+            value: v,
+            why: if min > 0.0 {
+                "must be a positive number of seconds"
+            } else {
+                "must be zero or a positive number of seconds"
+            },
+        });
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl RunConfig {
+    pub fn from_args(args: RunArgs) -> Result<RunConfig, ConfigError> {
+        let policy = Policy::load(&args.policy)?;
+        let user = knobs::parse_user_bindings(&args.knob)?;
+        let disc = knobs::discover(&args.command, &user, &real_env)?;
+        Ok(RunConfig {
+            max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
+            policy,
+            run_dir: args.run_dir,
+            no_env: args.no_env,
+            hang_timeout: secs("hang-timeout", args.hang_timeout, 0.001)?,
+            grace: secs("grace", args.grace, 0.0)?,
+            verbose: args.verbose,
+            quiet: args.quiet,
+            argv: args.command,
+            disc,
+        })
+    }
+
+    fn env_defaults(&self) -> Vec<EnvSet> {
+        if self.no_env {
+            return Vec::new();
+        }
+        envmerge::merge(&self.policy.env, &real_env)
+    }
+
+    fn output_dir(&self) -> Option<PathBuf> {
+        self.disc
+            .output_dir
+            .as_ref()
+            .map(|(d, _)| PathBuf::from(d))
+    }
+
+    /// The user's own `--resume_from_checkpoint` value, if any.
+    fn user_resume(&self) -> Option<PathBuf> {
+        let (idx, form) = self.disc.resume_at?;
+        match form {
+            knobs::FlagForm::Space => self.argv.get(idx + 1).map(PathBuf::from),
+            knobs::FlagForm::Equals => {
+                use std::os::unix::ffi::OsStrExt;
+                let b = self.argv[idx].as_bytes();
+                let eq = b.iter().position(|c| *c == b'=')?;
+                Some(PathBuf::from(OsStr::from_bytes(&b[eq + 1..])))
+            }
+            knobs::FlagForm::Bare => None,
+        }
+    }
+
+    /// The checkpoint to resume from now: the newest complete one, and only when
+    /// it is newer than a resume path the user gave.
+    fn resume(&self, settle: Duration) -> ResumeInfo {
+        let Some(out) = self.output_dir() else {
+            return ResumeInfo {
+                found: None,
+                chosen: None,
+                why: "no --output_dir in the command: each attempt starts from the beginning"
+                    .into(),
+            };
+        };
+        let found = checkpoint::latest_hf(&out, settle);
+        let user = self.user_resume();
+        let chosen = match (&found.latest, &user) {
+            (None, _) => None,
+            (Some(c), Some(u)) => match checkpoint::step_of(u) {
+                Some(us) if us >= c.step => None,
+                _ => Some(c.path.clone()),
+            },
+            (Some(c), None) => Some(c.path.clone()),
+        };
+        let why = match (&chosen, &found.latest, &user) {
+            (Some(p), _, _) => format!("resume from {}", p.display()),
+            (None, Some(_), Some(u)) => format!(
+                "keep your --resume_from_checkpoint {} (no newer complete checkpoint)",
+                u.display()
+            ),
+            _ => format!(
+                "no complete checkpoint-N under {} yet: start fresh",
+                out.display()
+            ),
+        };
+        ResumeInfo {
+            found: Some(found),
+            chosen,
+            why,
+        }
+    }
+}
+
+struct ResumeInfo {
+    found: Option<checkpoint::Found>,
+    chosen: Option<PathBuf>,
+    why: String,
+}
+
+/// Quote an argv for display the way a POSIX shell would read it back.
+pub fn shell_quote(argv: &[OsString]) -> String {
+    argv.iter()
+        .map(|a| {
+            let s = a.to_string_lossy();
+            if !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+            {
+                s.into_owned()
+            } else {
+                format!("'{}'", s.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn settings_json(s: &Settings) -> Json {
+    let mut m = serde_json::Map::new();
+    for (k, v) in &s.knobs {
+        m.insert(k.name().into(), json!(v));
+    }
+    Json::Object(m)
+}
+
+fn settings_line(s: &Settings) -> String {
+    s.knobs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn argv_json(argv: &[OsString]) -> Json {
+    json!(
+        argv.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+    )
+}
+
+/// One rung of the ladder: the settings an attempt would run with.
+struct Rung {
+    step: Option<Decision>,
+    settings: Settings,
+    argv: Vec<OsString>,
+    env: Vec<(String, String)>,
+}
+
+fn ladder(cfg: &RunConfig, resume: Option<&Path>) -> Vec<Rung> {
+    let mut rungs = Vec::new();
+    let mut s = cfg.disc.settings();
+    let first = knobs::materialize(&cfg.argv, &cfg.disc, &s, resume.map(Path::as_os_str));
+    rungs.push(Rung {
+        step: None,
+        settings: s.clone(),
+        argv: first.argv,
+        env: first.env,
+    });
+    while (rungs.len() as u32) < cfg.max_attempts {
+        let Some(d) = policy::next(&cfg.policy, &s, "assumed OOM") else {
+            break;
+        };
+        s = d.after.clone();
+        let m = knobs::materialize(&cfg.argv, &cfg.disc, &s, resume.map(Path::as_os_str));
+        rungs.push(Rung {
+            step: Some(d),
+            settings: s.clone(),
+            argv: m.argv,
+            env: m.env,
+        });
+    }
+    rungs
+}
+
+/// `oomguard plan`: print what would be done; run nothing.
+pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
+    let env = cfg.env_defaults();
+    let res = cfg.resume(Duration::ZERO);
+    let rungs = ladder(cfg, res.chosen.as_deref());
+    let na = policy::not_applicable(&cfg.policy, &cfg.disc);
+    let settings = cfg.disc.settings();
+
+    if as_json {
+        let mut knobs_obj = serde_json::Map::new();
+        for (k, b) in &cfg.disc.knobs {
+            knobs_obj.insert(
+                k.name().into(),
+                json!({"value": b.value, "binding": b.binding.to_string()}),
+            );
+        }
+        let resume = res.found.as_ref().map(|f| {
+            json!({
+                "layout": f.layout,
+                "output_dir": cfg.output_dir(),
+                "checkpoint": res.chosen,
+                "skipped": f.skipped,
+                "why": res.why,
+            })
+        });
+        let out = json!({
+            "command": argv_json(&cfg.argv),
+            "policy": {"name": cfg.policy.name, "description": cfg.policy.description},
+            "max_attempts": cfg.max_attempts,
+            "knobs": knobs_obj,
+            "world_size": cfg.disc.world.size,
+            "world_source": cfg.disc.world.source,
+            "world_uncertain": cfg.disc.world.uncertain,
+            "global_batch": settings.global_batch(),
+            "env": env.iter().map(|e| (e.name.clone(), json!(e.value))).collect::<serde_json::Map<_,_>>(),
+            "resume": resume.unwrap_or(Json::Null),
+            "notes": cfg.disc.notes,
+            "not_applicable": na,
+            "ladder": rungs.iter().map(|r| json!({
+                "step": r.step.as_ref().map(|d| d.step.name()).unwrap_or("as_given"),
+                "settings": settings_json(&r.settings),
+                "global_batch": r.settings.global_batch(),
+                "argv": argv_json(&r.argv),
+                "env": r.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_,_>>(),
+                "reason": r.step.as_ref().map(|d| d.reason.clone()),
+            })).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).expect("plan serializes")
+        );
+        return exit::SUCCESS;
+    }
+
+    let mut o = String::new();
+    o.push_str("oomguard plan: nothing is run\n\n");
+    o.push_str(&format!("command:      {}\n", shell_quote(&cfg.argv)));
+    o.push_str(&format!(
+        "policy:       {} ({}), at most {} attempts\n",
+        cfg.policy.name, cfg.policy.description, cfg.max_attempts
+    ));
+    o.push_str(&format!(
+        "world size:   {} ({})\n",
+        cfg.disc.world.size, cfg.disc.world.source
+    ));
+    match (
+        settings.int(Knob::MicroBatch),
+        settings.int(Knob::GradAccum),
+    ) {
+        (Some(m), Some(a)) => o.push_str(&format!(
+            "global batch: {} = micro-batch {m} × accumulation {a} × world size {}\n",
+            m * a * settings.world_size,
+            settings.world_size
+        )),
+        _ => o.push_str("global batch: unknown (micro-batch or accumulation not bound)\n"),
+    }
+    o.push_str("\nknobs:\n");
+    let w = Knob::ALL.iter().map(|k| k.name().len()).max().unwrap_or(0);
+    for k in Knob::ALL {
+        match cfg.disc.knobs.get(&k) {
+            Some(b) => o.push_str(&format!("  {:w$}  {:<6}  {}\n", k.name(), b.value, b.binding)),
+            None => o.push_str(&format!("  {:w$}  {:<6}  not found\n", k.name(), "-")),
+        }
+    }
+    o.push_str("\nenvironment added to yours:\n");
+    if env.is_empty() {
+        o.push_str(if cfg.no_env {
+            "  none (--no-env)\n"
+        } else {
+            "  none (you set them all)\n"
+        });
+    }
+    for e in &env {
+        o.push_str(&format!("  {}={}  ({})\n", e.name, e.value, e.how));
+    }
+    o.push_str("\nresume:\n");
+    if let Some(f) = &res.found {
+        o.push_str(&format!("  layout: {}\n", f.layout));
+        for s in &f.skipped {
+            o.push_str(&format!("  skipped {}: {}\n", s.path.display(), s.why));
+        }
+    }
+    o.push_str(&format!("  {}\n", res.why));
+    if !cfg.disc.notes.is_empty() {
+        o.push_str("\nnotes:\n");
+        for n in &cfg.disc.notes {
+            o.push_str(&format!("  - {n}\n"));
+        }
+    }
+    if !na.is_empty() {
+        o.push_str("\nnot applicable:\n");
+        for n in &na {
+            o.push_str(&format!("  - {}: {}\n", n.step, n.why));
+        }
+    }
+    o.push_str("\nladder (attempt 1 runs as given; each OOM moves one rung down):\n");
+    for (i, r) in rungs.iter().enumerate() {
+        let step = r
+            .step
+            .as_ref()
+            .map(|d| d.step.name())
+            .unwrap_or("as given");
+        o.push_str(&format!(
+            "  {}. {step}: {}\n",
+            i + 1,
+            settings_line(&r.settings)
+        ));
+        if let Some(d) = &r.step {
+            o.push_str(&format!("     why:  {}\n", d.reason));
+        }
+        for (k, v) in &r.env {
+            o.push_str(&format!("     env:  {k}={v}\n"));
+        }
+        o.push_str(&format!("     argv: {}\n", shell_quote(&r.argv)));
+    }
+    if (rungs.len() as u32) < cfg.max_attempts {
+        o.push_str(&format!(
+            "  after rung {}: no step left; oomguard stops with exit {}\n",
+            rungs.len(),
+            exit::EXHAUSTED
+        ));
+    } else {
+        o.push_str(&format!(
+            "  after attempt {}: --max-attempts reached; oomguard stops with exit {}\n",
+            cfg.max_attempts,
+            exit::EXHAUSTED
+        ));
+    }
+    print!("{o}");
+    exit::SUCCESS
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Success,
+    GpuOom { finding: Option<Finding>, hung: bool },
+    HostOom { finding: Option<Finding>, code: i32 },
+    Other { code: i32, exit: String },
+    Interrupted { signal: i32 },
+}
+
+impl Outcome {
+    fn name(&self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::GpuOom { hung: false, .. } => "cuda_oom",
+            Outcome::GpuOom { hung: true, .. } => "hung_after_oom",
+            Outcome::HostOom { .. } => "host_oom",
+            Outcome::Other { .. } => "other_failure",
+            Outcome::Interrupted { .. } => "interrupted",
+        }
+    }
+}
+
+/// Classify a finished attempt. The user's signal wins; then a success; then
+/// the first OOM printed (the root cause, not the errors that follow it).
+fn classify(r: &launch::Report) -> Outcome {
+    if let Some(signal) = r.interrupted {
+        return Outcome::Interrupted { signal };
+    }
+    if r.hung {
+        return Outcome::GpuOom {
+            finding: r.scanner.first_oom().cloned(),
+            hung: true,
+        };
+    }
+    let code = r.exit.status_code();
+    if code == 0 {
+        return Outcome::Success;
+    }
+    match r.scanner.first_oom() {
+        Some(f) if f.kind == Kind::GpuOom => Outcome::GpuOom {
+            finding: Some(f.clone()),
+            hung: false,
+        },
+        Some(f) => Outcome::HostOom {
+            finding: Some(f.clone()),
+            code,
+        },
+        // Killed by SIGKILL with nobody asking: the kernel's OOM killer, most likely.
+        None if matches!(r.exit, launch::Exit::Signal(9)) => {
+            Outcome::HostOom { finding: None, code }
+        }
+        None => Outcome::Other {
+            code,
+            exit: r.exit.to_string(),
+        },
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < units.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", units[i])
+    }
+}
+
+fn oom_summary(f: Option<&Finding>) -> String {
+    let Some(f) = f else {
+        return "OOM".into();
+    };
+    let n = &f.numbers;
+    let mut s = String::from("OOM");
+    if let Some(t) = n.tried_to_allocate_bytes {
+        s.push_str(&format!(" (tried to allocate {}", human_bytes(t)));
+        if let Some(d) = n.device {
+            s.push_str(&format!(" on GPU {d}"));
+        }
+        if let Some(fr) = n.free_bytes {
+            s.push_str(&format!(", {} free", human_bytes(fr)));
+        }
+        s.push(')');
+    }
+    s
+}
+
+struct Log {
+    quiet: bool,
+}
+
+impl Log {
+    fn info(&self, msg: &str) {
+        if !self.quiet {
+            eprintln!("oomguard: {msg}");
+        }
+    }
+}
+
+fn finding_json(f: Option<&Finding>) -> Json {
+    match f {
+        None => Json::Null,
+        Some(f) => json!({
+            "kind": f.kind,
+            "line": f.line,
+            "line_no": f.line_no,
+            "device": f.numbers.device,
+            "tried_to_allocate_bytes": f.numbers.tried_to_allocate_bytes,
+            "total_bytes": f.numbers.total_bytes,
+            "free_bytes": f.numbers.free_bytes,
+            "allocated_bytes": f.numbers.allocated_bytes,
+            "reserved_unallocated_bytes": f.numbers.reserved_unallocated_bytes,
+            "other_processes": f.numbers.other_processes,
+        }),
+    }
+}
+
+/// `oomguard COMMAND`: run and recover. Returns the exit code.
+pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
+    let log = Log { quiet: cfg.quiet };
+    let run_dir = cfg.run_dir.clone().unwrap_or_else(journal::default_run_dir);
+    let mut j = Journal::open(run_dir);
+    let env_defaults = cfg.env_defaults();
+    let tty = std::io::stdout().is_terminal();
+    let first = cfg.disc.settings();
+
+    j.event(
+        "run_start",
+        json!({
+            "argv": argv_json(&cfg.argv),
+            "policy": cfg.policy.name,
+            "max_attempts": cfg.max_attempts,
+            "settings": settings_json(&first),
+            "world_size": first.world_size,
+            "world_source": cfg.disc.world.source,
+            "global_batch": first.global_batch(),
+            "env": env_defaults,
+            "notes": cfg.disc.notes,
+            "tty": tty,
+        }),
+    );
+    if cfg.verbose > 0 {
+        for n in &cfg.disc.notes {
+            log.info(&format!("note: {n}"));
+        }
+    }
+
+    let mut settings = first.clone();
+    let mut decisions: Vec<(u32, Decision)> = Vec::new();
+    let mut lost = Duration::ZERO;
+    let mut attempts = 0u32;
+    let mut resume: Option<PathBuf> = None;
+    let start_resume = cfg.resume(Duration::ZERO);
+    if start_resume.chosen.is_some() {
+        // A run restarted by hand after a crash continues from where it was.
+        resume = start_resume.chosen.clone();
+        log.info(&start_resume.why);
+    }
+
+    let code = loop {
+        if let Some(sig) = signals.pending() {
+            break exit::SIGNAL_BASE + sig;
+        }
+        attempts += 1;
+        let m = knobs::materialize(
+            &cfg.argv,
+            &cfg.disc,
+            &settings,
+            resume.as_deref().map(Path::as_os_str),
+        );
+        let mut env_set: Vec<(OsString, OsString)> = env_defaults
+            .iter()
+            .map(|e| (OsString::from(&e.name), OsString::from(&e.value)))
+            .collect();
+        env_set.extend(
+            m.env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
+        let adir = j.attempt_dir(attempts);
+        j.event(
+            "attempt_start",
+            json!({
+                "attempt": attempts,
+                "argv": argv_json(&m.argv),
+                "env": m.env.iter().cloned().collect::<std::collections::BTreeMap<_,_>>(),
+                "settings": settings_json(&settings),
+                "global_batch": settings.global_batch(),
+                "resume": resume,
+            }),
+        );
+        if attempts > 1 {
+            log.info(&format!(
+                "attempt {attempts}/{}: {}",
+                cfg.max_attempts,
+                shell_quote(&m.argv)
+            ));
+        } else if cfg.verbose > 0 {
+            log.info(&format!("attempt 1: {}", shell_quote(&m.argv)));
+        }
+
+        let spec = launch::Spec {
+            argv: m.argv.clone(),
+            env_set,
+            tty,
+            log: adir.map(|d| d.join("output.log")),
+            log_head_bytes: 8 << 20,
+            log_tail_bytes: 4 << 20,
+            hang_timeout: cfg.hang_timeout,
+            grace: cfg.grace,
+        };
+        let report = match launch::run(&spec, signals) {
+            Ok(r) => r,
+            Err(e) => {
+                let code = match &e {
+                    launch::Error::NotFound { .. } => exit::NOT_FOUND,
+                    launch::Error::NotExecutable { .. } => exit::CANNOT_EXECUTE,
+                    launch::Error::Io(_) => exit::CANNOT_EXECUTE,
+                };
+                eprintln!("oomguard: error: {e}");
+                j.event(
+                    "attempt_end",
+                    json!({"attempt": attempts, "outcome": "cannot_execute", "error": e.to_string(), "status": code}),
+                );
+                break code;
+            }
+        };
+        for w in &report.warnings {
+            eprintln!("oomguard: warning: {w}");
+        }
+        let outcome = classify(&report);
+        let finding = match &outcome {
+            Outcome::GpuOom { finding, .. } | Outcome::HostOom { finding, .. } => finding.clone(),
+            _ => None,
+        };
+        if let Some(f) = &finding {
+            j.event(
+                "oom",
+                json!({"attempt": attempts, "finding": finding_json(Some(f)), "after_s": report.oom_at.map(|d| d.as_secs_f64())}),
+            );
+        }
+        j.event(
+            "attempt_end",
+            json!({
+                "attempt": attempts,
+                "status": report.exit.status_code(),
+                "exit": report.exit.to_string(),
+                "outcome": outcome.name(),
+                "duration_s": report.duration.as_secs_f64(),
+                "error_line": report.scanner.error_line(),
+            }),
+        );
+        if !matches!(outcome, Outcome::Success) {
+            lost += report.duration;
+        }
+
+        match outcome {
+            Outcome::Success => break exit::SUCCESS,
+            Outcome::Interrupted { signal } => {
+                log.info(&format!(
+                    "interrupted by {}; not relaunching",
+                    signal_name(signal)
+                ));
+                break exit::SIGNAL_BASE + signal;
+            }
+            Outcome::Other { code, exit } => {
+                let line = report
+                    .scanner
+                    .error_line()
+                    .map(|l| format!(": {l}"))
+                    .unwrap_or_default();
+                eprintln!(
+                    "oomguard: the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
+                );
+                break code;
+            }
+            Outcome::HostOom { finding, code } => {
+                let line = finding
+                    .as_ref()
+                    .map(|f| format!(": {}", f.line))
+                    .unwrap_or_else(|| " (killed by SIGKILL: the kernel's OOM killer?)".into());
+                eprintln!(
+                    "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; reduce DataLoader workers or host-side buffers. Stopping with status {code}"
+                );
+                break code;
+            }
+            Outcome::GpuOom { finding, hung } => {
+                let cause = format!(
+                    "{}{} in attempt {attempts}",
+                    if hung { "hung after " } else { "" },
+                    oom_summary(finding.as_ref())
+                );
+                log.info(&cause);
+                if attempts >= cfg.max_attempts {
+                    eprintln!(
+                        "oomguard: {attempts} attempts made (--max-attempts {}); the run still does not fit",
+                        cfg.max_attempts
+                    );
+                    break exit::EXHAUSTED;
+                }
+                let Some(d) = policy::next(&cfg.policy, &settings, &cause) else {
+                    let na: Vec<NotApplicable> = policy::not_applicable(&cfg.policy, &cfg.disc);
+                    eprintln!(
+                        "oomguard: the policy '{}' has no step left; the run still does not fit at {}",
+                        cfg.policy.name,
+                        settings_line(&settings)
+                    );
+                    for n in na {
+                        eprintln!("oomguard:   {} not applicable: {}", n.step, n.why);
+                    }
+                    break exit::EXHAUSTED;
+                };
+                // The previous attempt's group is gone (launch waits for it), so a
+                // checkpoint it was writing is as complete as it will ever be.
+                let res = cfg.resume(Duration::from_millis(200));
+                if let Some(f) = &res.found {
+                    for s in &f.skipped {
+                        log.info(&format!("skipped {}: {}", s.path.display(), s.why));
+                        j.event(
+                            "checkpoint_skipped",
+                            json!({"path": s.path, "why": s.why}),
+                        );
+                    }
+                }
+                resume = res.chosen.clone();
+                log.info(&format!("decision: {} — {}", d.step, d.reason));
+                log.info(&res.why);
+                j.event(
+                    "decision",
+                    json!({
+                        "attempt": attempts,
+                        "step": d.step.name(),
+                        "before": settings_json(&d.before),
+                        "after": settings_json(&d.after),
+                        "global_batch_before": d.before.global_batch(),
+                        "global_batch_after": d.after.global_batch(),
+                        "reason": d.reason,
+                        "resume": resume,
+                        "resume_step": resume.as_deref().and_then(checkpoint::recorded_step),
+                    }),
+                );
+                settings = d.after.clone();
+                decisions.push((attempts, d));
+            }
+        }
+    };
+
+    j.event(
+        "run_end",
+        json!({
+            "exit_code": code,
+            "attempts": attempts,
+            "lost_s": lost.as_secs_f64(),
+            "settings": settings_json(&settings),
+        }),
+    );
+    summary(&first, &settings, &decisions, attempts, lost, code, &j);
+    code
+}
+
+fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+/// The end-of-run table on stderr: knob, before, after, why.
+fn summary(
+    first: &Settings,
+    last: &Settings,
+    decisions: &[(u32, Decision)],
+    attempts: u32,
+    lost: Duration,
+    code: i32,
+    j: &Journal,
+) {
+    let mut rows = Vec::new();
+    for (k, v0) in &first.knobs {
+        let Some(v1) = last.knobs.get(k) else {
+            continue;
+        };
+        if v0 == v1 {
+            continue;
+        }
+        let why: Vec<String> = decisions
+            .iter()
+            .filter(|(_, d)| d.before.knobs.get(k) != d.after.knobs.get(k))
+            .map(|(n, d)| {
+                if *k == Knob::GradAccum && d.step == policy::StepKind::HalveMicroBatch {
+                    match d.after.global_batch() {
+                        Some(g) => format!("attempt {n}: keeps the global batch at {g}"),
+                        None => format!("attempt {n}: keeps micro × accumulation"),
+                    }
+                } else {
+                    let cause = d.reason.split(": ").next().unwrap_or("OOM");
+                    format!("{cause} → {}", d.step)
+                }
+            })
+            .collect();
+        rows.push(Row {
+            knob: k.name().into(),
+            before: v0.to_string(),
+            after: v1.to_string(),
+            why: why.join("; "),
+        });
+    }
+    let status = match code {
+        0 => "finished".to_string(),
+        exit::EXHAUSTED => "gave up: still out of memory".to_string(),
+        c => format!("stopped (exit {c})"),
+    };
+    let mut out = format!(
+        "\noomguard: {status} after {attempts} attempt{}; {:.1} s lost to failed attempts\n",
+        if attempts == 1 { "" } else { "s" },
+        lost.as_secs_f64()
+    );
+    if rows.is_empty() {
+        out.push_str("oomguard: no setting was changed\n");
+    } else {
+        out.push_str(&journal::table(&rows));
+    }
+    if let Some(p) = j.path() {
+        out.push_str(&format!("oomguard: journal: {}\n", p.display()));
+    }
+    eprint!("{out}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quote_round_trips_awkward_arguments() {
+        let argv: Vec<OsString> = ["python", "a b", "it's", "--x=1", "$(rm -rf /)"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(
+            shell_quote(&argv),
+            r#"python 'a b' 'it'\''s' --x=1 '$(rm -rf /)'"#
+        );
+    }
+
+    #[test]
+    fn human_bytes_reads_like_pytorch() {
+        assert_eq!(human_bytes(2 << 30), "2.00 GiB");
+        assert_eq!(human_bytes(512), "512 B");
+    }
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""A real transformers.Trainer on CUDA that hits a GENUINE CUDA out-of-memory error.
+
+For sessions with a GPU (nothing here runs in CI). The process's share of the GPU is
+capped with torch.cuda.set_per_process_memory_fraction, so the caching allocator
+itself raises torch.OutOfMemoryError (its message then also says "... allowed;").
+The tiny-ish GPT-2 (4 layers, 512 wide, vocab 8192, fp32, eager attention) needs
+roughly 7.6 GiB of saved activations at micro-batch 32 x 512 tokens and 1.9 GiB at 8
+(measured on CPU with saved_tensors_hooks), plus ~0.3 GiB of weights and Adam state,
+so with the default cap of 4 GiB: 32 OOMs, 16 OOMs (or barely fits), 8 fits.
+The script prints torch.cuda.max_memory_allocated() at the end: adjust
+--gpu_mem_gib if a GPU/PyTorch version lands elsewhere.
+
+Run it under oomguard (from the repository root, venv from tests/run.sh active):
+
+    cargo build
+    target/debug/oomguard --run-dir /tmp/gpu-run \
+        python tests/real/gpu_hf_trainer.py --per_device_train_batch_size 32 \
+        --gradient_accumulation_steps 1 --max_seq_length 512 \
+        --output_dir /tmp/gpu-out --max_steps 20 --save_steps 5 --short_until_step 7
+
+Expected: attempt 1 trains steps 1-6 on short batches, saves checkpoint-5, OOMs at
+step 7; oomguard halves the micro-batch (32x1 -> 16x2 -> 8x4, global batch 32) and
+relaunches with --resume_from_checkpoint /tmp/gpu-out/checkpoint-5 until it fits;
+then checkpoint-20/trainer_state.json has global_step 20. Without
+--short_until_step the first step already OOMs and there is nothing to resume.
+"""
+import os
+import sys
+from dataclasses import dataclass, field
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch
+from transformers import (GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer,
+                          TrainerCallback, TrainingArguments)
+
+
+@dataclass
+class ScriptArguments:
+    max_seq_length: int = field(default=512)
+    gpu_mem_gib: float = field(default=4.0, metadata={"help": "cap on this process's CUDA memory"})
+    short_until_step: int = field(default=0, metadata={
+        "help": "steps before this one see batches cut to a quarter of max_seq_length "
+                "(like a dataset whose long samples come later), so a checkpoint exists before the OOM"})
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, n, seq_len, vocab):
+        self.ids = torch.randint(0, vocab, (n, seq_len), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class StepCounter(TrainerCallback):
+    step = 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step + 1
+
+
+def main():
+    if not torch.cuda.is_available():
+        sys.exit("gpu_hf_trainer.py needs a CUDA GPU (use hf_trainer_oom.py on CPU)")
+    parser = HfArgumentParser((ScriptArguments, TrainingArguments))
+    defaults = ["--report_to", "none", "--logging_steps", "1", "--save_strategy", "steps", "--seed", "0"]
+    script_args, training_args = parser.parse_args_into_dataclasses(args=defaults + sys.argv[1:])
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, script_args.gpu_mem_gib * 1024 ** 3 / total), 0)
+    micro, accum = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+    seq, world = script_args.max_seq_length, training_args.world_size
+    print(f"micro={micro} accum={accum} world={world} seq={seq} global_batch={micro * accum * world} "
+          f"gradient_checkpointing={training_args.gradient_checkpointing} cap={script_args.gpu_mem_gib} GiB",
+          flush=True)
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=1024,
+                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    model = GPT2LMHeadModel(config)
+    counter = StepCounter()
+
+    def shorten_early_batches(module, args, kwargs):
+        if module.training and counter.step < script_args.short_until_step:
+            keep = max(1, seq // 4)
+            kwargs = {k: (v[:, :keep] if torch.is_tensor(v) and v.dim() == 2 else v) for k, v in kwargs.items()}
+        return args, kwargs
+
+    model.register_forward_pre_hook(shorten_early_batches, with_kwargs=True)
+    trainer = Trainer(model=model, args=training_args, callbacks=[counter],
+                      train_dataset=RandomTokens(4096, seq, config.vocab_size))
+    if training_args.resume_from_checkpoint:
+        print(f"resuming from {training_args.resume_from_checkpoint}", flush=True)
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    print(f"max memory allocated: {torch.cuda.max_memory_allocated() / 1024 ** 3:.2f} GiB", flush=True)
+    print(f"training finished: global_step={trainer.state.global_step} global_batch={micro * accum * world}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""A real transformers.Trainer run (CPU, tiny GPT-2, no downloads) that dies of a real
+torch.OutOfMemoryError while per_device_train_batch_size x max_seq_length > --budget.
+
+    python tests/real/hf_trainer_oom.py --per_device_train_batch_size 8 --max_seq_length 64 \
+        --budget 256 --output_dir /tmp/hf-out --max_steps 6 --save_steps 2 [--oom_at_step 3]
+
+The OOM is raised from a forward pre-hook on the model, so it surfaces through the
+Trainer's own training_step like a real one. Checkpoints are the Trainer's own
+(checkpoint-N/ with trainer_state.json); --resume_from_checkpoint resumes for real.
+Each launch appends one line to --oomguard_report (if given): the settings it ran
+with, the checkpoint it resumed from and the global_step it reached.
+"""
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+from transformers import (GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer,
+                          TrainerCallback, TrainingArguments)
+
+N_POSITIONS = 512  # fixed, so that a checkpoint loads whatever the sequence length
+
+
+@dataclass
+class ScriptArguments:
+    max_seq_length: int = field(default=64)
+    budget: int = field(default=256, metadata={"help": "largest micro_batch x seq_len that 'fits'"})
+    oom_at_step: int = field(default=1, metadata={"help": "a run that does not fit dies at this step"})
+    oomguard_report: Optional[str] = field(default=None)
+
+
+class RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, n, seq_len, vocab):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq_len), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def oom_message(tokens):
+    gib = 1024 ** 3
+    tried = tokens * 8 * 1024 ** 2
+    return (f"CUDA out of memory. Tried to allocate {tried / gib:.2f} GiB. GPU 0 has a total capacity of "
+            "23.65 GiB of which 1.19 GiB is free. Including non-PyTorch memory, this process has 22.45 GiB "
+            "memory in use. Of the allocated memory 21.10 GiB is allocated by PyTorch, and 912.00 MiB is "
+            "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
+            "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+
+
+class StepCounter(TrainerCallback):
+    """Knows which optimizer step is running, so the OOM can wait for --oom_at_step."""
+    step = 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step + 1
+
+
+def main():
+    parser = HfArgumentParser((ScriptArguments, TrainingArguments))
+    # Defaults for this test; anything on the command line comes later and wins.
+    defaults = ["--use_cpu", "--report_to", "none", "--logging_steps", "1", "--save_strategy", "steps",
+                "--dataloader_num_workers", "0", "--seed", "0"]
+    script_args, training_args = parser.parse_args_into_dataclasses(args=defaults + sys.argv[1:])
+    seq, micro = script_args.max_seq_length, training_args.per_device_train_batch_size
+    accum, world = training_args.gradient_accumulation_steps, training_args.world_size
+    print(f"micro={micro} accum={accum} world={world} seq={seq} "
+          f"gradient_checkpointing={training_args.gradient_checkpointing} global_batch={micro * accum * world}",
+          flush=True)
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=N_POSITIONS,
+                                       bos_token_id=0, eos_token_id=0))
+    counter = StepCounter()
+
+    def fake_oom(module, inputs, kwargs):
+        ids = kwargs.get("input_ids", inputs[0] if inputs else None)
+        b, s = ids.shape
+        if module.training and b * s > script_args.budget and counter.step >= script_args.oom_at_step:
+            raise torch.OutOfMemoryError(oom_message(b * s))
+
+    model.register_forward_pre_hook(fake_oom, with_kwargs=True)
+    trainer = Trainer(model=model, args=training_args, callbacks=[counter],
+                      train_dataset=RandomTokens(256, seq, 128))
+    resume = training_args.resume_from_checkpoint
+    if resume:
+        print(f"resuming from {resume}", flush=True)
+    trainer.train(resume_from_checkpoint=resume)
+
+    if script_args.oomguard_report and trainer.is_world_process_zero():
+        with open(script_args.oomguard_report, "a") as f:
+            f.write(json.dumps({"micro": micro, "accum": accum, "world": world, "seq": seq,
+                                "global_batch": micro * accum * world, "resumed_from": resume,
+                                "global_step": trainer.state.global_step}) + "\n")
+    print(f"training finished: global_step={trainer.state.global_step} global_batch={micro * accum * world}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

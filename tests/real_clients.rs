@@ -1,0 +1,353 @@
+//! The real-client tier: oomguard on real PyTorch programs (CPU only, no GPU, no downloads).
+//!
+//! Needs a Python with torch, transformers and accelerate, named by OOMGUARD_REAL_PYTHON
+//! (a venv's bin/python); `tests/run.sh` creates that venv and sets it. Without it every
+//! test here prints why it skipped and passes.
+//!
+//! - `tests/real/ddp_oom.py`: torchrun, 2 ranks on gloo; rank 1 raises a real
+//!   `torch.OutOfMemoryError` while rank 0 waits in the all-reduce.
+//! - `tests/real/hf_trainer_oom.py`: a real `transformers.Trainer` (tiny GPT-2) that raises
+//!   it from the model's forward; real checkpoints, real resume.
+
+// ---- test helper (the same block is in tests/sim_trainer.rs and tests/real_clients.rs) ----
+// Runs the real oomguard binary with a time limit and, on any failed expectation, panics with
+// the command, its cwd, what was expected and what was found, and oomguard's stderr.
+
+use std::fmt::Debug;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const OOMGUARD: &str = env!("CARGO_BIN_EXE_oomguard");
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running oomguard whose output is being collected.
+struct Running {
+    cmd: String,
+    cwd: PathBuf,
+    child: Child,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+    started: Instant,
+}
+
+/// A finished oomguard.
+struct Run {
+    cmd: String,
+    cwd: PathBuf,
+    code: Option<i32>,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+fn spawn(cwd: &Path, args: &[&str], path_first: Option<&Path>) -> Running {
+    let mut c = Command::new(OOMGUARD);
+    c.args(args).current_dir(cwd).stdin(Stdio::null());
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    if let Some(dir) = path_first {
+        let path = std::env::var("PATH").unwrap_or_default();
+        c.env("PATH", format!("{}:{path}", dir.display()));
+    }
+    let cmd = std::iter::once("oomguard")
+        .chain(args.iter().copied())
+        .map(|a| if a.contains(' ') || a.is_empty() { format!("'{a}'") } else { a.to_string() })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = c.spawn().unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let read = |r: &mut dyn Read| {
+        let mut b = Vec::new();
+        let _ = r.read_to_end(&mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    Running {
+        cmd,
+        cwd: cwd.to_path_buf(),
+        child,
+        out: std::thread::spawn(move || read(&mut so)),
+        err: std::thread::spawn(move || read(&mut se)),
+        started: Instant::now(),
+    }
+}
+
+impl Running {
+    fn wait(mut self, limit: Duration) -> Run {
+        use std::os::unix::process::ExitStatusExt;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait for oomguard") {
+                break Some(s);
+            }
+            if self.started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let run = Run {
+            cmd: self.cmd,
+            cwd: self.cwd,
+            code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            stdout: self.out.join().unwrap_or_default(),
+            stderr: self.err.join().unwrap_or_default(),
+            elapsed: self.started.elapsed(),
+        };
+        if status.is_none() {
+            run.fail("oomguard finishes in time", &format!("within {limit:?}"), "still running: killed");
+        }
+        run
+    }
+}
+
+fn oomguard(cwd: &Path, args: &[&str], path_first: Option<&Path>, limit: Duration) -> Run {
+    spawn(cwd, args, path_first).wait(limit)
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    let mut i = s.len().saturating_sub(n);
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    &s[i..]
+}
+
+impl Run {
+    fn fail(&self, what: &str, expected: &str, found: &str) -> ! {
+        panic!(
+            "\n=== expectation failed: {what}\n  expected: {expected}\n  found:    {found}\n\
+             command: {}\ncwd: {}\nexit code: {:?}, signal: {:?}, after {:.1?}\n\
+             --- oomguard stderr (last 6000 bytes) ---\n{}\n--- stdout (last 3000 bytes) ---\n{}\n",
+            self.cmd,
+            self.cwd.display(),
+            self.code,
+            self.signal,
+            self.elapsed,
+            tail(&self.stderr, 6000),
+            tail(&self.stdout, 3000),
+        )
+    }
+
+    /// Expect `expected == found`.
+    fn check<T: PartialEq + Debug>(&self, what: &str, expected: T, found: T) {
+        if expected != found {
+            self.fail(what, &format!("{expected:?}"), &format!("{found:?}"));
+        }
+    }
+
+    /// Expect a condition that is not an equality; `expected` says it in words.
+    fn ensure(&self, what: &str, ok: bool, expected: &str, found: impl Debug) {
+        if !ok {
+            self.fail(what, expected, &format!("{found:?}"));
+        }
+    }
+
+    fn output(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+
+    fn read_json(&self, path: &Path) -> Value {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| self.fail(&format!("read {}", path.display()), "a readable file", &e.to_string()));
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| self.fail(&format!("parse {}", path.display()), "JSON", &format!("{e}: {text}")))
+    }
+
+    /// The journal of a run folder, one JSON value per line.
+    fn journal(&self, run_dir: &Path) -> Vec<Value> {
+        let path = run_dir.join("journal.jsonl");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| self.fail("the journal exists", &path.display().to_string(), &e.to_string()));
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| self.fail("journal line is JSON", l, &e.to_string())))
+            .collect()
+    }
+}
+
+fn events<'a>(journal: &'a [Value], name: &str) -> Vec<&'a Value> {
+    journal.iter().filter(|e| e["event"] == name).collect()
+}
+
+/// The argv of an `attempt_start` event, as strings.
+fn argv_of(event: &Value) -> Vec<String> {
+    event["argv"]
+        .as_array()
+        .map(|a| a.iter().map(|s| s.as_str().unwrap_or("").to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// The checkpoint an argv resumes from (`--resume_from_checkpoint X` or `=X`).
+fn resume_arg(argv: &[String]) -> Option<String> {
+    argv.iter().enumerate().find_map(|(i, a)| {
+        if a == "--resume_from_checkpoint" {
+            argv.get(i + 1).cloned()
+        } else {
+            a.strip_prefix("--resume_from_checkpoint=").map(str::to_string)
+        }
+    })
+}
+
+/// Every value stored under `key` anywhere in `v` (the JSON shapes may grow; the names are fixed).
+fn find_key<'a>(v: &'a Value, key: &str, found: &mut Vec<&'a Value>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                if k == key {
+                    found.push(x);
+                }
+                find_key(x, key, found);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| find_key(x, key, found)),
+        _ => {}
+    }
+}
+
+/// Processes (pid, command line) whose command line contains `marker`, other than this test.
+fn processes_with(marker: &str) -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(marker) {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// Expect no process mentioning `marker` to survive oomguard (waits up to 2 s for the reaper).
+fn expect_no_survivors(run: &Run, marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = processes_with(marker);
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            for (pid, _) in &left {
+                unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+            }
+            run.fail("no child outlives oomguard", "no process left", &format!("{left:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+// ---- end of test helper ----
+
+const LIMIT: Duration = Duration::from_secs(420);
+
+/// The venv's bin folder, or `None` (and a note on stderr) when the tier is not set up.
+fn venv_bin() -> Option<PathBuf> {
+    match std::env::var_os("OOMGUARD_REAL_PYTHON") {
+        Some(p) if !p.is_empty() => {
+            // Not canonicalized: a venv's python is a symlink out of the venv.
+            let bin = PathBuf::from(p).parent().map(Path::to_path_buf).unwrap_or_default();
+            assert!(bin.join("python").exists(), "OOMGUARD_REAL_PYTHON: no python in {}", bin.display());
+            Some(bin)
+        }
+        _ => {
+            eprintln!("skipped: OOMGUARD_REAL_PYTHON not set; run tests/run.sh");
+            None
+        }
+    }
+}
+
+#[test]
+fn torchrun_ddp_oom_on_one_rank_halves_the_micro_batch_and_keeps_the_global_batch() {
+    let Some(bin) = venv_bin() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let args = [
+        "--run-dir", run_dir.to_str().unwrap(), "torchrun", "--standalone", "--nproc_per_node=2",
+        "tests/real/ddp_oom.py", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
+        "--budget", "4", "--max_steps", "4", "--output_dir", out.to_str().unwrap(),
+    ];
+    let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let fin = run.read_json(&out.join("final.json"));
+    run.check("final micro-batch", Some(4), fin["micro"].as_u64());
+    run.check("final gradient accumulation", Some(2), fin["accum"].as_u64());
+    run.check("world size", Some(2), fin["world"].as_u64());
+    run.check("global batch kept", Some(16), fin["global_batch"].as_u64());
+    let j = run.journal(&run_dir);
+    let steps: Vec<_> = events(&j, "decision").iter().map(|d| d["step"].clone()).collect();
+    run.check("decisions", vec![Value::from("halve_micro_batch")], steps);
+    let ends: Vec<_> = events(&j, "attempt_end").iter().map(|e| e["outcome"].clone()).collect();
+    run.check("outcomes", vec![Value::from("cuda_oom"), Value::from("success")], ends);
+    // The root cause is rank 1's OOM, not rank 0's "Connection closed by peer" that follows it.
+    let oom = events(&j, "oom").first().cloned().cloned().unwrap_or_default();
+    let mut devices = Vec::new();
+    find_key(&oom, "device", &mut devices);
+    run.ensure("the OOM is rank 1's (GPU 1)", devices.iter().any(|d| d.as_u64() == Some(1)), "device 1", &oom);
+    let mut world = Vec::new();
+    find_key(&events(&j, "attempt_start")[0], "world_size", &mut world);
+    run.check("world size read from --nproc_per_node", Some(2), world.first().and_then(|w| w.as_u64()));
+    expect_no_survivors(&run, out.to_str().unwrap());
+}
+
+#[test]
+fn hf_trainer_oom_resumes_from_its_real_checkpoint_and_finishes() {
+    let Some(bin) = venv_bin() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let report = out.join("report.jsonl");
+    // micro 8 x seq 64 = 512 tokens > budget 256: OOM at step 3, after checkpoint-2 is saved.
+    let args = [
+        "--run-dir", run_dir.to_str().unwrap(), "python", "tests/real/hf_trainer_oom.py",
+        "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--max_seq_length", "64",
+        "--budget", "256", "--oom_at_step", "3", "--max_steps", "6", "--save_steps", "2",
+        "--output_dir", out.to_str().unwrap(), "--oomguard_report", report.to_str().unwrap(),
+    ];
+    let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&run_dir);
+    let starts = events(&j, "attempt_start");
+    run.check("attempts", 2, starts.len());
+    let ckpt2 = out.join("checkpoint-2").display().to_string();
+    run.check("attempt 2 resumes from checkpoint-2", Some(ckpt2.clone()), resume_arg(&argv_of(starts[1])));
+    run.ensure(
+        "the trainer said it resumed",
+        run.stdout.contains(&format!("resuming from {ckpt2}")),
+        &format!("'resuming from {ckpt2}' in the output"),
+        tail(&run.stdout, 600),
+    );
+    let steps: Vec<_> = events(&j, "decision").iter().map(|d| d["step"].clone()).collect();
+    run.check("decisions", vec![Value::from("halve_micro_batch")], steps);
+
+    // The Trainer's own record of the finished run.
+    let state = run.read_json(&out.join("checkpoint-6/trainer_state.json"));
+    run.check("global_step", Some(6), state["global_step"].as_u64());
+    run.check("max_steps", Some(6), state["max_steps"].as_u64());
+    // Steps 1-2 come from attempt 1 (restored from checkpoint-2), 3-6 from attempt 2: each once.
+    let logged: Vec<u64> = state["log_history"]
+        .as_array()
+        .map(|h| h.iter().filter(|e| e.get("loss").is_some()).filter_map(|e| e["step"].as_u64()).collect())
+        .unwrap_or_default();
+    run.check("steps in log_history", vec![1, 2, 3, 4, 5, 6], logged);
+    // Note: trainer_state.json's train_batch_size is restored from the resumed checkpoint
+    // (transformers 5.x keeps the first run's value), so the settings come from the report.
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    let last: Value = text.lines().last().and_then(|l| serde_json::from_str(l).ok()).unwrap_or_default();
+    run.check("final micro-batch", Some(4), last["micro"].as_u64());
+    run.check("final gradient accumulation", Some(2), last["accum"].as_u64());
+    run.check("global batch kept", Some(8), last["global_batch"].as_u64());
+    run.check("reached max_steps", Some(6), last["global_step"].as_u64());
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The one test command: sets up the Python venv for the real-client tier (cached),
+# then runs every Rust test with it.
+#
+#   tests/run.sh                  # venv (first time ~3 minutes, ~6 GB), then cargo test --all-targets
+#   tests/run.sh -- --nocapture   # extra arguments go to cargo test
+#   tests/run.sh --setup-only     # only make sure the venv exists; print its python
+#
+# Environment: OOMGUARD_VENV=DIR overrides the venv location (default
+# $HOME/.cache/oomguard/venv-<hash of requirements + python version>);
+# PYTHON=python3.X picks the interpreter the venv is made from.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+req="tests/real/requirements.txt"
+python="${PYTHON:-python3}"
+
+say() { printf '[tests/run.sh] %s\n' "$*" >&2; }
+
+setup_only=0
+if [[ "${1:-}" == "--setup-only" ]]; then setup_only=1; shift; fi
+
+command -v "$python" >/dev/null || { say "error: $python not found"; exit 1; }
+pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+key="$( { cat "$req"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
+venv="${OOMGUARD_VENV:-$HOME/.cache/oomguard/venv-$key}"
+marker="$venv/.oomguard-install-complete"
+
+mkdir -p "$(dirname "$venv")"
+# One installer at a time per venv (two test runs started together must not both pip install).
+exec 9>"$venv.lock"
+if command -v flock >/dev/null && ! flock -n 9; then
+    say "another run is installing into $venv: waiting"
+    flock 9
+fi
+
+if [[ -f "$marker" && "$(cat "$marker")" == "$key" ]]; then
+    say "reusing venv $venv"
+else
+    if [[ -e "$venv" ]]; then
+        say "venv $venv is incomplete or stale: removing it"
+        rm -rf "$venv"
+    fi
+    say "creating venv $venv with $python ($pyver)"
+    "$python" -m venv "$venv"
+    say "installing $req (torch from PyPI is ~3 GB: first time takes a few minutes)"
+    start=$SECONDS
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req"
+    "$venv/bin/python" -c 'import torch, transformers, accelerate; print("torch", torch.__version__, "transformers", transformers.__version__)' >&2
+    echo "$key" >"$marker"
+    say "venv ready in $((SECONDS - start))s"
+fi
+exec 9>&-
+
+export OOMGUARD_REAL_PYTHON="$venv/bin/python"
+if [[ $setup_only == 1 ]]; then
+    echo "$OOMGUARD_REAL_PYTHON"
+    exit 0
+fi
+say "OOMGUARD_REAL_PYTHON=$OOMGUARD_REAL_PYTHON"
+say "running: cargo test --all-targets $*"
+exec cargo test --all-targets "$@"

@@ -1,0 +1,498 @@
+//! Integration tests that drive the real `oomguard` binary on `examples/sim_trainer.py`,
+//! a simulated Hugging Face-style trainer in plain Python 3 (no GPU, no venv: `python3`
+//! on PATH is enough). The simulator OOMs at micro-batch 16 and 8 with sequence 1024 and
+//! fits at 4; it saves `checkpoint-N/trainer_state.json` every --save_steps and OOMs at
+//! step 7 (--oom_at_step), so checkpoint-5 exists when it dies and resume is visible.
+
+// ---- test helper (the same block is in tests/sim_trainer.rs and tests/real_clients.rs) ----
+// Runs the real oomguard binary with a time limit and, on any failed expectation, panics with
+// the command, its cwd, what was expected and what was found, and oomguard's stderr.
+
+use std::fmt::Debug;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const OOMGUARD: &str = env!("CARGO_BIN_EXE_oomguard");
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running oomguard whose output is being collected.
+struct Running {
+    cmd: String,
+    cwd: PathBuf,
+    child: Child,
+    out: std::thread::JoinHandle<String>,
+    err: std::thread::JoinHandle<String>,
+    started: Instant,
+}
+
+/// A finished oomguard.
+struct Run {
+    cmd: String,
+    cwd: PathBuf,
+    code: Option<i32>,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+}
+
+fn spawn(cwd: &Path, args: &[&str], path_first: Option<&Path>) -> Running {
+    let mut c = Command::new(OOMGUARD);
+    c.args(args).current_dir(cwd).stdin(Stdio::null());
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    if let Some(dir) = path_first {
+        let path = std::env::var("PATH").unwrap_or_default();
+        c.env("PATH", format!("{}:{path}", dir.display()));
+    }
+    let cmd = std::iter::once("oomguard")
+        .chain(args.iter().copied())
+        .map(|a| if a.contains(' ') || a.is_empty() { format!("'{a}'") } else { a.to_string() })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = c.spawn().unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let read = |r: &mut dyn Read| {
+        let mut b = Vec::new();
+        let _ = r.read_to_end(&mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    Running {
+        cmd,
+        cwd: cwd.to_path_buf(),
+        child,
+        out: std::thread::spawn(move || read(&mut so)),
+        err: std::thread::spawn(move || read(&mut se)),
+        started: Instant::now(),
+    }
+}
+
+impl Running {
+    fn wait(mut self, limit: Duration) -> Run {
+        use std::os::unix::process::ExitStatusExt;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait for oomguard") {
+                break Some(s);
+            }
+            if self.started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let run = Run {
+            cmd: self.cmd,
+            cwd: self.cwd,
+            code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            stdout: self.out.join().unwrap_or_default(),
+            stderr: self.err.join().unwrap_or_default(),
+            elapsed: self.started.elapsed(),
+        };
+        if status.is_none() {
+            run.fail("oomguard finishes in time", &format!("within {limit:?}"), "still running: killed");
+        }
+        run
+    }
+}
+
+fn oomguard(cwd: &Path, args: &[&str], path_first: Option<&Path>, limit: Duration) -> Run {
+    spawn(cwd, args, path_first).wait(limit)
+}
+
+fn tail(s: &str, n: usize) -> &str {
+    let mut i = s.len().saturating_sub(n);
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    &s[i..]
+}
+
+impl Run {
+    fn fail(&self, what: &str, expected: &str, found: &str) -> ! {
+        panic!(
+            "\n=== expectation failed: {what}\n  expected: {expected}\n  found:    {found}\n\
+             command: {}\ncwd: {}\nexit code: {:?}, signal: {:?}, after {:.1?}\n\
+             --- oomguard stderr (last 6000 bytes) ---\n{}\n--- stdout (last 3000 bytes) ---\n{}\n",
+            self.cmd,
+            self.cwd.display(),
+            self.code,
+            self.signal,
+            self.elapsed,
+            tail(&self.stderr, 6000),
+            tail(&self.stdout, 3000),
+        )
+    }
+
+    /// Expect `expected == found`.
+    fn check<T: PartialEq + Debug>(&self, what: &str, expected: T, found: T) {
+        if expected != found {
+            self.fail(what, &format!("{expected:?}"), &format!("{found:?}"));
+        }
+    }
+
+    /// Expect a condition that is not an equality; `expected` says it in words.
+    fn ensure(&self, what: &str, ok: bool, expected: &str, found: impl Debug) {
+        if !ok {
+            self.fail(what, expected, &format!("{found:?}"));
+        }
+    }
+
+    fn output(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+
+    fn read_json(&self, path: &Path) -> Value {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| self.fail(&format!("read {}", path.display()), "a readable file", &e.to_string()));
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| self.fail(&format!("parse {}", path.display()), "JSON", &format!("{e}: {text}")))
+    }
+
+    /// The journal of a run folder, one JSON value per line.
+    fn journal(&self, run_dir: &Path) -> Vec<Value> {
+        let path = run_dir.join("journal.jsonl");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| self.fail("the journal exists", &path.display().to_string(), &e.to_string()));
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| self.fail("journal line is JSON", l, &e.to_string())))
+            .collect()
+    }
+}
+
+fn events<'a>(journal: &'a [Value], name: &str) -> Vec<&'a Value> {
+    journal.iter().filter(|e| e["event"] == name).collect()
+}
+
+/// The argv of an `attempt_start` event, as strings.
+fn argv_of(event: &Value) -> Vec<String> {
+    event["argv"]
+        .as_array()
+        .map(|a| a.iter().map(|s| s.as_str().unwrap_or("").to_string()).collect())
+        .unwrap_or_default()
+}
+
+/// The checkpoint an argv resumes from (`--resume_from_checkpoint X` or `=X`).
+fn resume_arg(argv: &[String]) -> Option<String> {
+    argv.iter().enumerate().find_map(|(i, a)| {
+        if a == "--resume_from_checkpoint" {
+            argv.get(i + 1).cloned()
+        } else {
+            a.strip_prefix("--resume_from_checkpoint=").map(str::to_string)
+        }
+    })
+}
+
+/// Every value stored under `key` anywhere in `v` (the JSON shapes may grow; the names are fixed).
+fn find_key<'a>(v: &'a Value, key: &str, found: &mut Vec<&'a Value>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                if k == key {
+                    found.push(x);
+                }
+                find_key(x, key, found);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| find_key(x, key, found)),
+        _ => {}
+    }
+}
+
+/// Processes (pid, command line) whose command line contains `marker`, other than this test.
+fn processes_with(marker: &str) -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(marker) {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// Expect no process mentioning `marker` to survive oomguard (waits up to 2 s for the reaper).
+fn expect_no_survivors(run: &Run, marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = processes_with(marker);
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            for (pid, _) in &left {
+                unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+            }
+            run.fail("no child outlives oomguard", "no process left", &format!("{left:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+// ---- end of test helper ----
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn sim() -> String {
+    repo().join("examples/sim_trainer.py").display().to_string()
+}
+
+/// The README demo's command (faster steps), writing into `out`.
+fn demo_args(out: &Path) -> Vec<String> {
+    let mut v: Vec<String> = ["python3", &sim()].iter().map(|s| s.to_string()).collect();
+    for a in [
+        "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "2",
+        "--max_seq_length", "1024", "--max_steps", "30", "--save_steps", "5", "--step_seconds", "0.005",
+        "--output_dir",
+    ] {
+        v.push(a.to_string());
+    }
+    v.push(out.display().to_string());
+    v
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn recovers_from_oom_resuming_from_checkpoint_and_keeping_global_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string()];
+    args.extend(demo_args(&out));
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    // What the trainer itself recorded: the steps each launch contributed and its settings.
+    let fin = run.read_json(&out.join("final.json"));
+    run.check("final global_step", Some(30), fin["global_step"].as_u64());
+    run.check("final micro-batch", Some(4), fin["micro"].as_u64());
+    run.check("final gradient accumulation", Some(8), fin["accum"].as_u64());
+    run.check("final global batch", Some(32), fin["global_batch"].as_u64());
+    let segments = fin["attempts"].as_array().cloned().unwrap_or_default();
+    for s in &segments {
+        run.check("global batch of every launch", Some(32), s["global_batch"].as_u64());
+    }
+    let last = segments.last().cloned().unwrap_or_default();
+    run.ensure(
+        "the last launch resumed from checkpoint-5",
+        last["resumed_from"].as_str().is_some_and(|p| p.ends_with("checkpoint-5")),
+        "resumed_from ending in checkpoint-5",
+        &last,
+    );
+    run.ensure(
+        "the trainer printed its resume",
+        run.stdout.contains("resuming from checkpoint-5 at step 5"),
+        "'resuming from checkpoint-5 at step 5' in the output",
+        tail(&run.stdout, 400),
+    );
+
+    // What oomguard recorded.
+    let j = run.journal(&run_dir);
+    let starts = events(&j, "attempt_start");
+    run.check("attempts", 3, starts.len());
+    let steps: Vec<_> = events(&j, "decision").iter().map(|d| d["step"].clone()).collect();
+    run.check("decisions", vec![Value::from("halve_micro_batch"); 2], steps);
+    run.check("attempt 1 resumes from nothing", None, resume_arg(&argv_of(starts[0])));
+    for (n, start) in starts.iter().enumerate().skip(1) {
+        let resume = resume_arg(&argv_of(start));
+        run.ensure(
+            &format!("attempt {} resumes from checkpoint-5", n + 1),
+            resume.as_deref() == Some(out.join("checkpoint-5").to_str().unwrap()),
+            &format!("--resume_from_checkpoint {}", out.join("checkpoint-5").display()),
+            argv_of(start),
+        );
+    }
+    run.check("an oom event per OOM", 2, events(&j, "oom").len());
+    run.check("one run_end", 1, events(&j, "run_end").len());
+    let log1 = std::fs::read_to_string(run_dir.join("attempt-1/output.log")).unwrap_or_default();
+    run.ensure(
+        "attempt-1/output.log holds the attempt's output",
+        log1.contains("torch.OutOfMemoryError: CUDA out of memory") && log1.contains("global batch: 32"),
+        "the OOM line and the settings line",
+        tail(&log1, 600),
+    );
+}
+
+#[test]
+fn a_failure_that_is_not_an_oom_stops_at_once_with_the_childs_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string()];
+    args.extend(demo_args(&out));
+    args.extend(["--fail_with".to_string(), "3".to_string()]);
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+
+    run.check("exit code", Some(3), run.code);
+    let j = run.journal(&run_dir);
+    run.check("attempts", 1, events(&j, "attempt_start").len());
+    run.check("decisions", 0, events(&j, "decision").len());
+    let end = events(&j, "attempt_end");
+    run.check("outcome", Some("other_failure"), end.first().and_then(|e| e["outcome"].as_str()));
+}
+
+#[test]
+fn a_run_that_hangs_after_its_oom_is_killed_and_relaunched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let mut args: Vec<String> =
+        ["--run-dir", run_dir.to_str().unwrap(), "--hang-timeout", "1", "--grace", "1"].map(String::from).to_vec();
+    args.extend(demo_args(&out));
+    args.push("--hang_after_oom".to_string());
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    run.ensure("finished promptly", run.elapsed < Duration::from_secs(60), "under 60 s", run.elapsed);
+    let j = run.journal(&run_dir);
+    let outcomes: Vec<_> = events(&j, "attempt_end").iter().map(|e| e["outcome"].clone()).collect();
+    run.check(
+        "outcomes",
+        vec![Value::from("hung_after_oom"), Value::from("hung_after_oom"), Value::from("success")],
+        outcomes,
+    );
+    let fin = run.read_json(&out.join("final.json"));
+    run.check("final global batch", Some(32), fin["global_batch"].as_u64());
+    expect_no_survivors(&run, out.to_str().unwrap());
+}
+
+#[test]
+fn the_users_files_are_left_as_they_were() {
+    // A project folder with the script and a config file; oomguard runs there with its
+    // default run folder. Afterwards only out/ and .oomguard/ are new.
+    let tmp = tempfile::tempdir().unwrap();
+    let proj = tmp.path().join("proj");
+    std::fs::create_dir(&proj).unwrap();
+    let script = std::fs::read(repo().join("examples/sim_trainer.py")).unwrap();
+    std::fs::write(proj.join("train.py"), &script).unwrap();
+    let config = b"{\"per_device_train_batch_size\": 16}\n";
+    std::fs::write(proj.join("config.json"), config).unwrap();
+    let user_argv = [
+        "python3", "train.py", "--per_device_train_batch_size=16", "--gradient_accumulation_steps", "2",
+        "--max_seq_length", "1024", "--output_dir", "out", "--max_steps", "12", "--save_steps", "5",
+        "--step_seconds", "0.005",
+    ];
+    let run = oomguard(&proj, &user_argv, None, LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    run.check("train.py unchanged", true, std::fs::read(proj.join("train.py")).unwrap() == script);
+    run.check("config.json unchanged", config.to_vec(), std::fs::read(proj.join("config.json")).unwrap());
+    let mut names: Vec<String> =
+        std::fs::read_dir(&proj).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    run.check("files in the project", vec![".oomguard", "config.json", "out", "train.py"], strs(&names));
+    let runs: Vec<PathBuf> = std::fs::read_dir(proj.join(".oomguard/runs"))
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    run.check("run folders under .oomguard/runs", 1, runs.len());
+    let j = run.journal(&runs[0]);
+    let first = events(&j, "attempt_start").first().map(|e| argv_of(e)).unwrap_or_default();
+    run.check("attempt 1 runs the user's argv byte for byte", strs(&first), user_argv.to_vec());
+}
+
+#[test]
+fn resume_skips_a_checkpoint_that_was_never_finished() {
+    // A newer checkpoint-10 without trainer_state.json, as a crash half-way through saving leaves it.
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    std::fs::create_dir_all(out.join("checkpoint-10")).unwrap();
+    std::fs::write(out.join("checkpoint-10/model.safetensors"), b"half").unwrap();
+    let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string()];
+    args.extend(demo_args(&out));
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&run_dir);
+    let second = events(&j, "attempt_start").get(1).map(|e| argv_of(e)).unwrap_or_default();
+    run.check(
+        "attempt 2 resumes from the newest complete checkpoint",
+        Some(out.join("checkpoint-5").display().to_string()),
+        resume_arg(&second),
+    );
+}
+
+#[test]
+fn the_policy_running_out_exits_75() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let mut args: Vec<String> =
+        ["--run-dir", run_dir.to_str().unwrap(), "--max-attempts", "3"].map(String::from).to_vec();
+    args.extend(demo_args(&out));
+    args.extend(["--capacity_gib", "1"].map(String::from)); // smaller than the model: nothing fits
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+
+    run.check("exit code", Some(75), run.code);
+    let j = run.journal(&run_dir);
+    run.check("attempts", 3, events(&j, "attempt_start").len());
+}
+
+#[test]
+fn an_interrupt_stops_the_child_and_exits_130() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string(), "--grace".into(), "5".into()];
+    args.extend(demo_args(&out));
+    args.extend(["--print_signals", "--save_steps", "1", "--step_seconds", "0.2", "--oom_at_step", "1000"]
+        .map(String::from));
+    let running = spawn(tmp.path(), &strs(&args), None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !out.join("checkpoint-1/trainer_state.json").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    unsafe { libc::kill(running.child.id() as i32, libc::SIGINT) };
+    let run = running.wait(LIMIT);
+
+    run.check("exit code", Some(130), run.code);
+    run.ensure(
+        "the child was told",
+        run.stdout.contains("received signal SIGINT") || run.stdout.contains("received signal SIGTERM"),
+        "'received signal SIGINT' (or SIGTERM) from the trainer",
+        tail(&run.stdout, 400),
+    );
+    let j = run.journal(&run_dir);
+    run.check("attempts", 1, events(&j, "attempt_start").len());
+    expect_no_survivors(&run, out.to_str().unwrap());
+}
+
+#[test]
+fn plan_json_shows_the_knobs_and_runs_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let mut args = vec!["plan".to_string(), "--json".to_string()];
+    args.extend(demo_args(&out));
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let plan: Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| run.fail("plan --json prints one JSON value", "JSON", &e.to_string()));
+    for (knob, value) in [("micro_batch", 16), ("grad_accum", 2), ("seq_len", 1024)] {
+        let mut found = Vec::new();
+        find_key(&plan, knob, &mut found);
+        let hit = found.iter().any(|v| v.as_u64() == Some(value) || v["value"].as_u64() == Some(value));
+        run.ensure(&format!("plan shows {knob} = {value}"), hit, &format!("{knob}: {value}"), &found);
+    }
+    let mut ladder = Vec::new();
+    find_key(&plan, "step", &mut ladder);
+    run.ensure(
+        "plan shows the halving step",
+        ladder.iter().any(|s| *s == "halve_micro_batch"),
+        "a step halve_micro_batch",
+        &ladder,
+    );
+    run.check("nothing ran: no output_dir", false, out.exists());
+    run.check("nothing ran: no run folder", false, tmp.path().join(".oomguard").exists());
+}
