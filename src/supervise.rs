@@ -329,7 +329,7 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     let w = Knob::ALL.iter().map(|k| k.name().len()).max().unwrap_or(0);
     for k in Knob::ALL {
         match cfg.disc.knobs.get(&k) {
-            Some(b) => o.push_str(&format!("  {:w$}  {:<6}  {}\n", k.name(), b.value, b.binding)),
+            Some(b) => o.push_str(&format!("  {:w$}  {:<6}  {}\n", k.name(), b.value.to_string(), b.binding)),
             None => o.push_str(&format!("  {:w$}  {:<6}  not found\n", k.name(), "-")),
         }
     }
@@ -555,7 +555,7 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
     }
 
     let mut settings = first.clone();
-    let mut decisions: Vec<(u32, Decision)> = Vec::new();
+    let mut decisions: Vec<(u32, String, Decision)> = Vec::new();
     let mut lost = Duration::ZERO;
     let mut attempts = 0u32;
     let mut resume: Option<PathBuf> = None;
@@ -695,11 +695,11 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
             }
             Outcome::GpuOom { finding, hung } => {
                 let cause = format!(
-                    "{}{} in attempt {attempts}",
+                    "{}{}",
                     if hung { "hung after " } else { "" },
                     oom_summary(finding.as_ref())
                 );
-                log.info(&cause);
+                log.info(&format!("attempt {attempts}: {cause}"));
                 if attempts >= cfg.max_attempts {
                     eprintln!(
                         "oomguard: {attempts} attempts made (--max-attempts {}); the run still does not fit",
@@ -749,7 +749,7 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                     }),
                 );
                 settings = d.after.clone();
-                decisions.push((attempts, d));
+                decisions.push((attempts, cause, d));
             }
         }
     };
@@ -777,7 +777,7 @@ fn signal_name(sig: i32) -> String {
 fn summary(
     first: &Settings,
     last: &Settings,
-    decisions: &[(u32, Decision)],
+    decisions: &[(u32, String, Decision)],
     attempts: u32,
     lost: Duration,
     code: i32,
@@ -791,31 +791,36 @@ fn summary(
         if v0 == v1 {
             continue;
         }
-        let why: Vec<String> = decisions
+        let changed: Vec<&(u32, String, Decision)> = decisions
             .iter()
-            .filter(|(_, d)| d.before.knobs.get(k) != d.after.knobs.get(k))
-            .map(|(n, d)| {
-                if *k == Knob::GradAccum && d.step == policy::StepKind::HalveMicroBatch {
-                    match d.after.global_batch() {
-                        Some(g) => format!("attempt {n}: keeps the global batch at {g}"),
-                        None => format!("attempt {n}: keeps micro × accumulation"),
-                    }
-                } else {
-                    let cause = d.reason.split(": ").next().unwrap_or("OOM");
-                    format!("{cause} → {}", d.step)
-                }
-            })
+            .filter(|(_, _, d)| d.before.knobs.get(k) != d.after.knobs.get(k))
             .collect();
+        let at: Vec<String> = changed.iter().map(|(n, _, _)| n.to_string()).collect();
+        let plural = if at.len() == 1 { "" } else { "s" };
+        let why = match changed.first() {
+            Some((_, _, d)) if *k == Knob::GradAccum && d.step == policy::StepKind::HalveMicroBatch => {
+                match last.global_batch() {
+                    Some(g) => format!("keeps the global batch at {g} as the micro-batch shrank"),
+                    None => "keeps micro-batch × accumulation as the micro-batch shrank".into(),
+                }
+            }
+            Some((_, _, d)) => format!(
+                "{} after the OOM in attempt{plural} {}",
+                d.step,
+                at.join(", ")
+            ),
+            None => String::new(),
+        };
         rows.push(Row {
             knob: k.name().into(),
             before: v0.to_string(),
             after: v1.to_string(),
-            why: why.join("; "),
+            why,
         });
     }
     let status = match code {
         0 => "finished".to_string(),
-        exit::EXHAUSTED => "gave up: still out of memory".to_string(),
+        exit::EXHAUSTED => "gave up: the run still does not fit".to_string(),
         c => format!("stopped (exit {c})"),
     };
     let mut out = format!(
@@ -827,6 +832,9 @@ fn summary(
         out.push_str("oomguard: no setting was changed\n");
     } else {
         out.push_str(&journal::table(&rows));
+    }
+    for (n, cause, d) in decisions {
+        out.push_str(&format!("  attempt {n}: {cause} → {}\n", d.step));
     }
     if let Some(p) = j.path() {
         out.push_str(&format!("oomguard: journal: {}\n", p.display()));

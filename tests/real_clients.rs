@@ -151,10 +151,6 @@ impl Run {
         }
     }
 
-    fn output(&self) -> String {
-        format!("{}{}", self.stdout, self.stderr)
-    }
-
     fn read_json(&self, path: &Path) -> Value {
         let text = std::fs::read_to_string(path)
             .unwrap_or_else(|e| self.fail(&format!("read {}", path.display()), "a readable file", &e.to_string()));
@@ -296,8 +292,9 @@ fn torchrun_ddp_oom_on_one_rank_halves_the_micro_batch_and_keeps_the_global_batc
     let mut devices = Vec::new();
     find_key(&oom, "device", &mut devices);
     run.ensure("the OOM is rank 1's (GPU 1)", devices.iter().any(|d| d.as_u64() == Some(1)), "device 1", &oom);
+    let run_start = Value::Array(events(&j, "run_start").into_iter().cloned().collect());
     let mut world = Vec::new();
-    find_key(&events(&j, "attempt_start")[0], "world_size", &mut world);
+    find_key(&run_start, "world_size", &mut world);
     run.check("world size read from --nproc_per_node", Some(2), world.first().and_then(|w| w.as_u64()));
     expect_no_survivors(&run, out.to_str().unwrap());
 }

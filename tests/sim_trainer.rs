@@ -146,10 +146,6 @@ impl Run {
         }
     }
 
-    fn output(&self) -> String {
-        format!("{}{}", self.stdout, self.stderr)
-    }
-
     fn read_json(&self, path: &Path) -> Value {
         let text = std::fs::read_to_string(path)
             .unwrap_or_else(|e| self.fail(&format!("read {}", path.display()), "a readable file", &e.to_string()));

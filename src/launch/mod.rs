@@ -60,7 +60,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::detect;
 
-pub use guard::{GUARD_ARG, guard_main};
+pub use guard::guard_main;
 pub use signals::Signals;
 pub use tree::MARKER_VAR;
 
@@ -139,6 +139,8 @@ pub fn signal_name(sig: i32) -> &'static str {
 /// What happened during one attempt.
 #[derive(Debug)]
 pub struct Report {
+    /// The direct child's pid (also its process group id).
+    #[allow(dead_code)] // contract field; nothing reads it yet
     pub pid: u32,
     pub exit: Exit,
     /// The user signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT) received and forwarded during this
@@ -178,17 +180,6 @@ fn show_dirs(dirs: &[PathBuf]) -> String {
         .map(|d| d.display().to_string())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-impl Error {
-    /// The exit status a shell would give: 127 not found, 126 not executable, 1 otherwise.
-    pub fn status_code(&self) -> i32 {
-        match self {
-            Error::NotFound { .. } => 127,
-            Error::NotExecutable { .. } => 126,
-            Error::Io(_) => 1,
-        }
-    }
 }
 
 /// Runs one attempt to its end; see the module documentation.

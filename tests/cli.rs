@@ -1,0 +1,417 @@
+//! The command-line contract, driven through the real binary: usage errors,
+//! `plan`, the environment the child gets, byte-exact pass-through, and user
+//! signals (no relaunch after Ctrl-C).
+
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Run oomguard; on a failed expectation the caller prints `describe`.
+struct Run {
+    args: Vec<OsString>,
+    cwd: PathBuf,
+    out: Output,
+}
+
+impl Run {
+    fn new<I, S>(cwd: &Path, args: I, envs: &[(&str, &str)]) -> Run
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args).current_dir(cwd).stdin(Stdio::null());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run oomguard");
+        Run {
+            args,
+            cwd: cwd.to_path_buf(),
+            out,
+        }
+    }
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.out.stderr).into_owned()
+    }
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.out.stdout).into_owned()
+    }
+    fn code(&self) -> Option<i32> {
+        self.out.status.code()
+    }
+    fn describe(&self, expected: &str) -> String {
+        format!(
+            "\ncommand: {BIN} {:?}\ncwd: {}\nexpected: {expected}\nfound: status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.args,
+            self.cwd.display(),
+            self.out.status,
+            self.stdout(),
+            self.stderr()
+        )
+    }
+    fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(self.code(), Some(code), "{}", self.describe(&format!("exit {code}")));
+        self
+    }
+    fn expect_stderr(&self, needle: &str) -> &Self {
+        assert!(
+            self.stderr().contains(needle),
+            "{}",
+            self.describe(&format!("stderr containing {needle:?}"))
+        );
+        self
+    }
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+#[test]
+fn malformed_policy_names_file_line_and_key() {
+    let t = tmp();
+    let p = t.path().join("mine.toml");
+    std::fs::write(
+        &p,
+        "max_attempts = 4\n[[step]]\nkind = \"halve_micro_batch\"\n[[step]]\nkind = \"shorten_seq\"\nfactor = 2.0\n",
+    )
+    .unwrap();
+    let r = Run::new(
+        t.path(),
+        ["--policy", p.to_str().unwrap(), "true"],
+        &[],
+    );
+    r.expect_code(2)
+        .expect_stderr(&format!("{}:6: step[1].factor: must be between 0 and 1", p.display()));
+}
+
+#[test]
+fn unknown_policy_name_lists_the_shipped_ones() {
+    let t = tmp();
+    Run::new(t.path(), ["--policy", "agressive", "true"], &[])
+        .expect_code(2)
+        .expect_stderr("neither a shipped policy (default, keep-results, keep-micro-batch) nor a file");
+}
+
+#[test]
+fn unknown_knob_and_missing_flag_are_usage_errors() {
+    let t = tmp();
+    Run::new(t.path(), ["--knob", "microbatch=--bs", "python3", "x.py"], &[])
+        .expect_code(2)
+        .expect_stderr("unknown knob 'microbatch': expected one of micro_batch");
+    Run::new(
+        t.path(),
+        ["--knob", "micro_batch=--bs", "python3", "x.py", "--batch", "4"],
+        &[],
+    )
+    .expect_code(2)
+    .expect_stderr("the command has no --bs flag");
+}
+
+#[test]
+fn missing_command_and_unexecutable_command() {
+    let t = tmp();
+    Run::new(t.path(), ["--max-attempts", "2"], &[]).expect_code(2);
+    let r = Run::new(
+        t.path(),
+        ["--run-dir", "run", "no-such-trainer-xyz", "--per_device_train_batch_size", "8"],
+        &[("PATH", "/usr/bin:/bin")],
+    );
+    r.expect_code(127)
+        .expect_stderr("no-such-trainer-xyz")
+        .expect_stderr("/usr/bin");
+    let script = t.path().join("train.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap(); // not executable
+    Run::new(t.path(), ["--run-dir", "run", "./train.sh"], &[]).expect_code(126);
+}
+
+#[test]
+fn plan_json_has_the_documented_shape_and_runs_nothing() {
+    let t = tmp();
+    let marker = t.path().join("ran");
+    let r = Run::new(
+        t.path(),
+        [
+            "plan",
+            "--json",
+            "torchrun",
+            "--nproc_per_node=4",
+            "train.py",
+            "--per_device_train_batch_size",
+            "8",
+            "--gradient_accumulation_steps=4",
+            "--max_seq_length",
+            "2048",
+            "--output_dir",
+            marker.to_str().unwrap(),
+        ],
+        &[],
+    );
+    r.expect_code(0);
+    assert!(!marker.exists(), "plan ran something");
+    let v: serde_json::Value = serde_json::from_str(&r.stdout()).expect("plan --json is JSON");
+    assert_eq!(v["knobs"]["micro_batch"]["value"], 8, "{}", r.stdout());
+    assert_eq!(
+        v["knobs"]["micro_batch"]["binding"],
+        "flag --per_device_train_batch_size"
+    );
+    assert_eq!(v["knobs"]["grad_accum"]["value"], 4);
+    assert_eq!(v["knobs"]["seq_len"]["value"], 2048);
+    assert_eq!(v["world_size"], 4);
+    assert_eq!(v["global_batch"], 128);
+    assert!(v["env"].is_object());
+    assert!(v["resume"].is_object());
+    let ladder = v["ladder"].as_array().unwrap();
+    assert_eq!(ladder[0]["step"], "as_given");
+    assert_eq!(ladder[1]["step"], "halve_micro_batch");
+    assert_eq!(ladder[1]["settings"]["micro_batch"], 4);
+    assert_eq!(ladder[1]["settings"]["grad_accum"], 8);
+    let argv: Vec<&str> = ladder[1]["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(argv.windows(2).any(|w| w == ["--per_device_train_batch_size", "4"]));
+    assert!(argv.contains(&"--gradient_accumulation_steps=8"));
+    // Every rung keeps the global batch.
+    for rung in ladder {
+        assert_eq!(rung["global_batch"], 128, "{rung}");
+    }
+}
+
+#[test]
+fn plan_says_how_to_bind_an_ambiguous_batch_flag() {
+    let t = tmp();
+    let r = Run::new(
+        t.path(),
+        ["plan", "python", "train.py", "--batch_size=12", "--compile=False"],
+        &[],
+    );
+    r.expect_code(0);
+    assert!(
+        r.stdout().contains("--knob micro_batch=--batch_size"),
+        "{}",
+        r.describe("a note on --batch_size")
+    );
+    assert!(r.stdout().contains("halve_micro_batch: micro_batch is not bound"));
+}
+
+#[test]
+fn environment_defaults_merge_and_never_override() {
+    let t = tmp();
+    let script = "import os;print('|'.join(os.environ.get(k,'<unset>') for k in ['PYTORCH_CUDA_ALLOC_CONF','TOKENIZERS_PARALLELISM','PYTHONUNBUFFERED','PYTORCH_ALLOC_CONF']))";
+    let r = Run::new(
+        t.path(),
+        ["--run-dir", "run", "python3", "-c", script],
+        &[
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"),
+            ("TOKENIZERS_PARALLELISM", "true"),
+        ],
+    );
+    r.expect_code(0);
+    assert_eq!(
+        r.stdout().trim(),
+        "max_split_size_mb:128,expandable_segments:True|true|1|<unset>",
+        "{}",
+        r.describe("merged environment")
+    );
+    let r = Run::new(
+        t.path(),
+        ["--run-dir", "run2", "--no-env", "python3", "-c", script],
+        &[("PYTHONUNBUFFERED", "")],
+    );
+    assert!(
+        r.stdout().starts_with("<unset>|<unset>|"),
+        "{}",
+        r.describe("--no-env adds nothing")
+    );
+}
+
+#[test]
+fn output_passes_through_byte_exact() {
+    let t = tmp();
+    // Non-UTF-8, carriage-return progress, ANSI colour, NUL, and no final newline.
+    let payload: Vec<u8> = b"\x1b[32mgreen\x1b[0m\n10%\r50%\r100%\n\xff\xfe\x00bytes\xc3(\nlast line no newline"
+        .to_vec();
+    let p = t.path().join("payload.bin");
+    std::fs::write(&p, &payload).unwrap();
+    let r = Run::new(
+        t.path(),
+        ["--run-dir", "run", "-q", "cat", p.to_str().unwrap()],
+        &[],
+    );
+    r.expect_code(0);
+    assert_eq!(r.out.stdout, payload, "{}", r.describe("stdout == payload"));
+    // The saved copy is the same bytes.
+    let saved = std::fs::read(t.path().join("run/attempt-1/output.log")).unwrap();
+    assert_eq!(saved, payload);
+}
+
+#[test]
+fn argv_reaches_the_child_byte_exact_without_a_shell() {
+    let t = tmp();
+    let weird: Vec<OsString> = vec![
+        "a; touch pwned".into(),
+        "$(touch pwned2)".into(),
+        "it's \"quoted\"".into(),
+        "new\nline".into(),
+        OsString::from_vec(vec![0xff, b'x', 0xfe]),
+        "".into(),
+    ];
+    let mut args: Vec<OsString> = vec![
+        "--run-dir".into(),
+        "run".into(),
+        "-q".into(),
+        "python3".into(),
+        "-c".into(),
+        "import sys,os;sys.stdout.buffer.write(b'\\0'.join(os.fsencode(a) for a in sys.argv[1:]))".into(),
+    ];
+    args.extend(weird.iter().cloned());
+    let r = Run::new(t.path(), args, &[]);
+    r.expect_code(0);
+    let expected: Vec<u8> = weird
+        .iter()
+        .map(|a| a.clone().into_vec())
+        .collect::<Vec<_>>()
+        .join(&0u8);
+    assert_eq!(r.out.stdout, expected, "{}", r.describe("argv echoed back"));
+    assert!(!t.path().join("pwned").exists() && !t.path().join("pwned2").exists());
+}
+
+#[test]
+fn non_oom_failure_keeps_the_childs_code_and_does_not_relaunch() {
+    let t = tmp();
+    let r = Run::new(
+        t.path(),
+        [
+            "--run-dir",
+            "run",
+            "python3",
+            "-c",
+            "import sys; print('RuntimeError: CUDA error: an illegal memory access was encountered', file=sys.stderr); sys.exit(3)",
+            "--per_device_train_batch_size",
+            "8",
+        ],
+        &[],
+    );
+    r.expect_code(3)
+        .expect_stderr("not an out-of-memory error")
+        .expect_stderr("after 1 attempt;");
+    let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
+    assert_eq!(journal.matches("\"attempt_start\"").count(), 1);
+    assert!(journal.contains("\"outcome\":\"other_failure\""));
+}
+
+#[test]
+fn exhausted_policy_has_its_own_exit_code() {
+    let t = tmp();
+    let oom = "import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 7.79 GiB of which 3.06 MiB is free.', file=sys.stderr); sys.exit(1)";
+    let r = Run::new(
+        t.path(),
+        [
+            "--run-dir",
+            "run",
+            "python3",
+            "-c",
+            oom,
+            "--per_device_train_batch_size",
+            "2",
+            "--gradient_accumulation_steps",
+            "1",
+            "--gradient_checkpointing",
+        ],
+        &[],
+    );
+    // 2 → 1, checkpointing already on, no sequence flag: two attempts, then out of steps.
+    r.expect_code(75)
+        .expect_stderr("has no step left")
+        .expect_stderr("after 2 attempts");
+    let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
+    assert!(journal.contains("\"step\":\"halve_micro_batch\""));
+    assert!(journal.contains("\"tried_to_allocate_bytes\":20971520"));
+}
+
+fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[test]
+fn ctrl_c_is_forwarded_and_never_relaunched() {
+    let t = tmp();
+    let sim = root().join("examples/sim_trainer.py");
+    let mut child = Command::new(BIN)
+        .args(["--run-dir", "run", "python3"])
+        .arg(&sim)
+        .args([
+            "--per_device_train_batch_size",
+            "1",
+            "--output_dir",
+            "out",
+            "--max_steps",
+            "100000",
+            "--step_seconds",
+            "0.05",
+            "--print_signals",
+        ])
+        .current_dir(t.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    wait_for(
+        || {
+            while let Ok(b) = rx.try_recv() {
+                seen.extend(b);
+            }
+            String::from_utf8_lossy(&seen).contains("step 2/")
+        },
+        "the trainer to start",
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    while let Ok(b) = rx.recv_timeout(Duration::from_secs(2)) {
+        seen.extend(b);
+    }
+    let out = String::from_utf8_lossy(&seen);
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("SIGINT"), "the trainer did not see SIGINT:\n{out}");
+    let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
+    assert_eq!(journal.matches("\"attempt_start\"").count(), 1, "{journal}");
+    assert!(journal.contains("\"outcome\":\"interrupted\""), "{journal}");
+}
