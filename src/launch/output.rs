@@ -110,7 +110,13 @@ impl Log {
             .mode(0o600)
             .open(path)
             // An existing file keeps its mode on open; the log must not be world-readable.
-            .and_then(|f| f.set_permissions(std::fs::Permissions::from_mode(0o600)).map(|()| f));
+            // Only a regular file: never chmod a device someone pointed the log at.
+            .and_then(|f| {
+                if f.metadata()?.is_file() {
+                    f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+                }
+                Ok(f)
+            });
         let (file, warning) = match opened {
             Ok(f) => (Some(f), None),
             Err(e) => (None, Some(format!("could not write log {path_shown}: {e}"))),
