@@ -188,7 +188,7 @@ static HOST_OOM: LazyLock<Regex> = LazyLock::new(|| {
 /// Python exception lines: `torch.distributed.DistBackendError: ...`, `KeyboardInterrupt`.
 static EXCEPTION_LINE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r#"(?:^|[\s`'"\]\)>|])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Failure|OutOfResources))(?::(?:\s|$)|$)"#,
+        r#"(?:^|[\s`'"\]\)>|])((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Failure|OutOfResources))(?::(?:\s|$)|$)"#,
     )
     .expect("exception pattern")
 });
@@ -1071,7 +1071,7 @@ mod tests {
     fn rank_prefixed_oom_wins_over_later_nccl_and_child_failed() {
         let f = classify_log(&own("own-gpu_rank_prefixed_then_nccl.log"));
         assert_eq!(f.kind, Kind::GpuOom);
-        assert_eq!(f.line_no, 8);
+        assert_eq!(f.line_no, 7);
         assert!(f.line.starts_with("torch.OutOfMemoryError: CUDA out of memory."), "{}", f.line);
         let n = &f.numbers;
         assert_eq!(n.device, Some(1));
@@ -1304,7 +1304,7 @@ mod tests {
         let f = classify_log(&own("own-gpu_rank_prefixed_then_nccl.log"));
         let text = render_human(&f);
         assert!(text.starts_with("kind: gpu_oom"), "{text}");
-        assert!(text.contains("line 8: torch.OutOfMemoryError"), "{text}");
+        assert!(text.contains("line 7: torch.OutOfMemoryError"), "{text}");
         assert!(text.contains("tried to allocate: 1.25 GiB"), "{text}");
         assert!(text.contains("pid 40211 (512.00 MiB)"), "{text}");
         assert!(text.trim_end().ends_with(advice(&f)), "{text}");
