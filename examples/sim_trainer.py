@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 CHECKPOINTING_FACTOR = 0.4  # activations kept with gradient checkpointing
 CUDA_CONTEXT_GIB = 0.5      # "non-PyTorch memory": the CUDA context
@@ -71,8 +72,15 @@ def fmt(nbytes):
     return f"{nbytes / GIB:.2f} GiB"
 
 
-def die_of_oom(args, need_gib, hang):
-    """Print what a real PyTorch 2.x run prints when an allocation fails, then exit 1."""
+class OutOfMemoryError(RuntimeError):
+    """Stands in for torch.OutOfMemoryError; tracebacks print it under that name."""
+
+
+OutOfMemoryError.__module__ = "torch"
+
+
+def oom_message(args, need_gib):
+    """The text of a PyTorch 2.x CUDA OOM, with numbers from the memory model."""
     total = args.capacity_gib * GIB
     free = total * 0.05                        # a little is always left free
     in_use = total - free                      # what this process holds
@@ -80,40 +88,24 @@ def die_of_oom(args, need_gib, hang):
     allocated = in_use - reserved_unalloc - CUDA_CONTEXT_GIB * GIB
     tried = max((need_gib * GIB - in_use) / 4, free + 2 * MIB)  # one chunk of the rest
     gpu = int(os.environ.get("LOCAL_RANK", 0))
-    sys.stdout.flush()
-    sys.stderr.write(
-        "Traceback (most recent call last):\n"
-        f'  File "{os.path.abspath(__file__)}", line 230, in <module>\n'
-        "    main()\n"
-        f'  File "{os.path.abspath(__file__)}", line 205, in main\n'
-        "    loss = training_step(batch)\n"
-        '  File "/usr/lib/python3/site-packages/torch/nn/functional.py", line 1704, in softmax\n'
-        "    ret = input.softmax(dim)\n"
-        "          ^^^^^^^^^^^^^^^^^^\n"
-        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {fmt(tried)}. "
-        f"GPU {gpu} has a total capacity of {fmt(total)} of which {fmt(free)} is free. "
-        f"Including non-PyTorch memory, this process has {fmt(in_use)} memory in use. "
-        f"Of the allocated memory {fmt(allocated)} is allocated by PyTorch, and "
-        f"{fmt(reserved_unalloc)} is reserved by PyTorch but unallocated. If reserved but "
-        "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-        "to avoid fragmentation.  See documentation for Memory Management  "
-        "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)\n")
-    sys.stderr.flush()
-    while hang:                                # a rank stuck in a collective never exits
-        time.sleep(3600)
-    sys.exit(1)
+    return (f"CUDA out of memory. Tried to allocate {fmt(tried)}. GPU {gpu} has a total capacity of "
+            f"{fmt(total)} of which {fmt(free)} is free. Including non-PyTorch memory, this process has "
+            f"{fmt(in_use)} memory in use. Of the allocated memory {fmt(allocated)} is allocated by "
+            f"PyTorch, and {fmt(reserved_unalloc)} is reserved by PyTorch but unallocated. If reserved "
+            "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "to avoid fragmentation.  See documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
 
 
-def die_of_other_error(code):
-    sys.stdout.flush()
-    sys.stderr.write(
-        "Traceback (most recent call last):\n"
-        f'  File "{os.path.abspath(__file__)}", line 205, in main\n'
-        "    loss = training_step(batch)\n"
-        "RuntimeError: Expected all tensors to be on the same device, but found at least "
-        "two devices, cuda:0 and cpu!\n")
-    sys.stderr.flush()
-    sys.exit(code)
+def training_step(args, step, need_gib):
+    """One optimizer step: fails the way a real one would, else returns a loss."""
+    time.sleep(args.step_seconds)
+    if step >= args.oom_at_step and args.fail_with is not None:
+        raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                           "devices, cuda:0 and cpu!")
+    if step >= args.oom_at_step and need_gib > args.capacity_gib:
+        raise OutOfMemoryError(oom_message(args, need_gib))
+    return 4.0 / (1 + 0.1 * step)
 
 
 def write_atomic(path, text):
@@ -191,14 +183,15 @@ def main():
     tty = sys.stdout.isatty()
     t0 = time.time()
     for step in range(start + 1, args.max_steps + 1):
-        time.sleep(args.step_seconds)
-        if step >= args.oom_at_step and args.fail_with is not None:
-            die_of_other_error(args.fail_with)
-        if step >= args.oom_at_step and need_gib > args.capacity_gib:
-            if tty:
-                print()
-            die_of_oom(args, need_gib, args.hang_after_oom)
-        loss = 4.0 / (1 + 0.1 * step)
+        try:
+            loss = training_step(args, step, need_gib)
+        except RuntimeError as e:
+            print("\n" if tty else "", end="", flush=True)  # end the progress bar's line
+            traceback.print_exc()              # what Python prints for an uncaught error
+            sys.stderr.flush()
+            while isinstance(e, OutOfMemoryError) and args.hang_after_oom:
+                time.sleep(3600)               # a rank stuck in a collective never exits
+            sys.exit(args.fail_with if args.fail_with is not None else 1)
         state["log_history"].append({"step": step, "loss": round(loss, 4), "epoch": step / args.max_steps})
         state["epoch"] = step / args.max_steps
         segment["end_step"] = step

@@ -78,10 +78,6 @@ impl Journal {
         }
     }
 
-    pub fn dir(&self) -> Option<&Path> {
-        self.dir.as_deref()
-    }
-
     pub fn path(&self) -> Option<PathBuf> {
         self.dir.as_ref().map(|d| d.join("journal.jsonl"))
     }

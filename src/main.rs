@@ -12,6 +12,7 @@ mod journal;
 mod knobs;
 mod launch;
 mod policy;
+mod progress;
 mod supervise;
 
 use std::ffi::OsString;

@@ -83,6 +83,8 @@ struct RawPolicy {
     env: BTreeMap<String, String>,
     #[serde(default, rename = "step")]
     steps: Vec<RawStep>,
+    /// Checkpoint layout of a custom script (see checkpoint::CustomSpec).
+    resume: Option<crate::checkpoint::CustomSpec>,
 }
 
 /// A validated step.
@@ -105,6 +107,7 @@ pub struct Policy {
     /// Environment defaults (merged into the user's, never overriding).
     pub env: BTreeMap<String, String>,
     pub steps: Vec<Step>,
+    pub resume: Option<crate::checkpoint::CustomSpec>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -260,6 +263,26 @@ impl Policy {
                 "the policy has no [[step]] tables; add at least one, e.g. [[step]] kind = \"halve_micro_batch\"".into(),
             ));
         }
+        if let Some(r) = &raw.resume {
+            let at = text.find("[resume]").unwrap_or(0);
+            if !r.pattern.contains("{step}") {
+                return Err(invalid(
+                    at,
+                    "resume.pattern",
+                    format!(
+                        "{:?} has no {{step}}: write the folder name with the step number as {{step}}, e.g. \"step_{{step}}\"",
+                        r.pattern
+                    ),
+                ));
+            }
+            if r.dir.is_none() && r.dir_flag.is_none() {
+                return Err(invalid(
+                    at,
+                    "resume.dir",
+                    "say where the checkpoints are: dir = \"outputs/run\" or dir_flag = \"--output_dir\"".into(),
+                ));
+            }
+        }
         let max_attempts = match &raw.max_attempts {
             Some(m) if *m.get_ref() == 0 => {
                 return Err(invalid(
@@ -278,6 +301,7 @@ impl Policy {
             keep_global_batch: raw.keep_global_batch.unwrap_or(true),
             env: raw.env,
             steps,
+            resume: raw.resume,
         })
     }
 }
@@ -505,6 +529,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("p.toml:3: minimum:"), "{e}");
+    }
+
+    #[test]
+    fn resume_table_is_validated() {
+        let text = "[[step]]\nkind = \"halve_micro_batch\"\n\n[resume]\nflag = \"--resume_from\"\ndir = \"outputs\"\npattern = \"step_N\"\n";
+        let e = Policy::parse("x", Path::new("p.toml"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.toml:4: resume.pattern:"), "{e}");
+        let ok = text.replace("step_N", "step_{step}");
+        let p = Policy::parse("x", Path::new("p.toml"), &ok).unwrap();
+        assert_eq!(p.resume.unwrap().flag, "--resume_from");
     }
 
     #[test]

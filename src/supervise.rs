@@ -14,9 +14,9 @@
 //! exits with the command's own status; a user's signal is never followed by a
 //! relaunch.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
@@ -30,6 +30,7 @@ use crate::journal::{self, Journal, Row};
 use crate::knobs::{self, Discovery, Knob, Settings};
 use crate::launch;
 use crate::policy::{self, Decision, NotApplicable, Policy};
+use crate::progress;
 
 /// Validated options for `run` and `plan`.
 pub struct RunConfig {
@@ -43,6 +44,7 @@ pub struct RunConfig {
     pub verbose: u8,
     pub quiet: bool,
     pub disc: Discovery,
+    pub layout: Option<checkpoint::Layout>,
 }
 
 /// A usage error: printed and mapped to exit 2 by main.
@@ -84,7 +86,9 @@ impl RunConfig {
         let policy = Policy::load(&args.policy)?;
         let user = knobs::parse_user_bindings(&args.knob)?;
         let disc = knobs::discover(&args.command, &user, &real_env)?;
+        let layout = checkpoint::detect(&args.command, policy.resume.as_ref());
         Ok(RunConfig {
+            layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,
             run_dir: args.run_dir,
@@ -105,61 +109,46 @@ impl RunConfig {
         envmerge::merge(&self.policy.env, &real_env)
     }
 
-    fn output_dir(&self) -> Option<PathBuf> {
-        self.disc
-            .output_dir
-            .as_ref()
-            .map(|(d, _)| PathBuf::from(d))
-    }
-
-    /// The user's own `--resume_from_checkpoint` value, if any.
-    fn user_resume(&self) -> Option<PathBuf> {
-        let (idx, form) = self.disc.resume_at?;
-        match form {
-            knobs::FlagForm::Space => self.argv.get(idx + 1).map(PathBuf::from),
-            knobs::FlagForm::Equals => {
-                use std::os::unix::ffi::OsStrExt;
-                let b = self.argv[idx].as_bytes();
-                let eq = b.iter().position(|c| *c == b'=')?;
-                Some(PathBuf::from(OsStr::from_bytes(&b[eq + 1..])))
-            }
-            knobs::FlagForm::Bare => None,
-        }
-    }
-
     /// The checkpoint to resume from now: the newest complete one, and only when
     /// it is newer than a resume path the user gave.
     fn resume(&self, settle: Duration) -> ResumeInfo {
-        let Some(out) = self.output_dir() else {
+        let Some(layout) = &self.layout else {
             return ResumeInfo {
                 found: None,
                 chosen: None,
-                why: "no --output_dir in the command: each attempt starts from the beginning"
-                    .into(),
+                arg: None,
+                why: "no checkpoint folder in the command (looked for --output_dir, --save, --ckpt_path, --out_dir, output_dir=): each attempt starts from the beginning; a policy's [resume] table describes a custom layout".into(),
             };
         };
-        let found = checkpoint::latest_hf(&out, settle);
-        let user = self.user_resume();
-        let chosen = match (&found.latest, &user) {
+        let found = checkpoint::find(layout, settle);
+        let chosen = match (&found.latest, &layout.user_resume) {
             (None, _) => None,
             (Some(c), Some(u)) => match checkpoint::step_of(u) {
                 Some(us) if us >= c.step => None,
-                _ => Some(c.path.clone()),
+                _ => Some(c.clone()),
             },
-            (Some(c), None) => Some(c.path.clone()),
+            (Some(c), None) => Some(c.clone()),
         };
-        let why = match (&chosen, &found.latest, &user) {
-            (Some(p), _, _) => format!("resume from {}", p.display()),
+        let why = match (&chosen, &found.latest, &layout.user_resume) {
+            (Some(c), _, _) if layout.how == checkpoint::ResumeHow::Automatic => format!(
+                "{} is the newest complete checkpoint; the command resumes from its folder by itself",
+                c.path.display()
+            ),
+            (Some(c), _, _) => format!("resume from {}", c.path.display()),
             (None, Some(_), Some(u)) => format!(
-                "keep your --resume_from_checkpoint {} (no newer complete checkpoint)",
+                "keep your resume argument {} (no newer complete checkpoint)",
                 u.display()
             ),
             _ => format!(
-                "no complete checkpoint-N under {} yet: start fresh",
-                out.display()
+                "no complete checkpoint under {} yet: start fresh",
+                layout.root.display()
             ),
         };
         ResumeInfo {
+            arg: chosen.as_ref().map(|c| knobs::ResumeArg {
+                how: layout.how.clone(),
+                path: c.path.clone().into_os_string(),
+            }),
             found: Some(found),
             chosen,
             why,
@@ -169,7 +158,8 @@ impl RunConfig {
 
 struct ResumeInfo {
     found: Option<checkpoint::Found>,
-    chosen: Option<PathBuf>,
+    chosen: Option<checkpoint::Checkpoint>,
+    arg: Option<knobs::ResumeArg>,
     why: String,
 }
 
@@ -223,10 +213,10 @@ struct Rung {
     env: Vec<(String, String)>,
 }
 
-fn ladder(cfg: &RunConfig, resume: Option<&Path>) -> Vec<Rung> {
+fn ladder(cfg: &RunConfig, resume: Option<&knobs::ResumeArg>) -> Vec<Rung> {
     let mut rungs = Vec::new();
     let mut s = cfg.disc.settings();
-    let first = knobs::materialize(&cfg.argv, &cfg.disc, &s, resume.map(Path::as_os_str));
+    let first = knobs::materialize(&cfg.argv, &cfg.disc, &s, resume);
     rungs.push(Rung {
         step: None,
         settings: s.clone(),
@@ -238,7 +228,7 @@ fn ladder(cfg: &RunConfig, resume: Option<&Path>) -> Vec<Rung> {
             break;
         };
         s = d.after.clone();
-        let m = knobs::materialize(&cfg.argv, &cfg.disc, &s, resume.map(Path::as_os_str));
+        let m = knobs::materialize(&cfg.argv, &cfg.disc, &s, resume);
         rungs.push(Rung {
             step: Some(d),
             settings: s.clone(),
@@ -253,7 +243,7 @@ fn ladder(cfg: &RunConfig, resume: Option<&Path>) -> Vec<Rung> {
 pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     let env = cfg.env_defaults();
     let res = cfg.resume(Duration::ZERO);
-    let rungs = ladder(cfg, res.chosen.as_deref());
+    let rungs = ladder(cfg, res.arg.as_ref());
     let na = policy::not_applicable(&cfg.policy, &cfg.disc);
     let settings = cfg.disc.settings();
 
@@ -268,8 +258,9 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
         let resume = res.found.as_ref().map(|f| {
             json!({
                 "layout": f.layout,
-                "output_dir": cfg.output_dir(),
-                "checkpoint": res.chosen,
+                "dir": cfg.layout.as_ref().map(|l| &l.root),
+                "how": cfg.layout.as_ref().map(|l| &l.how),
+                "checkpoint": res.chosen.as_ref().map(|c| &c.path),
                 "skipped": f.skipped,
                 "why": res.why,
             })
@@ -282,6 +273,7 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
             "world_size": cfg.disc.world.size,
             "world_source": cfg.disc.world.source,
             "world_uncertain": cfg.disc.world.uncertain,
+            "hf_style": cfg.disc.hf_style,
             "global_batch": settings.global_batch(),
             "env": env.iter().map(|e| (e.name.clone(), json!(e.value))).collect::<serde_json::Map<_,_>>(),
             "resume": resume.unwrap_or(Json::Null),
@@ -346,7 +338,9 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     }
     o.push_str("\nresume:\n");
     if let Some(f) = &res.found {
-        o.push_str(&format!("  layout: {}\n", f.layout));
+        if let Some(l) = &cfg.layout {
+            o.push_str(&format!("  layout: {} in {}\n", f.layout, l.root.display()));
+        }
         for s in &f.skipped {
             o.push_str(&format!("  skipped {}: {}\n", s.path.display(), s.why));
         }
@@ -558,13 +552,11 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
     let mut decisions: Vec<(u32, String, Decision)> = Vec::new();
     let mut lost = Duration::ZERO;
     let mut attempts = 0u32;
-    let mut resume: Option<PathBuf> = None;
-    let start_resume = cfg.resume(Duration::ZERO);
-    if start_resume.chosen.is_some() {
-        // A run restarted by hand after a crash continues from where it was.
-        resume = start_resume.chosen.clone();
-        log.info(&start_resume.why);
-    }
+    // The first attempt runs the command as given: a resume argument the user
+    // wrote stays theirs. Later attempts resume from the newest complete checkpoint.
+    let mut resume: Option<knobs::ResumeArg> = None;
+    let mut resumed_step: Option<u64> = None;
+    let mut oom_losses: Vec<Loss> = Vec::new();
 
     let code = loop {
         if let Some(sig) = signals.pending() {
@@ -575,7 +567,7 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
             &cfg.argv,
             &cfg.disc,
             &settings,
-            resume.as_deref().map(Path::as_os_str),
+            resume.as_ref(),
         );
         let mut env_set: Vec<(OsString, OsString)> = env_defaults
             .iter()
@@ -595,9 +587,10 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                 "env": m.env.iter().cloned().collect::<std::collections::BTreeMap<_,_>>(),
                 "settings": settings_json(&settings),
                 "global_batch": settings.global_batch(),
-                "resume": resume,
+                "resume": resume.as_ref().map(|r| PathBuf::from(&r.path)),
             }),
         );
+        let attempt_started = std::time::SystemTime::now();
         if attempts > 1 {
             log.info(&format!(
                 "attempt {attempts}/{}: {}",
@@ -608,11 +601,12 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
             log.info(&format!("attempt 1: {}", shell_quote(&m.argv)));
         }
 
+        let log_path = adir.map(|d| d.join("output.log"));
         let spec = launch::Spec {
             argv: m.argv.clone(),
             env_set,
             tty,
-            log: adir.map(|d| d.join("output.log")),
+            log: log_path.clone(),
             log_head_bytes: 8 << 20,
             log_tail_bytes: 4 << 20,
             hang_timeout: cfg.hang_timeout,
@@ -727,11 +721,37 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                         log.info(&format!("skipped {}: {}", s.path.display(), s.why));
                         j.event(
                             "checkpoint_skipped",
-                            json!({"path": s.path, "why": s.why}),
+                            json!({"attempt": attempts, "path": s.path, "why": s.why}),
                         );
                     }
                 }
-                resume = res.chosen.clone();
+                let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
+                let reached = log_path.as_deref().and_then(progress::step_reached);
+                let oom_after = report.oom_at.unwrap_or(report.duration);
+                let loss = Loss::measure(
+                    reached,
+                    resumed_step,
+                    new_step,
+                    res.chosen.as_ref().and_then(|c| checkpoint::written_at(&c.path)),
+                    attempt_started,
+                    oom_after,
+                );
+                j.event(
+                    "work_lost",
+                    json!({
+                        "attempt": attempts,
+                        "step_reached": reached,
+                        "started_from_step": resumed_step,
+                        "resume_from_step": new_step,
+                        "steps_lost": loss.steps,
+                        "seconds_lost": loss.seconds,
+                    }),
+                );
+                oom_losses.push(loss);
+                resume = res.arg.clone();
+                if res.arg.is_some() {
+                    resumed_step = new_step;
+                }
                 log.info(&format!("decision: {} — {}", d.step, d.reason));
                 log.info(&res.why);
                 j.event(
@@ -744,8 +764,8 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                         "global_batch_before": d.before.global_batch(),
                         "global_batch_after": d.after.global_batch(),
                         "reason": d.reason,
-                        "resume": resume,
-                        "resume_step": resume.as_deref().and_then(checkpoint::recorded_step),
+                        "resume": res.chosen.as_ref().map(|c| &c.path),
+                        "resume_step": new_step,
                     }),
                 );
                 settings = d.after.clone();
@@ -764,6 +784,9 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
         }),
     );
     summary(&first, &settings, &decisions, attempts, lost, code, &j);
+    if let Some(line) = save_interval_advice(&oom_losses, cfg.layout.as_ref(), lost) {
+        eprint!("{line}");
+    }
     code
 }
 
@@ -771,6 +794,77 @@ fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig)
         .map(|s| s.as_str().to_string())
         .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+/// The work one OOM cost: steps redone and the seconds they took.
+#[derive(Debug, Clone, Copy, Default)]
+struct Loss {
+    steps: Option<u64>,
+    seconds: f64,
+}
+
+impl Loss {
+    /// `reached`: last step printed; `from`: the step this attempt started from;
+    /// `back_to`: the step the next attempt resumes from.
+    fn measure(
+        reached: Option<u64>,
+        from: Option<u64>,
+        back_to: Option<u64>,
+        ckpt_written: Option<std::time::SystemTime>,
+        attempt_started: std::time::SystemTime,
+        oom_after: Duration,
+    ) -> Loss {
+        let base = back_to.or(from).unwrap_or(0);
+        let steps = reached.map(|r| r.saturating_sub(base));
+        // Seconds: from the checkpoint resumed from (if this attempt wrote it)
+        // to the OOM; otherwise the whole attempt up to the OOM.
+        let oom_time = attempt_started + oom_after;
+        let seconds = match ckpt_written {
+            Some(w) if w > attempt_started => oom_time
+                .duration_since(w)
+                .unwrap_or_default()
+                .as_secs_f64(),
+            _ => oom_after.as_secs_f64(),
+        };
+        Loss { steps, seconds }
+    }
+}
+
+/// Say when the save interval costs more than the OOMs themselves, and what
+/// interval would bound the loss.
+fn save_interval_advice(
+    losses: &[Loss],
+    layout: Option<&checkpoint::Layout>,
+    total_lost: Duration,
+) -> Option<String> {
+    if losses.is_empty() {
+        return None;
+    }
+    let steps: u64 = losses.iter().filter_map(|l| l.steps).sum();
+    let secs: f64 = losses.iter().map(|l| l.seconds).sum();
+    let mut out = format!(
+        "oomguard: work lost to {} OOM{}: {} of redone training ({:.1} s)\n",
+        losses.len(),
+        if losses.len() == 1 { "" } else { "s" },
+        if losses.iter().any(|l| l.steps.is_some()) {
+            format!("{steps} steps")
+        } else {
+            "an unknown number of steps".into()
+        },
+        secs
+    );
+    if layout.is_none() {
+        out.push_str("oomguard: no checkpoints: every OOM restarted training from the beginning\n");
+    }
+    let relaunch = total_lost.as_secs_f64() - secs;
+    let per_oom = steps.div_ceil(losses.len() as u64);
+    if secs > relaunch.max(0.0) && per_oom >= 4 {
+        let bound = (per_oom / 4).max(1);
+        out.push_str(&format!(
+            "oomguard: the save interval costs more than the OOMs: each lost about {per_oom} steps; saving every {bound} steps would bound each loss to {bound} steps\n"
+        ));
+    }
+    Some(out)
 }
 
 /// The end-of-run table on stderr: knob, before, after, why.

@@ -58,10 +58,18 @@ fn spawn(cwd: &Path, args: &[&str], path_first: Option<&Path>) -> Running {
     }
     let cmd = std::iter::once("oomguard")
         .chain(args.iter().copied())
-        .map(|a| if a.contains(' ') || a.is_empty() { format!("'{a}'") } else { a.to_string() })
+        .map(|a| {
+            if a.contains(' ') || a.is_empty() {
+                format!("'{a}'")
+            } else {
+                a.to_string()
+            }
+        })
         .collect::<Vec<_>>()
         .join(" ");
-    let mut child = c.spawn().unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+    let mut child = c
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();
     let read = |r: &mut dyn Read| {
@@ -103,7 +111,11 @@ impl Running {
             elapsed: self.started.elapsed(),
         };
         if status.is_none() {
-            run.fail("oomguard finishes in time", &format!("within {limit:?}"), "still running: killed");
+            run.fail(
+                "oomguard finishes in time",
+                &format!("within {limit:?}"),
+                "still running: killed",
+            );
         }
         run
     }
@@ -152,20 +164,38 @@ impl Run {
     }
 
     fn read_json(&self, path: &Path) -> Value {
-        let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| self.fail(&format!("read {}", path.display()), "a readable file", &e.to_string()));
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| self.fail(&format!("parse {}", path.display()), "JSON", &format!("{e}: {text}")))
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            self.fail(
+                &format!("read {}", path.display()),
+                "a readable file",
+                &e.to_string(),
+            )
+        });
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            self.fail(
+                &format!("parse {}", path.display()),
+                "JSON",
+                &format!("{e}: {text}"),
+            )
+        })
     }
 
     /// The journal of a run folder, one JSON value per line.
     fn journal(&self, run_dir: &Path) -> Vec<Value> {
         let path = run_dir.join("journal.jsonl");
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| self.fail("the journal exists", &path.display().to_string(), &e.to_string()));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            self.fail(
+                "the journal exists",
+                &path.display().to_string(),
+                &e.to_string(),
+            )
+        });
         text.lines()
             .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| self.fail("journal line is JSON", l, &e.to_string())))
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| self.fail("journal line is JSON", l, &e.to_string()))
+            })
             .collect()
     }
 }
@@ -178,7 +208,11 @@ fn events<'a>(journal: &'a [Value], name: &str) -> Vec<&'a Value> {
 fn argv_of(event: &Value) -> Vec<String> {
     event["argv"]
         .as_array()
-        .map(|a| a.iter().map(|s| s.as_str().unwrap_or("").to_string()).collect())
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().unwrap_or("").to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -188,7 +222,8 @@ fn resume_arg(argv: &[String]) -> Option<String> {
         if a == "--resume_from_checkpoint" {
             argv.get(i + 1).cloned()
         } else {
-            a.strip_prefix("--resume_from_checkpoint=").map(str::to_string)
+            a.strip_prefix("--resume_from_checkpoint=")
+                .map(str::to_string)
         }
     })
 }
@@ -214,11 +249,15 @@ fn processes_with(marker: &str) -> Vec<(u32, String)> {
     let me = std::process::id();
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         if pid == me {
             continue;
         }
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
         let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
         if cmdline.contains(marker) {
             found.push((pid, cmdline));
@@ -239,7 +278,11 @@ fn expect_no_survivors(run: &Run, marker: &str) {
             for (pid, _) in &left {
                 unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
             }
-            run.fail("no child outlives oomguard", "no process left", &format!("{left:?}"));
+            run.fail(
+                "no child outlives oomguard",
+                "no process left",
+                &format!("{left:?}"),
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -253,8 +296,15 @@ fn venv_bin() -> Option<PathBuf> {
     match std::env::var_os("OOMGUARD_REAL_PYTHON") {
         Some(p) if !p.is_empty() => {
             // Not canonicalized: a venv's python is a symlink out of the venv.
-            let bin = PathBuf::from(p).parent().map(Path::to_path_buf).unwrap_or_default();
-            assert!(bin.join("python").exists(), "OOMGUARD_REAL_PYTHON: no python in {}", bin.display());
+            let bin = PathBuf::from(p)
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default();
+            assert!(
+                bin.join("python").exists(),
+                "OOMGUARD_REAL_PYTHON: no python in {}",
+                bin.display()
+            );
             Some(bin)
         }
         _ => {
@@ -270,32 +320,72 @@ fn torchrun_ddp_oom_on_one_rank_halves_the_micro_batch_and_keeps_the_global_batc
     let tmp = tempfile::tempdir().unwrap();
     let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
     let args = [
-        "--run-dir", run_dir.to_str().unwrap(), "torchrun", "--standalone", "--nproc_per_node=2",
-        "tests/real/ddp_oom.py", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
-        "--budget", "4", "--max_steps", "4", "--output_dir", out.to_str().unwrap(),
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "torchrun",
+        "--standalone",
+        "--nproc_per_node=2",
+        "tests/real/ddp_oom.py",
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "1",
+        "--budget",
+        "4",
+        "--max_steps",
+        "4",
+        "--output_dir",
+        out.to_str().unwrap(),
     ];
     let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
 
     run.check("exit code", Some(0), run.code);
     let fin = run.read_json(&out.join("final.json"));
     run.check("final micro-batch", Some(4), fin["micro"].as_u64());
-    run.check("final gradient accumulation", Some(2), fin["accum"].as_u64());
+    run.check(
+        "final gradient accumulation",
+        Some(2),
+        fin["accum"].as_u64(),
+    );
     run.check("world size", Some(2), fin["world"].as_u64());
     run.check("global batch kept", Some(16), fin["global_batch"].as_u64());
     let j = run.journal(&run_dir);
-    let steps: Vec<_> = events(&j, "decision").iter().map(|d| d["step"].clone()).collect();
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
     run.check("decisions", vec![Value::from("halve_micro_batch")], steps);
-    let ends: Vec<_> = events(&j, "attempt_end").iter().map(|e| e["outcome"].clone()).collect();
-    run.check("outcomes", vec![Value::from("cuda_oom"), Value::from("success")], ends);
+    let ends: Vec<_> = events(&j, "attempt_end")
+        .iter()
+        .map(|e| e["outcome"].clone())
+        .collect();
+    run.check(
+        "outcomes",
+        vec![Value::from("cuda_oom"), Value::from("success")],
+        ends,
+    );
     // The root cause is rank 1's OOM, not rank 0's "Connection closed by peer" that follows it.
-    let oom = events(&j, "oom").first().cloned().cloned().unwrap_or_default();
+    let oom = events(&j, "oom")
+        .first()
+        .cloned()
+        .cloned()
+        .unwrap_or_default();
     let mut devices = Vec::new();
     find_key(&oom, "device", &mut devices);
-    run.ensure("the OOM is rank 1's (GPU 1)", devices.iter().any(|d| d.as_u64() == Some(1)), "device 1", &oom);
+    run.ensure(
+        "the OOM is rank 1's (GPU 1)",
+        devices.iter().any(|d| d.as_u64() == Some(1)),
+        "device 1",
+        &oom,
+    );
     let run_start = Value::Array(events(&j, "run_start").into_iter().cloned().collect());
     let mut world = Vec::new();
     find_key(&run_start, "world_size", &mut world);
-    run.check("world size read from --nproc_per_node", Some(2), world.first().and_then(|w| w.as_u64()));
+    run.check(
+        "world size read from --nproc_per_node",
+        Some(2),
+        world.first().and_then(|w| w.as_u64()),
+    );
     expect_no_survivors(&run, out.to_str().unwrap());
 }
 
@@ -307,10 +397,28 @@ fn hf_trainer_oom_resumes_from_its_real_checkpoint_and_finishes() {
     let report = out.join("report.jsonl");
     // micro 8 x seq 64 = 512 tokens > budget 256: OOM at step 3, after checkpoint-2 is saved.
     let args = [
-        "--run-dir", run_dir.to_str().unwrap(), "python", "tests/real/hf_trainer_oom.py",
-        "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--max_seq_length", "64",
-        "--budget", "256", "--oom_at_step", "3", "--max_steps", "6", "--save_steps", "2",
-        "--output_dir", out.to_str().unwrap(), "--oomguard_report", report.to_str().unwrap(),
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "python",
+        "tests/real/hf_trainer_oom.py",
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "1",
+        "--max_seq_length",
+        "64",
+        "--budget",
+        "256",
+        "--oom_at_step",
+        "3",
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "2",
+        "--output_dir",
+        out.to_str().unwrap(),
+        "--oomguard_report",
+        report.to_str().unwrap(),
     ];
     let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
 
@@ -319,14 +427,21 @@ fn hf_trainer_oom_resumes_from_its_real_checkpoint_and_finishes() {
     let starts = events(&j, "attempt_start");
     run.check("attempts", 2, starts.len());
     let ckpt2 = out.join("checkpoint-2").display().to_string();
-    run.check("attempt 2 resumes from checkpoint-2", Some(ckpt2.clone()), resume_arg(&argv_of(starts[1])));
+    run.check(
+        "attempt 2 resumes from checkpoint-2",
+        Some(ckpt2.clone()),
+        resume_arg(&argv_of(starts[1])),
+    );
     run.ensure(
         "the trainer said it resumed",
         run.stdout.contains(&format!("resuming from {ckpt2}")),
         &format!("'resuming from {ckpt2}' in the output"),
         tail(&run.stdout, 600),
     );
-    let steps: Vec<_> = events(&j, "decision").iter().map(|d| d["step"].clone()).collect();
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
     run.check("decisions", vec![Value::from("halve_micro_batch")], steps);
 
     // The Trainer's own record of the finished run.
@@ -336,15 +451,28 @@ fn hf_trainer_oom_resumes_from_its_real_checkpoint_and_finishes() {
     // Steps 1-2 come from attempt 1 (restored from checkpoint-2), 3-6 from attempt 2: each once.
     let logged: Vec<u64> = state["log_history"]
         .as_array()
-        .map(|h| h.iter().filter(|e| e.get("loss").is_some()).filter_map(|e| e["step"].as_u64()).collect())
+        .map(|h| {
+            h.iter()
+                .filter(|e| e.get("loss").is_some())
+                .filter_map(|e| e["step"].as_u64())
+                .collect()
+        })
         .unwrap_or_default();
     run.check("steps in log_history", vec![1, 2, 3, 4, 5, 6], logged);
     // Note: trainer_state.json's train_batch_size is restored from the resumed checkpoint
     // (transformers 5.x keeps the first run's value), so the settings come from the report.
     let text = std::fs::read_to_string(&report).unwrap_or_default();
-    let last: Value = text.lines().last().and_then(|l| serde_json::from_str(l).ok()).unwrap_or_default();
+    let last: Value = text
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default();
     run.check("final micro-batch", Some(4), last["micro"].as_u64());
-    run.check("final gradient accumulation", Some(2), last["accum"].as_u64());
+    run.check(
+        "final gradient accumulation",
+        Some(2),
+        last["accum"].as_u64(),
+    );
     run.check("global batch kept", Some(8), last["global_batch"].as_u64());
     run.check("reached max_steps", Some(6), last["global_step"].as_u64());
 }

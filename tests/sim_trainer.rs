@@ -53,10 +53,18 @@ fn spawn(cwd: &Path, args: &[&str], path_first: Option<&Path>) -> Running {
     }
     let cmd = std::iter::once("oomguard")
         .chain(args.iter().copied())
-        .map(|a| if a.contains(' ') || a.is_empty() { format!("'{a}'") } else { a.to_string() })
+        .map(|a| {
+            if a.contains(' ') || a.is_empty() {
+                format!("'{a}'")
+            } else {
+                a.to_string()
+            }
+        })
         .collect::<Vec<_>>()
         .join(" ");
-    let mut child = c.spawn().unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+    let mut child = c
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();
     let read = |r: &mut dyn Read| {
@@ -98,7 +106,11 @@ impl Running {
             elapsed: self.started.elapsed(),
         };
         if status.is_none() {
-            run.fail("oomguard finishes in time", &format!("within {limit:?}"), "still running: killed");
+            run.fail(
+                "oomguard finishes in time",
+                &format!("within {limit:?}"),
+                "still running: killed",
+            );
         }
         run
     }
@@ -147,20 +159,38 @@ impl Run {
     }
 
     fn read_json(&self, path: &Path) -> Value {
-        let text = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| self.fail(&format!("read {}", path.display()), "a readable file", &e.to_string()));
-        serde_json::from_str(&text)
-            .unwrap_or_else(|e| self.fail(&format!("parse {}", path.display()), "JSON", &format!("{e}: {text}")))
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            self.fail(
+                &format!("read {}", path.display()),
+                "a readable file",
+                &e.to_string(),
+            )
+        });
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            self.fail(
+                &format!("parse {}", path.display()),
+                "JSON",
+                &format!("{e}: {text}"),
+            )
+        })
     }
 
     /// The journal of a run folder, one JSON value per line.
     fn journal(&self, run_dir: &Path) -> Vec<Value> {
         let path = run_dir.join("journal.jsonl");
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| self.fail("the journal exists", &path.display().to_string(), &e.to_string()));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            self.fail(
+                "the journal exists",
+                &path.display().to_string(),
+                &e.to_string(),
+            )
+        });
         text.lines()
             .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| self.fail("journal line is JSON", l, &e.to_string())))
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| self.fail("journal line is JSON", l, &e.to_string()))
+            })
             .collect()
     }
 }
@@ -173,7 +203,11 @@ fn events<'a>(journal: &'a [Value], name: &str) -> Vec<&'a Value> {
 fn argv_of(event: &Value) -> Vec<String> {
     event["argv"]
         .as_array()
-        .map(|a| a.iter().map(|s| s.as_str().unwrap_or("").to_string()).collect())
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().unwrap_or("").to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -183,7 +217,8 @@ fn resume_arg(argv: &[String]) -> Option<String> {
         if a == "--resume_from_checkpoint" {
             argv.get(i + 1).cloned()
         } else {
-            a.strip_prefix("--resume_from_checkpoint=").map(str::to_string)
+            a.strip_prefix("--resume_from_checkpoint=")
+                .map(str::to_string)
         }
     })
 }
@@ -209,11 +244,15 @@ fn processes_with(marker: &str) -> Vec<(u32, String)> {
     let me = std::process::id();
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
         if pid == me {
             continue;
         }
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
         let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
         if cmdline.contains(marker) {
             found.push((pid, cmdline));
@@ -234,7 +273,11 @@ fn expect_no_survivors(run: &Run, marker: &str) {
             for (pid, _) in &left {
                 unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
             }
-            run.fail("no child outlives oomguard", "no process left", &format!("{left:?}"));
+            run.fail(
+                "no child outlives oomguard",
+                "no process left",
+                &format!("{left:?}"),
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -251,8 +294,18 @@ fn sim() -> String {
 fn demo_args(out: &Path) -> Vec<String> {
     let mut v: Vec<String> = ["python3", &sim()].iter().map(|s| s.to_string()).collect();
     for a in [
-        "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "2",
-        "--max_seq_length", "1024", "--max_steps", "30", "--save_steps", "5", "--step_seconds", "0.005",
+        "--per_device_train_batch_size",
+        "16",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_seq_length",
+        "1024",
+        "--max_steps",
+        "30",
+        "--save_steps",
+        "5",
+        "--step_seconds",
+        "0.005",
         "--output_dir",
     ] {
         v.push(a.to_string());
@@ -278,16 +331,26 @@ fn recovers_from_oom_resuming_from_checkpoint_and_keeping_global_batch() {
     let fin = run.read_json(&out.join("final.json"));
     run.check("final global_step", Some(30), fin["global_step"].as_u64());
     run.check("final micro-batch", Some(4), fin["micro"].as_u64());
-    run.check("final gradient accumulation", Some(8), fin["accum"].as_u64());
+    run.check(
+        "final gradient accumulation",
+        Some(8),
+        fin["accum"].as_u64(),
+    );
     run.check("final global batch", Some(32), fin["global_batch"].as_u64());
     let segments = fin["attempts"].as_array().cloned().unwrap_or_default();
     for s in &segments {
-        run.check("global batch of every launch", Some(32), s["global_batch"].as_u64());
+        run.check(
+            "global batch of every launch",
+            Some(32),
+            s["global_batch"].as_u64(),
+        );
     }
     let last = segments.last().cloned().unwrap_or_default();
     run.ensure(
         "the last launch resumed from checkpoint-5",
-        last["resumed_from"].as_str().is_some_and(|p| p.ends_with("checkpoint-5")),
+        last["resumed_from"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("checkpoint-5")),
         "resumed_from ending in checkpoint-5",
         &last,
     );
@@ -302,15 +365,29 @@ fn recovers_from_oom_resuming_from_checkpoint_and_keeping_global_batch() {
     let j = run.journal(&run_dir);
     let starts = events(&j, "attempt_start");
     run.check("attempts", 3, starts.len());
-    let steps: Vec<_> = events(&j, "decision").iter().map(|d| d["step"].clone()).collect();
-    run.check("decisions", vec![Value::from("halve_micro_batch"); 2], steps);
-    run.check("attempt 1 resumes from nothing", None, resume_arg(&argv_of(starts[0])));
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
+    run.check(
+        "decisions",
+        vec![Value::from("halve_micro_batch"); 2],
+        steps,
+    );
+    run.check(
+        "attempt 1 resumes from nothing",
+        None,
+        resume_arg(&argv_of(starts[0])),
+    );
     for (n, start) in starts.iter().enumerate().skip(1) {
         let resume = resume_arg(&argv_of(start));
         run.ensure(
             &format!("attempt {} resumes from checkpoint-5", n + 1),
             resume.as_deref() == Some(out.join("checkpoint-5").to_str().unwrap()),
-            &format!("--resume_from_checkpoint {}", out.join("checkpoint-5").display()),
+            &format!(
+                "--resume_from_checkpoint {}",
+                out.join("checkpoint-5").display()
+            ),
             argv_of(start),
         );
     }
@@ -319,7 +396,8 @@ fn recovers_from_oom_resuming_from_checkpoint_and_keeping_global_batch() {
     let log1 = std::fs::read_to_string(run_dir.join("attempt-1/output.log")).unwrap_or_default();
     run.ensure(
         "attempt-1/output.log holds the attempt's output",
-        log1.contains("torch.OutOfMemoryError: CUDA out of memory") && log1.contains("global batch: 32"),
+        log1.contains("torch.OutOfMemoryError: CUDA out of memory")
+            && log1.contains("global batch: 32"),
         "the OOM line and the settings line",
         tail(&log1, 600),
     );
@@ -339,26 +417,50 @@ fn a_failure_that_is_not_an_oom_stops_at_once_with_the_childs_code() {
     run.check("attempts", 1, events(&j, "attempt_start").len());
     run.check("decisions", 0, events(&j, "decision").len());
     let end = events(&j, "attempt_end");
-    run.check("outcome", Some("other_failure"), end.first().and_then(|e| e["outcome"].as_str()));
+    run.check(
+        "outcome",
+        Some("other_failure"),
+        end.first().and_then(|e| e["outcome"].as_str()),
+    );
 }
 
 #[test]
 fn a_run_that_hangs_after_its_oom_is_killed_and_relaunched() {
     let tmp = tempfile::tempdir().unwrap();
     let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
-    let mut args: Vec<String> =
-        ["--run-dir", run_dir.to_str().unwrap(), "--hang-timeout", "1", "--grace", "1"].map(String::from).to_vec();
+    let mut args: Vec<String> = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--hang-timeout",
+        "1",
+        "--grace",
+        "1",
+    ]
+    .map(String::from)
+    .to_vec();
     args.extend(demo_args(&out));
     args.push("--hang_after_oom".to_string());
     let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
 
     run.check("exit code", Some(0), run.code);
-    run.ensure("finished promptly", run.elapsed < Duration::from_secs(60), "under 60 s", run.elapsed);
+    run.ensure(
+        "finished promptly",
+        run.elapsed < Duration::from_secs(60),
+        "under 60 s",
+        run.elapsed,
+    );
     let j = run.journal(&run_dir);
-    let outcomes: Vec<_> = events(&j, "attempt_end").iter().map(|e| e["outcome"].clone()).collect();
+    let outcomes: Vec<_> = events(&j, "attempt_end")
+        .iter()
+        .map(|e| e["outcome"].clone())
+        .collect();
     run.check(
         "outcomes",
-        vec![Value::from("hung_after_oom"), Value::from("hung_after_oom"), Value::from("success")],
+        vec![
+            Value::from("hung_after_oom"),
+            Value::from("hung_after_oom"),
+            Value::from("success"),
+        ],
         outcomes,
     );
     let fin = run.read_json(&out.join("final.json"));
@@ -378,26 +480,59 @@ fn the_users_files_are_left_as_they_were() {
     let config = b"{\"per_device_train_batch_size\": 16}\n";
     std::fs::write(proj.join("config.json"), config).unwrap();
     let user_argv = [
-        "python3", "train.py", "--per_device_train_batch_size=16", "--gradient_accumulation_steps", "2",
-        "--max_seq_length", "1024", "--output_dir", "out", "--max_steps", "12", "--save_steps", "5",
-        "--step_seconds", "0.005",
+        "python3",
+        "train.py",
+        "--per_device_train_batch_size=16",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_seq_length",
+        "1024",
+        "--output_dir",
+        "out",
+        "--max_steps",
+        "12",
+        "--save_steps",
+        "5",
+        "--step_seconds",
+        "0.005",
     ];
     let run = oomguard(&proj, &user_argv, None, LIMIT);
 
     run.check("exit code", Some(0), run.code);
-    run.check("train.py unchanged", true, std::fs::read(proj.join("train.py")).unwrap() == script);
-    run.check("config.json unchanged", config.to_vec(), std::fs::read(proj.join("config.json")).unwrap());
-    let mut names: Vec<String> =
-        std::fs::read_dir(&proj).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    run.check(
+        "train.py unchanged",
+        true,
+        std::fs::read(proj.join("train.py")).unwrap() == script,
+    );
+    run.check(
+        "config.json unchanged",
+        config.to_vec(),
+        std::fs::read(proj.join("config.json")).unwrap(),
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&proj)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
-    run.check("files in the project", vec![".oomguard", "config.json", "out", "train.py"], strs(&names));
+    run.check(
+        "files in the project",
+        vec![".oomguard", "config.json", "out", "train.py"],
+        strs(&names),
+    );
     let runs: Vec<PathBuf> = std::fs::read_dir(proj.join(".oomguard/runs"))
         .map(|d| d.map(|e| e.unwrap().path()).collect())
         .unwrap_or_default();
     run.check("run folders under .oomguard/runs", 1, runs.len());
     let j = run.journal(&runs[0]);
-    let first = events(&j, "attempt_start").first().map(|e| argv_of(e)).unwrap_or_default();
-    run.check("attempt 1 runs the user's argv byte for byte", strs(&first), user_argv.to_vec());
+    let first = events(&j, "attempt_start")
+        .first()
+        .map(|e| argv_of(e))
+        .unwrap_or_default();
+    run.check(
+        "attempt 1 runs the user's argv byte for byte",
+        strs(&first),
+        user_argv.to_vec(),
+    );
 }
 
 #[test]
@@ -413,7 +548,10 @@ fn resume_skips_a_checkpoint_that_was_never_finished() {
 
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&run_dir);
-    let second = events(&j, "attempt_start").get(1).map(|e| argv_of(e)).unwrap_or_default();
+    let second = events(&j, "attempt_start")
+        .get(1)
+        .map(|e| argv_of(e))
+        .unwrap_or_default();
     run.check(
         "attempt 2 resumes from the newest complete checkpoint",
         Some(out.join("checkpoint-5").display().to_string()),
@@ -425,8 +563,14 @@ fn resume_skips_a_checkpoint_that_was_never_finished() {
 fn the_policy_running_out_exits_75() {
     let tmp = tempfile::tempdir().unwrap();
     let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
-    let mut args: Vec<String> =
-        ["--run-dir", run_dir.to_str().unwrap(), "--max-attempts", "3"].map(String::from).to_vec();
+    let mut args: Vec<String> = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--max-attempts",
+        "3",
+    ]
+    .map(String::from)
+    .to_vec();
     args.extend(demo_args(&out));
     args.extend(["--capacity_gib", "1"].map(String::from)); // smaller than the model: nothing fits
     let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
@@ -440,10 +584,25 @@ fn the_policy_running_out_exits_75() {
 fn an_interrupt_stops_the_child_and_exits_130() {
     let tmp = tempfile::tempdir().unwrap();
     let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
-    let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string(), "--grace".into(), "5".into()];
+    let mut args = vec![
+        "--run-dir".to_string(),
+        run_dir.display().to_string(),
+        "--grace".into(),
+        "5".into(),
+    ];
     args.extend(demo_args(&out));
-    args.extend(["--print_signals", "--save_steps", "1", "--step_seconds", "0.2", "--oom_at_step", "1000"]
-        .map(String::from));
+    args.extend(
+        [
+            "--print_signals",
+            "--save_steps",
+            "1",
+            "--step_seconds",
+            "0.2",
+            "--oom_at_step",
+            "1000",
+        ]
+        .map(String::from),
+    );
     let running = spawn(tmp.path(), &strs(&args), None);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !out.join("checkpoint-1/trainer_state.json").exists() && Instant::now() < deadline {
@@ -455,7 +614,8 @@ fn an_interrupt_stops_the_child_and_exits_130() {
     run.check("exit code", Some(130), run.code);
     run.ensure(
         "the child was told",
-        run.stdout.contains("received signal SIGINT") || run.stdout.contains("received signal SIGTERM"),
+        run.stdout.contains("received signal SIGINT")
+            || run.stdout.contains("received signal SIGTERM"),
         "'received signal SIGINT' (or SIGTERM) from the trainer",
         tail(&run.stdout, 400),
     );
@@ -478,8 +638,15 @@ fn plan_json_shows_the_knobs_and_runs_nothing() {
     for (knob, value) in [("micro_batch", 16), ("grad_accum", 2), ("seq_len", 1024)] {
         let mut found = Vec::new();
         find_key(&plan, knob, &mut found);
-        let hit = found.iter().any(|v| v.as_u64() == Some(value) || v["value"].as_u64() == Some(value));
-        run.ensure(&format!("plan shows {knob} = {value}"), hit, &format!("{knob}: {value}"), &found);
+        let hit = found
+            .iter()
+            .any(|v| v.as_u64() == Some(value) || v["value"].as_u64() == Some(value));
+        run.ensure(
+            &format!("plan shows {knob} = {value}"),
+            hit,
+            &format!("{knob}: {value}"),
+            &found,
+        );
     }
     let mut ladder = Vec::new();
     find_key(&plan, "step", &mut ladder);
@@ -490,5 +657,49 @@ fn plan_json_shows_the_knobs_and_runs_nothing() {
         &ladder,
     );
     run.check("nothing ran: no output_dir", false, out.exists());
-    run.check("nothing ran: no run folder", false, tmp.path().join(".oomguard").exists());
+    run.check(
+        "nothing ran: no run folder",
+        false,
+        tmp.path().join(".oomguard").exists(),
+    );
+}
+
+#[test]
+fn gradient_checkpointing_is_switched_on_by_a_flag_the_trainer_accepts() {
+    // keep-micro-batch tries gradient checkpointing before halving: the flag is added bare.
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let mut args: Vec<String> = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--policy",
+        "keep-micro-batch",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(demo_args(&out));
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&run_dir);
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
+    run.check(
+        "decisions",
+        vec![
+            Value::from("enable_grad_checkpointing"),
+            Value::from("halve_micro_batch"),
+        ],
+        steps,
+    );
+    let fin = run.read_json(&out.join("final.json"));
+    run.check(
+        "gradient checkpointing on at the end",
+        Some(true),
+        fin["gradient_checkpointing"].as_bool(),
+    );
+    run.check("final micro-batch", Some(8), fin["micro"].as_u64());
+    run.check("final global batch", Some(32), fin["global_batch"].as_u64());
 }

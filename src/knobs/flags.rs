@@ -2,11 +2,13 @@
 //! environment variables named with `--knob NAME=env:VAR`.
 
 use std::collections::BTreeMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 
 use super::{
-    Binding, Bound, Discovery, Knob, KnobError, Materialized, Settings, UserBinding, Value, World,
+    Binding, Bound, Discovery, Knob, KnobError, Materialized, ResumeArg, Settings, UserBinding,
+    Value, World,
 };
+use crate::checkpoint::ResumeHow;
 
 /// How a flag was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,12 +77,9 @@ const AMBIGUOUS_BATCH: &[&str] = &[
     "--train-batch-size",
 ];
 const OUTPUT_DIR: &[&str] = &["--output_dir", "--output-dir"];
-const RESUME: &[&str] = &["--resume_from_checkpoint", "--resume-from-checkpoint"];
 
-pub const HF_MICRO: &str = "--per_device_train_batch_size";
 pub const HF_ACCUM: &str = "--gradient_accumulation_steps";
 pub const HF_CHECKPOINTING: &str = "--gradient_checkpointing";
-pub const HF_RESUME: &str = "--resume_from_checkpoint";
 
 /// One flag occurrence in argv.
 #[derive(Debug, Clone)]
@@ -401,29 +400,10 @@ pub fn discover(
         );
     }
 
-    let output_dir = occs
-        .iter()
-        .rev()
-        .find(|o| OUTPUT_DIR.contains(&o.name.as_str()) && o.value.is_some())
-        .map(|o| {
-            let idx = match o.form {
-                FlagForm::Space => o.index + 1,
-                _ => o.index,
-            };
-            (OsString::from(o.value.clone().unwrap_or_default()), idx)
-        });
-    let resume_at = occs
-        .iter()
-        .rev()
-        .find(|o| RESUME.contains(&o.name.as_str()))
-        .map(|o| (o.index, o.form));
-
     Ok(Discovery {
         knobs,
         world,
         hf_style,
-        output_dir,
-        resume_at,
         notes,
     })
 }
@@ -447,11 +427,79 @@ fn render(new: &Value, old: Option<&str>) -> String {
     }
 }
 
+/// Point the command at a checkpoint, the way its framework expects.
+fn apply_resume(
+    out: &mut [OsString],
+    inserts: &mut Vec<(usize, OsString)>,
+    append: &mut Vec<OsString>,
+    r: &ResumeArg,
+) {
+    let (flag, value, equals) = match &r.how {
+        ResumeHow::Automatic => return,
+        ResumeHow::Flag { flag, equals } => (flag.as_str(), r.path.clone(), *equals),
+        ResumeHow::Const {
+            flag,
+            value,
+            equals,
+        } => (flag.as_str(), OsString::from(value), *equals),
+        ResumeHow::Override { key, value } => {
+            let val = value.clone().map(OsString::from).unwrap_or(r.path.clone());
+            let pos = out.iter().rposition(|a| {
+                a.to_str().is_some_and(|s| {
+                    !s.starts_with('-')
+                        && s.trim_start_matches('+')
+                            .split_once('=')
+                            .is_some_and(|(k, _)| k == key)
+                })
+            });
+            match pos {
+                Some(i) => {
+                    let s = out[i].to_str().unwrap_or_default().to_string();
+                    let plus = &s[..s.len() - s.trim_start_matches('+').len()];
+                    let mut v = OsString::from(format!("{plus}{key}="));
+                    v.push(&val);
+                    out[i] = v;
+                }
+                None => {
+                    let mut v = OsString::from(format!("{key}="));
+                    v.push(&val);
+                    append.push(v);
+                }
+            }
+            return;
+        }
+    };
+    let occ = occurrences(out)
+        .into_iter()
+        .filter(|o| o.name == flag)
+        .last();
+    match occ {
+        Some(o) => match o.form {
+            FlagForm::Space => out[o.index + 1] = value,
+            FlagForm::Equals => {
+                let mut v = OsString::from(format!("{flag}="));
+                v.push(&value);
+                out[o.index] = v;
+            }
+            FlagForm::Bare => inserts.push((o.index, value)),
+        },
+        None if equals => {
+            let mut v = OsString::from(format!("{flag}="));
+            v.push(&value);
+            append.push(v);
+        }
+        None => {
+            append.push(flag.into());
+            append.push(value);
+        }
+    }
+}
+
 pub fn materialize(
     argv: &[OsString],
     disc: &Discovery,
     settings: &Settings,
-    resume: Option<&OsStr>,
+    resume: Option<&ResumeArg>,
 ) -> Materialized {
     let mut out: Vec<OsString> = argv.to_vec();
     // Insertions after an index (a bare bool given a value), applied at the end.
@@ -503,25 +551,8 @@ pub fn materialize(
         }
     }
 
-    if let Some(path) = resume {
-        match disc.resume_at {
-            Some((idx, FlagForm::Space)) => out[idx + 1] = path.to_os_string(),
-            Some((idx, FlagForm::Equals)) => {
-                let name = argv[idx]
-                    .to_str()
-                    .and_then(|s| s.split_once('='))
-                    .map(|(n, _)| n.to_string())
-                    .unwrap_or_else(|| HF_RESUME.into());
-                let mut v = OsString::from(format!("{name}="));
-                v.push(path);
-                out[idx] = v;
-            }
-            Some((idx, FlagForm::Bare)) => inserts.push((idx, path.to_os_string())),
-            None => {
-                append.push(HF_RESUME.into());
-                append.push(path.to_os_string());
-            }
-        }
+    if let Some(r) = resume {
+        apply_resume(&mut out, &mut inserts, &mut append, r);
     }
 
     inserts.sort_by(|a, b| b.0.cmp(&a.0));
@@ -568,7 +599,7 @@ mod tests {
         next.knobs.insert(Knob::MicroBatch, Value::Int(4));
         next.knobs.insert(Knob::GradAccum, Value::Int(8));
         next.knobs.insert(Knob::GradCheckpointing, Value::Bool(true));
-        let m = mat(&a, &d, &next, Some(OsStr::new("out/checkpoint-10")));
+        let m = mat(&a, &d, &next, Some(&hf_resume("out/checkpoint-10")));
         assert_eq!(
             strs(&m.argv),
             "torchrun --nproc_per_node=2 train.py --per_device_train_batch_size=4 --per_device_eval_batch_size 32 --gradient_accumulation_steps 8 --max_seq_length 2048 --output_dir out --gradient_checkpointing --resume_from_checkpoint out/checkpoint-10"
@@ -603,6 +634,73 @@ mod tests {
         assert_eq!(
             strs(&mat(&a, &d, &s, None).argv),
             "python train.py --batch_size=6 --max_iters 100"
+        );
+    }
+
+    fn hf_resume(p: &str) -> ResumeArg {
+        ResumeArg {
+            how: ResumeHow::Flag {
+                flag: "--resume_from_checkpoint".into(),
+                equals: false,
+            },
+            path: p.into(),
+        }
+    }
+
+    #[test]
+    fn resume_forms_of_each_framework() {
+        let a = argv("python train.py config/x.py --init_from=scratch --batch_size=4");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let r = ResumeArg {
+            how: ResumeHow::Const {
+                flag: "--init_from".into(),
+                value: "resume".into(),
+                equals: true,
+            },
+            path: "out/ckpt.pt".into(),
+        };
+        assert_eq!(
+            strs(&mat(&a, &d, &d.settings(), Some(&r)).argv),
+            "python train.py config/x.py --init_from=resume --batch_size=4"
+        );
+        let a = argv("tune run lora --config c batch_size=8 +resume_from_checkpoint=False");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let r = ResumeArg {
+            how: ResumeHow::Override {
+                key: "resume_from_checkpoint".into(),
+                value: Some("True".into()),
+            },
+            path: "o/epoch_1".into(),
+        };
+        assert_eq!(
+            strs(&mat(&a, &d, &d.settings(), Some(&r)).argv),
+            "tune run lora --config c batch_size=8 +resume_from_checkpoint=True"
+        );
+        let a = argv("python src/train.py data.batch_size=64");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let r = ResumeArg {
+            how: ResumeHow::Override {
+                key: "ckpt_path".into(),
+                value: None,
+            },
+            path: "logs/last.ckpt".into(),
+        };
+        assert_eq!(
+            strs(&mat(&a, &d, &d.settings(), Some(&r)).argv),
+            "python src/train.py data.batch_size=64 ckpt_path=logs/last.ckpt"
+        );
+        let a = argv("python cli.py fit --data.batch_size=2");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let r = ResumeArg {
+            how: ResumeHow::Flag {
+                flag: "--ckpt_path".into(),
+                equals: true,
+            },
+            path: "l/last.ckpt".into(),
+        };
+        assert_eq!(
+            strs(&mat(&a, &d, &d.settings(), Some(&r)).argv),
+            "python cli.py fit --data.batch_size=2 --ckpt_path=l/last.ckpt"
         );
     }
 
@@ -676,7 +774,7 @@ mod tests {
     fn resume_replaces_earlier_value() {
         let a = argv("python t.py --per_device_train_batch_size 2 --resume_from_checkpoint=old");
         let d = discover_all(&a, &[], &no_env).unwrap();
-        let m = mat(&a, &d, &d.settings(), Some(OsStr::new("o/checkpoint-5")));
+        let m = mat(&a, &d, &d.settings(), Some(&hf_resume("o/checkpoint-5")));
         assert_eq!(
             strs(&m.argv),
             "python t.py --per_device_train_batch_size 2 --resume_from_checkpoint=o/checkpoint-5"
@@ -692,7 +790,7 @@ mod tests {
         let mut s = d.settings();
         s.knobs.insert(Knob::MicroBatch, Value::Int(4));
         let m = mat(&a, &d, &s, None);
-        assert_eq!(m.argv[5], a[5]);
+        assert_eq!(m.argv[4], a[4]);
         assert_eq!(m.argv[3], OsString::from("4"));
     }
 }

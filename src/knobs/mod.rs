@@ -4,11 +4,12 @@
 //! Discovery never guesses: an ambiguous spelling (a bare `--batch_size` may be
 //! the global batch) is reported as a note saying how to bind it with `--knob`.
 
+pub mod files;
 mod flags;
 mod world;
 
 use std::collections::BTreeMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::fmt;
 use std::str::FromStr;
 
@@ -175,10 +176,6 @@ pub struct Discovery {
     pub world: World,
     /// Command family: "hf" when the command looks like a Hugging Face `Trainer` script.
     pub hf_style: bool,
-    /// Where `--output_dir` points (for resume), and the argv index of its value.
-    pub output_dir: Option<(OsString, usize)>,
-    /// Existing `--resume_from_checkpoint` value position, if any.
-    pub resume_at: Option<(usize, FlagForm)>,
     /// Things the user should know: ambiguous spellings, knobs not found and how to bind them.
     pub notes: Vec<String>,
 }
@@ -286,13 +283,20 @@ pub struct Materialized {
     pub env: Vec<(String, String)>,
 }
 
+/// Where to resume from, and how the framework is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeArg {
+    pub how: crate::checkpoint::ResumeHow,
+    pub path: OsString,
+}
+
 /// Write `settings` into the user's argv (and environment). Knobs whose value did
 /// not change are left exactly as the user wrote them.
 pub fn materialize(
     argv: &[OsString],
     disc: &Discovery,
     settings: &Settings,
-    resume: Option<&OsStr>,
+    resume: Option<&ResumeArg>,
 ) -> Materialized {
     flags::materialize(argv, disc, settings, resume)
 }

@@ -1,1 +1,773 @@
-//! Unit tests of `launch`, with real child processes.
+//! Unit tests of `launch`, with real child processes (`sh`, and the python3 programs in
+//! tests/children/). Output is captured by `run_with`, which is `run` with the destinations
+//! of stdout/stderr given; everything else (spawn, group, guardian, signals) is the real path.
+//!
+//! Signal handling is process-wide: tests that send a signal to this test process take the
+//! write side of `SIGNAL_LOCK`, every other test the read side, so a signal never reaches
+//! another test's attempt.
+
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+static SIGNAL_LOCK: RwLock<()> = RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    SIGNAL_LOCK.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> std::sync::RwLockWriteGuard<'static, ()> {
+    SIGNAL_LOCK.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn child(name: &str) -> String {
+    format!("{}/tests/children/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn spec(argv: &[&str]) -> Spec {
+    Spec {
+        argv: argv.iter().map(OsString::from).collect(),
+        env_set: Vec::new(),
+        tty: false,
+        log: None,
+        log_head_bytes: 1 << 20,
+        log_tail_bytes: 1 << 20,
+        hang_timeout: Duration::from_secs(60),
+        grace: Duration::from_secs(2),
+    }
+}
+
+/// Runs with stdout/stderr captured; returns the report and both outputs.
+fn run_captured(spec: &Spec) -> (Result<Report, Error>, Vec<u8>, Vec<u8>) {
+    let signals = Signals::install().expect("install signals");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let r = run_with(spec, &signals, &mut out, &mut err);
+    (r, out, err)
+}
+
+fn ok(r: Result<Report, Error>, out: &[u8], err: &[u8]) -> Report {
+    match r {
+        Ok(r) => r,
+        Err(e) => panic!(
+            "run failed: {e}\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(out),
+            String::from_utf8_lossy(err)
+        ),
+    }
+}
+
+/// Polls `f` until it is true or `limit` passes; never a fixed sleep as the assertion.
+fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn read_pids(path: &Path) -> Vec<i32> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+fn alive(pids: &[i32]) -> Vec<i32> {
+    pids.iter().copied().filter(|&p| tree::pid_alive(p)).collect()
+}
+
+/// A writer other threads can read while `run` writes to it.
+#[derive(Clone, Default)]
+struct SharedBuf(Arc<Mutex<Vec<u8>>>);
+
+impl SharedBuf {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl Write for SharedBuf {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Runs `spec` in a thread with output into shared buffers.
+fn run_in_thread(
+    spec: Spec,
+) -> (
+    std::thread::JoinHandle<Result<Report, Error>>,
+    SharedBuf,
+    SharedBuf,
+) {
+    let (out, err) = (SharedBuf::default(), SharedBuf::default());
+    let (mut o, mut e) = (out.clone(), err.clone());
+    let signals = Signals::install().expect("install signals");
+    let h = std::thread::spawn(move || run_with(&spec, &signals, &mut o, &mut e));
+    (h, out, err)
+}
+
+fn raise(sig: i32) {
+    // SAFETY: sending a signal to ourselves; the handlers only count it.
+    assert_eq!(unsafe { libc::kill(libc::getpid(), sig) }, 0);
+}
+
+// ---------------------------------------------------------------- the guardian's entry
+
+/// Not a test: the entry point of the guardian process in unit tests (see
+/// `guard::guard_command`). Does nothing in a normal test run.
+#[test]
+fn guardian_entry() {
+    if std::env::var_os("OOMGUARD_TEST_GUARDIAN").is_none() {
+        return;
+    }
+    let args: Vec<OsString> = std::env::args_os().collect();
+    // [exe, name, --exact, --test-threads=1, --nocapture, pgid, marker]
+    guard_main(&args[5..]);
+}
+
+/// Not a test: a stand-in for the oomguard process, for tests that SIGKILL "oomguard".
+/// Runs the argv in OOMGUARD_TEST_HARNESS_ARGV (separated by 0x1F) through `run`.
+#[test]
+fn harness_entry() {
+    let Some(argv) = std::env::var_os("OOMGUARD_TEST_HARNESS_ARGV") else {
+        return;
+    };
+    let argv: Vec<String> = argv
+        .to_str()
+        .unwrap()
+        .split('\x1f')
+        .map(str::to_owned)
+        .collect();
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let signals = Signals::install().unwrap();
+    let _ = run(&spec(&argv), &signals);
+    std::process::exit(0);
+}
+
+// ---------------------------------------------------------------- output
+
+#[test]
+fn output_passes_through_byte_exact() {
+    let _g = shared();
+    // Non-UTF-8, \r progress updates, ANSI colours, and a 3 MB chunk with no newline at the
+    // end, on both streams.
+    let script = r#"
+import sys
+o, e = sys.stdout.buffer, sys.stderr.buffer
+o.write(b"\xff\xfe\x00 not utf-8\n")
+for i in range(5):
+    o.write(b"\rprogress %d%%" % (i * 25)); o.flush()
+o.write(b"\n\x1b[31mred\x1b[0m\n")
+e.write(b"err \xc3\x28 line\r\n"); e.flush()
+o.write(b"y" * 3_000_000); o.flush()
+"#;
+    let s = spec(&["python3", "-c", script]);
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Code(0));
+    let mut want = b"\xff\xfe\x00 not utf-8\n".to_vec();
+    for i in 0..5 {
+        want.extend_from_slice(format!("\rprogress {}%", i * 25).as_bytes());
+    }
+    want.extend_from_slice(b"\n\x1b[31mred\x1b[0m\n");
+    want.extend(std::iter::repeat_n(b'y', 3_000_000));
+    assert!(out == want, "stdout differs: {} bytes vs {} expected", out.len(), want.len());
+    assert_eq!(err, b"err \xc3\x28 line\r\n");
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+/// Counts bytes and checks they are all `b'z'`, without keeping them.
+struct CountingZ {
+    n: u64,
+    other: u64,
+}
+
+impl Write for CountingZ {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.n += buf.len() as u64;
+        self.other += buf.iter().filter(|&&b| b != b'z').count() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_100_mb_line_without_newline_passes_through() {
+    let _g = shared();
+    let s = spec(&[
+        "python3",
+        "-c",
+        "import sys\nb = b'z' * (1 << 20)\nfor _ in range(100): sys.stdout.buffer.write(b)",
+    ]);
+    let signals = Signals::install().unwrap();
+    let mut out = CountingZ { n: 0, other: 0 };
+    let mut err = Vec::new();
+    let r = run_with(&s, &signals, &mut out, &mut err).unwrap();
+    assert_eq!(r.exit, Exit::Code(0));
+    assert_eq!(out.n, 100 << 20);
+    assert_eq!(out.other, 0);
+}
+
+/// A writer that fails like a closed pipe.
+struct Broken;
+
+impl Write for Broken {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::Error::from_raw_os_error(libc::EPIPE))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn sink_stops_writing_after_an_error_and_records_it() {
+    let mut sink = output::Sink::new(Vec::new());
+    sink.write(b"abc");
+    sink.write(b"\r\xff");
+    assert_eq!(sink.into_inner(), b"abc\r\xff");
+
+    let mut sink = output::Sink::new(Broken);
+    sink.write(b"one");
+    sink.write(b"two");
+    assert_eq!(
+        sink.error.as_ref().and_then(|e| e.raw_os_error()),
+        Some(libc::EPIPE)
+    );
+}
+
+#[test]
+fn closed_stdout_keeps_the_child_drained_and_scanned() {
+    let _g = shared();
+    // 2 MB (more than a pipe holds) after our stdout broke, then an OOM line: the child must
+    // not block, and the scanner must still see the OOM.
+    let script = "import sys\nsys.stdout.write('x' * 2_000_000 + '\\n')\nsys.stdout.write('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.\\n')";
+    let s = spec(&["python3", "-c", script]);
+    let signals = Signals::install().unwrap();
+    let mut err = Vec::new();
+    let r = run_with(&s, &signals, &mut Broken, &mut err).unwrap();
+    assert_eq!(r.exit, Exit::Code(0));
+    assert!(r.oom_at.is_some(), "scanner did not see the OOM");
+    assert!(r.scanner.first_oom().is_some());
+    assert!(
+        r.warnings.iter().any(|w| w.contains("stdout")),
+        "{:?}",
+        r.warnings
+    );
+}
+
+// ---------------------------------------------------------------- exit status
+
+#[test]
+fn exit_code_and_death_by_signal() {
+    let _g = shared();
+    let (r, out, err) = run_captured(&spec(&["sh", "-c", "exit 3"]));
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Code(3));
+    assert_eq!(r.exit.status_code(), 3);
+    assert_eq!(r.exit.to_string(), "exit code 3");
+    assert_eq!(r.interrupted, None);
+    assert!(!r.hung);
+
+    let (r, out, err) = run_captured(&spec(&["sh", "-c", "kill -KILL $$"]));
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Signal(9));
+    assert_eq!(r.exit.status_code(), 137);
+    assert_eq!(r.exit.to_string(), "signal 9 (SIGKILL)");
+}
+
+#[test]
+fn argv_is_passed_byte_exact_and_env_is_set() {
+    let _g = shared();
+    use std::os::unix::ffi::OsStringExt;
+    let mut s = spec(&["sh", "-c", r#"printf '%s|' "$@" "$OOMG_TEST_VAR""#, "sh"]);
+    s.argv.push(OsString::from("two words"));
+    s.argv.push(OsString::from_vec(b"\xff;$(x)".to_vec()));
+    s.env_set
+        .push(("OOMG_TEST_VAR".into(), "set by spec".into()));
+    let (r, out, err) = run_captured(&s);
+    ok(r, &out, &err);
+    assert_eq!(out, b"two words|\xff;$(x)|set by spec|");
+}
+
+// ---------------------------------------------------------------- the group
+
+#[test]
+fn rest_of_the_group_is_killed_when_the_child_exits() {
+    let _g = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pids");
+    let f = file.to_str().unwrap();
+    let (r, out, err) = run_captured(&spec(&["python3", &child("spawn_tree.py"), f, "exit"]));
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Code(0));
+    let pids = read_pids(&file);
+    assert_eq!(pids.len(), 5, "{pids:?}");
+    // run() returns only when nothing of the attempt is left.
+    assert_eq!(alive(&pids), Vec::<i32>::new());
+    // They die of SIGTERM: no need to wait for the grace period.
+    assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
+}
+
+#[test]
+fn workers_in_their_own_session_are_killed_too() {
+    let _g = shared();
+    // torchrun starts workers with start_new_session=True: outside the group.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pids");
+    let f = file.to_str().unwrap();
+    let (r, out, err) = run_captured(&spec(&[
+        "python3",
+        &child("spawn_tree.py"),
+        f,
+        "setsid-exit",
+    ]));
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Code(0));
+    let pids = read_pids(&file);
+    assert_eq!(pids.len(), 5, "{pids:?}");
+    assert_eq!(alive(&pids), Vec::<i32>::new());
+}
+
+#[test]
+fn processes_ignoring_sigterm_are_killed_after_grace() {
+    let _g = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gc");
+    let mut s = spec(&[
+        "sh",
+        "-c",
+        r#"python3 "$0" "$1" & while [ ! -s "$1" ]; do sleep 0.02; done; echo "$!" >> "$1.sh"; exit 0"#,
+        &child("ignore_term.py"),
+        file.to_str().unwrap(),
+    ]);
+    s.grace = Duration::from_millis(500);
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Code(0));
+    let mut pids = read_pids(&file);
+    pids.extend(read_pids(&dir.path().join("gc.sh")));
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert_eq!(alive(&pids), Vec::<i32>::new());
+    assert!(r.duration >= s.grace, "{:?}", r.duration);
+    assert!(r.duration < s.grace + Duration::from_secs(3), "{:?}", r.duration);
+}
+
+#[test]
+fn a_hang_after_an_oom_is_killed() {
+    let _g = shared();
+    let mut s = spec(&["python3", &child("oom_then_hang.py")]);
+    s.hang_timeout = Duration::from_millis(500);
+    s.grace = Duration::from_millis(500);
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    assert!(r.hung);
+    assert_eq!(r.exit, Exit::Signal(libc::SIGTERM));
+    let oom_at = r.oom_at.expect("OOM seen");
+    assert!(r.scanner.first_oom().is_some());
+    assert!(
+        r.duration >= oom_at + s.hang_timeout,
+        "{:?} {oom_at:?}",
+        r.duration
+    );
+    assert!(
+        r.duration < oom_at + s.hang_timeout + s.grace + Duration::from_secs(2),
+        "{:?}",
+        r.duration
+    );
+    assert!(String::from_utf8_lossy(&err).contains("CUDA out of memory"));
+}
+
+#[test]
+fn no_hang_detection_without_an_oom() {
+    let _g = shared();
+    let mut s = spec(&["sh", "-c", "sleep 1; echo done"]);
+    s.hang_timeout = Duration::from_millis(100);
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    assert!(!r.hung);
+    assert_eq!(r.exit, Exit::Code(0));
+    assert_eq!(out, b"done\n");
+}
+
+#[test]
+fn a_process_that_left_the_group_and_holds_stdout_does_not_hang_run() {
+    let _g = shared();
+    // setsid leaves the group and `env -i` drops the attempt marker: the documented escape.
+    // It keeps our stdout pipe open; run() must return anyway.
+    let (r, out, err) = run_captured(&spec(&[
+        "sh",
+        "-c",
+        "setsid env -i sleep 30 & echo $!; exit 0",
+    ]));
+    let r = ok(r, &out, &err);
+    let pid: i32 = String::from_utf8_lossy(&out).trim().parse().unwrap();
+    tree::kill_pid(pid, libc::SIGKILL);
+    assert_eq!(r.exit, Exit::Code(0));
+    assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
+}
+
+#[test]
+fn a_background_grandchild_holding_stdout_is_killed_quickly() {
+    let _g = shared();
+    let (r, out, err) = run_captured(&spec(&["sh", "-c", "sleep 30 & echo $!; exit 0"]));
+    let r = ok(r, &out, &err);
+    let pid: i32 = String::from_utf8_lossy(&out).trim().parse().unwrap();
+    assert!(!tree::pid_alive(pid));
+    assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
+}
+
+// ---------------------------------------------------------------- cannot run
+
+#[test]
+fn not_found_lists_the_path_directories() {
+    let _g = shared();
+    let mut s = spec(&["oomguard-no-such-command"]);
+    s.env_set
+        .push(("PATH".into(), "/nonexistent/a:/nonexistent/b".into()));
+    match run_captured(&s).0 {
+        Err(e @ Error::NotFound { .. }) => {
+            let msg = e.to_string();
+            let Error::NotFound { program, searched } = e else {
+                unreachable!()
+            };
+            assert_eq!(program, "oomguard-no-such-command");
+            assert_eq!(
+                searched,
+                vec![PathBuf::from("/nonexistent/a"), PathBuf::from("/nonexistent/b")]
+            );
+            assert!(msg.contains("/nonexistent/a, /nonexistent/b"), "{msg}");
+            assert!(msg.contains("not found"), "{msg}");
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    let s = spec(&["/nonexistent/dir/prog"]);
+    assert!(matches!(run_captured(&s).0, Err(Error::NotFound { .. })));
+}
+
+#[test]
+fn not_executable_is_distinct_and_says_why() {
+    let _g = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("train.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    match run_captured(&spec(&[script.to_str().unwrap()])).0 {
+        Err(Error::NotExecutable { reason, .. }) => {
+            assert!(reason.contains("permission denied"), "{reason}")
+        }
+        other => panic!("expected NotExecutable, got {other:?}"),
+    }
+    // Found in PATH but not executable: NotExecutable too (as execvp's EACCES).
+    let mut s = spec(&["train.sh"]);
+    s.env_set
+        .push(("PATH".into(), dir.path().as_os_str().to_owned()));
+    assert!(matches!(
+        run_captured(&s).0,
+        Err(Error::NotExecutable { .. })
+    ));
+    // A directory.
+    match run_captured(&spec(&[dir.path().to_str().unwrap()])).0 {
+        Err(Error::NotExecutable { reason, .. }) => {
+            assert!(reason.contains("directory"), "{reason}")
+        }
+        other => panic!("expected NotExecutable, got {other:?}"),
+    }
+    // A bad interpreter line.
+    let bad = dir.path().join("bad.py");
+    std::fs::write(&bad, "#!/nonexistent/python3\n").unwrap();
+    std::fs::set_permissions(&bad, std::fs::Permissions::from_mode(0o755)).unwrap();
+    match run_captured(&spec(&[bad.to_str().unwrap()])).0 {
+        Err(Error::NotExecutable { reason, .. }) => {
+            assert!(reason.contains("interpreter"), "{reason}")
+        }
+        other => panic!("expected NotExecutable, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- the log
+
+#[test]
+fn log_keeps_head_and_tail_with_a_marker_and_mode_0600() {
+    let _g = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("attempt.log");
+    let mut s = spec(&[
+        "python3",
+        "-c",
+        "import sys\nfor c, n in ((b'A', 100), (b'B', 1000), (b'C', 50)):\n    sys.stdout.buffer.write(c * n); sys.stdout.flush()",
+    ]);
+    s.log = Some(log.clone());
+    s.log_head_bytes = 100;
+    s.log_tail_bytes = 50;
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_eq!(out.len(), 1150, "the terminal gets everything");
+    let mut want = vec![b'A'; 100];
+    want.extend_from_slice(b"\n[oomguard: 1000 bytes omitted]\n");
+    want.extend(std::iter::repeat_n(b'C', 50));
+    assert_eq!(String::from_utf8(std::fs::read(&log).unwrap()).unwrap(), String::from_utf8(want).unwrap());
+    let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // Short output: an exact copy, no marker.
+    let mut s = spec(&["sh", "-c", "printf 'short\\r\\n'"]);
+    s.log = Some(log.clone());
+    let (r, out, err) = run_captured(&s);
+    ok(r, &out, &err);
+    assert_eq!(std::fs::read(&log).unwrap(), b"short\r\n");
+}
+
+#[test]
+fn log_bounds_hold_for_any_chunking() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l");
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+    for chunk in [1, 7, 100, 4096, 10_000] {
+        let mut log = output::Log::open(&path, 1234, 567);
+        for c in data.chunks(chunk) {
+            log.feed(c);
+        }
+        log.finish();
+        assert!(log.warning.is_none());
+        let mut want = data[..1234].to_vec();
+        want.extend_from_slice(format!("\n[oomguard: {} bytes omitted]\n", 10_000 - 1234 - 567).as_bytes());
+        want.extend_from_slice(&data[10_000 - 567..]);
+        assert!(std::fs::read(&path).unwrap() == want, "chunk size {chunk}");
+    }
+}
+
+#[test]
+fn an_unwritable_log_is_a_warning_not_a_failure() {
+    let _g = shared();
+    let mut s = spec(&["sh", "-c", "echo fine"]);
+    s.log = Some(PathBuf::from("/nonexistent/dir/attempt.log"));
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Code(0));
+    assert_eq!(out, b"fine\n");
+    assert!(
+        r.warnings.iter().any(|w| w.contains("could not write log")),
+        "{:?}",
+        r.warnings
+    );
+
+    if Path::new("/dev/full").exists() {
+        // Disk full.
+        let mut s = spec(&["sh", "-c", "echo fine"]);
+        s.log = Some(PathBuf::from("/dev/full"));
+        let (r, out, err) = run_captured(&s);
+        let r = ok(r, &out, &err);
+        assert_eq!(r.exit, Exit::Code(0));
+        assert!(
+            r.warnings.iter().any(|w| w.contains("No space left")),
+            "{:?}",
+            r.warnings
+        );
+    }
+}
+
+// ---------------------------------------------------------------- tty mode
+
+#[test]
+fn tty_mode_gives_a_terminal_and_keeps_bytes_exact() {
+    let _g = shared();
+    let mut s = spec(&[
+        "python3",
+        "-c",
+        "import os, sys\nprint(os.isatty(1), os.isatty(2), os.getsid(0) == os.getpid(), os.tcgetpgrp(1) == os.getpgrp())\nsys.stderr.write('e\\n'); sys.stderr.flush()\nsys.stdout.write('a\\rb'); sys.stdout.flush()",
+    ]);
+    s.tty = true;
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Code(0));
+    // No "\n" -> "\r\n" translation: what the child wrote is what we get.
+    assert_eq!(String::from_utf8_lossy(&out), "True True True True\ne\na\rb");
+    assert!(err.is_empty());
+
+    let mut s = spec(&["sh", "-c", "exit 5"]);
+    s.tty = true;
+    let (r, out, err) = run_captured(&s);
+    assert_eq!(ok(r, &out, &err).exit, Exit::Code(5));
+}
+
+// ---------------------------------------------------------------- signals
+
+fn wait_ready(h: &std::thread::JoinHandle<Result<Report, Error>>, out: &SharedBuf) {
+    assert!(
+        wait_until(Duration::from_secs(10), || out.text().contains("ready (pid:")
+            || h.is_finished()),
+        "child never got ready: {}",
+        out.text()
+    );
+    assert!(!h.is_finished(), "run ended early: {}", out.text());
+}
+
+#[test]
+fn signals_are_forwarded_and_sigterm_is_an_interrupt() {
+    let _g = exclusive();
+    let (h, out, _err) = run_in_thread(spec(&["python3", &child("print_signals.py")]));
+    wait_ready(&h, &out);
+    for sig in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGHUP] {
+        raise(sig);
+        let name = signal_name(sig);
+        assert!(
+            wait_until(Duration::from_secs(5), || out.text().contains(&format!("received {name}"))),
+            "{name} not forwarded: {}",
+            out.text()
+        );
+    }
+    raise(libc::SIGTERM);
+    let r = h.join().unwrap().unwrap();
+    assert!(out.text().contains("received SIGTERM"), "{}", out.text());
+    assert_eq!(r.exit, Exit::Code(143));
+    // SIGHUP came first; it is what interrupted the attempt.
+    assert_eq!(r.interrupted, Some(libc::SIGHUP));
+}
+
+#[test]
+fn a_second_ctrl_c_kills_the_group() {
+    let _g = exclusive();
+    let (h, out, _err) = run_in_thread(spec(&["python3", &child("print_signals.py")]));
+    wait_ready(&h, &out);
+    raise(libc::SIGINT);
+    assert!(
+        wait_until(Duration::from_secs(5), || out.text().contains("received SIGINT")),
+        "{}",
+        out.text()
+    );
+    assert!(!h.is_finished(), "the first SIGINT is only forwarded");
+    raise(libc::SIGINT);
+    let r = h.join().unwrap().unwrap();
+    assert_eq!(r.exit, Exit::Signal(libc::SIGKILL));
+    assert_eq!(r.interrupted, Some(libc::SIGINT));
+}
+
+#[test]
+fn ctrl_z_stops_the_group_and_fg_continues_it() {
+    let _g = exclusive();
+    let (h, out, _err) = run_in_thread(spec(&["python3", &child("print_signals.py")]));
+    wait_ready(&h, &out);
+    // We stop ourselves on SIGTSTP; a helper plays the shell's `fg`.
+    let me = std::process::id().to_string();
+    let mut fg = std::process::Command::new("sh")
+        .args(["-c", "sleep 0.5; kill -CONT \"$0\"", &me])
+        .spawn()
+        .unwrap();
+    raise(libc::SIGTSTP);
+    assert!(
+        wait_until(Duration::from_secs(5), || out.text().contains("received SIGCONT")),
+        "{}",
+        out.text()
+    );
+    fg.wait().unwrap();
+    assert!(out.text().contains("received SIGTSTP"), "{}", out.text());
+    raise(libc::SIGTERM);
+    let r = h.join().unwrap().unwrap();
+    assert_eq!(r.exit, Exit::Code(143));
+}
+
+#[test]
+fn pending_reports_an_interrupt_between_attempts() {
+    let _g = exclusive();
+    let signals = Signals::install().unwrap();
+    assert_eq!(signals.pending(), None);
+    raise(libc::SIGUSR1);
+    assert_eq!(signals.pending(), None, "SIGUSR1 is not an interrupt");
+    raise(libc::SIGTERM);
+    assert!(wait_until(Duration::from_secs(2), || signals.pending()
+        == Some(libc::SIGTERM)));
+    assert_eq!(signals.pending(), Some(libc::SIGTERM), "asking does not consume it");
+}
+
+// ---------------------------------------------------------------- never outlive oomguard
+
+#[test]
+fn the_guardian_kills_the_group_when_its_pipe_closes() {
+    let _g = shared();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = sleeper.id() as i32;
+    let guardian = guard::Guardian::start(pgid, "no-such-marker").unwrap();
+    drop(guardian); // as if oomguard died: the write end closes without a byte
+    let status = sleeper.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+}
+
+#[test]
+fn a_released_guardian_kills_nothing() {
+    let _g = shared();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = sleeper.id() as i32;
+    guard::Guardian::start(pgid, "no-such-marker")
+        .unwrap()
+        .release();
+    assert_eq!(sleeper.try_wait().unwrap(), None, "released guardian killed the group");
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+fn sigkill_oomguard_and_check_tree(mode: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pids");
+    let argv = ["python3", &child("spawn_tree.py"), file.to_str().unwrap(), mode].join("\x1f");
+    let mut harness = std::process::Command::new("/proc/self/exe")
+        .args(["launch::tests::harness_entry", "--exact", "--nocapture"])
+        .env("OOMGUARD_TEST_HARNESS_ARGV", argv)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || read_pids(&file).len() == 5),
+        "tree did not start"
+    );
+    let pids = read_pids(&file);
+    assert_eq!(alive(&pids).len(), 5);
+    harness.kill().unwrap(); // SIGKILL: no cleanup code of oomguard runs
+    harness.wait().unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || alive(&pids).is_empty()),
+        "still alive after oomguard was SIGKILLed: {:?}",
+        alive(&pids)
+    );
+}
+
+#[test]
+fn nothing_outlives_a_sigkilled_oomguard() {
+    let _g = shared();
+    sigkill_oomguard_and_check_tree("");
+}
+
+#[test]
+fn setsid_workers_do_not_outlive_a_sigkilled_oomguard() {
+    let _g = shared();
+    sigkill_oomguard_and_check_tree("setsid");
+}

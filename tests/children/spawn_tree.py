@@ -2,9 +2,9 @@
 """Starts a tree: this process, N children, each with one grandchild; all sleep.
 
 argv[1]: file to write every pid of the tree to (one a line, written atomically once all
-are started). argv[2] (optional): "setsid" to put each child in a new session, as torchrun
-does with its workers (start_new_session=True); "exit" to exit right after writing the file,
-leaving the rest of the tree behind.
+are started). argv[2] (optional) may contain "setsid", to put each child in a new session
+as torchrun does with its workers (start_new_session=True), and "exit", to exit right after
+writing the file, leaving the rest of the tree behind (e.g. "setsid-exit").
 """
 import os
 import sys
@@ -18,7 +18,7 @@ for _ in range(2):
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        if mode == "setsid":
+        if "setsid" in mode:
             os.setsid()
         gpid = os.fork()
         if gpid == 0:
@@ -43,7 +43,7 @@ with open(out + ".tmp", "w") as f:
         f.write(f"{p}\n")
 os.rename(out + ".tmp", out)
 print("tree ready", flush=True)
-if mode == "exit":
+if "exit" in mode:
     sys.exit(0)
 while True:
     time.sleep(3600)
