@@ -41,6 +41,7 @@
 //!   skipping batch") still leaves the OOM line in the output; it is reported as the
 //!   first OOM. Whether the run *died* is the supervisor's call (exit status).
 
+use std::borrow::Cow;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::LazyLock;
@@ -121,6 +122,8 @@ const MAX_JOIN_SEGMENTS: u8 = 8;
 const MAX_JOINED: usize = 8 * 1024;
 /// A segment shorter than this is not taken for a hard-wrapped one.
 const MIN_WRAP_WIDTH: usize = 40;
+/// Bytes either side of a segment boundary where a split message is looked for.
+const SPLIT_WINDOW: usize = 256;
 
 /// Words at least one of which occurs in every segment the patterns below can match.
 /// Case-sensitive on purpose: a small literal set keeps the SIMD prefilter (Teddy).
@@ -147,16 +150,36 @@ static NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(&pattern).expect("needle pattern")
 });
 
+/// Words one of which every OOM pattern contains: a literal search (SIMD) is several
+/// times cheaper than running the OOM patterns' automata over a segment.
+static OOM_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::Regex::new("emory|EMORY|lloc|ALLOC|Killed|SIGKILL|exitcode|executable batch")
+        .expect("oom words")
+});
+
+/// Words one of which every other-error pattern contains.
+static OTHER_ERROR_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::Regex::new(
+        "Watchdog|terminate called|Assertion|illegal memory|Error|exitcode|killed by",
+    )
+    .expect("other error words")
+});
+
+/// Words of an exception line, checked before the (slower) exception pattern.
+static ERROR_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::Regex::new("Error|Exception|Failure|OutOfResources").expect("error words")
+});
+
 /// GPU out-of-memory messages (CUDA, HIP, XPU, MPS, cuBLAS, cuDNN, NCCL, THC, accelerate).
 static GPU_OOM: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?x)
-        \b(?:CUDA|HIP|XPU|NPU)\ out\ of\ memory
-        | \bMPS\ backend\ out\ of\ memory
-        | \b(?:CUDA|HIP)\ error:\ out\ of\ memory
+        (?-u:\b)(?:CUDA|HIP|XPU|NPU)\ out\ of\ memory
+        | (?-u:\b)MPS\ backend\ out\ of\ memory
+        | (?-u:\b)(?:CUDA|HIP)\ error:\ out\ of\ memory
         | cuda\ runtime\ error\ \(2\)\ :\ out\ of\ memory
-        | THCudaCheck\ FAIL\b.*\berror=2\ :\ out\ of\ memory
-        | \b(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_STATUS_ALLOC_FAILED
+        | THCudaCheck\ FAIL.*error=2\ :\ out\ of\ memory
+        | (?-u:\b)(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_STATUS_ALLOC_FAILED
         | Cuda\ failure\ (?:2\ )?'out\ of\ memory'
         | Failed\ to\ CUDA\ calloc
         | cudaErrorMemoryAllocation
@@ -172,14 +195,14 @@ static HOST_OOM: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?x)
         DefaultCPUAllocator:\ (?:not\ enough\ memory|can't\ allocate\ memory)
-        | (?:^|[\s:])MemoryError\b
+        | (?-u:\b)MemoryError(?-u:\b)
         | _ArrayMemoryError
         | Out\ of\ memory:\ Kill(?:ed)?\ process
         | (?P<weak>
             failed\ \(exitcode:\ -9\)
           | died\ with\ <Signals\.SIGKILL:\ 9>
           | killed\ by\ signal:\ Killed
-          | (?:^|\s)Killed(?:[\s.]|$)
+          | (?-u:\b)Killed(?-u:\b)
         )",
     )
     .expect("host pattern")
@@ -199,9 +222,9 @@ static OTHER_ERROR_LINE: LazyLock<Regex> = LazyLock::new(|| {
         r"(?x)
         Watchdog\ caught\ collective\ operation\ timeout
         | terminate\ called\ after\ throwing
-        | \bAssertion\ .*\ failed
+        | (?-u:\b)Assertion\ .*\ failed
         | illegal\ memory\ access
-        | ^Error\b
+        | ^Error(?-u:\b)
         | failed\ \(exitcode:\ -?\d+\)
         | killed\ by\ signal",
     )
@@ -362,6 +385,10 @@ impl Scanner {
     }
 
     /// Lines seen so far (an unterminated last line counts once `finish` has run).
+    #[allow(
+        dead_code,
+        reason = "part of the scanner's contract; for journal statistics"
+    )]
     pub fn lines_seen(&self) -> u64 {
         self.lines
     }
@@ -474,11 +501,18 @@ impl Scanner {
                 }
                 Pending::Split { text, line_no } => {
                     let next = clean(seg);
-                    let boundary = text.len();
-                    let joined = text + &next;
-                    if let Some((kind, weak)) = oom_in(&joined, Some(boundary)) {
-                        self.record(si, kind, weak, joined, line_no);
-                        return;
+                    // Only a match across the boundary counts, and such a match lies
+                    // in a small window around it: test that first, it is cheap.
+                    let from = floor_boundary(&text, text.len().saturating_sub(SPLIT_WINDOW));
+                    let to = floor_boundary(&next, SPLIT_WINDOW.min(next.len()));
+                    let window = [&text[from..], &next[..to]].concat();
+                    if oom_in(&window, Some(text.len() - from)).is_some() {
+                        let boundary = text.len();
+                        let joined = text + &next;
+                        if let Some((kind, weak)) = oom_in(&joined, Some(boundary)) {
+                            self.record(si, kind, weak, joined, line_no);
+                            return;
+                        }
                     }
                 }
             }
@@ -488,13 +522,14 @@ impl Scanner {
         }
         let text = clean(seg);
         match oom_in(&text, None) {
-            Some((kind, weak)) => self.record(si, kind, weak, text, line_no),
+            Some((kind, weak)) => self.record(si, kind, weak, text.into_owned(), line_no),
             None => {
                 if self.first.is_none() {
                     self.note_error(&text, line_no);
                     if text.len() >= MIN_WRAP_WIDTH
                         && text.ends_with(|c: char| c.is_ascii_alphanumeric())
                     {
+                        let text = text.into_owned();
                         self.streams[si].pending = Some(Pending::Split { text, line_no });
                     }
                 }
@@ -556,22 +591,38 @@ impl Scanner {
         {
             return;
         }
-        let priority = if let Some(c) = EXCEPTION_LINE.captures(text) {
-            let class = c.get(1).map_or("", |m| m.as_str());
+        let exception = if ERROR_WORDS.is_match(text.as_bytes()) {
+            // `find`, not `captures`: the DFA is several times faster than the
+            // backtracker that capture groups need; the class name is cut out by hand.
+            EXCEPTION_LINE.find(text)
+        } else {
+            None
+        };
+        let priority = if let Some(m) = exception {
+            let class = m
+                .as_str()
+                .trim_start_matches(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .trim_end_matches(|c: char| c == ':' || c.is_whitespace());
             let name = class.rsplit('.').next().unwrap_or(class);
             if matches!(name, "ChildFailedError" | "CalledProcessError") {
                 1
             } else {
                 3
             }
-        } else if OTHER_ERROR_LINE.is_match(text) {
+        } else if OTHER_ERROR_WORDS.is_match(text.as_bytes()) && OTHER_ERROR_LINE.is_match(text) {
             2
         } else {
             return;
         };
-        if self.error.as_ref().is_none_or(|(p, _, _)| priority >= *p) {
-            let line = text.trim().to_string();
-            self.error = Some((priority, line, line_no));
+        match &mut self.error {
+            Some((p, line, n)) if priority >= *p => {
+                // Reuse the buffer: error lines can be frequent in a long log.
+                line.clear();
+                line.push_str(text);
+                (*p, *n) = (priority, line_no);
+            }
+            Some(_) => {}
+            None => self.error = Some((priority, text.to_string(), line_no)),
         }
     }
 }
@@ -601,9 +652,16 @@ fn count_newlines(bytes: &[u8]) -> u64 {
 /// Which OOM `text` reports, and whether it is only a kill signal. With `boundary`,
 /// only a match that spans it counts (a message split across two segments).
 fn oom_in(text: &str, boundary: Option<usize>) -> Option<(Kind, bool)> {
+    if !OOM_WORDS.is_match(text.as_bytes()) {
+        return None;
+    }
     let spans = |m: regex::Match| boundary.is_none_or(|b| m.start() < b && m.end() > b);
-    if GPU_OOM.find_iter(text).any(spans) {
+    // `is_match` first: it is much cheaper than finding where, and usually false.
+    if GPU_OOM.is_match(text) && GPU_OOM.find_iter(text).any(spans) {
         return Some((Kind::GpuOom, false));
+    }
+    if !HOST_OOM.is_match(text) {
+        return None;
     }
     HOST_OOM
         .captures_iter(text)
@@ -613,9 +671,13 @@ fn oom_in(text: &str, boundary: Option<usize>) -> Option<(Kind, bool)> {
 
 /// Does a GPU OOM message carry all the numbers it is going to carry?
 fn message_complete(text: &str) -> bool {
-    let numbered = ["out of memory. Tried", "out of memory (", "out of memory.Tried"]
-        .iter()
-        .any(|w| text.contains(w));
+    let numbered = [
+        "out of memory. Tried",
+        "out of memory (",
+        "out of memory.Tried",
+    ]
+    .iter()
+    .any(|w| text.contains(w));
     !numbered
         || [
             "unallocated",
@@ -633,30 +695,56 @@ fn message_complete(text: &str) -> bool {
 fn starts_new_record(text: &str) -> bool {
     let t = text.trim_start();
     t.is_empty()
-        || ["Traceback", "File \"", "During handling", "The above exception"]
-            .iter()
-            .any(|w| t.starts_with(w))
+        || [
+            "Traceback",
+            "File \"",
+            "During handling",
+            "The above exception",
+        ]
+        .iter()
+        .any(|w| t.starts_with(w))
 }
 
 /// Decode, drop ANSI escapes and launcher prefixes, undo HTML escaping, trim.
-fn clean(seg: &[u8]) -> String {
-    let mut text = String::from_utf8_lossy(seg).into_owned();
-    if text.contains('\x1b') {
-        text = ANSI.replace_all(&text, "").into_owned();
+/// Borrows when there is nothing to rewrite (the common case: no allocation).
+fn clean(seg: &[u8]) -> Cow<'_, str> {
+    let mut text = String::from_utf8_lossy(seg);
+    if memchr::memchr2(b'\x1b', b'&', seg).is_some() {
+        let mut owned = text.into_owned();
+        if owned.contains('\x1b') {
+            owned = ANSI.replace_all(&owned, "").into_owned();
+        }
+        // "&&" in C++ assertion text is common; only an entity (with ';') is rewritten.
+        if owned.contains('&') && owned.contains(';') {
+            owned = owned
+                .replace("&gt;", ">")
+                .replace("&lt;", "<")
+                .replace("&quot;", "\"")
+                .replace("&#39;", "'")
+                .replace("&amp;", "&");
+        }
+        text = Cow::Owned(owned);
     }
-    if text.contains('&') {
-        text = text
-            .replace("&gt;", ">")
-            .replace("&lt;", "<")
-            .replace("&quot;", "\"")
-            .replace("&#39;", "'")
-            .replace("&amp;", "&");
-    }
-    let stripped = match PREFIX.find(&text) {
-        Some(m) => &text[m.end()..],
-        None => text.as_str(),
+    let trimmed = text.trim_start();
+    let start = text.len() - trimmed.len();
+    let start = if trimmed.starts_with(['[', '(', 'S']) {
+        PREFIX.find(&text).map_or(start, |m| m.end())
+    } else {
+        start
     };
-    stripped.trim().to_string()
+    let end = text.trim_end().len().max(start);
+    match text {
+        Cow::Borrowed(s) => Cow::Borrowed(&s[start..end]),
+        Cow::Owned(s) => Cow::Owned(s[start..end].to_string()),
+    }
+}
+
+/// The largest char boundary of `s` at or below `i`.
+fn floor_boundary(s: &str, mut i: usize) -> usize {
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
 }
 
 fn size_of(re: &Regex, text: &str) -> Option<u64> {
@@ -711,7 +799,9 @@ fn host_numbers(text: &str) -> OomNumbers {
 
 fn fill_missing(into: &mut OomNumbers, from: OomNumbers) {
     into.device = into.device.or(from.device);
-    into.tried_to_allocate_bytes = into.tried_to_allocate_bytes.or(from.tried_to_allocate_bytes);
+    into.tried_to_allocate_bytes = into
+        .tried_to_allocate_bytes
+        .or(from.tried_to_allocate_bytes);
     into.total_bytes = into.total_bytes.or(from.total_bytes);
     into.free_bytes = into.free_bytes.or(from.free_bytes);
     into.allocated_bytes = into.allocated_bytes.or(from.allocated_bytes);
@@ -726,6 +816,10 @@ fn fill_missing(into: &mut OomNumbers, from: OomNumbers) {
 
 /// Classify a whole saved log (for `oomguard diagnose`). No failure found => Kind::NoFailure
 /// with an empty line; a non-OOM error => Kind::OtherFailure with that line.
+#[allow(
+    dead_code,
+    reason = "for callers holding a whole log; diagnose streams through Scanner instead"
+)]
 pub fn classify_log(bytes: &[u8]) -> Finding {
     let mut scanner = Scanner::new();
     scanner.feed(Stream::Out, bytes);
@@ -829,8 +923,7 @@ pub fn diagnose_main(path: Option<&Path>, json: bool) -> i32 {
     let reader: Result<Box<dyn Read>, std::io::Error> = if stdin {
         Ok(Box::new(std::io::stdin().lock()))
     } else {
-        std::fs::File::open(path.expect("a path"))
-            .map(|f| Box::new(f) as Box<dyn Read>)
+        std::fs::File::open(path.expect("a path")).map(|f| Box::new(f) as Box<dyn Read>)
     };
     let finding = match reader.and_then(scan_reader) {
         Ok(f) => f,
@@ -1011,9 +1104,18 @@ mod tests {
 
     /// Compare a parsed size with a header value such as "1.50 GiB", "6291456 bytes
     /// (NCCL calloc)" or "max allowed 20.40 GB", within the rounding of 2 decimals.
-    fn check_size(errors: &mut Vec<String>, name: &str, what: &str, header: &Option<String>, got: Option<u64>) {
+    fn check_size(
+        errors: &mut Vec<String>,
+        name: &str,
+        what: &str,
+        header: &Option<String>,
+        got: Option<u64>,
+    ) {
         let want = header.as_ref().map(|h| {
-            let m = Regex::new(SIZE).unwrap().find(h).unwrap_or_else(|| panic!("{name}: bad {what} header {h}"));
+            let m = Regex::new(SIZE)
+                .unwrap()
+                .find(h)
+                .unwrap_or_else(|| panic!("{name}: bad {what} header {h}"));
             (h.clone(), parse_size(m.as_str()).unwrap())
         });
         match (want, got) {
@@ -1032,14 +1134,23 @@ mod tests {
             let want = expected_kind(&fx.label);
             let excepted = LABEL_EXCEPTIONS.iter().any(|(n, _)| *n == fx.name);
             if found.kind != want && !excepted {
-                errors.push(format!("{}: label {} => {want:?}, found {:?} at line {}: {}", fx.name, fx.label, found.kind, found.line_no, found.line));
+                errors.push(format!(
+                    "{}: label {} => {want:?}, found {:?} at line {}: {}",
+                    fx.name, fx.label, found.kind, found.line_no, found.line
+                ));
                 continue;
             }
             if found.kind != Kind::NoFailure && (found.line.is_empty() || found.line_no == 0) {
                 errors.push(format!("{}: no decisive line", fx.name));
             }
             let n = &found.numbers;
-            check_size(&mut errors, &fx.name, "tried_to_allocate", &fx.tried, n.tried_to_allocate_bytes);
+            check_size(
+                &mut errors,
+                &fx.name,
+                "tried_to_allocate",
+                &fx.tried,
+                n.tried_to_allocate_bytes,
+            );
             check_size(&mut errors, &fx.name, "free", &fx.free, n.free_bytes);
             check_size(&mut errors, &fx.name, "total", &fx.total, n.total_bytes);
         }
@@ -1050,9 +1161,18 @@ mod tests {
     fn shared_fixtures_classify_as_labelled() {
         let Some(dir) = shared_dir() else { return };
         let fixtures = fixtures_in(&dir);
-        assert!(fixtures.len() >= 60, "expected the whole fixture set, got {}", fixtures.len());
+        assert!(
+            fixtures.len() >= 60,
+            "expected the whole fixture set, got {}",
+            fixtures.len()
+        );
         let errors = sweep(&fixtures);
-        assert!(errors.is_empty(), "{} fixture(s) wrong:\n{}", errors.len(), errors.join("\n"));
+        assert!(
+            errors.is_empty(),
+            "{} fixture(s) wrong:\n{}",
+            errors.len(),
+            errors.join("\n")
+        );
     }
 
     #[test]
@@ -1060,7 +1180,12 @@ mod tests {
         let fixtures = fixtures_in(&own_dir());
         assert!(fixtures.len() >= 7);
         let errors = sweep(&fixtures);
-        assert!(errors.is_empty(), "{} fixture(s) wrong:\n{}", errors.len(), errors.join("\n"));
+        assert!(
+            errors.is_empty(),
+            "{} fixture(s) wrong:\n{}",
+            errors.len(),
+            errors.join("\n")
+        );
     }
 
     fn own(name: &str) -> Vec<u8> {
@@ -1072,7 +1197,12 @@ mod tests {
         let f = classify_log(&own("own-gpu_rank_prefixed_then_nccl.log"));
         assert_eq!(f.kind, Kind::GpuOom);
         assert_eq!(f.line_no, 7);
-        assert!(f.line.starts_with("torch.OutOfMemoryError: CUDA out of memory."), "{}", f.line);
+        assert!(
+            f.line
+                .starts_with("torch.OutOfMemoryError: CUDA out of memory."),
+            "{}",
+            f.line
+        );
         let n = &f.numbers;
         assert_eq!(n.device, Some(1));
         assert_eq!(n.allocated_bytes, parse_size("36.02 GiB"));
@@ -1080,8 +1210,14 @@ mod tests {
         assert_eq!(
             n.other_processes,
             vec![
-                ProcessUse { pid: 40211, bytes: 512 << 20 },
-                ProcessUse { pid: 40213, bytes: 512 << 20 },
+                ProcessUse {
+                    pid: 40211,
+                    bytes: 512 << 20
+                },
+                ProcessUse {
+                    pid: 40213,
+                    bytes: 512 << 20
+                },
             ]
         );
     }
@@ -1090,7 +1226,11 @@ mod tests {
     fn old_cached_message_is_cleaned_and_cached_is_reserved_total() {
         let f = classify_log(&own("own-gpu_old_cached.log"));
         assert_eq!(f.kind, Kind::GpuOom);
-        assert!(f.line.starts_with("RuntimeError: CUDA out of memory."), "ANSI left in {:?}", f.line);
+        assert!(
+            f.line.starts_with("RuntimeError: CUDA out of memory."),
+            "ANSI left in {:?}",
+            f.line
+        );
         assert_eq!(f.numbers.device, Some(0));
         assert_eq!(f.numbers.allocated_bytes, parse_size("7.11 GiB"));
         assert_eq!(f.numbers.reserved_total_bytes, parse_size("112.50 MiB"));
@@ -1113,7 +1253,11 @@ mod tests {
         let f = classify_log(&own("own-host_cpu_allocator_wrapped.log"));
         assert_eq!(f.kind, Kind::HostOom);
         assert_eq!(f.line_no, 5);
-        assert!(f.line.contains("can't allocate memory: you tried"), "{}", f.line);
+        assert!(
+            f.line.contains("can't allocate memory: you tried"),
+            "{}",
+            f.line
+        );
     }
 
     #[test]
@@ -1124,7 +1268,13 @@ mod tests {
         assert_eq!(f.kind, Kind::GpuOom);
         assert_eq!(f.line_no, 1);
         assert_eq!(f.numbers.device, None);
-        assert_eq!(f.numbers.other_processes, vec![ProcessUse { pid: 2109115, bytes: parse_size("78.99 GiB").unwrap() }]);
+        assert_eq!(
+            f.numbers.other_processes,
+            vec![ProcessUse {
+                pid: 2109115,
+                bytes: parse_size("78.99 GiB").unwrap()
+            }]
+        );
     }
 
     #[test]
@@ -1132,7 +1282,12 @@ mod tests {
         let Some(dir) = shared_dir() else { return };
         let f = classify_log(&load_fixture(&dir.join("cuda_oom-33.txt")).body);
         assert_eq!(f.numbers.other_processes.len(), 15);
-        assert!(f.numbers.other_processes.iter().all(|p| p.bytes == parse_size("1.19 GiB").unwrap()));
+        assert!(
+            f.numbers
+                .other_processes
+                .iter()
+                .all(|p| p.bytes == parse_size("1.19 GiB").unwrap())
+        );
         let f = classify_log(&load_fixture(&dir.join("cuda_oom-15.txt")).body);
         assert_eq!(f.numbers.device, Some(1));
         assert_eq!(f.numbers.free_bytes, Some(0));
@@ -1143,9 +1298,18 @@ mod tests {
     #[test]
     fn lookalikes_are_other_failures_with_their_error_line() {
         let cases = [
-            ("own-not_pin_memory_and_attention.log", "RuntimeError: Pin memory thread exited unexpectedly"),
-            ("own-not_illegal_access_shm.log", "RuntimeError: CUDA error: an illegal memory access was encountered"),
-            ("own-not_except_clause.log", "ValueError: prompt 417 is empty"),
+            (
+                "own-not_pin_memory_and_attention.log",
+                "RuntimeError: Pin memory thread exited unexpectedly",
+            ),
+            (
+                "own-not_illegal_access_shm.log",
+                "RuntimeError: CUDA error: an illegal memory access was encountered",
+            ),
+            (
+                "own-not_except_clause.log",
+                "ValueError: prompt 417 is empty",
+            ),
         ];
         for (name, line) in cases {
             let f = classify_log(&own(name));
@@ -1170,7 +1334,10 @@ mod tests {
         let log = "RuntimeError: [enforce fail at CPUAllocator.cpp:64] . DefaultCPUAllocator: can't allocate memory: you tried to allocate 64 bytes.\n\
                    RuntimeError: CUDA error: out of memory\n";
         let f = classify_log(log.as_bytes());
-        assert_eq!((f.kind, f.line_no, f.numbers.tried_to_allocate_bytes), (Kind::HostOom, 1, Some(64)));
+        assert_eq!(
+            (f.kind, f.line_no, f.numbers.tried_to_allocate_bytes),
+            (Kind::HostOom, 1, Some(64))
+        );
     }
 
     #[test]
@@ -1196,7 +1363,10 @@ mod tests {
     #[test]
     fn feed_reports_the_first_oom_once() {
         let mut s = Scanner::new();
-        assert!(!s.feed(Stream::Err, b"loading\nRuntimeError: CUDA error: out of mem"));
+        assert!(!s.feed(
+            Stream::Err,
+            b"loading\nRuntimeError: CUDA error: out of mem"
+        ));
         assert!(s.feed(Stream::Err, b"ory\nmore\n"));
         assert!(!s.feed(Stream::Err, b"RuntimeError: CUDA error: out of memory\n"));
         s.finish();
@@ -1210,7 +1380,11 @@ mod tests {
             s.feed(Stream::Out, c);
         }
         s.finish();
-        (s.first_oom().cloned(), s.error_line().map(str::to_string), s.lines_seen())
+        (
+            s.first_oom().cloned(),
+            s.error_line().map(str::to_string),
+            s.lines_seen(),
+        )
     }
 
     #[test]
@@ -1222,7 +1396,12 @@ mod tests {
         for fx in &all {
             let whole = scan_chunked(&fx.body, fx.body.len());
             for chunk in [1, 7, 4096] {
-                assert_eq!(scan_chunked(&fx.body, chunk), whole, "{} in chunks of {chunk}", fx.name);
+                assert_eq!(
+                    scan_chunked(&fx.body, chunk),
+                    whole,
+                    "{} in chunks of {chunk}",
+                    fx.name
+                );
             }
         }
     }
@@ -1234,10 +1413,16 @@ mod tests {
         s.feed(Stream::Err, b"epoch 1 step 9 loss 0.52\n");
         s.feed(Stream::Out, b"memory. Tried to allocate 2.00 MiB (GPU 3; 4.00 GiB total capacity; 3.00 GiB already allocated; 1.00 MiB free; 3.10 GiB reserved in total by PyTorch)\n");
         s.finish();
-        let f = s.first_oom().expect("the OOM split across two stdout chunks");
+        let f = s
+            .first_oom()
+            .expect("the OOM split across two stdout chunks");
         assert_eq!(f.kind, Kind::GpuOom);
         assert_eq!(f.numbers.device, Some(3));
-        assert!(f.line.starts_with("RuntimeError: CUDA out of memory."), "{}", f.line);
+        assert!(
+            f.line.starts_with("RuntimeError: CUDA out of memory."),
+            "{}",
+            f.line
+        );
         assert_eq!(s.lines_seen(), 2);
     }
 
@@ -1255,7 +1440,11 @@ mod tests {
         let block = vec![b'x'; 1 << 20];
         for _ in 0..100 {
             s.feed(Stream::Out, &block);
-            assert!(s.streams[0].partial.capacity() <= MAX_SEGMENT, "partial grew to {}", s.streams[0].partial.capacity());
+            assert!(
+                s.streams[0].partial.capacity() <= MAX_SEGMENT,
+                "partial grew to {}",
+                s.streams[0].partial.capacity()
+            );
         }
         assert!(s.feed(Stream::Out, b"\nRuntimeError: CUDA error: out of memory\n"));
         assert_eq!(s.first_oom().unwrap().line_no, 2);
@@ -1263,18 +1452,28 @@ mod tests {
         let mut whole = vec![b'y'; 100 << 20];
         whole.extend_from_slice(b" CUDA out of memory\nok\n");
         let f = classify_log(&whole);
-        assert_eq!(f.kind, Kind::NoFailure, "text beyond the cap must not count");
+        assert_eq!(
+            f.kind,
+            Kind::NoFailure,
+            "text beyond the cap must not count"
+        );
     }
 
     #[test]
     fn parse_size_examples() {
         assert_eq!(parse_size("1.50 GiB"), Some(1_610_612_736));
         assert_eq!(parse_size("576.00 KiB"), Some(589_824));
-        assert_eq!(parse_size("30.96 MiB"), Some((30.96f64 * 1048576.0).round() as u64));
+        assert_eq!(
+            parse_size("30.96 MiB"),
+            Some((30.96f64 * 1048576.0).round() as u64)
+        );
         assert_eq!(parse_size("17179869184.00 GiB"), Some(u64::MAX));
         assert_eq!(parse_size("0 bytes"), Some(0));
         assert_eq!(parse_size("5077901088 bytes"), Some(5_077_901_088));
-        assert_eq!(parse_size("147.24 MB"), Some((147.24f64 * 1048576.0).round() as u64));
+        assert_eq!(
+            parse_size("147.24 MB"),
+            Some((147.24f64 * 1048576.0).round() as u64)
+        );
         assert_eq!(parse_size("1.5GiB"), Some(1_610_612_736));
         assert_eq!(parse_size("GiB"), None);
         assert_eq!(parse_size("1.5 parsecs"), None);
@@ -1317,8 +1516,15 @@ mod tests {
         std::fs::write(&log, own("own-gpu_old_cached.log")).unwrap();
         assert_eq!(diagnose_main(Some(&log), true), 0);
         assert_eq!(diagnose_main(Some(&log), false), 0);
-        assert_eq!(diagnose_main(Some(&dir.path().join("missing.log")), false), EXIT_UNREADABLE);
-        assert_eq!(diagnose_main(Some(dir.path()), false), EXIT_UNREADABLE, "a directory is unreadable");
+        assert_eq!(
+            diagnose_main(Some(&dir.path().join("missing.log")), false),
+            EXIT_UNREADABLE
+        );
+        assert_eq!(
+            diagnose_main(Some(dir.path()), false),
+            EXIT_UNREADABLE,
+            "a directory is unreadable"
+        );
     }
 
     #[test]
@@ -1337,14 +1543,23 @@ mod tests {
         let Some(dir) = shared_dir() else { return };
         let fixtures = fixtures_in(&dir);
         let build = |keep: &dyn Fn(&Fixture) -> bool| {
-            let one: Vec<u8> = fixtures.iter().filter(|f| keep(f)).flat_map(|f| f.body.iter().copied().chain(*b"\n")).collect();
+            let one: Vec<u8> = fixtures
+                .iter()
+                .filter(|f| keep(f))
+                .flat_map(|f| f.body.iter().copied().chain(*b"\n"))
+                .collect();
             let mut big = Vec::with_capacity(1 << 30);
             while big.len() < 1 << 30 {
                 big.extend_from_slice(&one);
             }
             big
         };
-        let runs: [(&str, &dyn Fn(&Fixture) -> bool); 2] = [("all fixtures", &|_| true), ("not_oom fixtures only (never settles)", &|f| f.label == "not_oom")];
+        let runs: [(&str, &dyn Fn(&Fixture) -> bool); 2] = [
+            ("all fixtures", &|_| true),
+            ("not_oom fixtures only (never settles)", &|f| {
+                f.label == "not_oom"
+            }),
+        ];
         for (what, keep) in runs {
             let big = build(keep);
             let start = std::time::Instant::now();
@@ -1354,7 +1569,13 @@ mod tests {
             }
             s.finish();
             let secs = start.elapsed().as_secs_f64();
-            eprintln!("{what}: {} MiB in {secs:.3} s = {:.0} MB/s, {} lines, kind {:?}", big.len() >> 20, big.len() as f64 / secs / 1e6, s.lines_seen(), s.finding().kind);
+            eprintln!(
+                "{what}: {} MiB in {secs:.3} s = {:.0} MB/s, {} lines, kind {:?}",
+                big.len() >> 20,
+                big.len() as f64 / secs / 1e6,
+                s.lines_seen(),
+                s.finding().kind
+            );
         }
     }
 }

@@ -47,15 +47,23 @@ impl Guardian {
         })
     }
 
-    /// Tells the guardian the group is gone and waits for it to exit (bounded).
+    /// Tells the guardian the group is gone; it exits without killing anything.
     pub(crate) fn release(mut self) {
         if let Some(pipe) = self.pipe.take() {
             let file = std::fs::File::from(pipe);
             if let Err(e) = io::Write::write_all(&mut &file, b"x") {
                 tracing::debug!("guardian pipe: {e}");
             }
-            drop(file);
         }
+        // Drop reaps it.
+    }
+}
+
+impl Drop for Guardian {
+    /// Closes the pipe (without the byte, unless `release` sent it: then the guardian kills
+    /// the group, as if oomguard had died) and reaps the guardian, bounded: no zombies.
+    fn drop(&mut self) {
+        self.pipe.take();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         loop {
             match self.child.try_wait() {

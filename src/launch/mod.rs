@@ -456,8 +456,8 @@ fn supervise(
                 at(w.last_output + w.spec.hang_timeout);
             }
         } else {
-            // Cleanup: watch the group closely.
-            at(now + Duration::from_millis(20));
+            // Cleanup: watch the group closely (each look scans /proc).
+            at(now + Duration::from_millis(50));
         }
         if let (Some(t), None) = (term_at, kill_at) {
             at(t + grace);

@@ -227,4 +227,3 @@ pub(crate) fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
     }
     Ok(())
 }
-

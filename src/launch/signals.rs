@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Signals that end an attempt when forwarded; `pending()` reports these.
-pub(crate) const USER_INTERRUPTS: [i32; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+pub(crate) const USER_INTERRUPTS: [i32; 4] =
+    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
 /// Every signal oomguard handles (forwarded, or acted on by `run()`).
 const HANDLED: [i32; 10] = [

@@ -152,7 +152,10 @@ pub(crate) fn open_pty(size: Option<libc::winsize>) -> io::Result<Pty> {
         if rc != 0 {
             return Err(io::Error::from_raw_os_error(rc));
         }
-        let slave = libc::open(name.as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        let slave = libc::open(
+            name.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
         if slave < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -270,7 +273,14 @@ fn child_setup(parent: libc::pid_t, tty: bool) -> io::Result<()> {
         // Why: if oomguard is SIGKILLed, the kernel kills the direct child right away. Note
         // it fires when the *thread* that forked exits, so run() must be called from a thread
         // that outlives the attempt (it does: run() blocks until the child is reaped).
-        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
             return Err(io::Error::last_os_error());
         }
         // The parent may have died before prctl took effect.

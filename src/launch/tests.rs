@@ -85,7 +85,10 @@ fn read_pids(path: &Path) -> Vec<i32> {
 }
 
 fn alive(pids: &[i32]) -> Vec<i32> {
-    pids.iter().copied().filter(|&p| tree::pid_alive(p)).collect()
+    pids.iter()
+        .copied()
+        .filter(|&p| tree::pid_alive(p))
+        .collect()
 }
 
 /// A writer other threads can read while `run` writes to it.
@@ -156,9 +159,14 @@ fn harness_entry() {
         .map(str::to_owned)
         .collect();
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let mut s = spec(&argv);
+    s.tty = std::env::var_os("OOMGUARD_TEST_HARNESS_TTY").is_some();
     let signals = Signals::install().unwrap();
-    let _ = run(&spec(&argv), &signals);
-    std::process::exit(0);
+    let code = match run(&s, &signals) {
+        Ok(r) => r.exit.status_code(),
+        Err(_) => 255,
+    };
+    std::process::exit(code);
 }
 
 // ---------------------------------------------------------------- output
@@ -188,7 +196,12 @@ o.write(b"y" * 3_000_000); o.flush()
     }
     want.extend_from_slice(b"\n\x1b[31mred\x1b[0m\n");
     want.extend(std::iter::repeat_n(b'y', 3_000_000));
-    assert!(out == want, "stdout differs: {} bytes vs {} expected", out.len(), want.len());
+    assert!(
+        out == want,
+        "stdout differs: {} bytes vs {} expected",
+        out.len(),
+        want.len()
+    );
     assert_eq!(err, b"err \xc3\x28 line\r\n");
     assert!(r.warnings.is_empty(), "{:?}", r.warnings);
 }
@@ -369,7 +382,11 @@ fn processes_ignoring_sigterm_are_killed_after_grace() {
     assert_eq!(pids.len(), 2, "{pids:?}");
     assert_eq!(alive(&pids), Vec::<i32>::new());
     assert!(r.duration >= s.grace, "{:?}", r.duration);
-    assert!(r.duration < s.grace + Duration::from_secs(3), "{:?}", r.duration);
+    assert!(
+        r.duration < s.grace + Duration::from_secs(3),
+        "{:?}",
+        r.duration
+    );
 }
 
 #[test]
@@ -453,7 +470,10 @@ fn not_found_lists_the_path_directories() {
             assert_eq!(program, "oomguard-no-such-command");
             assert_eq!(
                 searched,
-                vec![PathBuf::from("/nonexistent/a"), PathBuf::from("/nonexistent/b")]
+                vec![
+                    PathBuf::from("/nonexistent/a"),
+                    PathBuf::from("/nonexistent/b")
+                ]
             );
             assert!(msg.contains("/nonexistent/a, /nonexistent/b"), "{msg}");
             assert!(msg.contains("not found"), "{msg}");
@@ -526,7 +546,10 @@ fn log_keeps_head_and_tail_with_a_marker_and_mode_0600() {
     let mut want = vec![b'A'; 100];
     want.extend_from_slice(b"\n[oomguard: 1000 bytes omitted]\n");
     want.extend(std::iter::repeat_n(b'C', 50));
-    assert_eq!(String::from_utf8(std::fs::read(&log).unwrap()).unwrap(), String::from_utf8(want).unwrap());
+    assert_eq!(
+        String::from_utf8(std::fs::read(&log).unwrap()).unwrap(),
+        String::from_utf8(want).unwrap()
+    );
     let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
 
@@ -551,7 +574,9 @@ fn log_bounds_hold_for_any_chunking() {
         log.finish();
         assert!(log.warning.is_none());
         let mut want = data[..1234].to_vec();
-        want.extend_from_slice(format!("\n[oomguard: {} bytes omitted]\n", 10_000 - 1234 - 567).as_bytes());
+        want.extend_from_slice(
+            format!("\n[oomguard: {} bytes omitted]\n", 10_000 - 1234 - 567).as_bytes(),
+        );
         want.extend_from_slice(&data[10_000 - 567..]);
         assert!(std::fs::read(&path).unwrap() == want, "chunk size {chunk}");
     }
@@ -602,9 +627,53 @@ fn tty_mode_gives_a_terminal_and_keeps_bytes_exact() {
     let r = ok(r, &out, &err);
     assert_eq!(r.exit, Exit::Code(0));
     // No "\n" -> "\r\n" translation: what the child wrote is what we get.
-    assert_eq!(String::from_utf8_lossy(&out), "True True True True\ne\na\rb");
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        "True True True True\ne\na\rb"
+    );
     assert!(err.is_empty());
+}
 
+#[test]
+fn tty_mode_forwards_our_stdin_to_the_command() {
+    let _g = shared();
+    use std::io::Read;
+    // A separate "oomguard" process (the harness), so that its stdin can be a pipe we hold.
+    let argv = ["python3", "-c", "print('got', repr(input()))"].join("\x1f");
+    let mut harness = std::process::Command::new("/proc/self/exe")
+        .args([
+            "launch::tests::harness_entry",
+            "--exact",
+            "--nocapture",
+            "--quiet",
+        ])
+        .env("OOMGUARD_TEST_HARNESS_ARGV", argv)
+        .env("OOMGUARD_TEST_HARNESS_TTY", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    harness
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello \xc3\xa9\n")
+        .unwrap();
+    let mut out = String::new();
+    harness
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let status = harness.wait().unwrap();
+    assert!(out.contains("got 'hello \u{e9}'"), "{out:?}");
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn tty_mode_exit_code() {
+    let _g = shared();
     let mut s = spec(&["sh", "-c", "exit 5"]);
     s.tty = true;
     let (r, out, err) = run_captured(&s);
@@ -615,7 +684,9 @@ fn tty_mode_gives_a_terminal_and_keeps_bytes_exact() {
 
 fn wait_ready(h: &std::thread::JoinHandle<Result<Report, Error>>, out: &SharedBuf) {
     assert!(
-        wait_until(Duration::from_secs(10), || out.text().contains("ready (pid:")
+        wait_until(Duration::from_secs(10), || out
+            .text()
+            .contains("ready (pid:")
             || h.is_finished()),
         "child never got ready: {}",
         out.text()
@@ -632,7 +703,9 @@ fn signals_are_forwarded_and_sigterm_is_an_interrupt() {
         raise(sig);
         let name = signal_name(sig);
         assert!(
-            wait_until(Duration::from_secs(5), || out.text().contains(&format!("received {name}"))),
+            wait_until(Duration::from_secs(5), || out
+                .text()
+                .contains(&format!("received {name}"))),
             "{name} not forwarded: {}",
             out.text()
         );
@@ -652,7 +725,9 @@ fn a_second_ctrl_c_kills_the_group() {
     wait_ready(&h, &out);
     raise(libc::SIGINT);
     assert!(
-        wait_until(Duration::from_secs(5), || out.text().contains("received SIGINT")),
+        wait_until(Duration::from_secs(5), || out
+            .text()
+            .contains("received SIGINT")),
         "{}",
         out.text()
     );
@@ -676,7 +751,9 @@ fn ctrl_z_stops_the_group_and_fg_continues_it() {
         .unwrap();
     raise(libc::SIGTSTP);
     assert!(
-        wait_until(Duration::from_secs(5), || out.text().contains("received SIGCONT")),
+        wait_until(Duration::from_secs(5), || out
+            .text()
+            .contains("received SIGCONT")),
         "{}",
         out.text()
     );
@@ -697,7 +774,11 @@ fn pending_reports_an_interrupt_between_attempts() {
     raise(libc::SIGTERM);
     assert!(wait_until(Duration::from_secs(2), || signals.pending()
         == Some(libc::SIGTERM)));
-    assert_eq!(signals.pending(), Some(libc::SIGTERM), "asking does not consume it");
+    assert_eq!(
+        signals.pending(),
+        Some(libc::SIGTERM),
+        "asking does not consume it"
+    );
 }
 
 // ---------------------------------------------------------------- never outlive oomguard
@@ -730,7 +811,11 @@ fn a_released_guardian_kills_nothing() {
     guard::Guardian::start(pgid, "no-such-marker")
         .unwrap()
         .release();
-    assert_eq!(sleeper.try_wait().unwrap(), None, "released guardian killed the group");
+    assert_eq!(
+        sleeper.try_wait().unwrap(),
+        None,
+        "released guardian killed the group"
+    );
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
 }
@@ -738,7 +823,13 @@ fn a_released_guardian_kills_nothing() {
 fn sigkill_oomguard_and_check_tree(mode: &str) {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pids");
-    let argv = ["python3", &child("spawn_tree.py"), file.to_str().unwrap(), mode].join("\x1f");
+    let argv = [
+        "python3",
+        &child("spawn_tree.py"),
+        file.to_str().unwrap(),
+        mode,
+    ]
+    .join("\x1f");
     let mut harness = std::process::Command::new("/proc/self/exe")
         .args(["launch::tests::harness_entry", "--exact", "--nocapture"])
         .env("OOMGUARD_TEST_HARNESS_ARGV", argv)

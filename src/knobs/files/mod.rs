@@ -22,7 +22,27 @@
 //!
 //! Key paths are dotted (`zero_optimization.offload_optimizer.device`); a key
 //! that itself contains a dot cannot be addressed (rare in these configs).
-//! Sequences cannot be indexed.
+//!
+//! Limitations (each gives a clear `Unsupported` error rather than a bad edit):
+//! - sequences cannot be indexed; list values are `NotScalar`;
+//! - YAML: anchored (`&a`), aliased (`*a`), tagged and block (`|`, `>`) values
+//!   are read but not written; merge keys (`<<:`) are not followed; one
+//!   document per file; a key under `- item:` in a list cannot be added;
+//! - JSON / YAML flow: a new member is inserted just before the last member
+//!   (after it when the object uses trailing commas), so no existing line
+//!   changes; single-line objects get the member inline;
+//! - TOML: no null; keys cannot be added to inline tables or dotted-key tables;
+//!   a missing table is appended as a new `[a.b]` section at the end;
+//! - Python: only literals; a missing top-level name is appended at the end;
+//!   missing dict-literal keys are not added;
+//! - a file without a final newline: appending at its end changes its last
+//!   line in the diff (YAML avoids this by inserting before the last key).
+//!
+//! Every `set` re-parses the edited text and reads the value back before it is
+//! accepted; setting a key back to its original value restores the original
+//! spelling (`6e-4`, `~`, quotes) byte for byte.
+
+#![allow(dead_code)] // the API is wired into discover/materialize by its owners; until then parts are unused
 
 mod json;
 mod python;
@@ -72,7 +92,11 @@ pub fn format_of(path: &Path) -> Option<Format> {
 /// (`stage3_offloading_accelerate.conf` is DeepSpeed JSON): a first significant
 /// character `{` or `[` means JSON.
 fn sniff(text: &str) -> Option<Format> {
-    let first = text.trim_start_matches('\u{feff}').trim_start().chars().next()?;
+    let first = text
+        .trim_start_matches('\u{feff}')
+        .trim_start()
+        .chars()
+        .next()?;
     matches!(first, '{' | '[').then_some(Format::Json)
 }
 
@@ -259,7 +283,9 @@ pub(crate) fn line_start(text: &str, offset: usize) -> usize {
 /// Byte offset just past the end of the line holding `offset` (past its `\n`,
 /// or the end of the text).
 pub(crate) fn line_end(text: &str, offset: usize) -> usize {
-    text[offset..].find('\n').map_or(text.len(), |i| offset + i + 1)
+    text[offset..]
+        .find('\n')
+        .map_or(text.len(), |i| offset + i + 1)
 }
 
 /// The indentation (leading spaces/tabs) of the line holding `offset`, and
@@ -294,6 +320,8 @@ pub struct Doc {
     original: String,
     text: String,
     root: Node,
+    /// The tree of the original text (to restore original spellings).
+    original_root: Node,
     /// Python only: dict literals that are not the value of a top-level
     /// assignment (e.g. inside a function), searched for bare keys.
     loose: Vec<Node>,
@@ -368,15 +396,16 @@ impl Doc {
     /// Parse `text` as the content of `path` (format from the extension, else
     /// sniffed). Syntax is validated here, up front.
     pub fn parse(path: &Path, text: String) -> Result<Doc, FileError> {
-        let format = format_of(path)
-            .or_else(|| sniff(&text))
-            .ok_or_else(|| FileError::Unsupported {
-                path: path.to_path_buf(),
-                key: String::new(),
-                why: "unknown config format: expected a .json, .yaml, .yml, .toml or .py file \
+        let format =
+            format_of(path)
+                .or_else(|| sniff(&text))
+                .ok_or_else(|| FileError::Unsupported {
+                    path: path.to_path_buf(),
+                    key: String::new(),
+                    why: "unknown config format: expected a .json, .yaml, .yml, .toml or .py file \
                       (or JSON content starting with `{`)"
-                    .to_string(),
-            })?;
+                        .to_string(),
+                })?;
         Doc::parse_as(path, text, format)
     }
 
@@ -392,6 +421,7 @@ impl Doc {
             format,
             original: text.clone(),
             text,
+            original_root: root.clone(),
             root,
             loose,
         })
@@ -486,6 +516,9 @@ impl Doc {
                 Kind::Opaque(why) => Err(self.unsupported(key, why.clone())),
             },
             Found::Missing { .. } => Ok(None),
+            Found::Blocked { chain, .. } if chain.is_empty() => {
+                Err(self.unsupported(key, "the file's top level is not a mapping"))
+            }
             Found::Blocked { at, node, .. } => match &node.kind {
                 Kind::Scalar(ScalarNode {
                     value: Scalar::Null,
@@ -531,7 +564,10 @@ impl Doc {
         let new_text = apply(&self.text, &splices);
         // Safety net: the edited text must parse and read back the new value.
         let reparsed = Doc::parse_as(&self.path, new_text, self.format).map_err(|e| {
-            self.unsupported(key, format!("the edited file would not parse ({e}); left unchanged"))
+            self.unsupported(
+                key,
+                format!("the edited file would not parse ({e}); left unchanged"),
+            )
         })?;
         match reparsed.get(key) {
             Ok(Some(v)) if same_value(&v, value) => {}
@@ -566,9 +602,14 @@ impl Doc {
                     if same_value(&s.value, value) && same_kind(&s.value, value) {
                         return Ok(Vec::new());
                     }
-                    let in_flow = self.format == Format::Yaml && self.in_flow(node.start);
-                    let with = render::literal(self.format, value, Some(s), in_flow)
-                        .map_err(|why| self.unsupported(key, why))?;
+                    let with = match self.original_spelling(&segs, value) {
+                        Some(raw) => raw,
+                        None => {
+                            let in_flow = self.format == Format::Yaml && self.in_flow(node.start);
+                            render::literal(self.format, value, Some(s), in_flow)
+                                .map_err(|why| self.unsupported(key, why))?
+                        }
+                    };
                     Ok(vec![Splice {
                         start: node.start,
                         end: node.end,
@@ -587,9 +628,16 @@ impl Doc {
                 chain,
             } => self.plan_insert(key, &segs, matched, parent, &chain, value),
             Found::Blocked { at, node, chain } => {
-                let empty_null = matches!(&node.kind, Kind::Scalar(ScalarNode { value: Scalar::Null, .. }))
-                    && node.start == node.end;
-                if self.format == Format::Yaml && empty_null {
+                let empty_null = matches!(
+                    &node.kind,
+                    Kind::Scalar(ScalarNode {
+                        value: Scalar::Null,
+                        ..
+                    })
+                ) && node.start == node.end;
+                if chain.is_empty() {
+                    Err(self.unsupported(key, "the file's top level is not a mapping"))
+                } else if self.format == Format::Yaml && empty_null {
                     // `parent:` with nothing after it: add the children below it.
                     let entry = chain[at];
                     yaml::insert_under_empty(self, entry, &segs[at + 1..], value)
@@ -625,6 +673,21 @@ impl Doc {
             Format::Python => python::insert(self, matched, rest, value),
         };
         res.map_err(|why| self.unsupported(key, why))
+    }
+
+    /// When `value` is the value the key had in the original text, that text
+    /// (so setting a value back restores the file byte for byte: `6e-4`
+    /// stays `6e-4`, `~` stays `~`).
+    fn original_spelling(&self, segs: &[&str], value: &Scalar) -> Option<String> {
+        let Found::Value(node) = lookup(&self.original_root, segs) else {
+            return None;
+        };
+        match &node.kind {
+            Kind::Scalar(s) if same_value(&s.value, value) && same_kind(&s.value, value) => {
+                Some(self.original[node.start..node.end].to_string())
+            }
+            _ => None,
+        }
     }
 
     /// Whether a byte offset lies inside a YAML flow collection.

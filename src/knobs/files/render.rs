@@ -150,8 +150,7 @@ pub(crate) fn key(format: Format, k: &str, quote: Option<char>) -> String {
         },
         Format::Toml => {
             if !k.is_empty()
-                && k
-                    .chars()
+                && k.chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
             {
                 k.to_string()

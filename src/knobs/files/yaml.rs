@@ -1,0 +1,475 @@
+//! YAML: `saphyr-parser` events (with positions) build the located tree; plain
+//! scalars are resolved the way PyYAML does (the consumers are Python), plus
+//! YAML 1.2 dot-less floats (`1e-5`, which OmegaConf also reads as a float).
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use regex::Regex;
+use saphyr_parser::{Event, Parser, ScalarStyle};
+
+use super::{
+    Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style, indent_at,
+    json, line_end, newline_of, render,
+};
+
+static INT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[-+]?(?:0|[1-9][0-9_]*)$").unwrap());
+static HEX: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^0x[0-9a-fA-F_]+$").unwrap());
+static OCT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^0o[0-7_]+$").unwrap());
+static FLOAT: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+)$").unwrap()
+});
+
+/// The value of a plain (unquoted) scalar.
+pub(crate) fn resolve(s: &str) -> Scalar {
+    match s {
+        "" | "~" | "null" | "Null" | "NULL" => return Scalar::Null,
+        "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => {
+            return Scalar::Bool(true);
+        }
+        "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => {
+            return Scalar::Bool(false);
+        }
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Scalar::Float(f64::INFINITY);
+        }
+        "-.inf" | "-.Inf" | "-.INF" => return Scalar::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Scalar::Float(f64::NAN),
+        _ => {}
+    }
+    if INT.is_match(s)
+        && let Ok(i) = s.replace('_', "").parse::<i64>()
+    {
+        return Scalar::Int(i);
+    }
+    if HEX.is_match(s)
+        && let Ok(i) = i64::from_str_radix(&s[2..].replace('_', ""), 16)
+    {
+        return Scalar::Int(i);
+    }
+    if OCT.is_match(s)
+        && let Ok(i) = i64::from_str_radix(&s[2..].replace('_', ""), 8)
+    {
+        return Scalar::Int(i);
+    }
+    if FLOAT.is_match(s)
+        && let Ok(x) = s.replace('_', "").parse::<f64>()
+    {
+        return Scalar::Float(x);
+    }
+    Scalar::Str(s.to_string())
+}
+
+/// Whether `s` can be written as a plain scalar and read back as the same string.
+pub(crate) fn plain_safe(s: &str, in_flow: bool) -> bool {
+    let Some(first) = s.chars().next() else {
+        return false;
+    };
+    if s.trim() != s || s.contains(['\n', '\r', '\t']) {
+        return false;
+    }
+    if "-?:,[]{}#&*!|>'\"%@`".contains(first) {
+        return false;
+    }
+    if s.contains(": ") || s.contains(" #") || s.ends_with(':') {
+        return false;
+    }
+    if in_flow && s.contains([',', '[', ']', '{', '}']) {
+        return false;
+    }
+    matches!(resolve(s), Scalar::Str(ref r) if r == s)
+}
+
+enum Frame {
+    Map {
+        start: usize,
+        map: Map,
+        key: Option<(String, usize, Option<char>)>,
+        max_end: usize,
+        anchored: bool,
+    },
+    Seq {
+        start: usize,
+        flow: bool,
+        max_end: usize,
+        anchored: bool,
+    },
+}
+
+impl Frame {
+    fn anchored(&self) -> bool {
+        match self {
+            Frame::Map { anchored, .. } | Frame::Seq { anchored, .. } => *anchored,
+        }
+    }
+}
+
+pub(crate) fn parse(text: &str) -> Result<Node, ParseErr> {
+    // Character index -> byte offset (the parser counts characters).
+    let mut byte_of: Vec<usize> = text.char_indices().map(|(b, _)| b).collect();
+    byte_of.push(text.len());
+    let at = |ci: usize| byte_of[ci.min(byte_of.len() - 1)];
+
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut root: Option<Node> = None;
+    let mut anchors: HashMap<usize, Option<Scalar>> = HashMap::new();
+    let mut docs = 0;
+
+    for item in Parser::new_from_str(text) {
+        let (ev, span) = item.map_err(|e| ParseErr {
+            line: e.marker().line(),
+            col: e.marker().col() + 1,
+            message: e.info().to_string(),
+        })?;
+        let start = at(span.start.index());
+        let in_anchor = stack.iter().any(Frame::anchored);
+        let node = match ev {
+            Event::DocumentStart(_) => {
+                docs += 1;
+                if docs > 1 {
+                    return Err(ParseErr {
+                        line: span.start.line(),
+                        col: span.start.col() + 1,
+                        message: "several YAML documents (---) in one file are not supported"
+                            .into(),
+                    });
+                }
+                continue;
+            }
+            Event::MappingStart(anchor, _) => {
+                let flow = text[start..].starts_with('{');
+                stack.push(Frame::Map {
+                    start,
+                    map: Map {
+                        open: flow.then_some(start),
+                        ..Map::default()
+                    },
+                    key: None,
+                    max_end: start,
+                    anchored: anchor > 0,
+                });
+                if anchor > 0 {
+                    anchors.insert(anchor, None);
+                }
+                continue;
+            }
+            Event::SequenceStart(anchor, _) => {
+                let flow = text[start..].starts_with('[');
+                stack.push(Frame::Seq {
+                    start,
+                    flow,
+                    max_end: start,
+                    anchored: anchor > 0,
+                });
+                if anchor > 0 {
+                    anchors.insert(anchor, None);
+                }
+                continue;
+            }
+            Event::MappingEnd => {
+                let Some(Frame::Map {
+                    start,
+                    mut map,
+                    max_end,
+                    ..
+                }) = stack.pop()
+                else {
+                    unreachable!("parser emits balanced events")
+                };
+                let end = if map.open.is_some() {
+                    map.close = Some(start_of_close(text, start, at(span.start.index()), '}'));
+                    map.close.map_or(max_end, |c| c + 1)
+                } else {
+                    max_end
+                };
+                Node {
+                    start,
+                    end,
+                    kind: Kind::Map(map),
+                }
+            }
+            Event::SequenceEnd => {
+                let Some(Frame::Seq {
+                    start,
+                    flow,
+                    max_end,
+                    ..
+                }) = stack.pop()
+                else {
+                    unreachable!("parser emits balanced events")
+                };
+                let end = if flow {
+                    start_of_close(text, start, at(span.start.index()), ']') + 1
+                } else {
+                    max_end
+                };
+                Node {
+                    start,
+                    end,
+                    kind: Kind::Seq,
+                }
+            }
+            Event::Scalar(value, style, anchor, tag) => {
+                let (sstyle, end, v) = match style {
+                    ScalarStyle::Plain => (Style::Plain, at(span.end.index()), resolve(&value)),
+                    ScalarStyle::SingleQuoted => (
+                        Style::Single,
+                        quoted_end(text, start, '\''),
+                        Scalar::Str(value.to_string()),
+                    ),
+                    ScalarStyle::DoubleQuoted => (
+                        Style::Double,
+                        quoted_end(text, start, '"'),
+                        Scalar::Str(value.to_string()),
+                    ),
+                    _ => (
+                        Style::Plain,
+                        at(span.end.index()).max(start),
+                        Scalar::Str(value.to_string()),
+                    ),
+                };
+                let locked = if matches!(style, ScalarStyle::Literal | ScalarStyle::Folded) {
+                    Some("the value is a block scalar (| or >); edit it by hand".to_string())
+                } else if anchor > 0 {
+                    Some("the value carries an anchor (&) that other keys may alias; edit it by hand".to_string())
+                } else if tag.is_some() {
+                    Some("the value carries a tag (!!type); edit it by hand".to_string())
+                } else if in_anchor {
+                    Some("the value is inside an anchored (&) block that other keys may alias; edit it by hand".to_string())
+                } else {
+                    None
+                };
+                if anchor > 0 {
+                    anchors.insert(anchor, Some(v.clone()));
+                }
+                Node {
+                    start,
+                    end,
+                    kind: Kind::Scalar(ScalarNode {
+                        value: v,
+                        style: sstyle,
+                        locked,
+                        raw: value.to_string(),
+                    }),
+                }
+            }
+            Event::Alias(id) => {
+                let end = at(span.end.index()).max(start);
+                match anchors.get(&id) {
+                    Some(Some(v)) => Node {
+                        start,
+                        end,
+                        kind: Kind::Scalar(ScalarNode {
+                            value: v.clone(),
+                            style: Style::Plain,
+                            locked: Some("the value is an alias (*name) of another value; edit the anchored value".into()),
+                            raw: String::new(),
+                        }),
+                    },
+                    _ => Node {
+                        start,
+                        end,
+                        kind: Kind::Opaque("the value is an alias (*name) of a mapping or list".into()),
+                    },
+                }
+            }
+            Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => continue,
+        };
+        // Hand the finished node to its parent.
+        match stack.last_mut() {
+            None => root = Some(node),
+            Some(Frame::Seq { max_end, .. }) => *max_end = (*max_end).max(node.end),
+            Some(Frame::Map {
+                map, key, max_end, ..
+            }) => {
+                *max_end = (*max_end).max(node.end);
+                match key.take() {
+                    None => {
+                        let (k, q) = match &node.kind {
+                            Kind::Scalar(s) => (
+                                s.raw.clone(),
+                                match s.style {
+                                    Style::Single => Some('\''),
+                                    Style::Double => Some('"'),
+                                    Style::Plain => None,
+                                },
+                            ),
+                            _ => ("<complex key>".to_string(), None),
+                        };
+                        *key = Some((k, node.start, q));
+                    }
+                    Some((k, key_start, key_quote)) => map.entries.push(Entry {
+                        key: k,
+                        key_start,
+                        key_quote,
+                        value: node,
+                    }),
+                }
+            }
+        }
+    }
+    Ok(root.unwrap_or(Node {
+        start: 0,
+        end: 0,
+        kind: Kind::Map(Map::default()),
+    }))
+}
+
+/// The offset of the closing bracket of a flow collection: the parser's end
+/// marker may sit on it or just after it.
+fn start_of_close(text: &str, open: usize, hint: usize, close: char) -> usize {
+    let hint = hint.min(text.len());
+    if text[hint..].starts_with(close) {
+        return hint;
+    }
+    text[open..hint].rfind(close).map_or(hint, |i| open + i)
+}
+
+/// The end (past the closing quote) of a quoted scalar starting at or after `start`.
+fn quoted_end(text: &str, start: usize, q: char) -> usize {
+    let Some(open) = text[start..].find(q).map(|i| start + i) else {
+        return start;
+    };
+    let b = text.as_bytes();
+    let mut i = open + 1;
+    while i < b.len() {
+        match (q, b[i]) {
+            ('"', b'\\') => i += 2,
+            ('"', b'"') => return i + 1,
+            ('\'', b'\'') if b.get(i + 1) == Some(&b'\'') => i += 2,
+            ('\'', b'\'') => return i + 1,
+            _ => i += 1,
+        }
+    }
+    text.len()
+}
+
+/// One indentation level of the file: the smallest positive difference between
+/// a block mapping key and the keys of its block-mapping value; 2 if none.
+fn step_of(text: &str, node: &Node) -> Option<usize> {
+    let Kind::Map(m) = &node.kind else {
+        return None;
+    };
+    if m.open.is_some() {
+        return None;
+    }
+    let mut best: Option<usize> = None;
+    for e in &m.entries {
+        if let Kind::Map(child) = &e.value.kind
+            && child.open.is_none()
+            && let Some(c) = child.entries.first()
+        {
+            let (pi, _) = indent_at(text, e.key_start);
+            let (ci, alone) = indent_at(text, c.key_start);
+            if alone && ci.len() > pi.len() {
+                let d = ci.len() - pi.len();
+                best = Some(best.map_or(d, |b| b.min(d)));
+            }
+        }
+        if let Some(d) = step_of(text, &e.value) {
+            best = Some(best.map_or(d, |b| b.min(d)));
+        }
+    }
+    best
+}
+
+fn block_lines(
+    rest: &[&str],
+    value: &Scalar,
+    indent: &str,
+    step: &str,
+    nl: &str,
+) -> Result<String, String> {
+    let k = render::key(Format::Yaml, rest[0], None);
+    if rest.len() == 1 {
+        let lit = render::literal(Format::Yaml, value, None, false)?;
+        return Ok(format!("{indent}{k}: {lit}{nl}"));
+    }
+    let inner = format!("{indent}{step}");
+    Ok(format!(
+        "{indent}{k}:{nl}{}",
+        block_lines(&rest[1..], value, &inner, step, nl)?
+    ))
+}
+
+/// Insert the missing `rest` of a key path into the mapping `parent`.
+pub(crate) fn insert(
+    doc: &Doc,
+    parent: &Node,
+    _chain: &[&Entry],
+    rest: &[&str],
+    value: &Scalar,
+) -> Result<Vec<Splice>, String> {
+    let text = doc.text();
+    let Some(map) = parent.map() else {
+        return Err("the parent is not a mapping".into());
+    };
+    if map.open.is_some() {
+        return json::insert_braced(doc, Format::Yaml, parent, rest, value);
+    }
+    let nl = newline_of(text);
+    let step = " ".repeat(step_of(text, &doc.root).unwrap_or(2));
+    let Some(last) = map.entries.last() else {
+        // An empty document: append at the end.
+        let lead = if text.is_empty() || text.ends_with('\n') {
+            ""
+        } else {
+            nl
+        };
+        return Ok(vec![Splice {
+            start: text.len(),
+            end: text.len(),
+            with: format!("{lead}{}", block_lines(rest, value, "", &step, nl)?),
+        }]);
+    };
+    let (indent, alone) = indent_at(text, last.key_start);
+    if !alone {
+        return Err("the mapping starts on a line shared with other syntax (`- key:` in a list); add the key by hand".into());
+    }
+    // After the last line holding content of the last entry.
+    let mut p = last.value.end.max(last.key_start + 1).min(text.len());
+    while p > last.key_start + 1 && text[..p].ends_with(|c: char| c.is_whitespace()) {
+        p -= 1;
+    }
+    let mut at = line_end(text, p - 1);
+    if at == text.len() && !text.ends_with('\n') {
+        // No newline at the end of the file: appending would change the last
+        // line, so the new key goes just before the last one instead.
+        at = super::line_start(text, last.key_start);
+    }
+    Ok(vec![Splice {
+        start: at,
+        end: at,
+        with: block_lines(rest, value, &indent, &step, nl)?,
+    }])
+}
+
+/// `entry` is `key:` with an empty value: add `rest` below it, one level deeper.
+pub(crate) fn insert_under_empty(
+    doc: &Doc,
+    entry: &Entry,
+    rest: &[&str],
+    value: &Scalar,
+) -> Result<Vec<Splice>, String> {
+    let text = doc.text();
+    let (indent, alone) = indent_at(text, entry.key_start);
+    if !alone {
+        return Err("the key shares its line with other syntax; add the value by hand".into());
+    }
+    let nl = newline_of(text);
+    let step = " ".repeat(step_of(text, &doc.root).unwrap_or(2));
+    let at = line_end(text, entry.key_start);
+    let lead = if at == text.len() && !text.ends_with('\n') {
+        nl
+    } else {
+        ""
+    };
+    Ok(vec![Splice {
+        start: at,
+        end: at,
+        with: format!(
+            "{lead}{}",
+            block_lines(rest, value, &format!("{indent}{step}"), &step, nl)?
+        ),
+    }])
+}

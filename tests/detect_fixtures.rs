@@ -1,0 +1,189 @@
+//! `oomguard diagnose` through the real binary, on the project's own small logs
+//! (tests/fixtures/logs) and, when present, the shared labelled set
+//! (../shared/fixtures/logs). The detection details are unit-tested in src/detect.rs;
+//! this checks the command: exit codes, the JSON contract, stdin, the error message.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+const OOMGUARD: &str = env!("CARGO_BIN_EXE_oomguard");
+
+/// Run `oomguard ARGS` with `stdin` as input; on failure the caller prints `describe`.
+fn oomguard(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(OOMGUARD)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn oomguard");
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input).unwrap();
+    }
+    child.wait_with_output().expect("wait for oomguard")
+}
+
+fn describe(args: &[&str], out: &Output) -> String {
+    format!(
+        "command: {OOMGUARD} {}\nstatus: {}\nstdout: {}\nstderr: {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// (file name, label, log body) for every fixture in `dir`.
+fn fixtures(dir: &Path) -> Vec<(String, String, Vec<u8>)> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("txt" | "log")))
+        .collect();
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            let text = String::from_utf8_lossy(&bytes);
+            let label = text
+                .lines()
+                .find_map(|l| l.strip_prefix("# label:"))
+                .expect("a label")
+                .trim()
+                .to_string();
+            let at = text.find("# ---\n").expect("a '# ---' line") + "# ---\n".len();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, label, bytes[at..].to_vec())
+        })
+        .collect()
+}
+
+fn expected_kind(label: &str) -> &'static str {
+    match label {
+        "cuda_oom" | "hang_after_oom" => "gpu_oom",
+        "host_oom" => "host_oom",
+        "not_oom" => "other_failure",
+        other => panic!("unknown label {other}"),
+    }
+}
+
+fn check_dir(dir: &Path) {
+    let all = fixtures(dir);
+    assert!(!all.is_empty(), "no fixtures in {}", dir.display());
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, label, body) in all {
+        let file = tmp.path().join(&name);
+        std::fs::write(&file, &body).unwrap();
+        let args = ["diagnose", "--json", file.to_str().unwrap()];
+        let out = oomguard(&args, None);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name}\n{}",
+            describe(&args, &out)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{name}: not JSON ({e})\n{}", describe(&args, &out)));
+        assert_eq!(
+            v["kind"],
+            expected_kind(&label),
+            "{name}\n{}",
+            describe(&args, &out)
+        );
+        for key in [
+            "line",
+            "line_no",
+            "device",
+            "tried_to_allocate_bytes",
+            "total_bytes",
+            "free_bytes",
+            "allocated_bytes",
+            "reserved_unallocated_bytes",
+            "other_processes",
+            "advice",
+        ] {
+            assert!(
+                v.get(key).is_some(),
+                "{name}: no {key}\n{}",
+                describe(&args, &out)
+            );
+        }
+    }
+}
+
+#[test]
+fn own_logs_classify_as_labelled() {
+    check_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/logs"));
+}
+
+#[test]
+fn shared_logs_classify_as_labelled() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logs");
+    if !dir.is_dir() {
+        eprintln!("skipping: {} does not exist", dir.display());
+        return;
+    }
+    check_dir(&dir);
+}
+
+#[test]
+fn stdin_and_dash_read_standard_input_in_human_form() {
+    let log = b"step 3\n[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 2 has a total capacity of 10.00 GiB of which 4.00 MiB is free. Of the allocated memory 9.00 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but unallocated.\n";
+    for args in [&["diagnose"][..], &["diagnose", "-"][..]] {
+        let out = oomguard(args, Some(log));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(args, &out));
+        assert!(
+            text.starts_with("kind: gpu_oom"),
+            "{}",
+            describe(args, &out)
+        );
+        assert!(
+            text.contains("line 2: torch.OutOfMemoryError"),
+            "{}",
+            describe(args, &out)
+        );
+        assert!(text.contains("device: GPU 2"), "{}", describe(args, &out));
+        assert!(
+            text.contains("tried to allocate: 20.00 MiB"),
+            "{}",
+            describe(args, &out)
+        );
+        assert!(text.contains("advice: "), "{}", describe(args, &out));
+    }
+}
+
+#[test]
+fn clean_log_is_no_failure_with_null_numbers() {
+    let args = ["diagnose", "--json"];
+    let out = oomguard(&args, Some(b"epoch 1 loss 0.4\nsaved checkpoint-100\n"));
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&args, &out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kind"], "no_failure");
+    assert_eq!(v["line"], "");
+    assert!(v["tried_to_allocate_bytes"].is_null());
+    assert!(v["device"].is_null());
+}
+
+#[test]
+fn unreadable_file_exits_2_naming_file_and_os_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such.log");
+    let args = ["diagnose", missing.to_str().unwrap()];
+    let out = oomguard(&args, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&args, &out));
+    assert!(err.contains("no-such.log"), "{}", describe(&args, &out));
+    assert!(
+        err.contains("No such file or directory"),
+        "{}",
+        describe(&args, &out)
+    );
+    assert!(out.stdout.is_empty(), "{}", describe(&args, &out));
+}
