@@ -14,6 +14,9 @@ oomguard can be tried end to end on any machine:
 Memory model (GiB): model_gib + micro_batch * seq_len * gib_per_sample_token,
 with the activation part x0.4 under gradient checkpointing. With the defaults
 (24 GiB GPU, 2 GiB model, 0.004) micro-batch 16 and 8 OOM at seq 1024, 4 fits.
+A run that does not fit dies at step --oom_at_step (default 7), after checkpoint-5
+is saved, so the relaunch visibly resumes. final.json records the steps each
+launch contributed and the global batch it used.
 """
 import argparse
 import json

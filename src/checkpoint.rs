@@ -154,7 +154,7 @@ fn override_value(args: &[String], keys: &[&str]) -> Option<String> {
             let (k, v) = a.split_once('=')?;
             keys.contains(&k).then(|| v.to_string())
         })
-        .last()
+        .next_back()
 }
 
 fn has_flag(args: &[String], names: &[&str]) -> bool {
@@ -317,8 +317,11 @@ pub fn detect(argv: &[OsString], custom: Option<&CustomSpec>) -> Option<Layout> 
             flag: "--resume_from_checkpoint".into(),
             equals: false,
         },
-        user_resume: flag_value(&a, &["--resume_from_checkpoint", "--resume-from-checkpoint"])
-            .map(PathBuf::from),
+        user_resume: flag_value(
+            &a,
+            &["--resume_from_checkpoint", "--resume-from-checkpoint"],
+        )
+        .map(PathBuf::from),
     })
 }
 
@@ -369,7 +372,8 @@ fn zip_complete(file: &Path) -> Result<(), String> {
         return Err("is empty".into());
     }
     let tail = len.min(64 * 1024 + 22);
-    f.seek(SeekFrom::Start(len - tail)).map_err(|e| e.to_string())?;
+    f.seek(SeekFrom::Start(len - tail))
+        .map_err(|e| e.to_string())?;
     let mut buf = Vec::with_capacity(tail as usize);
     f.read_to_end(&mut buf).map_err(|e| e.to_string())?;
     if buf.windows(4).any(|w| w == b"PK\x05\x06") {
@@ -418,7 +422,8 @@ const HF_WEIGHTS: &[&str] = &[
 /// Why `dir` is not a complete Hugging Face checkpoint, or Ok.
 fn hf_complete(dir: &Path) -> Result<(), String> {
     let state = dir.join("trainer_state.json");
-    let text = fs::read(&state).map_err(|_| "no trainer_state.json (the Trainer writes it last)")?;
+    let text =
+        fs::read(&state).map_err(|_| "no trainer_state.json (the Trainer writes it last)")?;
     if text.is_empty() {
         return Err("trainer_state.json is empty".into());
     }
@@ -432,7 +437,9 @@ fn hf_complete(dir: &Path) -> Result<(), String> {
         return ds_tag_complete(&sub);
     }
     if !HF_WEIGHTS.iter().any(|w| nonempty(&dir.join(w)).is_ok()) {
-        return Err("no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into());
+        return Err(
+            "no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into(),
+        );
     }
     Ok(())
 }
@@ -450,7 +457,10 @@ fn ds_tag_complete(sub: &Path) -> Result<(), String> {
         if is_temporary(&name) {
             return Err(format!("{} holds a temporary file {name}", sub.display()));
         }
-        if e.metadata().map(|m| m.is_file() && m.len() == 0).unwrap_or(false) {
+        if e.metadata()
+            .map(|m| m.is_file() && m.len() == 0)
+            .unwrap_or(false)
+        {
             return Err(format!("{}/{name} is empty", sub.display()));
         }
     }
@@ -476,7 +486,7 @@ fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
             })
         })
         .collect();
-    out.sort_by(|a, b| b.step.cmp(&a.step));
+    out.sort_by_key(|c| std::cmp::Reverse(c.step));
     out
 }
 
@@ -491,7 +501,9 @@ fn lightning_candidates(root: &Path) -> Vec<Checkpoint> {
             if md.is_dir() && depth < 5 {
                 stack.push((p, depth + 1));
             } else if md.is_file() && p.extension().is_some_and(|x| x == "ckpt") {
-                let last = p.file_stem().is_some_and(|s| s.to_string_lossy().starts_with("last"));
+                let last = p
+                    .file_stem()
+                    .is_some_and(|s| s.to_string_lossy().starts_with("last"));
                 files.push((md.modified().unwrap_or(SystemTime::UNIX_EPOCH), last, p));
             }
         }
@@ -544,19 +556,19 @@ fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
         Kind::Megatron => {
             let mut c = numbered_dirs(root, "iter_", "");
             c.extend(numbered_dirs(root, "global_step", ""));
-            c.sort_by(|a, b| b.step.cmp(&a.step));
-            if let Ok(t) = fs::read_to_string(root.join("latest_checkpointed_iteration.txt")) {
-                if let Ok(it) = t.trim().parse::<u64>() {
-                    let newer: Vec<Checkpoint> = c.iter().filter(|x| x.step > it).cloned().collect();
-                    c.retain(|x| x.step <= it);
-                    for n in newer {
-                        pre.push(Skipped {
-                            path: n.path,
-                            why: format!(
-                                "newer than latest_checkpointed_iteration.txt ({it}): not finished"
-                            ),
-                        });
-                    }
+            c.sort_by_key(|c| std::cmp::Reverse(c.step));
+            if let Ok(t) = fs::read_to_string(root.join("latest_checkpointed_iteration.txt"))
+                && let Ok(it) = t.trim().parse::<u64>()
+            {
+                let newer: Vec<Checkpoint> = c.iter().filter(|x| x.step > it).cloned().collect();
+                c.retain(|x| x.step <= it);
+                for n in newer {
+                    pre.push(Skipped {
+                        path: n.path,
+                        why: format!(
+                            "newer than latest_checkpointed_iteration.txt ({it}): not finished"
+                        ),
+                    });
                 }
             }
             (
@@ -606,7 +618,7 @@ fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
         Kind::Torchtune => {
             let mut c = numbered_dirs(root, "epoch_", "");
             c.extend(numbered_dirs(root, "step_", ""));
-            c.sort_by(|a, b| b.step.cmp(&a.step));
+            c.sort_by_key(|c| std::cmp::Reverse(c.step));
             let root2 = root.clone();
             let check: Check = Box::new(move |p: &Path| {
                 let rs = [
@@ -615,7 +627,9 @@ fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
                     p.join("recipe_state.pt"),
                 ];
                 let Some(r) = rs.iter().find(|r| r.exists()) else {
-                    return Err("no recipe_state.pt (the recipe writes it with every checkpoint)".into());
+                    return Err(
+                        "no recipe_state.pt (the recipe writes it with every checkpoint)".into(),
+                    );
                 };
                 zip_complete(r).map_err(|w| format!("recipe_state.pt {w}"))?;
                 no_temporaries(p)?;
@@ -633,7 +647,10 @@ fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
             (c, check, pre)
         }
         Kind::Custom(spec) => {
-            let (pre_s, post_s) = spec.pattern.split_once("{step}").unwrap_or((&spec.pattern, ""));
+            let (pre_s, post_s) = spec
+                .pattern
+                .split_once("{step}")
+                .unwrap_or((&spec.pattern, ""));
             let markers = spec.complete_when.clone();
             let check: Check = Box::new(move |p: &Path| {
                 for m in &markers {
@@ -771,7 +788,11 @@ mod tests {
         let l = layout_for(&format!("python t.py --output_dir={}", t.path().display()));
         let f = find(&l, Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 5);
-        assert!(f.skipped[0].why.contains("no model weights"), "{:?}", f.skipped);
+        assert!(
+            f.skipped[0].why.contains("no model weights"),
+            "{:?}",
+            f.skipped
+        );
         assert!(f.skipped[1].why.contains("temporary"), "{:?}", f.skipped);
     }
 
@@ -785,12 +806,16 @@ mod tests {
             fs::write(d.join("latest"), format!("global_step{n}")).unwrap();
         }
         fs::write(
-            t.path().join("checkpoint-10/global_step10/mp_rank_00_model_states.pt"),
+            t.path()
+                .join("checkpoint-10/global_step10/mp_rank_00_model_states.pt"),
             b"x",
         )
         .unwrap();
         // checkpoint-20's global_step20 is still empty: the save died.
-        let l = layout_for(&format!("deepspeed t.py --output_dir {}", t.path().display()));
+        let l = layout_for(&format!(
+            "deepspeed t.py --output_dir {}",
+            t.path().display()
+        ));
         let f = find(&l, Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 10);
         assert!(f.skipped[0].why.contains("is empty"), "{:?}", f.skipped);
@@ -807,7 +832,11 @@ mod tests {
         }
         fs::write(root.join("latest_checkpointed_iteration.txt"), "1000\n").unwrap();
         // iter 1000's file was cut: fall back to 500.
-        fs::write(root.join("iter_0001000/mp_rank_00/model_optim_rng.pt"), b"PK\x03\x04cut").unwrap();
+        fs::write(
+            root.join("iter_0001000/mp_rank_00/model_optim_rng.pt"),
+            b"PK\x03\x04cut",
+        )
+        .unwrap();
         let cmd = format!(
             "torchrun pretrain_gpt.py --save {0} --load {0} --micro-batch-size 4",
             root.display()
@@ -817,7 +846,11 @@ mod tests {
         assert_eq!(l.how, ResumeHow::Automatic);
         let f = find(&l, Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 500);
-        assert!(f.skipped.iter().any(|s| s.why.contains("latest_checkpointed_iteration.txt (1000)")));
+        assert!(
+            f.skipped
+                .iter()
+                .any(|s| s.why.contains("latest_checkpointed_iteration.txt (1000)"))
+        );
         assert!(f.skipped.iter().any(|s| s.why.contains("zip directory")));
     }
 
@@ -831,7 +864,10 @@ mod tests {
             fs::write(d.join("mp_rank_00_model_states.pt"), b"x").unwrap();
         }
         fs::write(root.join("latest"), "global_step200").unwrap();
-        let cmd = format!("deepspeed pretrain.py --deepspeed --save {} ", root.display());
+        let cmd = format!(
+            "deepspeed pretrain.py --deepspeed --save {} ",
+            root.display()
+        );
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::DeepSpeed);
         let f = find(&l, Duration::ZERO);
@@ -864,7 +900,11 @@ mod tests {
         let cfg = t.path().join("config/train_x.py");
         fs::create_dir_all(cfg.parent().unwrap()).unwrap();
         let out = t.path().join("out-x");
-        fs::write(&cfg, format!("batch_size = 12\nout_dir = '{}'\n", out.display())).unwrap();
+        fs::write(
+            &cfg,
+            format!("batch_size = 12\nout_dir = '{}'\n", out.display()),
+        )
+        .unwrap();
         fs::create_dir_all(&out).unwrap();
         fs::write(out.join("ckpt.pt"), zip_bytes()).unwrap();
         let cmd = format!("python train.py {} --batch_size=12", cfg.display());

@@ -108,7 +108,10 @@ mod tests {
             &defaults(),
             &env_of(&[("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")]),
         );
-        let conf = got.iter().find(|e| e.name == "PYTORCH_CUDA_ALLOC_CONF").unwrap();
+        let conf = got
+            .iter()
+            .find(|e| e.name == "PYTORCH_CUDA_ALLOC_CONF")
+            .unwrap();
         assert_eq!(conf.value, "max_split_size_mb:128,expandable_segments:True");
         assert_eq!(conf.how, "merged");
     }

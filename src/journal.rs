@@ -68,16 +68,6 @@ impl Journal {
         }
     }
 
-    /// A journal that writes nothing (used by tests of the pipeline).
-    #[cfg(test)]
-    pub fn none() -> Journal {
-        Journal {
-            dir: None,
-            file: None,
-            warned: true,
-        }
-    }
-
     pub fn path(&self) -> Option<PathBuf> {
         self.dir.as_ref().map(|d| d.join("journal.jsonl"))
     }
@@ -132,7 +122,12 @@ pub struct Row {
 /// Render the summary table (knob, before, after, why) as aligned text.
 pub fn table(rows: &[Row]) -> String {
     let w0 = rows.iter().map(|r| r.knob.len()).max().unwrap_or(0).max(4);
-    let w1 = rows.iter().map(|r| r.before.len()).max().unwrap_or(0).max(6);
+    let w1 = rows
+        .iter()
+        .map(|r| r.before.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
     let w2 = rows.iter().map(|r| r.after.len()).max().unwrap_or(0).max(5);
     let mut out = format!("  {:w0$}  {:w1$}  {:w2$}  why\n", "knob", "before", "after");
     for r in rows {

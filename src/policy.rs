@@ -20,7 +20,10 @@ use crate::knobs::{Discovery, Knob, Settings, Value};
 /// Policies shipped in `policies/`, embedded in the binary.
 pub const SHIPPED: &[(&str, &str)] = &[
     ("default", include_str!("../policies/default.toml")),
-    ("keep-results", include_str!("../policies/keep-results.toml")),
+    (
+        "keep-results",
+        include_str!("../policies/keep-results.toml"),
+    ),
     (
         "keep-micro-batch",
         include_str!("../policies/keep-micro-batch.toml"),
@@ -249,10 +252,10 @@ impl Policy {
                     }
                 }
             }
-            if kind != StepKind::ShortenSeq {
-                if let Some(m) = &s.multiple_of {
-                    return Err(not_for("multiple_of", m.span()));
-                }
+            if kind != StepKind::ShortenSeq
+                && let Some(m) = &s.multiple_of
+            {
+                return Err(not_for("multiple_of", m.span()));
             }
             steps.push(step);
         }
@@ -324,7 +327,10 @@ pub struct NotApplicable {
 
 /// Largest divisor of `n` that is at most `limit` (≥ 1).
 fn largest_divisor_at_most(n: u64, limit: u64) -> u64 {
-    (1..=limit.min(n)).rev().find(|d| n % d == 0).unwrap_or(1)
+    (1..=limit.min(n))
+        .rev()
+        .find(|d| n.is_multiple_of(*d))
+        .unwrap_or(1)
 }
 
 /// Steps that cannot apply to this command at all, whatever the settings.
@@ -348,15 +354,23 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
             StepKind::ShortenSeq if !disc.knobs.contains_key(&Knob::SeqLen) => {
                 Some("seq_len is not bound (--knob seq_len=FLAG)".into())
             }
-            StepKind::RaiseZeroStage | StepKind::OffloadOptimizer | StepKind::OffloadParam => {
-                Some("needs a DeepSpeed or accelerate config binding; this version binds command-line flags and environment variables only".into())
+            StepKind::RaiseZeroStage | StepKind::OffloadOptimizer
+                if !disc.knobs.contains_key(&Knob::ZeroStage) =>
+            {
+                Some("no DeepSpeed config in the command (looked for --deepspeed X.json, --deepspeed_config, accelerate --config_file with distributed_type: DEEPSPEED, a recipe's deepspeed: key, --zero_stage)".into())
             }
+            StepKind::OffloadOptimizer if !disc.knobs.contains_key(&Knob::OffloadOptimizer) => {
+                Some("the ZeRO stage is a flag, with no config file to offload in".into())
+            }
+            StepKind::OffloadParam if !disc.knobs.contains_key(&Knob::OffloadParam) => Some(
+                "no DeepSpeed config in the command to offload parameters in (offload_param needs ZeRO stage 3)".into(),
+            ),
             _ => None,
         };
-        if let Some(why) = why {
-            if !out.iter().any(|n: &NotApplicable| n.step == s.kind) {
-                out.push(NotApplicable { step: s.kind, why });
-            }
+        if let Some(why) = why
+            && !out.iter().any(|n: &NotApplicable| n.step == s.kind)
+        {
+            out.push(NotApplicable { step: s.kind, why });
         }
     }
     out
@@ -436,7 +450,62 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
                 format!("sequence length {seq} → {new} (this changes what the model sees)"),
             ))
         }
-        StepKind::RaiseZeroStage | StepKind::OffloadOptimizer | StepKind::OffloadParam => None,
+        StepKind::RaiseZeroStage => {
+            let stage = cur.int(Knob::ZeroStage)?;
+            if stage >= step.max {
+                return None;
+            }
+            // 0 and 1 shard little; the next useful stage is 2, then 3.
+            let new = if stage < 2 {
+                2.min(step.max)
+            } else {
+                stage + 1
+            };
+            if new <= stage {
+                return None;
+            }
+            next.knobs.insert(Knob::ZeroStage, Value::Int(new));
+            Some((
+                next,
+                format!(
+                    "ZeRO stage {stage} → {new}: {}",
+                    if new == 3 {
+                        "parameters sharded across ranks too"
+                    } else {
+                        "gradients and optimizer states sharded across ranks"
+                    }
+                ),
+            ))
+        }
+        StepKind::OffloadOptimizer => {
+            let dev = cur
+                .knobs
+                .get(&Knob::OffloadOptimizer)?
+                .as_str()?
+                .to_string();
+            if dev != "none" || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
+                return None;
+            }
+            next.knobs
+                .insert(Knob::OffloadOptimizer, Value::Str("cpu".into()));
+            Some((
+                next,
+                "optimizer states offloaded to CPU memory (slower steps, much less GPU memory)"
+                    .into(),
+            ))
+        }
+        StepKind::OffloadParam => {
+            let dev = cur.knobs.get(&Knob::OffloadParam)?.as_str()?.to_string();
+            if dev != "none" || cur.int(Knob::ZeroStage) != Some(3) {
+                return None;
+            }
+            next.knobs
+                .insert(Knob::OffloadParam, Value::Str("cpu".into()));
+            Some((
+                next,
+                "parameters offloaded to CPU memory (ZeRO-3 only)".into(),
+            ))
+        }
     }
 }
 
@@ -541,6 +610,35 @@ mod tests {
         let ok = text.replace("step_N", "step_{step}");
         let p = Policy::parse("x", Path::new("p.toml"), &ok).unwrap();
         assert_eq!(p.resume.unwrap().flag, "--resume_from");
+    }
+
+    #[test]
+    fn zero_ladder_raises_then_offloads() {
+        let p = Policy::load("keep-micro-batch").unwrap();
+        let mut s = settings(4, 2, None, false);
+        s.knobs.insert(Knob::ZeroStage, Value::Int(1));
+        s.knobs
+            .insert(Knob::OffloadOptimizer, Value::Str("none".into()));
+        s.knobs
+            .insert(Knob::OffloadParam, Value::Str("none".into()));
+        let mut steps = vec![];
+        while let Some(d) = next(&p, &s, "OOM") {
+            steps.push(d.step);
+            s = d.after;
+        }
+        assert_eq!(
+            steps[..5],
+            [
+                StepKind::RaiseZeroStage,
+                StepKind::RaiseZeroStage,
+                StepKind::EnableGradCheckpointing,
+                StepKind::OffloadOptimizer,
+                StepKind::OffloadParam
+            ]
+        );
+        assert_eq!(s.int(Knob::ZeroStage), Some(3));
+        assert_eq!(s.int(Knob::MicroBatch), Some(1));
+        assert_eq!(s.knobs[&Knob::OffloadParam], Value::Str("cpu".into()));
     }
 
     #[test]

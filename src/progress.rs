@@ -40,9 +40,14 @@ mod tests {
 
     #[test]
     fn common_progress_formats() {
-        assert_eq!(last_step(b"step 6/30 loss=2.5\nstep 7/30 loss=2.3\n"), Some(7));
         assert_eq!(
-            last_step(b" 12%|\xe2\x96\x88   | 120/1000 [00:10<01:20, 11.0it/s]\r 13%| 130/1000 [00:11"),
+            last_step(b"step 6/30 loss=2.5\nstep 7/30 loss=2.3\n"),
+            Some(7)
+        );
+        assert_eq!(
+            last_step(
+                b" 12%|\xe2\x96\x88   | 120/1000 [00:10<01:20, 11.0it/s]\r 13%| 130/1000 [00:11"
+            ),
             Some(130)
         );
         assert_eq!(last_step(b"{'loss': 2.1, 'step': 40}\n"), Some(40));

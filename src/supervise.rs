@@ -37,7 +37,7 @@ pub struct RunConfig {
     pub argv: Vec<OsString>,
     pub policy: Policy,
     pub max_attempts: u32,
-    pub run_dir: Option<PathBuf>,
+    pub run_dir: PathBuf,
     pub no_env: bool,
     pub hang_timeout: Duration,
     pub grace: Duration,
@@ -85,13 +85,13 @@ impl RunConfig {
     pub fn from_args(args: RunArgs) -> Result<RunConfig, ConfigError> {
         let policy = Policy::load(&args.policy)?;
         let user = knobs::parse_user_bindings(&args.knob)?;
-        let disc = knobs::discover(&args.command, &user, &real_env)?;
+        let disc = knobs::discover(&args.command, &user, &real_env, &|p| p.to_path_buf())?;
         let layout = checkpoint::detect(&args.command, policy.resume.as_ref());
         Ok(RunConfig {
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,
-            run_dir: args.run_dir,
+            run_dir: args.run_dir.unwrap_or_else(journal::default_run_dir),
             no_env: args.no_env,
             hang_timeout: secs("hang-timeout", args.hang_timeout, 0.001)?,
             grace: secs("grace", args.grace, 0.0)?,
@@ -209,41 +209,53 @@ fn argv_json(argv: &[OsString]) -> Json {
 struct Rung {
     step: Option<Decision>,
     settings: Settings,
-    argv: Vec<OsString>,
-    env: Vec<(String, String)>,
+    m: knobs::Materialized,
 }
 
-fn ladder(cfg: &RunConfig, resume: Option<&knobs::ResumeArg>) -> Vec<Rung> {
+impl RunConfig {
+    fn attempt_dir(&self, n: usize) -> PathBuf {
+        self.run_dir.join(format!("attempt-{n}"))
+    }
+}
+
+/// Every rung the policy can reach, materialized (files in memory only).
+fn ladder(
+    cfg: &RunConfig,
+    resume: Option<&knobs::ResumeArg>,
+) -> Result<Vec<Rung>, knobs::KnobError> {
     let mut rungs = Vec::new();
     let mut s = cfg.disc.settings();
-    let first = knobs::materialize(&cfg.argv, &cfg.disc, &s, resume);
     rungs.push(Rung {
         step: None,
         settings: s.clone(),
-        argv: first.argv,
-        env: first.env,
+        m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
     });
     while (rungs.len() as u32) < cfg.max_attempts {
         let Some(d) = policy::next(&cfg.policy, &s, "assumed OOM") else {
             break;
         };
         s = d.after.clone();
-        let m = knobs::materialize(&cfg.argv, &cfg.disc, &s, resume);
+        let dir = cfg.attempt_dir(rungs.len() + 1);
         rungs.push(Rung {
             step: Some(d),
             settings: s.clone(),
-            argv: m.argv,
-            env: m.env,
+            m: knobs::materialize(&cfg.argv, &cfg.disc, &s, resume, &dir)?,
         });
     }
-    rungs
+    Ok(rungs)
 }
 
 /// `oomguard plan`: print what would be done; run nothing.
 pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     let env = cfg.env_defaults();
     let res = cfg.resume(Duration::ZERO);
-    let rungs = ladder(cfg, res.arg.as_ref());
+    let rungs = match ladder(cfg, res.arg.as_ref()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("oomguard: error: {e}");
+            return exit::USAGE;
+        }
+    };
     let na = policy::not_applicable(&cfg.policy, &cfg.disc);
     let settings = cfg.disc.settings();
 
@@ -252,7 +264,7 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
         for (k, b) in &cfg.disc.knobs {
             knobs_obj.insert(
                 k.name().into(),
-                json!({"value": b.value, "binding": b.binding.to_string()}),
+                json!({"value": b.value, "binding": b.describe()}),
             );
         }
         let resume = res.found.as_ref().map(|f| {
@@ -283,8 +295,9 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
                 "step": r.step.as_ref().map(|d| d.step.name()).unwrap_or("as_given"),
                 "settings": settings_json(&r.settings),
                 "global_batch": r.settings.global_batch(),
-                "argv": argv_json(&r.argv),
-                "env": r.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_,_>>(),
+                "argv": argv_json(&r.m.argv),
+                "env": r.m.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_,_>>(),
+                "files": r.m.files.iter().map(|f| json!({"original": f.original, "copy": f.dest, "diff": f.diff})).collect::<Vec<_>>(),
                 "reason": r.step.as_ref().map(|d| d.reason.clone()),
             })).collect::<Vec<_>>(),
         });
@@ -321,7 +334,12 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     let w = Knob::ALL.iter().map(|k| k.name().len()).max().unwrap_or(0);
     for k in Knob::ALL {
         match cfg.disc.knobs.get(&k) {
-            Some(b) => o.push_str(&format!("  {:w$}  {:<6}  {}\n", k.name(), b.value.to_string(), b.binding)),
+            Some(b) => o.push_str(&format!(
+                "  {:w$}  {:<6}  {}\n",
+                k.name(),
+                b.value.to_string(),
+                b.describe()
+            )),
             None => o.push_str(&format!("  {:w$}  {:<6}  not found\n", k.name(), "-")),
         }
     }
@@ -360,11 +378,7 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     }
     o.push_str("\nladder (attempt 1 runs as given; each OOM moves one rung down):\n");
     for (i, r) in rungs.iter().enumerate() {
-        let step = r
-            .step
-            .as_ref()
-            .map(|d| d.step.name())
-            .unwrap_or("as given");
+        let step = r.step.as_ref().map(|d| d.step.name()).unwrap_or("as given");
         o.push_str(&format!(
             "  {}. {step}: {}\n",
             i + 1,
@@ -373,10 +387,20 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
         if let Some(d) = &r.step {
             o.push_str(&format!("     why:  {}\n", d.reason));
         }
-        for (k, v) in &r.env {
+        for (k, v) in &r.m.env {
             o.push_str(&format!("     env:  {k}={v}\n"));
         }
-        o.push_str(&format!("     argv: {}\n", shell_quote(&r.argv)));
+        o.push_str(&format!("     argv: {}\n", shell_quote(&r.m.argv)));
+        for f in &r.m.files {
+            o.push_str(&format!(
+                "     file: {} (copy of {})\n",
+                f.dest.display(),
+                f.shown
+            ));
+            for line in f.diff.lines() {
+                o.push_str(&format!("       {line}\n"));
+            }
+        }
     }
     if (rungs.len() as u32) < cfg.max_attempts {
         o.push_str(&format!(
@@ -399,10 +423,21 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Success,
-    GpuOom { finding: Option<Finding>, hung: bool },
-    HostOom { finding: Option<Finding>, code: i32 },
-    Other { code: i32, exit: String },
-    Interrupted { signal: i32 },
+    GpuOom {
+        finding: Option<Finding>,
+        hung: bool,
+    },
+    HostOom {
+        finding: Option<Finding>,
+        code: i32,
+    },
+    Other {
+        code: i32,
+        exit: String,
+    },
+    Interrupted {
+        signal: i32,
+    },
 }
 
 impl Outcome {
@@ -444,9 +479,10 @@ fn classify(r: &launch::Report) -> Outcome {
             code,
         },
         // Killed by SIGKILL with nobody asking: the kernel's OOM killer, most likely.
-        None if matches!(r.exit, launch::Exit::Signal(9)) => {
-            Outcome::HostOom { finding: None, code }
-        }
+        None if matches!(r.exit, launch::Exit::Signal(9)) => Outcome::HostOom {
+            finding: None,
+            code,
+        },
         None => Outcome::Other {
             code,
             exit: r.exit.to_string(),
@@ -521,8 +557,13 @@ fn finding_json(f: Option<&Finding>) -> Json {
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
 pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
     let log = Log { quiet: cfg.quiet };
-    let run_dir = cfg.run_dir.clone().unwrap_or_else(journal::default_run_dir);
-    let mut j = Journal::open(run_dir);
+    // Everything the policy could do is checked before anything runs: a config
+    // value that cannot be written fails now, not at 3 a.m.
+    if let Err(e) = ladder(cfg, None) {
+        eprintln!("oomguard: error: {e}");
+        return exit::USAGE;
+    }
+    let mut j = Journal::open(cfg.run_dir.clone());
     let env_defaults = cfg.env_defaults();
     let tty = std::io::stdout().is_terminal();
     let first = cfg.disc.settings();
@@ -563,12 +604,26 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
             break exit::SIGNAL_BASE + sig;
         }
         attempts += 1;
-        let m = knobs::materialize(
-            &cfg.argv,
-            &cfg.disc,
-            &settings,
-            resume.as_ref(),
-        );
+        let adir = j.attempt_dir(attempts);
+        // Derived config files go in the attempt's folder; if the run folder
+        // cannot be written, in a private temporary one (a relaunch must not
+        // depend on the journal).
+        let files_dir = adir.clone().unwrap_or_else(|| {
+            std::env::temp_dir()
+                .join(format!("oomguard-{}", std::process::id()))
+                .join(format!("attempt-{attempts}"))
+        });
+        let m =
+            match knobs::materialize(&cfg.argv, &cfg.disc, &settings, resume.as_ref(), &files_dir)
+                .map_err(|e| e.to_string())
+                .and_then(|m| write_derived(&m.files).map(|()| m))
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("oomguard: error: cannot prepare attempt {attempts}: {e}");
+                    break exit::EXHAUSTED;
+                }
+            };
         let mut env_set: Vec<(OsString, OsString)> = env_defaults
             .iter()
             .map(|e| (OsString::from(&e.name), OsString::from(&e.value)))
@@ -578,7 +633,6 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                 .iter()
                 .map(|(k, v)| (OsString::from(k), OsString::from(v))),
         );
-        let adir = j.attempt_dir(attempts);
         j.event(
             "attempt_start",
             json!({
@@ -588,6 +642,7 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                 "settings": settings_json(&settings),
                 "global_batch": settings.global_batch(),
                 "resume": resume.as_ref().map(|r| PathBuf::from(&r.path)),
+                "files": m.files.iter().map(|f| json!({"original": f.original, "copy": f.dest})).collect::<Vec<_>>(),
             }),
         );
         let attempt_started = std::time::SystemTime::now();
@@ -732,7 +787,9 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                     reached,
                     resumed_step,
                     new_step,
-                    res.chosen.as_ref().and_then(|c| checkpoint::written_at(&c.path)),
+                    res.chosen
+                        .as_ref()
+                        .and_then(|c| checkpoint::written_at(&c.path)),
                     attempt_started,
                     oom_after,
                 );
@@ -796,6 +853,27 @@ fn signal_name(sig: i32) -> String {
         .unwrap_or_else(|_| format!("signal {sig}"))
 }
 
+/// Write the changed config copies, readable by the user only.
+fn write_derived(files: &[knobs::Derived]) -> Result<(), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    for f in files {
+        if let Some(parent) = f.dest.parent() {
+            journal::create_private_dir(parent)
+                .map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&f.dest)
+            .and_then(|mut h| h.write_all(f.text.as_bytes()))
+            .map_err(|e| format!("{}: {e}", f.dest.display()))?;
+    }
+    Ok(())
+}
+
 /// The work one OOM cost: steps redone and the seconds they took.
 #[derive(Debug, Clone, Copy, Default)]
 struct Loss {
@@ -820,10 +898,9 @@ impl Loss {
         // to the OOM; otherwise the whole attempt up to the OOM.
         let oom_time = attempt_started + oom_after;
         let seconds = match ckpt_written {
-            Some(w) if w > attempt_started => oom_time
-                .duration_since(w)
-                .unwrap_or_default()
-                .as_secs_f64(),
+            Some(w) if w > attempt_started => {
+                oom_time.duration_since(w).unwrap_or_default().as_secs_f64()
+            }
             _ => oom_after.as_secs_f64(),
         };
         Loss { steps, seconds }
@@ -892,7 +969,9 @@ fn summary(
         let at: Vec<String> = changed.iter().map(|(n, _, _)| n.to_string()).collect();
         let plural = if at.len() == 1 { "" } else { "s" };
         let why = match changed.first() {
-            Some((_, _, d)) if *k == Knob::GradAccum && d.step == policy::StepKind::HalveMicroBatch => {
+            Some((_, _, d))
+                if *k == Knob::GradAccum && d.step == policy::StepKind::HalveMicroBatch =>
+            {
                 match last.global_batch() {
                     Some(g) => format!("keeps the global batch at {g} as the micro-batch shrank"),
                     None => "keeps micro-batch × accumulation as the micro-batch shrank".into(),

@@ -61,7 +61,12 @@ impl Run {
         )
     }
     fn expect_code(&self, code: i32) -> &Self {
-        assert_eq!(self.code(), Some(code), "{}", self.describe(&format!("exit {code}")));
+        assert_eq!(
+            self.code(),
+            Some(code),
+            "{}",
+            self.describe(&format!("exit {code}"))
+        );
         self
     }
     fn expect_stderr(&self, needle: &str) -> &Self {
@@ -87,13 +92,11 @@ fn malformed_policy_names_file_line_and_key() {
         "max_attempts = 4\n[[step]]\nkind = \"halve_micro_batch\"\n[[step]]\nkind = \"shorten_seq\"\nfactor = 2.0\n",
     )
     .unwrap();
-    let r = Run::new(
-        t.path(),
-        ["--policy", p.to_str().unwrap(), "true"],
-        &[],
-    );
-    r.expect_code(2)
-        .expect_stderr(&format!("{}:6: step[1].factor: must be between 0 and 1", p.display()));
+    let r = Run::new(t.path(), ["--policy", p.to_str().unwrap(), "true"], &[]);
+    r.expect_code(2).expect_stderr(&format!(
+        "{}:6: step[1].factor: must be between 0 and 1",
+        p.display()
+    ));
 }
 
 #[test]
@@ -101,18 +104,31 @@ fn unknown_policy_name_lists_the_shipped_ones() {
     let t = tmp();
     Run::new(t.path(), ["--policy", "agressive", "true"], &[])
         .expect_code(2)
-        .expect_stderr("neither a shipped policy (default, keep-results, keep-micro-batch) nor a file");
+        .expect_stderr(
+            "neither a shipped policy (default, keep-results, keep-micro-batch) nor a file",
+        );
 }
 
 #[test]
 fn unknown_knob_and_missing_flag_are_usage_errors() {
     let t = tmp();
-    Run::new(t.path(), ["--knob", "microbatch=--bs", "python3", "x.py"], &[])
-        .expect_code(2)
-        .expect_stderr("unknown knob 'microbatch': expected one of micro_batch");
     Run::new(
         t.path(),
-        ["--knob", "micro_batch=--bs", "python3", "x.py", "--batch", "4"],
+        ["--knob", "microbatch=--bs", "python3", "x.py"],
+        &[],
+    )
+    .expect_code(2)
+    .expect_stderr("unknown knob 'microbatch': expected one of micro_batch");
+    Run::new(
+        t.path(),
+        [
+            "--knob",
+            "micro_batch=--bs",
+            "python3",
+            "x.py",
+            "--batch",
+            "4",
+        ],
         &[],
     )
     .expect_code(2)
@@ -125,7 +141,13 @@ fn missing_command_and_unexecutable_command() {
     Run::new(t.path(), ["--max-attempts", "2"], &[]).expect_code(2);
     let r = Run::new(
         t.path(),
-        ["--run-dir", "run", "no-such-trainer-xyz", "--per_device_train_batch_size", "8"],
+        [
+            "--run-dir",
+            "run",
+            "no-such-trainer-xyz",
+            "--per_device_train_batch_size",
+            "8",
+        ],
         &[("PATH", "/usr/bin:/bin")],
     );
     r.expect_code(127)
@@ -183,7 +205,10 @@ fn plan_json_has_the_documented_shape_and_runs_nothing() {
         .iter()
         .map(|a| a.as_str().unwrap())
         .collect();
-    assert!(argv.windows(2).any(|w| w == ["--per_device_train_batch_size", "4"]));
+    assert!(
+        argv.windows(2)
+            .any(|w| w == ["--per_device_train_batch_size", "4"])
+    );
     assert!(argv.contains(&"--gradient_accumulation_steps=8"));
     // Every rung keeps the global batch.
     for rung in ladder {
@@ -196,7 +221,13 @@ fn plan_says_how_to_bind_an_ambiguous_batch_flag() {
     let t = tmp();
     let r = Run::new(
         t.path(),
-        ["plan", "python", "train.py", "--batch_size=12", "--compile=False"],
+        [
+            "plan",
+            "python",
+            "train.py",
+            "--batch_size=12",
+            "--compile=False",
+        ],
         &[],
     );
     r.expect_code(0);
@@ -205,7 +236,10 @@ fn plan_says_how_to_bind_an_ambiguous_batch_flag() {
         "{}",
         r.describe("a note on --batch_size")
     );
-    assert!(r.stdout().contains("halve_micro_batch: micro_batch is not bound"));
+    assert!(
+        r.stdout()
+            .contains("halve_micro_batch: micro_batch is not bound")
+    );
 }
 
 #[test]
@@ -243,8 +277,9 @@ fn environment_defaults_merge_and_never_override() {
 fn output_passes_through_byte_exact() {
     let t = tmp();
     // Non-UTF-8, carriage-return progress, ANSI colour, NUL, and no final newline.
-    let payload: Vec<u8> = b"\x1b[32mgreen\x1b[0m\n10%\r50%\r100%\n\xff\xfe\x00bytes\xc3(\nlast line no newline"
-        .to_vec();
+    let payload: Vec<u8> =
+        b"\x1b[32mgreen\x1b[0m\n10%\r50%\r100%\n\xff\xfe\x00bytes\xc3(\nlast line no newline"
+            .to_vec();
     let p = t.path().join("payload.bin");
     std::fs::write(&p, &payload).unwrap();
     let r = Run::new(
@@ -276,7 +311,8 @@ fn argv_reaches_the_child_byte_exact_without_a_shell() {
         "-q".into(),
         "python3".into(),
         "-c".into(),
-        "import sys,os;sys.stdout.buffer.write(b'\\0'.join(os.fsencode(a) for a in sys.argv[1:]))".into(),
+        "import sys,os;sys.stdout.buffer.write(b'\\0'.join(os.fsencode(a) for a in sys.argv[1:]))"
+            .into(),
     ];
     args.extend(weird.iter().cloned());
     let r = Run::new(t.path(), args, &[]);
@@ -408,9 +444,17 @@ fn ctrl_c_is_forwarded_and_never_relaunched() {
     }
     let out = String::from_utf8_lossy(&seen);
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert_eq!(status.code(), Some(130), "stdout:\n{out}\nstderr:\n{err}");
-    assert!(out.contains("SIGINT"), "the trainer did not see SIGINT:\n{out}");
+    assert!(
+        out.contains("SIGINT"),
+        "the trainer did not see SIGINT:\n{out}"
+    );
     let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
     assert_eq!(journal.matches("\"attempt_start\"").count(), 1, "{journal}");
     assert!(journal.contains("\"outcome\":\"interrupted\""), "{journal}");

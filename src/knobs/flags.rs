@@ -4,10 +4,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
-use super::{
-    Binding, Bound, Discovery, Knob, KnobError, Materialized, ResumeArg, Settings, UserBinding,
-    Value, World,
-};
+use super::{Binding, Bound, Discovery, Knob, KnobError, ResumeArg, UserBinding, Value, World};
 use crate::checkpoint::ResumeHow;
 
 /// How a flag was written.
@@ -57,8 +54,12 @@ const SEQ: &[&str] = &[
     "--seq_len",
     "--cutoff_len",
     "--sequence_len",
+    "--sequence-len",
     "--max_len",
 ];
+const ZERO: &[&str] = &["--zero_stage", "--zero-stage", "--ds.zero_stage"];
+const OFFLOAD_OPT: &[&str] = &["--offload_optimizer_device", "--offload-optimizer-device"];
+const OFFLOAD_PARAM: &[&str] = &["--offload_param_device", "--offload-param-device"];
 const CHECKPOINTING: &[&str] = &[
     "--gradient_checkpointing",
     "--gradient-checkpointing",
@@ -123,7 +124,11 @@ fn occurrences(argv: &[OsString]) -> Vec<Occurrence> {
                     } else {
                         FlagForm::Bare
                     },
-                    value: if takes { next.map(str::to_string) } else { None },
+                    value: if takes {
+                        next.map(str::to_string)
+                    } else {
+                        None
+                    },
                 });
                 if takes {
                     i += 1;
@@ -149,6 +154,12 @@ fn parse_bool(s: &str) -> Option<bool> {
 }
 
 fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static str)> {
+    if matches!(knob, Knob::OffloadOptimizer | Knob::OffloadParam) {
+        return match occ.value.as_deref().map(str::to_ascii_lowercase) {
+            Some(v) if ["none", "cpu", "nvme"].contains(&v.as_str()) => Ok(Value::Str(v)),
+            v => Err((v.unwrap_or_default(), "none, cpu or nvme")),
+        };
+    }
     if knob.is_bool() {
         match &occ.value {
             None => Ok(Value::Bool(true)),
@@ -160,7 +171,7 @@ fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static 
         let v = occ.value.clone().unwrap_or_default();
         v.parse::<u64>()
             .ok()
-            .filter(|n| *n > 0)
+            .filter(|n| *n > 0 || knob == Knob::ZeroStage)
             .map(Value::Int)
             .ok_or((v, "a positive whole number"))
     }
@@ -191,6 +202,7 @@ fn bind_flag(
             flag,
             at: mine.iter().map(|o| (o.index, o.form)).collect(),
         },
+        mirrors: Vec::new(),
     }))
 }
 
@@ -225,6 +237,7 @@ pub fn discover(
                         Bound {
                             value,
                             binding: Binding::AddFlag { flag: flag.clone() },
+                            mirrors: Vec::new(),
                         }
                     }
                     None => {
@@ -235,6 +248,7 @@ pub fn discover(
                     }
                 },
             },
+            UserBinding::File { .. } | UserBinding::Override(_) => continue,
             UserBinding::Env(var) => {
                 let raw = env(var);
                 let value = match (&raw, default_for(*knob)) {
@@ -270,6 +284,7 @@ pub fn discover(
                         var: var.clone(),
                         present: raw.is_some(),
                     },
+                    mirrors: Vec::new(),
                 }
             }
         };
@@ -277,11 +292,14 @@ pub fn discover(
     }
 
     // 2. Known spellings.
-    let table: [(Knob, &[&str]); 4] = [
+    let table: [(Knob, &[&str]); 7] = [
         (Knob::MicroBatch, MICRO),
         (Knob::GradAccum, ACCUM),
         (Knob::SeqLen, SEQ),
         (Knob::GradCheckpointing, CHECKPOINTING),
+        (Knob::ZeroStage, ZERO),
+        (Knob::OffloadOptimizer, OFFLOAD_OPT),
+        (Knob::OffloadParam, OFFLOAD_PARAM),
     ];
     for (knob, spellings) in table {
         if knobs.contains_key(&knob) {
@@ -310,8 +328,11 @@ pub fn discover(
     }
 
     let has = |names: &[&str]| occs.iter().any(|o| names.contains(&o.name.as_str()));
-    let hf_style = has(&["--per_device_train_batch_size", "--per-device-train-batch-size"])
-        || (has(OUTPUT_DIR) && !has(AMBIGUOUS_BATCH) && knobs.contains_key(&Knob::MicroBatch));
+    let hf_style =
+        has(&[
+            "--per_device_train_batch_size",
+            "--per-device-train-batch-size",
+        ]) || (has(OUTPUT_DIR) && !has(AMBIGUOUS_BATCH) && knobs.contains_key(&Knob::MicroBatch));
 
     // 3. A global batch next to a micro-batch: accumulation is derived from it.
     if !knobs.contains_key(&Knob::GradAccum) && knobs.contains_key(&Knob::MicroBatch) {
@@ -337,6 +358,7 @@ pub fn discover(
                                 flag: o.name.clone(),
                                 global,
                             },
+                            mirrors: Vec::new(),
                         },
                     );
                     notes.push(format!(
@@ -363,48 +385,24 @@ pub fn discover(
                 e.insert(Bound {
                     value: default_for(knob).expect("accum and checkpointing have defaults"),
                     binding: Binding::AddFlag { flag: flag.into() },
+                    mirrors: Vec::new(),
                 });
             }
         }
     }
 
-    // 5. What is still missing, and how to bind it.
-    if !knobs.contains_key(&Knob::MicroBatch) {
-        if let Some(o) = occs
-            .iter()
-            .find(|o| AMBIGUOUS_BATCH.contains(&o.name.as_str()))
-        {
-            notes.push(format!(
-                "micro_batch: {} may be the global batch or the per-device micro-batch, so oomguard does not guess. If it is the per-device micro-batch: --knob micro_batch={}",
-                o.name, o.name
-            ));
-        } else {
-            notes.push(
-                "micro_batch: no micro-batch flag found (looked for --per_device_train_batch_size, --micro_batch_size, ...). Bind it with --knob micro_batch=FLAG or --knob micro_batch=env:VAR".into(),
-            );
-        }
-    }
-    if !knobs.contains_key(&Knob::GradAccum) {
-        notes.push(
-            "grad_accum: no accumulation flag found; the global batch cannot be kept when the micro-batch is halved. Bind it with --knob grad_accum=FLAG (added with value 1 when absent)".into(),
-        );
-    }
-    if !knobs.contains_key(&Knob::SeqLen) && !notes.iter().any(|n| n.starts_with("seq_len")) {
-        notes.push(
-            "seq_len: no sequence-length flag found (looked for --max_seq_length, --max_length, --block_size, ...). Bind it with --knob seq_len=FLAG to let the policy shorten it".into(),
-        );
-    }
-    if !knobs.contains_key(&Knob::GradCheckpointing) {
-        notes.push(
-            "grad_checkpointing: no flag found. Bind it with --knob grad_checkpointing=FLAG (added bare when absent)".into(),
-        );
-    }
+    let ambiguous_batch = occs
+        .iter()
+        .find(|o| AMBIGUOUS_BATCH.contains(&o.name.as_str()))
+        .map(|o| o.name.clone());
 
     Ok(Discovery {
         knobs,
         world,
         hf_style,
         notes,
+        ambiguous_batch,
+        config: Default::default(),
     })
 }
 
@@ -412,6 +410,7 @@ pub fn discover(
 fn render(new: &Value, old: Option<&str>) -> String {
     match new {
         Value::Int(n) => n.to_string(),
+        Value::Str(s) => s.clone(),
         Value::Bool(b) => {
             let s = if *b { "true" } else { "false" };
             match old {
@@ -428,7 +427,7 @@ fn render(new: &Value, old: Option<&str>) -> String {
 }
 
 /// Point the command at a checkpoint, the way its framework expects.
-fn apply_resume(
+pub(super) fn apply_resume(
     out: &mut [OsString],
     inserts: &mut Vec<(usize, OsString)>,
     append: &mut Vec<OsString>,
@@ -469,10 +468,7 @@ fn apply_resume(
             return;
         }
     };
-    let occ = occurrences(out)
-        .into_iter()
-        .filter(|o| o.name == flag)
-        .last();
+    let occ = occurrences(out).into_iter().rfind(|o| o.name == flag);
     match occ {
         Some(o) => match o.form {
             FlagForm::Space => out[o.index + 1] = value,
@@ -495,78 +491,82 @@ fn apply_resume(
     }
 }
 
-pub fn materialize(
+/// Write `new` into a flag, added flag or environment binding. Returns false
+/// for bindings that live elsewhere (files, overrides).
+pub(super) fn apply_binding(
     argv: &[OsString],
-    disc: &Discovery,
-    settings: &Settings,
-    resume: Option<&ResumeArg>,
-) -> Materialized {
-    let mut out: Vec<OsString> = argv.to_vec();
-    // Insertions after an index (a bare bool given a value), applied at the end.
-    let mut inserts: Vec<(usize, OsString)> = Vec::new();
-    let mut append: Vec<OsString> = Vec::new();
-    let mut env = Vec::new();
-
-    for (knob, bound) in &disc.knobs {
-        let Some(new) = settings.knobs.get(knob) else {
-            continue;
-        };
-        if *new == bound.value {
-            continue; // unchanged: leave the user's text exactly as written
-        }
-        match &bound.binding {
-            Binding::Flag { flag, at } => {
-                for (idx, form) in at {
-                    match form {
-                        FlagForm::Space => {
-                            let old = argv[idx + 1].to_str();
-                            out[idx + 1] = render(new, old).into();
-                        }
-                        FlagForm::Equals => {
-                            let old = argv[*idx]
-                                .to_str()
-                                .and_then(|s| s.split_once('='))
-                                .map(|(_, v)| v);
-                            out[*idx] = format!("{flag}={}", render(new, old)).into();
-                        }
-                        FlagForm::Bare => {
-                            if new.as_bool() != Some(true) {
-                                // A bare switch turned off: say it explicitly.
-                                out[*idx] = format!("{flag}={}", render(new, Some("False"))).into();
-                            }
+    out: &mut [OsString],
+    append: &mut Vec<OsString>,
+    env: &mut Vec<(String, String)>,
+    binding: &Binding,
+    new: &Value,
+) -> bool {
+    match binding {
+        Binding::Flag { flag, at } => {
+            for (idx, form) in at {
+                match form {
+                    FlagForm::Space => {
+                        let old = argv[idx + 1].to_str();
+                        out[idx + 1] = render(new, old).into();
+                    }
+                    FlagForm::Equals => {
+                        let old = argv[*idx]
+                            .to_str()
+                            .and_then(|s| s.split_once('='))
+                            .map(|(_, v)| v);
+                        out[*idx] = format!("{flag}={}", render(new, old)).into();
+                    }
+                    FlagForm::Bare => {
+                        if new.as_bool() != Some(true) {
+                            // A bare switch turned off: say it explicitly.
+                            out[*idx] = format!("{flag}={}", render(new, Some("False"))).into();
                         }
                     }
                 }
             }
-            Binding::AddFlag { flag } => match new {
+            true
+        }
+        Binding::AddFlag { flag } => {
+            match new {
                 Value::Bool(true) => append.push(flag.into()),
                 Value::Bool(false) => append.push(format!("{flag}=False").into()),
                 Value::Int(n) => {
                     append.push(flag.into());
                     append.push(n.to_string().into());
                 }
-            },
-            Binding::Env { var, .. } => env.push((var.clone(), new.to_string())),
-            Binding::DerivedFromGlobalBatch { .. } => {}
+                Value::Str(v) => {
+                    append.push(flag.into());
+                    append.push(v.into());
+                }
+            }
+            true
         }
+        Binding::Env { var, .. } => {
+            env.push((var.clone(), new.to_string()));
+            true
+        }
+        Binding::DerivedFromGlobalBatch { .. } => true,
+        Binding::Config { .. } | Binding::Override { .. } => false,
     }
-
-    if let Some(r) = resume {
-        apply_resume(&mut out, &mut inserts, &mut append, r);
-    }
-
-    inserts.sort_by(|a, b| b.0.cmp(&a.0));
-    for (idx, v) in inserts {
-        out.insert(idx + 1, v);
-    }
-    out.extend(append);
-    Materialized { argv: out, env }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::knobs::{discover as discover_all, materialize as mat};
+    use crate::knobs::{Discovery, Materialized, Settings};
+
+    fn discover_all(
+        a: &[OsString],
+        user: &[(Knob, UserBinding)],
+        env: &dyn Fn(&str) -> Option<OsString>,
+    ) -> Result<Discovery, KnobError> {
+        crate::knobs::discover(a, user, env, &|p| p.to_path_buf())
+    }
+
+    fn mat(a: &[OsString], d: &Discovery, s: &Settings, r: Option<&ResumeArg>) -> Materialized {
+        crate::knobs::materialize(a, d, s, r, std::path::Path::new("/tmp/oomguard-test"))
+            .expect("materialize")
+    }
 
     fn argv(s: &str) -> Vec<OsString> {
         s.split_whitespace().map(OsString::from).collect()
@@ -598,7 +598,8 @@ mod tests {
         let mut next = s.clone();
         next.knobs.insert(Knob::MicroBatch, Value::Int(4));
         next.knobs.insert(Knob::GradAccum, Value::Int(8));
-        next.knobs.insert(Knob::GradCheckpointing, Value::Bool(true));
+        next.knobs
+            .insert(Knob::GradCheckpointing, Value::Bool(true));
         let m = mat(&a, &d, &next, Some(&hf_resume("out/checkpoint-10")));
         assert_eq!(
             strs(&m.argv),
@@ -649,7 +650,7 @@ mod tests {
 
     #[test]
     fn resume_forms_of_each_framework() {
-        let a = argv("python train.py config/x.py --init_from=scratch --batch_size=4");
+        let a = argv("python train.py --init_from=scratch --batch_size=4");
         let d = discover_all(&a, &[], &no_env).unwrap();
         let r = ResumeArg {
             how: ResumeHow::Const {
@@ -661,7 +662,7 @@ mod tests {
         };
         assert_eq!(
             strs(&mat(&a, &d, &d.settings(), Some(&r)).argv),
-            "python train.py config/x.py --init_from=resume --batch_size=4"
+            "python train.py --init_from=resume --batch_size=4"
         );
         let a = argv("tune run lora --config c batch_size=8 +resume_from_checkpoint=False");
         let d = discover_all(&a, &[], &no_env).unwrap();
@@ -730,9 +731,13 @@ mod tests {
     #[test]
     fn user_flag_missing_is_an_error_with_advice() {
         let a = argv("python t.py --bs 4");
-        let e = discover_all(&a, &parse_user_bindings_ok("micro_batch=--batchsz"), &no_env)
-            .unwrap_err()
-            .to_string();
+        let e = discover_all(
+            &a,
+            &parse_user_bindings_ok("micro_batch=--batchsz"),
+            &no_env,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("the command has no --batchsz flag"), "{e}");
     }
 
@@ -740,15 +745,22 @@ mod tests {
     fn bad_value_names_the_flag() {
         let a = argv("python t.py --per_device_train_batch_size auto");
         let e = discover_all(&a, &[], &no_env).unwrap_err().to_string();
-        assert!(e.contains("--per_device_train_batch_size") && e.contains("\"auto\""), "{e}");
+        assert!(
+            e.contains("--per_device_train_batch_size") && e.contains("\"auto\""),
+            "{e}"
+        );
     }
 
     #[test]
     fn env_binding() {
         let a = argv("python t.py");
         let env = |k: &str| (k == "MICRO_BS").then(|| OsString::from("16"));
-        let d = discover_all(&a, &parse_user_bindings_ok("micro_batch=env:MICRO_BS"), &env)
-            .unwrap();
+        let d = discover_all(
+            &a,
+            &parse_user_bindings_ok("micro_batch=env:MICRO_BS"),
+            &env,
+        )
+        .unwrap();
         let mut s = d.settings();
         assert_eq!(s.int(Knob::MicroBatch), Some(16));
         s.knobs.insert(Knob::MicroBatch, Value::Int(8));

@@ -4,6 +4,7 @@
 //! Discovery never guesses: an ambiguous spelling (a bare `--batch_size` may be
 //! the global batch) is reported as a note saying how to bind it with `--knob`.
 
+mod config;
 pub mod files;
 mod flags;
 mod world;
@@ -11,6 +12,7 @@ mod world;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde::Serialize;
@@ -80,19 +82,27 @@ impl FromStr for Knob {
 pub enum Value {
     Int(u64),
     Bool(bool),
+    /// Offload devices: `none`, `cpu`, `nvme`.
+    Str(String),
 }
 
 impl Value {
     pub fn as_int(&self) -> Option<u64> {
         match self {
             Value::Int(n) => Some(*n),
-            Value::Bool(_) => None,
+            _ => None,
         }
     }
     pub fn as_bool(&self) -> Option<bool> {
         match self {
             Value::Bool(b) => Some(*b),
-            Value::Int(_) => None,
+            _ => None,
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
         }
     }
 }
@@ -102,6 +112,7 @@ impl fmt::Display for Value {
         match self {
             Value::Int(n) => write!(f, "{n}"),
             Value::Bool(b) => write!(f, "{b}"),
+            Value::Str(s) => f.write_str(s),
         }
     }
 }
@@ -110,13 +121,29 @@ impl fmt::Display for Value {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Binding {
     /// A command-line flag, at these argv positions (every occurrence is rewritten).
-    Flag { flag: String, at: Vec<(usize, FlagForm)> },
+    Flag {
+        flag: String,
+        at: Vec<(usize, FlagForm)>,
+    },
     /// Absent from the command; the flag is appended when the value changes.
     AddFlag { flag: String },
     /// An environment variable.
     Env { var: String, present: bool },
     /// No direct setting: follows from a global-batch flag divided by the micro-batch.
     DerivedFromGlobalBatch { flag: String, global: u64 },
+    /// A key in a config file (`Discovery::config.files[file]`).
+    Config {
+        file: usize,
+        shown: String,
+        role: &'static str,
+        key: String,
+    },
+    /// A `key=value` override on the command line (Hydra, torchtune, LLaMA-Factory).
+    Override {
+        key: String,
+        index: usize,
+        prefix: String,
+    },
 }
 
 impl fmt::Display for Binding {
@@ -125,10 +152,17 @@ impl fmt::Display for Binding {
             Binding::Flag { flag, .. } => write!(f, "flag {flag}"),
             Binding::AddFlag { flag } => write!(f, "absent; would add {flag}"),
             Binding::Env { var, present: true } => write!(f, "env {var}"),
-            Binding::Env { var, present: false } => write!(f, "env {var} (unset; would set it)"),
+            Binding::Env {
+                var,
+                present: false,
+            } => write!(f, "env {var} (unset; would set it)"),
             Binding::DerivedFromGlobalBatch { flag, global } => {
                 write!(f, "derived: {flag} {global} / micro-batch / world size")
             }
+            Binding::Config {
+                shown, role, key, ..
+            } => write!(f, "{role} {shown}: {key}"),
+            Binding::Override { key, prefix, .. } => write!(f, "override {prefix}{key}="),
         }
     }
 }
@@ -138,6 +172,21 @@ impl fmt::Display for Binding {
 pub struct Bound {
     pub value: Value,
     pub binding: Binding,
+    /// Other places holding the same knob; every attempt writes the same value
+    /// to all of them (one knob, one source of truth).
+    pub mirrors: Vec<Binding>,
+}
+
+impl Bound {
+    /// "flag --x (also deepspeed json ds.json: y)".
+    pub fn describe(&self) -> String {
+        let mut s = self.binding.to_string();
+        if !self.mirrors.is_empty() {
+            let m: Vec<String> = self.mirrors.iter().map(|b| b.to_string()).collect();
+            s.push_str(&format!(" (also {})", m.join(", ")));
+        }
+        s
+    }
 }
 
 /// The values of all knobs for one attempt, plus the read-only world size.
@@ -178,6 +227,10 @@ pub struct Discovery {
     pub hf_style: bool,
     /// Things the user should know: ambiguous spellings, knobs not found and how to bind them.
     pub notes: Vec<String>,
+    /// A batch flag that may be global or per-device (`--batch_size`), if any.
+    pub ambiguous_batch: Option<String>,
+    /// Config files the command names, and knobs found in files and overrides.
+    pub config: config::Found,
 }
 
 impl Discovery {
@@ -201,9 +254,19 @@ pub enum KnobError {
     )]
     UnknownKnob(String),
     #[error(
-        "--knob '{0}' is not NAME=WHERE: write it like --knob micro_batch=--bs or --knob micro_batch=env:MICRO_BS"
+        "--knob '{0}' is not NAME=WHERE: write it like --knob micro_batch=--bs, micro_batch=env:MICRO_BS, micro_batch=config.yaml:training.micro_batch_size or micro_batch=data.batch_size (an override)"
     )]
     BadSpec(String),
+    #[error(transparent)]
+    File(#[from] files::FileError),
+    #[error(
+        "--knob {knob}={key}: the command has no {key}=N override. Add `{key}=N` to the command (N its current value) so oomguard can change it"
+    )]
+    OverrideNotInCommand { knob: Knob, key: String },
+    #[error(
+        "{knob} lives in {file}, which the command does not name, so oomguard cannot point it at a changed copy (it never edits your files). Name the file on the command line, or bind {knob} to a flag or override"
+    )]
+    UnnamedFile { knob: Knob, file: String },
     #[error(
         "--knob {knob}={flag}: the command has no {flag} flag. Check the spelling, or add `{flag} N` to the command so oomguard can change it"
     )]
@@ -237,6 +300,13 @@ pub enum KnobError {
 pub enum UserBinding {
     Flag(String),
     Env(String),
+    /// `FILE:key.path`
+    File {
+        path: String,
+        key: String,
+    },
+    /// `key.path` of a `key.path=N` override
+    Override(String),
 }
 
 pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>, KnobError> {
@@ -255,6 +325,20 @@ pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>,
                 UserBinding::Env(var.to_string())
             } else if place.starts_with('-') && place.len() > 1 {
                 UserBinding::Flag(place.to_string())
+            } else if let Some((path, key)) = place.rsplit_once(':') {
+                if path.is_empty() || key.is_empty() {
+                    return Err(KnobError::BadSpec(s.clone()));
+                }
+                UserBinding::File {
+                    path: path.to_string(),
+                    key: key.to_string(),
+                }
+            } else if !place.is_empty()
+                && place
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-')
+            {
+                UserBinding::Override(place.to_string())
             } else {
                 return Err(KnobError::BadSpec(s.clone()));
             };
@@ -263,24 +347,234 @@ pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>,
         .collect()
 }
 
-/// Read the knobs, world size and resume position from a command.
+/// Read the knobs and world size from a command, its config files and overrides.
+///
+/// `resolve` maps a path as written in the command to the file to read (the
+/// identity, relative to the working directory, except in tests).
 pub fn discover(
     argv: &[OsString],
     user: &[(Knob, UserBinding)],
     env: &dyn Fn(&str) -> Option<OsString>,
+    resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<Discovery, KnobError> {
     if argv.is_empty() {
         return Err(KnobError::NoCommand);
     }
     let world = world::world_size(argv, env);
-    flags::discover(argv, user, env, world)
+    let mut d = flags::discover(argv, user, env, world)?;
+    let mut found = config::find(argv, resolve)?;
+
+    // What the user bound to files and overrides.
+    let mut user_places: Vec<config::Place> = Vec::new();
+    for (knob, ub) in user {
+        match ub {
+            UserBinding::File { path, key } => {
+                let place = config::user_file(&mut found, argv, path, key, *knob, resolve)?;
+                if let config::Site::File { file, .. } = &place.site
+                    && found.files[*file].reference == config::Ref::Unnamed
+                {
+                    return Err(KnobError::UnnamedFile {
+                        knob: *knob,
+                        file: path.clone(),
+                    });
+                }
+                user_places.push(place);
+            }
+            UserBinding::Override(key) => {
+                let place = argv.iter().enumerate().skip(1).find_map(|(index, a)| {
+                    let (prefix, k, v) = config::parse_override(a.to_str()?)?;
+                    if k != *key {
+                        return None;
+                    }
+                    Some(config::Place {
+                        knob: *knob,
+                        value: config::scalar_to_value(*knob, &config::yaml_like(&v))?,
+                        site: config::Site::Override {
+                            key: k,
+                            index,
+                            prefix,
+                        },
+                        present: true,
+                    })
+                });
+                match place {
+                    Some(p) => user_places.push(p),
+                    None => {
+                        return Err(KnobError::OverrideNotInCommand {
+                            knob: *knob,
+                            key: key.clone(),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    if d.world.uncertain
+        && let Some(n) = found.accelerate_processes
+    {
+        d.world = World {
+            size: n,
+            source: format!("accelerate config num_processes: {n}"),
+            uncertain: false,
+        };
+    }
+
+    let to_binding = |p: &config::Place| -> Binding {
+        match &p.site {
+            config::Site::File { file, key } => Binding::Config {
+                file: *file,
+                shown: found.files[*file].shown.clone(),
+                role: found.files[*file].role.label(),
+                key: key.clone(),
+            },
+            config::Site::Override { key, index, prefix } => Binding::Override {
+                key: key.clone(),
+                index: *index,
+                prefix: prefix.clone(),
+            },
+        }
+    };
+
+    for knob in Knob::ALL {
+        let by_user = user.iter().any(|(k, _)| *k == knob);
+        let flag = d.knobs.remove(&knob);
+        let adds = flag
+            .as_ref()
+            .is_some_and(|b| matches!(b.binding, Binding::AddFlag { .. }));
+        // Most authoritative first: the user's word, overrides, flags, files, defaults.
+        let mut cands: Vec<(Value, Binding, bool)> = Vec::new();
+        for p in user_places.iter().filter(|p| p.knob == knob) {
+            cands.push((p.value.clone(), to_binding(p), true));
+        }
+        if let (true, Some(b)) = (by_user && !adds, &flag) {
+            cands.push((b.value.clone(), b.binding.clone(), true));
+        }
+        let is_override = |p: &&config::Place| matches!(p.site, config::Site::Override { .. });
+        for p in found
+            .places
+            .iter()
+            .filter(|p| p.knob == knob)
+            .filter(is_override)
+        {
+            cands.push((p.value.clone(), to_binding(p), true));
+        }
+        if let (false, Some(b)) = (by_user || adds, &flag) {
+            cands.push((b.value.clone(), b.binding.clone(), true));
+        }
+        for p in found
+            .places
+            .iter()
+            .filter(|p| p.knob == knob && !is_override(p))
+        {
+            cands.push((p.value.clone(), to_binding(p), p.present));
+        }
+        if let (true, Some(b)) = (adds, &flag) {
+            cands.push((b.value.clone(), b.binding.clone(), false));
+        }
+        cands.dedup_by(|a, b| a.1 == b.1);
+        // A value written somewhere beats a default.
+        if let Some(first_present) = cands.iter().position(|c| c.2) {
+            let c = cands.remove(first_present);
+            cands.insert(0, c);
+        }
+        let mut it = cands.into_iter();
+        let Some((value, binding, _)) = it.next() else {
+            continue;
+        };
+        let mut mirrors = Vec::new();
+        for (v, b, present) in it {
+            if matches!(b, Binding::AddFlag { .. }) {
+                continue;
+            }
+            if present && v != value {
+                d.notes.push(format!(
+                    "{knob}: {binding} says {value} but {b} says {v}; oomguard writes one value to both when {knob} changes"
+                ));
+            }
+            if present || matches!(b, Binding::Config { .. }) {
+                mirrors.push(b);
+            }
+        }
+        d.knobs.insert(
+            knob,
+            Bound {
+                value,
+                binding,
+                mirrors,
+            },
+        );
+    }
+
+    // DeepSpeed derives accumulation from a numeric train_batch_size.
+    if !d.knobs.contains_key(&Knob::GradAccum)
+        && let (Some(micro), Some(ds)) = (
+            d.knobs
+                .get(&Knob::MicroBatch)
+                .and_then(|b| b.value.as_int()),
+            found
+                .files
+                .iter()
+                .find(|f| f.role == config::Role::DeepSpeed),
+        )
+        && let Ok(Some(files::Scalar::Int(global))) = ds.doc.get(config::DS_GLOBAL)
+    {
+        let per_step = micro * d.world.size;
+        let global = global.max(0) as u64;
+        if per_step > 0 && global.is_multiple_of(per_step) {
+            d.knobs.insert(
+                Knob::GradAccum,
+                Bound {
+                    value: Value::Int(global / per_step),
+                    binding: Binding::DerivedFromGlobalBatch {
+                        flag: format!("{}: {}", ds.shown, config::DS_GLOBAL),
+                        global,
+                    },
+                    mirrors: Vec::new(),
+                },
+            );
+        }
+    }
+
+    d.notes.extend(found.notes.iter().cloned());
+    missing_notes(&mut d, !found.files.is_empty());
+    d.config = found;
+    Ok(d)
 }
 
-/// One attempt's command: argv and the environment variables the knobs set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Materialized {
-    pub argv: Vec<OsString>,
-    pub env: Vec<(String, String)>,
+/// What is still missing, and how to bind it.
+fn missing_notes(d: &mut Discovery, has_files: bool) {
+    let where_ = if has_files {
+        "flags, overrides or config files"
+    } else {
+        "flags"
+    };
+    if !d.knobs.contains_key(&Knob::MicroBatch) {
+        match &d.ambiguous_batch {
+            Some(flag) => d.notes.push(format!(
+                "micro_batch: {flag} may be the global batch or the per-device micro-batch, so oomguard does not guess. If it is the per-device micro-batch: --knob micro_batch={flag}"
+            )),
+            None => d.notes.push(format!(
+                "micro_batch: not found in the command's {where_} (looked for --per_device_train_batch_size, --micro_batch_size, micro_batch_size:, train_micro_batch_size_per_gpu, ...). Bind it with --knob micro_batch=FLAG, =FILE:KEY, =OVERRIDE.KEY or =env:VAR"
+            )),
+        }
+    }
+    if !d.knobs.contains_key(&Knob::GradAccum) {
+        d.notes.push(
+            "grad_accum: not found; the global batch cannot be kept when the micro-batch is halved. Bind it with --knob grad_accum=FLAG (added with value 1 when absent) or =FILE:KEY".into(),
+        );
+    }
+    if !d.knobs.contains_key(&Knob::SeqLen) && !d.notes.iter().any(|n| n.starts_with("seq_len")) {
+        d.notes.push(format!(
+            "seq_len: not found in the command's {where_} (looked for --max_seq_length, --max_length, --block_size, sequence_len:, cutoff_len:, ...). Bind it with --knob seq_len=FLAG to let the policy shorten it"
+        ));
+    }
+    if !d.knobs.contains_key(&Knob::GradCheckpointing) {
+        d.notes.push(
+            "grad_checkpointing: not found. Bind it with --knob grad_checkpointing=FLAG (added bare when absent) or =FILE:KEY".into(),
+        );
+    }
 }
 
 /// Where to resume from, and how the framework is told.
@@ -290,13 +584,157 @@ pub struct ResumeArg {
     pub path: OsString,
 }
 
-/// Write `settings` into the user's argv (and environment). Knobs whose value did
-/// not change are left exactly as the user wrote them.
+/// A changed copy of one of the user's config files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Derived {
+    /// As the command named it.
+    pub shown: String,
+    pub original: PathBuf,
+    /// Where the copy goes (inside the attempt's folder).
+    pub dest: PathBuf,
+    pub text: String,
+    /// Unified diff original → copy.
+    pub diff: String,
+}
+
+/// One attempt's command: argv, the environment variables the knobs set, and
+/// the changed config files it points at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Materialized {
+    pub argv: Vec<OsString>,
+    pub env: Vec<(String, String)>,
+    pub files: Vec<Derived>,
+}
+
+/// Write `settings` into the user's argv, environment and copies of their
+/// config files (under `dir`). Knobs whose value did not change are left
+/// exactly as the user wrote them. Nothing is written to disk here: the
+/// caller writes `files` (the plan shows them instead).
 pub fn materialize(
     argv: &[OsString],
     disc: &Discovery,
     settings: &Settings,
     resume: Option<&ResumeArg>,
-) -> Materialized {
-    flags::materialize(argv, disc, settings, resume)
+    dir: &Path,
+) -> Result<Materialized, KnobError> {
+    use files::Scalar;
+    let mut out: Vec<OsString> = argv.to_vec();
+    let mut inserts: Vec<(usize, OsString)> = Vec::new();
+    let mut append: Vec<OsString> = Vec::new();
+    let mut env = Vec::new();
+    let mut docs: Vec<files::Doc> = disc.config.files.iter().map(|f| f.doc.clone()).collect();
+
+    for (knob, bound) in &disc.knobs {
+        let Some(new) = settings.knobs.get(knob) else {
+            continue;
+        };
+        if *new == bound.value {
+            continue; // unchanged: leave the user's text exactly as written
+        }
+        for b in std::iter::once(&bound.binding).chain(&bound.mirrors) {
+            if flags::apply_binding(argv, &mut out, &mut append, &mut env, b, new) {
+                continue;
+            }
+            match b {
+                Binding::Config { file, key, .. } => {
+                    let old = docs[*file].get(key).ok().flatten();
+                    docs[*file].set(key, &config::value_to_scalar(new, old.as_ref()))?;
+                }
+                Binding::Override { key, index, prefix } => {
+                    let old = argv[*index]
+                        .to_str()
+                        .and_then(|s| s.split_once('='))
+                        .map(|(_, v)| v.to_string())
+                        .unwrap_or_default();
+                    out[*index] =
+                        format!("{prefix}{key}={}", config::override_text(new, &old)).into();
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // DeepSpeed checks train_batch_size = micro × accum × world where it is a number.
+    if let Some(global) = settings.global_batch() {
+        for (i, f) in disc.config.files.iter().enumerate() {
+            if f.role == config::Role::DeepSpeed
+                && let Ok(Some(Scalar::Int(tbs))) = docs[i].get(config::DS_GLOBAL)
+                && tbs != global as i64
+            {
+                docs[i].set(config::DS_GLOBAL, &Scalar::Int(global as i64))?;
+            }
+        }
+    }
+
+    if let Some(r) = resume {
+        flags::apply_resume(&mut out, &mut inserts, &mut append, r);
+    }
+
+    // Changed files become copies in `dir`; what names them points at the copy.
+    // Children come after their parents in `files`, so go from the end.
+    let mut derived = Vec::new();
+    let mut used: Vec<PathBuf> = Vec::new();
+    let mut accelerate_default: Option<PathBuf> = None;
+    for i in (0..docs.len()).rev() {
+        if !docs[i].changed() {
+            continue;
+        }
+        let f = &disc.config.files[i];
+        let name = Path::new(&f.shown)
+            .file_name()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(format!("config-{i}")));
+        let mut dest = dir.join(&name);
+        if used.contains(&dest) {
+            dest = dir.join(format!("{i}")).join(&name);
+        }
+        used.push(dest.clone());
+        let dest_abs = std::path::absolute(&dest).unwrap_or_else(|_| dest.clone());
+        match &f.reference {
+            config::Ref::Argv { index, prefix } => {
+                let mut v = OsString::from(prefix);
+                v.push(&dest_abs);
+                out[*index] = v;
+            }
+            config::Ref::InFile { parent, key } => {
+                docs[*parent].set(key, &Scalar::Str(dest_abs.display().to_string()))?;
+            }
+            config::Ref::AccelerateDefault { .. } => accelerate_default = Some(dest_abs.clone()),
+            config::Ref::Unnamed => {
+                return Err(KnobError::UnnamedFile {
+                    knob: Knob::MicroBatch,
+                    file: f.shown.clone(),
+                });
+            }
+        }
+        derived.push(Derived {
+            shown: f.shown.clone(),
+            original: docs[i].path().to_path_buf(),
+            diff: files::unified_diff(
+                &f.shown,
+                &dest.display().to_string(),
+                docs[i].original(),
+                docs[i].text(),
+            ),
+            text: docs[i].text().to_string(),
+            dest,
+        });
+    }
+    derived.reverse();
+
+    inserts.sort_by_key(|i| std::cmp::Reverse(i.0));
+    for (idx, v) in inserts {
+        out.insert(idx + 1, v);
+    }
+    out.extend(append);
+    if let Some(p) = accelerate_default {
+        // `accelerate launch --config_file COPY ...` instead of the default config.
+        out.insert(2, "--config_file".into());
+        out.insert(3, p.into_os_string());
+    }
+    Ok(Materialized {
+        argv: out,
+        env,
+        files: derived,
+    })
 }

@@ -77,27 +77,29 @@ pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> 
 
     if let Some(args) = torchrun_args {
         let region = &args[..launcher_region(args)];
-        let (per_node, mut uncertain, mut source) =
-            match option(region, &["--nproc_per_node", "--nproc-per-node"]) {
-                None => (1, false, "torchrun default --nproc_per_node 1".to_string()),
-                Some(v) => match v.parse::<u64>() {
-                    Ok(n) => (n, false, format!("torchrun --nproc_per_node {n}")),
-                    Err(_) => match visible_devices(env) {
-                        Some(n) => (
-                            n,
-                            false,
-                            format!("torchrun --nproc_per_node {v}: {n} GPUs in CUDA_VISIBLE_DEVICES"),
+        let (per_node, mut uncertain, mut source) = match option(
+            region,
+            &["--nproc_per_node", "--nproc-per-node"],
+        ) {
+            None => (1, false, "torchrun default --nproc_per_node 1".to_string()),
+            Some(v) => match v.parse::<u64>() {
+                Ok(n) => (n, false, format!("torchrun --nproc_per_node {n}")),
+                Err(_) => match visible_devices(env) {
+                    Some(n) => (
+                        n,
+                        false,
+                        format!("torchrun --nproc_per_node {v}: {n} GPUs in CUDA_VISIBLE_DEVICES"),
+                    ),
+                    None => (
+                        1,
+                        true,
+                        format!(
+                            "torchrun --nproc_per_node {v}: GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
                         ),
-                        None => (
-                            1,
-                            true,
-                            format!(
-                                "torchrun --nproc_per_node {v}: GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
-                            ),
-                        ),
-                    },
+                    ),
                 },
-            };
+            },
+        };
         let nodes = match option(region, &["--nnodes"]) {
             None => 1,
             Some(v) => match v.parse::<u64>() {
@@ -173,14 +175,14 @@ pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> 
         };
     }
 
-    if prog == "mpirun" || prog == "mpiexec" {
-        if let Some(n) = option(rest, &["-np", "-n"]).and_then(|v| v.parse::<u64>().ok()) {
-            return World {
-                size: n,
-                source: format!("{prog} -np {n}"),
-                uncertain: false,
-            };
-        }
+    if (prog == "mpirun" || prog == "mpiexec")
+        && let Some(n) = option(rest, &["-np", "-n"]).and_then(|v| v.parse::<u64>().ok())
+    {
+        return World {
+            size: n,
+            source: format!("{prog} -np {n}"),
+            uncertain: false,
+        };
     }
     single()
 }
@@ -204,13 +206,20 @@ mod tests {
     #[test]
     fn torchrun_spellings() {
         assert_eq!(ws("torchrun --nproc_per_node=4 t.py --x 1", None).size, 4);
-        assert_eq!(ws("torchrun --nproc-per-node 2 --nnodes 2 t.py", None).size, 4);
+        assert_eq!(
+            ws("torchrun --nproc-per-node 2 --nnodes 2 t.py", None).size,
+            4
+        );
         let w = ws("torchrun --nproc_per_node gpu t.py", Some("0,1,2"));
         assert_eq!((w.size, w.uncertain), (3, false));
         let w = ws("torchrun --nproc_per_node auto t.py", None);
         assert_eq!((w.size, w.uncertain), (1, true));
         assert_eq!(
-            ws("python -m torch.distributed.run --nproc_per_node 8 t.py", None).size,
+            ws(
+                "python -m torch.distributed.run --nproc_per_node 8 t.py",
+                None
+            )
+            .size,
             8
         );
         let w = ws("torchrun --nnodes 1:4 --nproc_per_node 2 t.py", None);

@@ -24,8 +24,16 @@
 //! 3. the output reached end of file, or 200 ms passed since (2): a process that left the
 //!    group may hold the pipe open for ever, and must not hang oomguard.
 //!
-//! So when `run()` returns, the next attempt may start: nothing of this one holds GPU memory
-//! (except a process that both left the group and cleared its environment; see `guard`).
+//! So when `run()` returns, the next attempt may start: nothing of this one holds GPU memory.
+//!
+//! Why a marker as well as the group: torchrun starts each worker with
+//! `start_new_session=True`, so the workers — the processes holding GPU memory — are NOT in
+//! the child's process group. The child's environment gets `OOMGUARD_ATTEMPT=<unique id>`
+//! (`MARKER_VAR`), which the workers inherit; cleanup and the guardian signal every live
+//! process of ours whose /proc/PID/environ carries it. The one exception left: a descendant
+//! that leaves the group (setsid/setpgid) AND is started with a cleaned environment
+//! (`env -i`) escapes both nets; `run()` still returns (the output stops being awaited 200 ms
+//! after the rest is gone), but that process survives.
 //!
 //! Hang detection: after the scanner reports the first OOM line, `hang_timeout` with no
 //! output while the direct child is still alive means the run is stuck (NCCL ranks waiting
@@ -160,7 +168,12 @@ pub struct Report {
 #[derive(thiserror::Error, Debug)]
 pub enum Error {
     /// Exit 127.
-    #[error("{}: command not found (searched: {})", .program.to_string_lossy(), show_dirs(.searched))]
+    #[error(
+        "{}: command not found (searched: {}); is it installed, and is its environment \
+         (venv, conda) activated?",
+        .program.to_string_lossy(),
+        show_dirs(.searched)
+    )]
     NotFound {
         program: OsString,
         searched: Vec<PathBuf>,
@@ -222,18 +235,27 @@ pub(crate) fn run_with(
     // Signals that arrived between attempts and only make sense for a running child.
     signals.forget_stale();
     let start = Instant::now();
-    let mut child = spawn::spawn_child(&resolved, &spec.argv, &env, &wiring)
+    let child = spawn::spawn_child(&resolved, &spec.argv, &env, &wiring)
         .map_err(|e| spawn::map_spawn_error(program, &resolved, e))?;
     let pid = child.id() as i32;
+    // From here on, any early return drops `attempt`, which kills and reaps.
+    let mut attempt = Attempt {
+        child,
+        pid,
+        marker,
+        done: false,
+        guardian: None,
+        stdin_fwd: None,
+    };
 
     let mut streams: Vec<StreamFd> = Vec::new();
     let mut master: Option<OwnedFd> = None;
     match wiring {
         spawn::Wiring::Pipes => {
-            if let Some(o) = child.stdout.take() {
+            if let Some(o) = attempt.child.stdout.take() {
                 streams.push(StreamFd::new(OwnedFd::from(o), detect::Stream::Out));
             }
-            if let Some(e) = child.stderr.take() {
+            if let Some(e) = attempt.child.stderr.take() {
                 streams.push(StreamFd::new(OwnedFd::from(e), detect::Stream::Err));
             }
         }
@@ -243,14 +265,6 @@ pub(crate) fn run_with(
             streams.push(StreamFd::new(pty.master, detect::Stream::Out));
         }
     }
-    let mut attempt = Attempt {
-        child,
-        pid,
-        marker,
-        done: false,
-        guardian: None,
-        stdin_fwd: None,
-    };
     for s in &streams {
         output::set_nonblocking(&s.fd)?;
     }

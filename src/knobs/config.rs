@@ -1,0 +1,668 @@
+//! Knobs that live in config files and `key=value` overrides.
+//!
+//! Theory of operation: `find_files` follows the command to every config file
+//! it names — a DeepSpeed JSON (`--deepspeed`, `--deepspeed_config`, an
+//! accelerate config's `deepspeed_config_file`, a YAML's `deepspeed:` key), an
+//! accelerate config (`--config_file`, or the default one), a training YAML or
+//! TOML (positional or `--config`), a nanoGPT config module — and `candidates`
+//! lists, per knob, every place holding a value, most authoritative first:
+//! override > flag > training file > DeepSpeed JSON > accelerate config. The
+//! first place is the knob's binding; the others with a concrete value are its
+//! mirrors, and every attempt writes the same value to all of them (one knob,
+//! one source of truth). A DeepSpeed `"auto"` is filled by the trainer from its
+//! flags, so it is neither binding nor mirror.
+//!
+//! The user's files are never written: a changed file is copied into the
+//! attempt's folder under its own name and the reference to it (the argv
+//! element, or the key in the file that names it) points at the copy.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use super::files::{Doc, FileError, Scalar};
+use super::{Knob, Value};
+
+/// What a config file is for; decides which keys are knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    DeepSpeed,
+    Accelerate,
+    /// A training recipe: axolotl, LLaMA-Factory, TRL / alignment-handbook, torchtitan, litgpt.
+    Training,
+    /// A nanoGPT-style Python config module.
+    PythonModule,
+    /// Named only by the user's `--knob NAME=FILE:KEY`.
+    User,
+}
+
+impl Role {
+    pub fn label(self) -> &'static str {
+        match self {
+            Role::DeepSpeed => "deepspeed json",
+            Role::Accelerate => "accelerate config",
+            Role::Training => "config",
+            Role::PythonModule => "python config",
+            Role::User => "file",
+        }
+    }
+}
+
+/// How the command reaches a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ref {
+    /// argv[index] is the path, after `prefix` (`--deepspeed=`), if any.
+    Argv { index: usize, prefix: String },
+    /// The value of `key` in another file.
+    InFile { parent: usize, key: String },
+    /// accelerate's default config: add `--config_file COPY` after `launch`.
+    AccelerateDefault { launch_index: usize },
+    /// Not named anywhere the command can be pointed at a copy (a module the
+    /// script imports). Edited only with `--edit-in-place`.
+    Unnamed,
+}
+
+/// One config file of the command.
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    pub role: Role,
+    /// As the user wrote it.
+    pub shown: String,
+    pub doc: Doc,
+    pub reference: Ref,
+}
+
+/// A place holding a knob's value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Place {
+    pub knob: Knob,
+    pub value: Value,
+    pub site: Site,
+    /// False when the key is absent and `value` is the framework's default
+    /// (a DeepSpeed JSON without `zero_optimization` runs at stage 0).
+    pub present: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Site {
+    /// A key in `files[file]`.
+    File { file: usize, key: String },
+    /// `key=value` at argv[index], with its `+`/`++` prefix.
+    Override {
+        key: String,
+        index: usize,
+        prefix: String,
+    },
+}
+
+/// Keys that are knobs in a training recipe (YAML or TOML), most specific first.
+const TRAINING_KEYS: &[(Knob, &[&str])] = &[
+    (
+        Knob::MicroBatch,
+        &[
+            "per_device_train_batch_size",
+            "micro_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "device_train_microbatch_size",
+            "training.local_batch_size",
+            "train.micro_batch_size",
+        ],
+    ),
+    (
+        Knob::GradAccum,
+        &["gradient_accumulation_steps", "accumulate_grad_batches"],
+    ),
+    (
+        Knob::SeqLen,
+        &[
+            "max_seq_length",
+            "max_length",
+            "sequence_len",
+            "cutoff_len",
+            "max_seq_len",
+            "model_max_length",
+            "block_size",
+            "training.seq_len",
+            "train.max_seq_length",
+        ],
+    ),
+    (
+        Knob::GradCheckpointing,
+        &[
+            "gradient_checkpointing",
+            "enable_activation_checkpointing",
+            "activation_checkpointing",
+        ],
+    ),
+];
+
+pub const DS_MICRO: &str = "train_micro_batch_size_per_gpu";
+pub const DS_ACCUM: &str = "gradient_accumulation_steps";
+pub const DS_GLOBAL: &str = "train_batch_size";
+pub const DS_STAGE: &str = "zero_optimization.stage";
+pub const DS_OFFLOAD_OPT: &str = "zero_optimization.offload_optimizer.device";
+pub const DS_OFFLOAD_PARAM: &str = "zero_optimization.offload_param.device";
+
+const ACC_KEYS: &[(Knob, &str)] = &[
+    (
+        Knob::GradAccum,
+        "deepspeed_config.gradient_accumulation_steps",
+    ),
+    (Knob::ZeroStage, "deepspeed_config.zero_stage"),
+    (
+        Knob::OffloadOptimizer,
+        "deepspeed_config.offload_optimizer_device",
+    ),
+    (Knob::OffloadParam, "deepspeed_config.offload_param_device"),
+];
+
+/// Override keys (the last dotted segment) for each knob.
+const OVERRIDE_KEYS: &[(Knob, &[&str])] = &[
+    (
+        Knob::MicroBatch,
+        &[
+            "per_device_train_batch_size",
+            "micro_batch_size",
+            "micro_batch_size_per_gpu",
+            "ppo_micro_batch_size_per_gpu",
+            "train_micro_batch_size_per_gpu",
+            "device_train_microbatch_size",
+            "local_batch_size",
+        ],
+    ),
+    (
+        Knob::GradAccum,
+        &["gradient_accumulation_steps", "accumulate_grad_batches"],
+    ),
+    (
+        Knob::SeqLen,
+        &[
+            "max_seq_length",
+            "max_seq_len",
+            "max_length",
+            "cutoff_len",
+            "sequence_len",
+            "seq_len",
+            "block_size",
+        ],
+    ),
+    (
+        Knob::GradCheckpointing,
+        &[
+            "gradient_checkpointing",
+            "enable_activation_checkpointing",
+            "activation_checkpointing",
+        ],
+    ),
+];
+
+pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
+    match knob {
+        Knob::GradCheckpointing => match s {
+            Scalar::Bool(b) => Some(Value::Bool(*b)),
+            Scalar::Str(x) => match x.to_ascii_lowercase().as_str() {
+                "true" => Some(Value::Bool(true)),
+                "false" => Some(Value::Bool(false)),
+                _ => None,
+            },
+            _ => None,
+        },
+        Knob::OffloadOptimizer | Knob::OffloadParam => match s {
+            Scalar::Str(x) if x != "auto" => Some(Value::Str(x.to_ascii_lowercase())),
+            Scalar::Null => Some(Value::Str("none".into())),
+            _ => None,
+        },
+        _ => match s {
+            Scalar::Int(n) if *n >= 0 => Some(Value::Int(*n as u64)),
+            Scalar::Str(x) => x.parse::<u64>().ok().map(Value::Int),
+            _ => None,
+        },
+    }
+}
+
+/// The scalar to write for a knob's value, in the style of the value it replaces.
+pub fn value_to_scalar(v: &Value, old: Option<&Scalar>) -> Scalar {
+    match v {
+        Value::Int(n) => match old {
+            Some(Scalar::Str(_)) => Scalar::Str(n.to_string()),
+            _ => Scalar::Int(*n as i64),
+        },
+        Value::Bool(b) => Scalar::Bool(*b),
+        Value::Str(s) => Scalar::Str(s.clone()),
+    }
+}
+
+pub fn parse_override(token: &str) -> Option<(String, String, String)> {
+    if token.starts_with('-') {
+        return None;
+    }
+    let stripped = token.trim_start_matches('+');
+    let prefix = token[..token.len() - stripped.len()].to_string();
+    let (k, v) = stripped.split_once('=')?;
+    let ok = !k.is_empty()
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-');
+    ok.then(|| (prefix, k.to_string(), v.to_string()))
+}
+
+/// Everything found in files and overrides.
+#[derive(Debug, Clone, Default)]
+pub struct Found {
+    pub files: Vec<ConfigFile>,
+    pub places: Vec<Place>,
+    /// World size from an accelerate config's `num_processes`.
+    pub accelerate_processes: Option<u64>,
+    pub notes: Vec<String>,
+}
+
+fn os(a: &OsString) -> &str {
+    a.to_str().unwrap_or("")
+}
+
+/// `--name P` or `--name=P` occurrences: (index of the path, prefix to keep).
+fn flag_paths(argv: &[OsString], names: &[&str], end: usize) -> Vec<(usize, String, String)> {
+    let mut out = Vec::new();
+    let mut i = 1;
+    while i < end.min(argv.len()) {
+        let a = os(&argv[i]);
+        for n in names {
+            if a == *n {
+                if let Some(v) = argv.get(i + 1).map(os).filter(|v| !v.starts_with('-')) {
+                    out.push((i + 1, String::new(), v.to_string()));
+                }
+            } else if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
+                out.push((i, format!("{n}="), v.to_string()));
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Index of the training script (or `-m module`), i.e. where launcher options end.
+fn script_index(argv: &[OsString]) -> usize {
+    let prog = Path::new(os(&argv[0]))
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let launcher = matches!(prog.as_str(), "torchrun" | "accelerate" | "deepspeed");
+    if !launcher {
+        return 1;
+    }
+    argv.iter()
+        .enumerate()
+        .skip(1)
+        .find(|(_, a)| {
+            let a = os(a);
+            a.ends_with(".py") || a == "-m" || a == "--module"
+        })
+        .map(|(i, _)| i)
+        .unwrap_or(argv.len())
+}
+
+/// Read the config files the command names, and where each knob lives in them.
+pub fn find(argv: &[OsString], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Found, FileError> {
+    let mut found = Found::default();
+    let script = script_index(argv);
+    let prog = Path::new(os(&argv[0]))
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let load = |shown: &str| -> Result<Doc, FileError> { Doc::load(&resolve(Path::new(shown))) };
+
+    // accelerate config: `accelerate launch --config_file X`, or the default one.
+    if prog == "accelerate" && argv.get(1).map(os) == Some("launch") {
+        let named = flag_paths(argv, &["--config_file", "--config-file"], script);
+        if let Some((index, prefix, p)) = named.last() {
+            let doc = load(p)?;
+            found.files.push(ConfigFile {
+                role: Role::Accelerate,
+                shown: p.clone(),
+                doc,
+                reference: Ref::Argv {
+                    index: *index,
+                    prefix: prefix.clone(),
+                },
+            });
+        } else if let Some(default) = default_accelerate_config()
+            && let Ok(doc) = Doc::load(&default)
+        {
+            found.files.push(ConfigFile {
+                role: Role::Accelerate,
+                shown: default.display().to_string(),
+                doc,
+                reference: Ref::AccelerateDefault { launch_index: 1 },
+            });
+        }
+    }
+
+    // DeepSpeed JSON named on the command line.
+    for (index, prefix, p) in flag_paths(
+        argv,
+        &["--deepspeed", "--deepspeed_config", "--deepspeed-config"],
+        argv.len(),
+    ) {
+        if p.ends_with(".json") || p.ends_with(".conf") || resolve(Path::new(&p)).is_file() {
+            let doc = load(&p)?;
+            found.files.push(ConfigFile {
+                role: Role::DeepSpeed,
+                shown: p,
+                doc,
+                reference: Ref::Argv { index, prefix },
+            });
+        }
+    }
+
+    // Training recipe: `--config X.yaml`, or a positional YAML / TOML; a
+    // nanoGPT-style config module `train.py config/x.py`.
+    let mut training: Vec<(usize, String, String)> =
+        flag_paths(argv, &["--config", "--job.config_file"], argv.len())
+            .into_iter()
+            .filter(|(i, _, p)| {
+                // torchtune's `--config llama2/7B_lora` names a built-in recipe, not a file.
+                *i > script
+                    && ([".yaml", ".yml", ".toml"].iter().any(|x| p.ends_with(x))
+                        || resolve(Path::new(p)).is_file())
+            })
+            .collect();
+    for (i, a) in argv.iter().enumerate().skip(script.max(1)) {
+        let s = os(a);
+        if s.starts_with('-') || training.iter().any(|(j, _, _)| *j == i) {
+            continue;
+        }
+        if [".yaml", ".yml", ".toml"].iter().any(|x| s.ends_with(x)) {
+            training.push((i, String::new(), s.to_string()));
+        } else if s.ends_with(".py") && i > script && os(&argv[script]).ends_with(".py") {
+            let doc = load(s)?;
+            found.files.push(ConfigFile {
+                role: Role::PythonModule,
+                shown: s.to_string(),
+                doc,
+                reference: Ref::Argv {
+                    index: i,
+                    prefix: String::new(),
+                },
+            });
+        }
+    }
+    training.sort();
+    for (index, prefix, p) in training {
+        let doc = load(&p)?;
+        found.files.push(ConfigFile {
+            role: Role::Training,
+            shown: p,
+            doc,
+            reference: Ref::Argv { index, prefix },
+        });
+    }
+
+    // Files named inside files: accelerate's deepspeed_config_file, a recipe's `deepspeed:`.
+    let mut i = 0;
+    while i < found.files.len() {
+        let key = match found.files[i].role {
+            Role::Accelerate => Some("deepspeed_config.deepspeed_config_file"),
+            Role::Training => Some("deepspeed"),
+            _ => None,
+        };
+        if let Some(key) = key
+            && let Ok(Some(Scalar::Str(p))) = found.files[i].doc.get(key)
+        {
+            let already = found.files.iter().any(|f| f.role == Role::DeepSpeed);
+            let is_json = p.ends_with(".json") || p.ends_with(".conf");
+            if is_json && !already {
+                match load(&p) {
+                    Ok(doc) => found.files.push(ConfigFile {
+                        role: Role::DeepSpeed,
+                        shown: p.clone(),
+                        doc,
+                        reference: Ref::InFile {
+                            parent: i,
+                            key: key.to_string(),
+                        },
+                    }),
+                    Err(e) => found.notes.push(format!(
+                        "{} names the DeepSpeed config {p} ({key}), which cannot be read: {e}",
+                        found.files[i].shown
+                    )),
+                }
+            }
+        }
+        i += 1;
+    }
+
+    found.places = places(argv, &found.files, &prog);
+    if let Some(acc) = found.files.iter().find(|f| f.role == Role::Accelerate)
+        && let Ok(Some(Scalar::Int(n))) = acc.doc.get("num_processes")
+    {
+        found.accelerate_processes = u64::try_from(n).ok().filter(|n| *n > 0);
+    }
+    Ok(found)
+}
+
+fn default_accelerate_config() -> Option<PathBuf> {
+    let base = std::env::var_os("HF_HOME")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("huggingface"))
+        })
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface"))
+        })?;
+    let p = base.join("accelerate").join("default_config.yaml");
+    p.is_file().then_some(p)
+}
+
+/// Every place holding a knob, most authoritative first (overrides, then files
+/// in role order). Flags are added by the caller between overrides and files.
+fn places(argv: &[OsString], files: &[ConfigFile], prog: &str) -> Vec<Place> {
+    let mut out = Vec::new();
+    for (index, a) in argv.iter().enumerate().skip(1) {
+        let Some((prefix, key, val)) = parse_override(os(a)) else {
+            continue;
+        };
+        let last = key.rsplit('.').next().unwrap_or(&key);
+        for (knob, keys) in OVERRIDE_KEYS {
+            let torchtune_batch =
+                prog == "tune" && *knob == Knob::MicroBatch && key == "batch_size";
+            if keys.contains(&last) || torchtune_batch {
+                let s = yaml_like(&val);
+                if let Some(value) = scalar_to_value(*knob, &s) {
+                    out.push(Place {
+                        knob: *knob,
+                        value,
+                        site: Site::Override {
+                            key: key.clone(),
+                            index,
+                            prefix: prefix.clone(),
+                        },
+                        present: true,
+                    });
+                }
+            }
+        }
+    }
+    let order = [
+        Role::Training,
+        Role::PythonModule,
+        Role::DeepSpeed,
+        Role::Accelerate,
+    ];
+    for role in order {
+        for (fi, f) in files.iter().enumerate().filter(|(_, f)| f.role == role) {
+            let mut add = |knob: Knob, key: &str, absent: Option<Value>| match f.doc.get(key) {
+                Ok(Some(s)) => {
+                    if let Some(value) = scalar_to_value(knob, &s) {
+                        out.push(Place {
+                            knob,
+                            value,
+                            site: Site::File {
+                                file: fi,
+                                key: key.to_string(),
+                            },
+                            present: true,
+                        });
+                    }
+                }
+                Ok(None) => {
+                    if let Some(value) = absent {
+                        out.push(Place {
+                            knob,
+                            value,
+                            site: Site::File {
+                                file: fi,
+                                key: key.to_string(),
+                            },
+                            present: false,
+                        });
+                    }
+                }
+                Err(_) => {}
+            };
+            match role {
+                Role::Training | Role::PythonModule => {
+                    for (knob, keys) in TRAINING_KEYS {
+                        if let Some(k) = keys.iter().find(|k| matches!(f.doc.get(k), Ok(Some(_)))) {
+                            add(*knob, k, None);
+                        }
+                    }
+                    if role == Role::PythonModule {
+                        // nanoGPT's `batch_size` is the per-GPU micro-batch.
+                        add(Knob::MicroBatch, "batch_size", None);
+                    }
+                }
+                Role::DeepSpeed => {
+                    add(Knob::MicroBatch, DS_MICRO, None);
+                    add(Knob::GradAccum, DS_ACCUM, None);
+                    add(Knob::ZeroStage, DS_STAGE, Some(Value::Int(0)));
+                    add(
+                        Knob::OffloadOptimizer,
+                        DS_OFFLOAD_OPT,
+                        Some(Value::Str("none".into())),
+                    );
+                    add(
+                        Knob::OffloadParam,
+                        DS_OFFLOAD_PARAM,
+                        Some(Value::Str("none".into())),
+                    );
+                }
+                Role::Accelerate => {
+                    let uses_file = matches!(
+                        f.doc.get("deepspeed_config.deepspeed_config_file"),
+                        Ok(Some(_))
+                    );
+                    let is_ds = matches!(f.doc.get("distributed_type"), Ok(Some(Scalar::Str(s))) if s == "DEEPSPEED");
+                    if is_ds && !uses_file {
+                        for (knob, key) in ACC_KEYS {
+                            add(*knob, key, None);
+                        }
+                    }
+                }
+                Role::User => {}
+            }
+        }
+    }
+    // A knob found twice in one file under different spellings: keep the first.
+    let mut seen: Vec<(Knob, Site)> = Vec::new();
+    out.retain(|p| {
+        let dup = seen.iter().any(|(k, s)| *k == p.knob && *s == p.site);
+        seen.push((p.knob, p.site.clone()));
+        !dup
+    });
+    out
+}
+
+/// An override value read the way Hydra / OmegaConf read it.
+pub fn yaml_like(v: &str) -> Scalar {
+    let t = v.trim().trim_matches('"').trim_matches('\'');
+    if let Ok(n) = t.parse::<i64>() {
+        return Scalar::Int(n);
+    }
+    match t.to_ascii_lowercase().as_str() {
+        "true" => Scalar::Bool(true),
+        "false" => Scalar::Bool(false),
+        "null" | "~" => Scalar::Null,
+        _ => Scalar::Str(t.to_string()),
+    }
+}
+
+/// Render a value for an override token.
+pub fn override_text(v: &Value, old: &str) -> String {
+    match v {
+        Value::Int(n) => n.to_string(),
+        Value::Bool(b) => {
+            let s = if *b { "true" } else { "false" };
+            if old.chars().next().is_some_and(|c| c.is_ascii_uppercase()) {
+                let mut c = s.chars();
+                let f = c.next().map(|f| f.to_ascii_uppercase()).unwrap_or('T');
+                format!("{f}{}", c.as_str())
+            } else {
+                s.into()
+            }
+        }
+        Value::Str(s) => s.clone(),
+    }
+}
+
+/// Read a file the user named with `--knob NAME=FILE:KEY`.
+pub fn user_file(
+    found: &mut Found,
+    argv: &[OsString],
+    path: &str,
+    key: &str,
+    knob: Knob,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<Place, FileError> {
+    let real = resolve(Path::new(path));
+    let idx = match found
+        .files
+        .iter()
+        .position(|f| f.doc.path() == real.as_path())
+    {
+        Some(i) => i,
+        None => {
+            let doc = Doc::load(&real)?;
+            let reference = argv
+                .iter()
+                .enumerate()
+                .skip(1)
+                .find_map(|(i, a)| {
+                    let s = os(a);
+                    if s == path || Path::new(s) == real {
+                        Some(Ref::Argv {
+                            index: i,
+                            prefix: String::new(),
+                        })
+                    } else {
+                        s.split_once('=')
+                            .filter(|(_, v)| *v == path)
+                            .map(|(f, _)| Ref::Argv {
+                                index: i,
+                                prefix: format!("{f}="),
+                            })
+                    }
+                })
+                .unwrap_or(Ref::Unnamed);
+            found.files.push(ConfigFile {
+                role: Role::User,
+                shown: path.to_string(),
+                doc,
+                reference,
+            });
+            found.files.len() - 1
+        }
+    };
+    let s = found.files[idx].doc.require(key)?;
+    let value = scalar_to_value(knob, &s).ok_or_else(|| FileError::Unsupported {
+        path: real.clone(),
+        key: key.to_string(),
+        why: format!("{s} is not a value oomguard can change for {knob}"),
+    })?;
+    Ok(Place {
+        knob,
+        value,
+        site: Site::File {
+            file: idx,
+            key: key.to_string(),
+        },
+        present: true,
+    })
+}
