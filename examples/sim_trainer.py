@@ -60,6 +60,8 @@ def parse_args():
     p.add_argument("--hang_after_oom", action="store_true", help="print the OOM, then hang (like NCCL)")
     p.add_argument("--fail_with", type=int, default=None, help="die of a non-OOM error with this code")
     p.add_argument("--die_while_saving_at", type=int, default=None, help="SIGKILL self mid-save of checkpoint-N")
+    p.add_argument("--oom_while_saving_at", type=int, default=None,
+                   help="a run that does not fit OOMs half-way through saving checkpoint-N")
     p.add_argument("--print_signals", action="store_true", help="print each signal received")
     return p.parse_args()
 
@@ -119,11 +121,14 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
-def save_checkpoint(args, step, state):
+def save_checkpoint(args, step, state, need_gib=0.0):
     """Save like HF: weights first, trainer_state.json last (its presence = complete)."""
     ckpt = os.path.join(args.output_dir, f"checkpoint-{step}")
     os.makedirs(ckpt, exist_ok=True)
     write_atomic(os.path.join(ckpt, "model.safetensors"), f"sim weights at step {step}\n")
+    if args.oom_while_saving_at == step and need_gib > args.capacity_gib:
+        # Gathering the optimizer state for the save needs memory the run lacks.
+        raise OutOfMemoryError(oom_message(args, need_gib))
     if args.die_while_saving_at == step:
         print(f"(simulated crash while saving checkpoint-{step})", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -185,16 +190,19 @@ def main():
 
     tty = sys.stdout.isatty()
     t0 = time.time()
+    def die(e):
+        print("\n" if tty else "", end="", flush=True)  # end the progress bar's line
+        traceback.print_exc()              # what Python prints for an uncaught error
+        sys.stderr.flush()
+        while isinstance(e, OutOfMemoryError) and args.hang_after_oom:
+            time.sleep(3600)               # a rank stuck in a collective never exits
+        sys.exit(args.fail_with if args.fail_with is not None else 1)
+
     for step in range(start + 1, args.max_steps + 1):
         try:
             loss = training_step(args, step, need_gib)
         except RuntimeError as e:
-            print("\n" if tty else "", end="", flush=True)  # end the progress bar's line
-            traceback.print_exc()              # what Python prints for an uncaught error
-            sys.stderr.flush()
-            while isinstance(e, OutOfMemoryError) and args.hang_after_oom:
-                time.sleep(3600)               # a rank stuck in a collective never exits
-            sys.exit(args.fail_with if args.fail_with is not None else 1)
+            die(e)
         state["log_history"].append({"step": step, "loss": round(loss, 4), "epoch": step / args.max_steps})
         state["epoch"] = step / args.max_steps
         segment["end_step"] = step
@@ -209,7 +217,10 @@ def main():
         if step % args.save_steps == 0 or step == args.max_steps:
             if tty:
                 print()
-            save_checkpoint(args, step, state)
+            try:
+                save_checkpoint(args, step, state, need_gib)
+            except RuntimeError as e:
+                die(e)
     if tty:
         print()
 

@@ -180,7 +180,13 @@ fn python_assignment(file: &Path, name: &str) -> Option<String> {
 }
 
 /// Find the command's checkpoint layout. `custom` (a policy's `[resume]`) wins.
-pub fn detect(argv: &[OsString], custom: Option<&CustomSpec>) -> Option<Layout> {
+/// `recipe_output_dir` is the `output_dir` key of a training recipe the command
+/// names (axolotl, LLaMA-Factory, TRL YAML), if any.
+pub fn detect(
+    argv: &[OsString],
+    custom: Option<&CustomSpec>,
+    recipe_output_dir: Option<&str>,
+) -> Option<Layout> {
     let a = strs(argv);
     let prog = Path::new(&a[0])
         .file_name()
@@ -308,8 +314,42 @@ pub fn detect(argv: &[OsString], custom: Option<&CustomSpec>) -> Option<Layout> 
         });
     }
 
-    // Hugging Face Trainer (and TRL, axolotl/LLaMA-Factory flags): --output_dir.
-    let out = flag_value(&a, &["--output_dir", "--output-dir"])?;
+    // Hugging Face Trainer (and TRL, axolotl/LLaMA-Factory flags): --output_dir,
+    // or the output_dir of the recipe YAML.
+    let flag_out = flag_value(&a, &["--output_dir", "--output-dir"]);
+    if flag_out.is_none() {
+        if let Some(out) = recipe_output_dir {
+            let axolotl = prog == "axolotl" || a.iter().any(|x| x.starts_with("axolotl.cli"));
+            let how = if axolotl {
+                ResumeHow::Flag {
+                    flag: "--resume-from-checkpoint".into(),
+                    equals: false,
+                }
+            } else if prog == "llamafactory-cli" || prog == "lmf" {
+                ResumeHow::Override {
+                    key: "resume_from_checkpoint".into(),
+                    value: None,
+                }
+            } else {
+                ResumeHow::Flag {
+                    flag: "--resume_from_checkpoint".into(),
+                    equals: false,
+                }
+            };
+            let user = flag_value(
+                &a,
+                &["--resume-from-checkpoint", "--resume_from_checkpoint"],
+            )
+            .or_else(|| override_value(&a, &["resume_from_checkpoint"]));
+            return Some(Layout {
+                kind: Kind::HuggingFace,
+                root: PathBuf::from(out),
+                how,
+                user_resume: user.map(PathBuf::from),
+            });
+        }
+    }
+    let out = flag_out?;
     Some(Layout {
         kind: Kind::HuggingFace,
         root: PathBuf::from(out),
@@ -743,7 +783,42 @@ mod tests {
     }
 
     fn layout_for(cmd: &str) -> Layout {
-        detect(&argv(cmd), None).expect("a layout")
+        detect(&argv(cmd), None, None).expect("a layout")
+    }
+
+    #[test]
+    fn recipe_yaml_output_dir_and_each_tools_resume_spelling() {
+        let l = detect(
+            &argv("axolotl train cfg.yml"),
+            None,
+            Some("./outputs/lora-out"),
+        )
+        .unwrap();
+        assert_eq!(l.root, PathBuf::from("./outputs/lora-out"));
+        assert_eq!(
+            l.how,
+            ResumeHow::Flag {
+                flag: "--resume-from-checkpoint".into(),
+                equals: false
+            }
+        );
+        let l = detect(
+            &argv("llamafactory-cli train x.yaml"),
+            None,
+            Some("saves/x"),
+        )
+        .unwrap();
+        assert!(
+            matches!(l.how, ResumeHow::Override { ref key, value: None } if key == "resume_from_checkpoint")
+        );
+        // A flag on the command line wins over the recipe.
+        let l = detect(
+            &argv("python sft.py --config r.yaml --output_dir o"),
+            None,
+            Some("x"),
+        )
+        .unwrap();
+        assert_eq!(l.root, PathBuf::from("o"));
     }
 
     /// A tiny valid zip, as torch.save writes (only the end record matters here).
@@ -956,7 +1031,7 @@ mod tests {
             pattern: "step_{step}".into(),
             complete_when: vec!["model.safetensors".into(), "optimizer.pt".into()],
         };
-        let l = detect(&argv("python train.py --lr 1e-4"), Some(&spec)).unwrap();
+        let l = detect(&argv("python train.py --lr 1e-4"), Some(&spec), None).unwrap();
         let f = find(&l, Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 5000);
         assert_eq!(f.skipped[0].why, "no optimizer.pt");

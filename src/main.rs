@@ -8,6 +8,7 @@ mod cli;
 mod detect;
 mod envmerge;
 mod exit;
+mod gpu;
 mod journal;
 mod knobs;
 mod launch;

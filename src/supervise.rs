@@ -86,7 +86,17 @@ impl RunConfig {
         let policy = Policy::load(&args.policy)?;
         let user = knobs::parse_user_bindings(&args.knob)?;
         let disc = knobs::discover(&args.command, &user, &real_env, &|p| p.to_path_buf())?;
-        let layout = checkpoint::detect(&args.command, policy.resume.as_ref());
+        let recipe_out = disc
+            .config
+            .files
+            .iter()
+            .filter(|f| f.role == knobs::Role::Training)
+            .find_map(|f| match f.doc.get("output_dir") {
+                Ok(Some(knobs::files::Scalar::Str(s))) => Some(s),
+                _ => None,
+            });
+        let layout =
+            checkpoint::detect(&args.command, policy.resume.as_ref(), recipe_out.as_deref());
         Ok(RunConfig {
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),

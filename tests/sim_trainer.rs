@@ -703,3 +703,63 @@ fn gradient_checkpointing_is_switched_on_by_a_flag_the_trainer_accepts() {
     run.check("final micro-batch", Some(8), fin["micro"].as_u64());
     run.check("final global batch", Some(32), fin["global_batch"].as_u64());
 }
+
+#[test]
+fn an_oom_while_saving_resumes_from_the_checkpoint_before() {
+    // The trainer OOMs half-way through writing checkpoint-10 (weights written,
+    // trainer_state.json not): that folder must never be resumed from.
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string()];
+    args.extend(demo_args(&out));
+    for a in ["--oom_at_step", "1000", "--oom_while_saving_at", "10"] {
+        args.push(a.to_string());
+    }
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&run_dir);
+    let starts = events(&j, "attempt_start");
+    run.check("attempts", 3, starts.len());
+    for (n, start) in starts.iter().enumerate().skip(1) {
+        run.check(
+            &format!(
+                "attempt {} resumes from checkpoint-5, not the half-written checkpoint-10",
+                n + 1
+            ),
+            Some(out.join("checkpoint-5").display().to_string()),
+            resume_arg(&argv_of(start)),
+        );
+    }
+    let skipped = events(&j, "checkpoint_skipped");
+    run.ensure(
+        "the journal says why checkpoint-10 was skipped",
+        skipped.iter().any(|e| {
+            e["path"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("checkpoint-10"))
+                && e["why"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("trainer_state.json"))
+        }),
+        "a checkpoint_skipped event for checkpoint-10",
+        &skipped,
+    );
+    let lost = events(&j, "work_lost");
+    run.check("work lost is recorded per OOM", 2, lost.len());
+    run.check(
+        "steps lost by the first OOM",
+        Some(5),
+        lost[0]["steps_lost"].as_u64(),
+    );
+    let fin = run.read_json(&out.join("final.json"));
+    run.check("reaches max_steps", Some(30), fin["global_step"].as_u64());
+    run.check("global batch kept", Some(32), fin["global_batch"].as_u64());
+    // The half-written folder is still there: oomguard never deletes a checkpoint.
+    run.ensure(
+        "checkpoint folders are never deleted",
+        out.join("checkpoint-10").is_dir(),
+        "checkpoint-10 exists",
+        std::fs::read_dir(&out).map(|d| d.count()).ok(),
+    );
+}

@@ -5,6 +5,7 @@
 //! the global batch) is reported as a note saying how to bind it with `--knob`.
 
 mod config;
+pub use config::Role;
 pub mod files;
 mod flags;
 mod world;
