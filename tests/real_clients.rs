@@ -476,3 +476,72 @@ fn hf_trainer_oom_resumes_from_its_real_checkpoint_and_finishes() {
     run.check("global batch kept", Some(8), last["global_batch"].as_u64());
     run.check("reached max_steps", Some(6), last["global_step"].as_u64());
 }
+
+#[test]
+fn hf_trainer_oom_while_saving_resumes_from_the_previous_complete_checkpoint() {
+    let Some(bin) = venv_bin() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    // micro 8 x seq 64 > budget: the real Trainer dies of an OOM half-way through
+    // saving checkpoint-4 (weights written, optimizer and trainer_state.json not).
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "python",
+        "tests/real/hf_trainer_oom.py",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_seq_length",
+        "64",
+        "--budget",
+        "256",
+        "--oom_at_step",
+        "1000",
+        "--oom_while_saving_at",
+        "4",
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "2",
+        "--output_dir",
+        out.to_str().unwrap(),
+    ];
+    let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&run_dir);
+    let starts = events(&j, "attempt_start");
+    run.check("attempts", 2, starts.len());
+    run.check(
+        "attempt 2 resumes from checkpoint-2, not the half-written checkpoint-4",
+        Some(out.join("checkpoint-2").display().to_string()),
+        resume_arg(&argv_of(starts[1])),
+    );
+    let skipped = events(&j, "checkpoint_skipped");
+    run.ensure(
+        "the journal says why checkpoint-4 was skipped",
+        skipped.iter().any(|e| {
+            e["path"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("checkpoint-4"))
+        }),
+        "a checkpoint_skipped event for checkpoint-4",
+        &skipped,
+    );
+    let state = run.read_json(&out.join("checkpoint-6/trainer_state.json"));
+    run.check("global_step", Some(6), state["global_step"].as_u64());
+    let logged: Vec<u64> = state["log_history"]
+        .as_array()
+        .map(|h| {
+            h.iter()
+                .filter(|e| e.get("loss").is_some())
+                .filter_map(|e| e["step"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
+    run.check(
+        "steps 1-2 from the resumed checkpoint, 3-6 retrained once",
+        vec![1, 2, 3, 4, 5, 6],
+        logged,
+    );
+}

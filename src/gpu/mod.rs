@@ -41,7 +41,7 @@
 
 // Until the lead wires the CLI and the attempt loop, nothing outside this module calls it;
 // remove this line then so dead code is reported again.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod fake;
 pub mod nvml;
@@ -60,7 +60,9 @@ use serde::Serialize;
 
 pub use report::gpus_main;
 pub use sample::{GpuPeak, PeakReport, PeakSampler};
-pub use wait::{Preflight, Tenant, WaitTimedOut, foreign_tenants, preflight, wait_for_free, wait_released};
+pub use wait::{
+    Preflight, Tenant, WaitTimedOut, foreign_tenants, preflight, wait_for_free, wait_released,
+};
 
 /// Environment variable naming a fake timeline file (tests only; see `fake.rs`).
 pub const FAKE_VAR: &str = "OOMGUARD_FAKE_GPUS";

@@ -341,11 +341,13 @@ pub fn discover(
             .chain(if hf_style { &[][..] } else { AMBIGUOUS_BATCH })
             .copied()
             .collect();
-        if let Some(o) = occs
-            .iter()
-            .rev()
-            .find(|o| global_spellings.contains(&o.name.as_str()))
-        {
+        let micro_flag = match &knobs[&Knob::MicroBatch].binding {
+            Binding::Flag { flag, .. } => Some(flag.clone()),
+            _ => None,
+        };
+        if let Some(o) = occs.iter().rev().find(|o| {
+            global_spellings.contains(&o.name.as_str()) && Some(&o.name) != micro_flag.as_ref()
+        }) {
             let micro = knobs[&Knob::MicroBatch].value.as_int().unwrap_or(1);
             if let Some(global) = o.value.as_ref().and_then(|v| v.parse::<u64>().ok()) {
                 let per_step = micro * world.size;

@@ -362,8 +362,27 @@ pub fn discover(
         return Err(KnobError::NoCommand);
     }
     let world = world::world_size(argv, env);
-    let mut d = flags::discover(argv, user, env, world)?;
     let mut found = config::find(argv, resolve)?;
+    // nanoGPT: `train.py config/x.py --batch_size=12`: the flag overrides the
+    // module's per-GPU micro-batch, so it is the micro-batch too.
+    let mut user = user.to_vec();
+    let nanogpt = found
+        .files
+        .iter()
+        .any(|f| f.role == config::Role::PythonModule);
+    if nanogpt && !user.iter().any(|(k, _)| *k == Knob::MicroBatch) {
+        let has = |f: &str| {
+            argv.iter().any(|a| {
+                a.to_str()
+                    .is_some_and(|s| s == f || s.starts_with(&format!("{f}=")))
+            })
+        };
+        if has("--batch_size") {
+            user.push((Knob::MicroBatch, UserBinding::Flag("--batch_size".into())));
+        }
+    }
+    let user = &user[..];
+    let mut d = flags::discover(argv, user, env, world)?;
 
     // What the user bound to files and overrides.
     let mut user_places: Vec<config::Place> = Vec::new();
@@ -491,7 +510,7 @@ pub fn discover(
             }
             if present && v != value {
                 d.notes.push(format!(
-                    "{knob}: {binding} says {value} but {b} says {v}; oomguard writes one value to both when {knob} changes"
+                    "{knob}: {binding} ({value}) overrides {b} ({v}); both get the new value when {knob} changes"
                 ));
             }
             if present || matches!(b, Binding::Config { .. }) {

@@ -32,6 +32,9 @@ class ScriptArguments:
     max_seq_length: int = field(default=64)
     budget: int = field(default=256, metadata={"help": "largest micro_batch x seq_len that 'fits'"})
     oom_at_step: int = field(default=1, metadata={"help": "a run that does not fit dies at this step"})
+    oom_while_saving_at: int = field(default=0, metadata={
+        "help": "a run that does not fit dies half-way through saving checkpoint-N (weights written, "
+                "optimizer and trainer_state.json not)"})
     oomguard_report: Optional[str] = field(default=None)
 
 
@@ -92,6 +95,17 @@ def main():
     model.register_forward_pre_hook(fake_oom, with_kwargs=True)
     trainer = Trainer(model=model, args=training_args, callbacks=[counter],
                       train_dataset=RandomTokens(256, seq, 128))
+    if script_args.oom_while_saving_at and micro * seq > script_args.budget:
+        # The Trainer saves the weights, then the optimizer, then trainer_state.json:
+        # an OOM while gathering the optimizer state leaves a checkpoint without it.
+        save_optimizer = trainer._save_optimizer_and_scheduler
+
+        def oom_while_saving(output_dir):
+            if trainer.state.global_step == script_args.oom_while_saving_at:
+                raise torch.OutOfMemoryError(oom_message(micro * seq))
+            save_optimizer(output_dir)
+
+        trainer._save_optimizer_and_scheduler = oom_while_saving
     resume = training_args.resume_from_checkpoint
     if resume:
         print(f"resuming from {resume}", flush=True)
