@@ -317,37 +317,37 @@ pub fn detect(
     // Hugging Face Trainer (and TRL, axolotl/LLaMA-Factory flags): --output_dir,
     // or the output_dir of the recipe YAML.
     let flag_out = flag_value(&a, &["--output_dir", "--output-dir"]);
-    if flag_out.is_none() {
-        if let Some(out) = recipe_output_dir {
-            let axolotl = prog == "axolotl" || a.iter().any(|x| x.starts_with("axolotl.cli"));
-            let how = if axolotl {
-                ResumeHow::Flag {
-                    flag: "--resume-from-checkpoint".into(),
-                    equals: false,
-                }
-            } else if prog == "llamafactory-cli" || prog == "lmf" {
-                ResumeHow::Override {
-                    key: "resume_from_checkpoint".into(),
-                    value: None,
-                }
-            } else {
-                ResumeHow::Flag {
-                    flag: "--resume_from_checkpoint".into(),
-                    equals: false,
-                }
-            };
-            let user = flag_value(
-                &a,
-                &["--resume-from-checkpoint", "--resume_from_checkpoint"],
-            )
-            .or_else(|| override_value(&a, &["resume_from_checkpoint"]));
-            return Some(Layout {
-                kind: Kind::HuggingFace,
-                root: PathBuf::from(out),
-                how,
-                user_resume: user.map(PathBuf::from),
-            });
-        }
+    if flag_out.is_none()
+        && let Some(out) = recipe_output_dir
+    {
+        let axolotl = prog == "axolotl" || a.iter().any(|x| x.starts_with("axolotl.cli"));
+        let how = if axolotl {
+            ResumeHow::Flag {
+                flag: "--resume-from-checkpoint".into(),
+                equals: false,
+            }
+        } else if prog == "llamafactory-cli" || prog == "lmf" {
+            ResumeHow::Override {
+                key: "resume_from_checkpoint".into(),
+                value: None,
+            }
+        } else {
+            ResumeHow::Flag {
+                flag: "--resume_from_checkpoint".into(),
+                equals: false,
+            }
+        };
+        let user = flag_value(
+            &a,
+            &["--resume-from-checkpoint", "--resume_from_checkpoint"],
+        )
+        .or_else(|| override_value(&a, &["resume_from_checkpoint"]));
+        return Some(Layout {
+            kind: Kind::HuggingFace,
+            root: PathBuf::from(out),
+            how,
+            user_resume: user.map(PathBuf::from),
+        });
     }
     let out = flag_out?;
     Some(Layout {

@@ -340,11 +340,12 @@ fn check_rung_diff(case: &str, knobs: &J, base: &J, rung: &J) -> Vec<String> {
     let settings = &rung["settings"];
     let mut segments: Vec<String> = Vec::new();
     for k in KNOBS {
-        if settings.get(k).is_some() && settings[k] != base[k] {
-            if let Some(b) = knobs[k]["binding"].as_str() {
-                for key in binding_keys(b) {
-                    segments.extend(key.split('.').filter(|s| s.len() > 2).map(String::from));
-                }
+        if settings.get(k).is_some()
+            && settings[k] != base[k]
+            && let Some(b) = knobs[k]["binding"].as_str()
+        {
+            for key in binding_keys(b) {
+                segments.extend(key.split('.').filter(|s| s.len() > 2).map(String::from));
             }
         }
     }
@@ -410,79 +411,351 @@ fn check_rung_diff(case: &str, knobs: &J, base: &J, rung: &J) -> Vec<String> {
 /// Labelled knobs oomguard is not meant to find as labelled, with the reason.
 /// Case number, knob ("*" for every knob of the case), reason.
 const EXCEPTIONS: &[(&str, &str, &str)] = &[
-    ("01", "grad_accum", "`gradient_accumulation_steps = 5 * 8` is a Python expression; oomguard edits literals, it does not evaluate code"),
-    ("03", "micro_batch", "llm.c's single-letter flags (-b) of a custom binary are not guessed; bind with --knob"),
-    ("03", "grad_accum", "llm.c -d is the total batch in tokens (derived); single-letter flags are not guessed"),
-    ("03", "seq_len", "llm.c's single-letter flags (-t) are not guessed; bind with --knob"),
-    ("03", "grad_checkpointing", "llm.c -r is a recompute level 0|1|2, not a bool; not guessed"),
-    ("03", "zero_stage", "llm.c -z (unsure in labels) is not guessed"),
-    ("07", "zero_stage", "`trl sft --accelerate_config zero2` names a preset shipped inside TRL, not a file on the command line"),
-    ("07", "offload_optimizer", "the preset's YAML (zero2.yaml) is not named by the command"),
-    ("07", "offload_param", "the preset's YAML (zero2.yaml) is not named by the command"),
+    (
+        "01",
+        "grad_accum",
+        "`gradient_accumulation_steps = 5 * 8` is a Python expression; oomguard edits literals, it does not evaluate code",
+    ),
+    (
+        "03",
+        "micro_batch",
+        "llm.c's single-letter flags (-b) of a custom binary are not guessed; bind with --knob",
+    ),
+    (
+        "03",
+        "grad_accum",
+        "llm.c -d is the total batch in tokens (derived); single-letter flags are not guessed",
+    ),
+    (
+        "03",
+        "seq_len",
+        "llm.c's single-letter flags (-t) are not guessed; bind with --knob",
+    ),
+    (
+        "03",
+        "grad_checkpointing",
+        "llm.c -r is a recompute level 0|1|2, not a bool; not guessed",
+    ),
+    (
+        "03",
+        "zero_stage",
+        "llm.c -z (unsure in labels) is not guessed",
+    ),
+    (
+        "07",
+        "zero_stage",
+        "`trl sft --accelerate_config zero2` names a preset shipped inside TRL, not a file on the command line",
+    ),
+    (
+        "07",
+        "offload_optimizer",
+        "the preset's YAML (zero2.yaml) is not named by the command",
+    ),
+    (
+        "07",
+        "offload_param",
+        "the preset's YAML (zero2.yaml) is not named by the command",
+    ),
     ("13", "micro_batch", "hard-coded in the training script"),
     ("13", "seq_len", "hard-coded in the training script"),
-    ("14", "grad_accum", "the accelerate config names its DeepSpeed JSON by an absolute path (/home/ubuntu/...) the fixture cannot place"),
-    ("14", "zero_stage", "DeepSpeed JSON named by an absolute path the fixture cannot place"),
-    ("14", "offload_optimizer", "DeepSpeed JSON named by an absolute path the fixture cannot place"),
-    ("14", "offload_param", "DeepSpeed JSON named by an absolute path the fixture cannot place"),
-    ("20", "seq_len", "split prompt/completion lengths (two keys); seq_len is one value"),
-    ("23", "offload_param", "FSDP offload (fsdp_config.offload_params); the offload knobs are DeepSpeed devices"),
-    ("24", "*", "config.yml is not part of the fixture (labels: not provided); plan stops with exit 2 naming it"),
-    ("28", "offload_param", "FSDP offload (fsdp_offload_params); the offload knobs are DeepSpeed devices"),
-    ("29", "grad_accum", "torchtune built-in recipe `--config llama2/7B_lora_single_device` is not a file the command names"),
-    ("29", "seq_len", "torchtune built-in recipe config is not a file the command names"),
-    ("30", "micro_batch", "torchtune built-in recipe config is not a file the command names"),
-    ("30", "grad_accum", "torchtune built-in recipe config is not a file the command names"),
-    ("30", "grad_checkpointing", "torchtune built-in recipe config is not a file the command names"),
-    ("31", "grad_accum", "torchtune built-in recipe config is not a file the command names"),
-    ("31", "seq_len", "torchtune built-in recipe config is not a file the command names"),
-    ("31", "grad_checkpointing", "torchtune built-in recipe config is not a file the command names"),
-    ("31", "offload_param", "FSDP offload (fsdp_cpu_offload) in a built-in recipe config"),
-    ("32", "micro_batch", "torchtune built-in recipe config is not a file the command names"),
-    ("32", "grad_accum", "torchtune built-in recipe config is not a file the command names"),
-    ("32", "seq_len", "torchtune built-in recipe config is not a file the command names"),
-    ("32", "grad_checkpointing", "torchtune built-in recipe config is not a file the command names"),
-    ("33", "zero_stage", "value behind a shell variable ($ZERO_STAGE)"),
-    ("34", "seq_len", "split prompt/answer lengths (two flags); seq_len is one value"),
-    ("34", "zero_stage", "actor/critic stages behind shell variables ($ACTOR_ZERO_STAGE)"),
-    ("34", "offload_param", "--offload_reference_model offloads the frozen reference model only"),
-    ("36", "micro_batch", "value behind a shell variable ($MICRO_BATCH_SIZE)"),
-    ("36", "grad_accum", "derived from --global-batch-size $GLOBAL_BATCH_SIZE (shell variable)"),
-    ("36", "seq_len", "value behind a shell variable ($SEQ_LENGTH)"),
-    ("36", "grad_checkpointing", "shell variable activation_checkpoint in the script"),
-    ("36", "zero_stage", "--zero-stage inside $ds_args (shell variable)"),
-    ("37", "*", "the command is a string assigned to run_cmd from shell variables and a sed template; no command line to plan"),
-    ("38", "offload_param", "`--fsdp full_shard auto_wrap` is FSDP sharding, no offload"),
-    ("42", "offload_param", "`--fsdp full_shard auto_wrap` is FSDP sharding, no offload"),
-    ("45", "*", "the command is assembled in a heredoc and run as `deepspeed --module $training_commands`"),
-    ("46", "*", "the command is assembled in a heredoc and run as `deepspeed --module $training_commands`"),
-    ("47", "micro_batch", "value behind a shell variable ($BATCH_SIZE_PER_GPU)"),
-    ("47", "grad_accum", "value behind a shell variable ($GRADIENT_ACC_STEPS)"),
-    ("49", "grad_accum", "derived from global_train_batch_size; llm-foundry computes accumulation"),
-    ("49", "zero_stage", "FSDP sharding_strategy labelled as zero_stage"),
-    ("50", "grad_accum", "derived, in verl's packaged Hydra config the command does not name"),
-    ("50", "seq_len", "verl's packaged Hydra config sft_trainer.yaml is not named by the command"),
-    ("50", "grad_checkpointing", "verl's packaged Hydra config is not named by the command"),
-    ("50", "offload_optimizer", "FSDP offload in verl's packaged Hydra config"),
-    ("50", "offload_param", "FSDP offload in verl's packaged Hydra config"),
+    (
+        "14",
+        "grad_accum",
+        "the accelerate config names its DeepSpeed JSON by an absolute path (/home/ubuntu/...) the fixture cannot place",
+    ),
+    (
+        "14",
+        "zero_stage",
+        "DeepSpeed JSON named by an absolute path the fixture cannot place",
+    ),
+    (
+        "14",
+        "offload_optimizer",
+        "DeepSpeed JSON named by an absolute path the fixture cannot place",
+    ),
+    (
+        "14",
+        "offload_param",
+        "DeepSpeed JSON named by an absolute path the fixture cannot place",
+    ),
+    (
+        "20",
+        "seq_len",
+        "split prompt/completion lengths (two keys); seq_len is one value",
+    ),
+    (
+        "23",
+        "offload_param",
+        "FSDP offload (fsdp_config.offload_params); the offload knobs are DeepSpeed devices",
+    ),
+    (
+        "24",
+        "*",
+        "config.yml is not part of the fixture (labels: not provided); plan stops with exit 2 naming it",
+    ),
+    (
+        "28",
+        "offload_param",
+        "FSDP offload (fsdp_offload_params); the offload knobs are DeepSpeed devices",
+    ),
+    (
+        "29",
+        "grad_accum",
+        "torchtune built-in recipe `--config llama2/7B_lora_single_device` is not a file the command names",
+    ),
+    (
+        "29",
+        "seq_len",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "30",
+        "micro_batch",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "30",
+        "grad_accum",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "30",
+        "grad_checkpointing",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "31",
+        "grad_accum",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "31",
+        "seq_len",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "31",
+        "grad_checkpointing",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "31",
+        "offload_param",
+        "FSDP offload (fsdp_cpu_offload) in a built-in recipe config",
+    ),
+    (
+        "32",
+        "micro_batch",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "32",
+        "grad_accum",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "32",
+        "seq_len",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "32",
+        "grad_checkpointing",
+        "torchtune built-in recipe config is not a file the command names",
+    ),
+    (
+        "33",
+        "zero_stage",
+        "value behind a shell variable ($ZERO_STAGE)",
+    ),
+    (
+        "34",
+        "seq_len",
+        "split prompt/answer lengths (two flags); seq_len is one value",
+    ),
+    (
+        "34",
+        "zero_stage",
+        "actor/critic stages behind shell variables ($ACTOR_ZERO_STAGE)",
+    ),
+    (
+        "34",
+        "offload_param",
+        "--offload_reference_model offloads the frozen reference model only",
+    ),
+    (
+        "36",
+        "micro_batch",
+        "value behind a shell variable ($MICRO_BATCH_SIZE)",
+    ),
+    (
+        "36",
+        "grad_accum",
+        "derived from --global-batch-size $GLOBAL_BATCH_SIZE (shell variable)",
+    ),
+    (
+        "36",
+        "seq_len",
+        "value behind a shell variable ($SEQ_LENGTH)",
+    ),
+    (
+        "36",
+        "grad_checkpointing",
+        "shell variable activation_checkpoint in the script",
+    ),
+    (
+        "36",
+        "zero_stage",
+        "--zero-stage inside $ds_args (shell variable)",
+    ),
+    (
+        "37",
+        "*",
+        "the command is a string assigned to run_cmd from shell variables and a sed template; no command line to plan",
+    ),
+    (
+        "38",
+        "offload_param",
+        "`--fsdp full_shard auto_wrap` is FSDP sharding, no offload",
+    ),
+    (
+        "42",
+        "offload_param",
+        "`--fsdp full_shard auto_wrap` is FSDP sharding, no offload",
+    ),
+    (
+        "45",
+        "*",
+        "the command is assembled in a heredoc and run as `deepspeed --module $training_commands`",
+    ),
+    (
+        "46",
+        "*",
+        "the command is assembled in a heredoc and run as `deepspeed --module $training_commands`",
+    ),
+    (
+        "47",
+        "micro_batch",
+        "value behind a shell variable ($BATCH_SIZE_PER_GPU)",
+    ),
+    (
+        "47",
+        "grad_accum",
+        "value behind a shell variable ($GRADIENT_ACC_STEPS)",
+    ),
+    (
+        "49",
+        "grad_accum",
+        "derived from global_train_batch_size; llm-foundry computes accumulation",
+    ),
+    (
+        "49",
+        "zero_stage",
+        "FSDP sharding_strategy labelled as zero_stage",
+    ),
+    (
+        "50",
+        "grad_accum",
+        "derived, in verl's packaged Hydra config the command does not name",
+    ),
+    (
+        "50",
+        "seq_len",
+        "verl's packaged Hydra config sft_trainer.yaml is not named by the command",
+    ),
+    (
+        "50",
+        "grad_checkpointing",
+        "verl's packaged Hydra config is not named by the command",
+    ),
+    (
+        "50",
+        "offload_optimizer",
+        "FSDP offload in verl's packaged Hydra config",
+    ),
+    (
+        "50",
+        "offload_param",
+        "FSDP offload in verl's packaged Hydra config",
+    ),
     ("51", "grad_accum", "derived from ppo_mini_batch_size"),
-    ("51", "seq_len", "split prompt/response lengths (two overrides); seq_len is one value"),
-    ("51", "offload_optimizer", "FSDP bool optimizer_offload; the offload knobs are DeepSpeed devices"),
-    ("51", "offload_param", "FSDP bool param_offload; the offload knobs are DeepSpeed devices"),
-    ("52", "micro_batch", "bare data.batch_size is the global batch in lightning-hydra-template (divided by world size); not guessed"),
-    ("53", "micro_batch", "Hydra config group file configs/data/mnist.yaml is not named by the command"),
-    ("54", "micro_batch", "list value [2,2] behind an ambiguous --data.batch_size"),
-    ("54", "seq_len", "domain analogue data.audio_time_len (list of strings)"),
-    ("55", "*", "the saved config logs/NBSS/version_x/config.yaml is not in the fixture; plan stops with exit 2 naming it"),
-    ("56", "*", "the command is built in a bash array args=(...) with env defaults; no command line to plan"),
-    ("57", "grad_accum", "derived: litgpt computes accumulation from train.global_batch_size"),
-    ("58", "grad_accum", "derived: litgpt computes accumulation from train.global_batch_size"),
-    ("60", "grad_accum", "value is a command substitution $(expr 16 / $nproc_per_node)"),
-    ("60", "zero_stage", "`--deepspeed zero2` names a preset shipped inside ms-swift"),
+    (
+        "51",
+        "seq_len",
+        "split prompt/response lengths (two overrides); seq_len is one value",
+    ),
+    (
+        "51",
+        "offload_optimizer",
+        "FSDP bool optimizer_offload; the offload knobs are DeepSpeed devices",
+    ),
+    (
+        "51",
+        "offload_param",
+        "FSDP bool param_offload; the offload knobs are DeepSpeed devices",
+    ),
+    (
+        "52",
+        "micro_batch",
+        "bare data.batch_size is the global batch in lightning-hydra-template (divided by world size); not guessed",
+    ),
+    (
+        "53",
+        "micro_batch",
+        "Hydra config group file configs/data/mnist.yaml is not named by the command",
+    ),
+    (
+        "54",
+        "micro_batch",
+        "list value [2,2] behind an ambiguous --data.batch_size",
+    ),
+    (
+        "54",
+        "seq_len",
+        "domain analogue data.audio_time_len (list of strings)",
+    ),
+    (
+        "55",
+        "*",
+        "the saved config logs/NBSS/version_x/config.yaml is not in the fixture; plan stops with exit 2 naming it",
+    ),
+    (
+        "56",
+        "*",
+        "the command is built in a bash array args=(...) with env defaults; no command line to plan",
+    ),
+    (
+        "57",
+        "grad_accum",
+        "derived: litgpt computes accumulation from train.global_batch_size",
+    ),
+    (
+        "58",
+        "grad_accum",
+        "derived: litgpt computes accumulation from train.global_batch_size",
+    ),
+    (
+        "60",
+        "grad_accum",
+        "value is a command substitution $(expr 16 / $nproc_per_node)",
+    ),
+    (
+        "60",
+        "zero_stage",
+        "`--deepspeed zero2` names a preset shipped inside ms-swift",
+    ),
     ("60", "offload_optimizer", "preset name `--deepspeed zero2`"),
     ("60", "offload_param", "preset name `--deepspeed zero2`"),
-    ("61", "grad_checkpointing", "activation_checkpoint.mode is none|selective|full, not a bool"),
-    ("61", "zero_stage", "FSDP data_parallel_shard_degree labelled as zero_stage"),
+    (
+        "61",
+        "grad_checkpointing",
+        "activation_checkpoint.mode is none|selective|full, not a bool",
+    ),
+    (
+        "61",
+        "zero_stage",
+        "FSDP data_parallel_shard_degree labelled as zero_stage",
+    ),
 ];
 
 fn exception(case: &str, knob: &str) -> Option<&'static str> {
@@ -914,7 +1187,7 @@ fn fixture_corpus_knobs_found_as_labelled() {
         "\n{n_ok} of {n_all} labelled knob locations found as labelled ({n_ok_present} of {n_present} not labelled absent)\n"
     ));
     out.push_str(&format!(
-        "{rungs_with_files} rungs changed a config file; every diff touched only changed keys; {} exceptions applied\n",
+        "{rungs_with_files} rungs changed a config file (diffs checked: only changed keys); {} exceptions applied\n",
         used_exceptions.len()
     ));
     eprintln!("{out}");
@@ -962,7 +1235,10 @@ fn argv_of(r: &J) -> Vec<String> {
 }
 
 fn after<'a>(argv: &'a [String], flag: &str) -> &'a str {
-    let i = argv.iter().position(|a| a == flag).unwrap_or_else(|| panic!("{flag} not in {argv:?}"));
+    let i = argv
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("{flag} not in {argv:?}"));
     &argv[i + 1]
 }
 
@@ -1038,22 +1314,33 @@ fn deepspeed_json_mirror_follows_the_flag_and_train_batch_size_stays_exact() {
     let files = r["files"].as_array().unwrap();
     assert_eq!(files.len(), 1, "{files:#?}");
     let copy = files[0]["copy"].as_str().unwrap();
-    assert!(after(&argv, "--deepspeed").ends_with(copy), "{argv:?} vs {copy}");
+    assert!(
+        after(&argv, "--deepspeed").ends_with(copy),
+        "{argv:?} vs {copy}"
+    );
     let (minus, plus) = changed_lines(r);
     assert_eq!(
         minus,
-        vec!["\"train_micro_batch_size_per_gpu\": 8,", "\"gradient_accumulation_steps\": 2,"]
+        vec![
+            "\"train_micro_batch_size_per_gpu\": 8,",
+            "\"gradient_accumulation_steps\": 2,"
+        ]
     );
     assert_eq!(
         plus,
-        vec!["\"train_micro_batch_size_per_gpu\": 4,", "\"gradient_accumulation_steps\": 4,"]
+        vec![
+            "\"train_micro_batch_size_per_gpu\": 4,",
+            "\"gradient_accumulation_steps\": 4,"
+        ]
     );
     // train_batch_size stays 32 = 4 × 4 × 2 on every rung: never rewritten.
     for r in plan["ladder"].as_array().unwrap() {
         assert_eq!(r["global_batch"], 32);
         let (m, p) = changed_lines(r);
         assert!(
-            !m.iter().chain(&p).any(|l| l.contains("\"train_batch_size\"")),
+            !m.iter()
+                .chain(&p)
+                .any(|l| l.contains("\"train_batch_size\"")),
             "{}: {m:?} {p:?}",
             r["step"]
         );
@@ -1090,7 +1377,10 @@ fn accelerate_deepspeed_yaml_zero_stage_is_raised_in_a_copy() {
         "accelerate config acc.yaml: deepspeed_config.zero_stage"
     );
     assert_eq!(plan["knobs"]["zero_stage"]["value"], 2);
-    assert_eq!(plan["world_size"], 4, "num_processes: 4 in the accelerate config");
+    assert_eq!(
+        plan["world_size"], 4,
+        "num_processes: 4 in the accelerate config"
+    );
     let r = rung(&plan, "raise_zero_stage");
     assert_eq!(r["settings"]["zero_stage"], 3);
     let files = r["files"].as_array().unwrap();
@@ -1100,22 +1390,47 @@ fn accelerate_deepspeed_yaml_zero_stage_is_raised_in_a_copy() {
     assert!(copy.ends_with("acc.yaml") && copy != "acc.yaml", "{copy}");
     let argv = argv_of(r);
     assert!(after(&argv, "--config_file").ends_with(copy), "{argv:?}");
-    assert_eq!(argv[4..], ["train.py", "--per_device_train_batch_size", "8", "--output_dir", "out"]);
+    assert_eq!(
+        argv[4..],
+        [
+            "train.py",
+            "--per_device_train_batch_size",
+            "8",
+            "--output_dir",
+            "out"
+        ]
+    );
     let (minus, plus) = changed_lines(r);
-    assert_eq!((minus, plus), (vec!["zero_stage: 2".to_string()], vec!["zero_stage: 3".to_string()]));
+    assert_eq!(
+        (minus, plus),
+        (
+            vec!["zero_stage: 2".to_string()],
+            vec!["zero_stage: 3".to_string()]
+        )
+    );
 }
 
 #[test]
 fn axolotl_yaml_positional_is_followed() {
     let tmp = tempfile::tempdir().unwrap();
-    fs::copy(own_configs().join("axolotl_lora.yml"), tmp.path().join("x.yml")).unwrap();
+    fs::copy(
+        own_configs().join("axolotl_lora.yml"),
+        tmp.path().join("x.yml"),
+    )
+    .unwrap();
     let before = snapshot(tmp.path());
     let plan = plan_in(tmp.path(), &[], &["axolotl", "train", "x.yml"]);
     assert_eq!(before, snapshot(tmp.path()), "plan wrote or changed files");
     let k = &plan["knobs"];
-    assert_eq!(k["micro_batch"]["binding"], "config x.yml: micro_batch_size");
+    assert_eq!(
+        k["micro_batch"]["binding"],
+        "config x.yml: micro_batch_size"
+    );
     assert_eq!(k["micro_batch"]["value"], 2);
-    assert_eq!(k["grad_accum"]["binding"], "config x.yml: gradient_accumulation_steps");
+    assert_eq!(
+        k["grad_accum"]["binding"],
+        "config x.yml: gradient_accumulation_steps"
+    );
     assert_eq!(k["grad_accum"]["value"], 2);
     assert_eq!(k["seq_len"]["binding"], "config x.yml: sequence_len");
     assert_eq!(k["seq_len"]["value"], 2048);
@@ -1123,10 +1438,25 @@ fn axolotl_yaml_positional_is_followed() {
     let argv = argv_of(r);
     let copy = r["files"][0]["copy"].as_str().unwrap();
     assert_eq!(argv[..2], ["axolotl", "train"]);
-    assert!(argv[2].ends_with(copy) && copy.ends_with("x.yml"), "{argv:?}");
+    assert!(
+        argv[2].ends_with(copy) && copy.ends_with("x.yml"),
+        "{argv:?}"
+    );
     let (minus, plus) = changed_lines(r);
-    assert_eq!(minus, vec!["gradient_accumulation_steps: 2", "micro_batch_size: 2  # per GPU"]);
-    assert_eq!(plus, vec!["gradient_accumulation_steps: 4", "micro_batch_size: 1  # per GPU"]);
+    assert_eq!(
+        minus,
+        vec![
+            "gradient_accumulation_steps: 2",
+            "micro_batch_size: 2  # per GPU"
+        ]
+    );
+    assert_eq!(
+        plus,
+        vec![
+            "gradient_accumulation_steps: 4",
+            "micro_batch_size: 1  # per GPU"
+        ]
+    );
 }
 
 #[test]
@@ -1143,9 +1473,15 @@ fn hydra_overrides_are_rewritten_in_place() {
         ],
     );
     let k = &plan["knobs"];
-    assert_eq!(k["micro_batch"]["binding"], "override data.micro_batch_size_per_gpu=");
+    assert_eq!(
+        k["micro_batch"]["binding"],
+        "override data.micro_batch_size_per_gpu="
+    );
     assert_eq!(k["micro_batch"]["value"], 8);
-    assert_eq!(k["grad_accum"]["binding"], "override trainer.accumulate_grad_batches=");
+    assert_eq!(
+        k["grad_accum"]["binding"],
+        "override trainer.accumulate_grad_batches="
+    );
     assert_eq!(k["grad_accum"]["value"], 2);
     let r = rung(&plan, "halve_micro_batch");
     assert_eq!(
@@ -1158,5 +1494,8 @@ fn hydra_overrides_are_rewritten_in_place() {
         ]
     );
     assert_eq!(r["files"].as_array().map(Vec::len), Some(0));
-    assert!(fs::read_dir(tmp.path()).unwrap().next().is_none(), "plan wrote files");
+    assert!(
+        fs::read_dir(tmp.path()).unwrap().next().is_none(),
+        "plan wrote files"
+    );
 }

@@ -121,7 +121,7 @@ impl FakeProbe {
         let mut last = f64::NEG_INFINITY;
         let me = super::run_marker();
         for s in t.snapshots {
-            if !(s.at_s >= last) {
+            if s.at_s.is_nan() || s.at_s < last {
                 return Err(format!("at_s {} comes after at_s {last}", s.at_s));
             }
             last = s.at_s;

@@ -174,7 +174,7 @@ pub(super) fn add(r: &mut PeakReport, all: &[GpuState], gpus: &[u32], marker: &s
 }
 
 /// CPU time this thread has used.
-fn thread_cpu_time() -> Duration {
+pub(super) fn thread_cpu_time() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -303,6 +303,18 @@ fn wait_for_free_times_out() {
     )
     .unwrap_err();
     assert!(e.still.contains("GPU 5 not found"), "{e}");
+    // A wait that can never succeed fails at once.
+    let e = wait_for_free(
+        &mut p,
+        &[1],
+        81 * GIB,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(e.waited < Duration::from_millis(100), "{e:?}");
+    assert_eq!(e.still, "GPU 1 has only 80.0 GiB in all");
     // Nor does a failing probe: it keeps trying until the timeout.
     let mut lost = fixture("lost.json");
     let e = wait_for_free(
@@ -687,4 +699,67 @@ fn nvml_without_driver_is_an_error_not_a_panic() {
             assert!(line.ends_with("): GPU features off"), "{line}");
         }
     }
+}
+
+// ---- cost ----
+
+/// The CPU cost of one sample, measured with the sampler itself: NVML when this machine has
+/// it, else the fake plus the `/proc` lookups the NVML probe does for each process.
+/// `cargo test --release gpu::tests::measure_sampling_cost -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement, not a check: run it by name"]
+fn measure_sampling_cost() {
+    let every = Duration::from_millis(5);
+    let (what, probe): (&str, Box<dyn Probe>) = match nvml::NvmlProbe::open() {
+        Ok(p) => ("NVML", Box::new(p)),
+        Err(_) => (
+            "fake (no NVML here)",
+            Box::new(fixture("sampler_error.json")),
+        ),
+    };
+    let s = PeakSampler::start(probe, vec![0], run_marker(), every);
+    std::thread::sleep(Duration::from_secs(2));
+    let (_, r) = s.stop();
+    println!(
+        "{what}: {} samples, {:.1} µs CPU per sample",
+        r.samples, r.cpu_us_per_sample
+    );
+    // The /proc part: 64 live processes of ours, looked up as the NVML probe does.
+    let mut kids: Vec<std::process::Child> = (0..64)
+        .map(|_| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let pids: Vec<u32> = kids.iter().map(|k| k.id()).collect();
+    let mut cache = procinfo::Cache::default();
+    let cpu = |f: &mut dyn FnMut()| {
+        let t0 = sample::thread_cpu_time();
+        f();
+        sample::thread_cpu_time() - t0
+    };
+    let first = cpu(&mut || {
+        for &p in &pids {
+            cache.who(p);
+        }
+    });
+    let rounds = 50;
+    let cached = cpu(&mut || {
+        for _ in 0..rounds {
+            for &p in &pids {
+                cache.who(p);
+            }
+        }
+    });
+    for k in &mut kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    println!(
+        "/proc lookups: first sight {:.1} µs per process, cached {:.1} µs per process",
+        first.as_secs_f64() * 1e6 / pids.len() as f64,
+        cached.as_secs_f64() * 1e6 / (rounds * pids.len()) as f64
+    );
 }

@@ -186,7 +186,8 @@ impl ErrorStreak {
 
 /// `--wait-for-memory`: wait until each of `gpus` has at least `bytes` free. Says where it
 /// stands through `out` when it starts waiting and every `status_every` after. Returns how
-/// long it waited. While the probe fails, it keeps trying until `timeout`.
+/// long it waited. While the probe fails, it keeps trying until `timeout`. A GPU smaller
+/// than `bytes` fails the wait at once (it could never succeed).
 pub fn wait_for_free(
     p: &mut dyn Probe,
     gpus: &[u32],
@@ -199,6 +200,7 @@ pub fn wait_for_free(
     let mut next_status = start;
     let mut streak = ErrorStreak(false);
     loop {
+        let mut impossible = None;
         let still = match p.gpus() {
             Ok(all) => {
                 streak.0 = false;
@@ -207,9 +209,19 @@ pub fn wait_for_free(
                     .filter_map(|i| match all.iter().find(|g| g.index == *i) {
                         None => Some(format!("GPU {i} not found")),
                         Some(g) if g.free >= bytes => None,
+                        Some(g) if g.total < bytes => {
+                            impossible = Some(format!("GPU {i} has only {} in all", gib(g.total)));
+                            None
+                        }
                         Some(g) => Some(short_of(g)),
                     })
                     .collect();
+                if let Some(still) = impossible {
+                    return Err(WaitTimedOut {
+                        waited: start.elapsed(),
+                        still,
+                    });
+                }
                 if short.is_empty() {
                     return Ok(start.elapsed());
                 }
@@ -248,7 +260,7 @@ fn list(gpus: &[u32]) -> String {
 /// "GPU 0 has 12.3 GiB free (pid 4242 bob 60.1 GiB, ...)": the biggest holders first.
 fn short_of(g: &GpuState) -> String {
     let mut procs: Vec<_> = g.processes.iter().collect();
-    procs.sort_by(|a, b| b.used.cmp(&a.used));
+    procs.sort_by_key(|q| std::cmp::Reverse(q.used));
     let holders: Vec<String> = procs
         .iter()
         .take(3)

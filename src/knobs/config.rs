@@ -56,6 +56,8 @@ pub enum Ref {
     InFile { parent: usize, key: String },
     /// accelerate's default config: add `--config_file COPY` after `launch`.
     AccelerateDefault { launch_index: usize },
+    /// An environment variable holds the path (set to the copy for the child).
+    Env { var: String },
     /// Not named anywhere the command can be pointed at a copy (a module the
     /// script imports). Edited only with `--edit-in-place`.
     Unnamed,
@@ -123,6 +125,8 @@ const TRAINING_KEYS: &[(Knob, &[&str])] = &[
             "block_size",
             "training.seq_len",
             "train.max_seq_length",
+            "variables.max_seq_len",
+            "seq_length",
         ],
     ),
     (
@@ -131,6 +135,9 @@ const TRAINING_KEYS: &[(Knob, &[&str])] = &[
             "gradient_checkpointing",
             "enable_activation_checkpointing",
             "activation_checkpointing",
+            "fsdp_config.activation_checkpointing",
+            "model.enable_gradient_checkpointing",
+            "checkpoint_activations",
         ],
     ),
 ];
@@ -191,6 +198,7 @@ const OVERRIDE_KEYS: &[(Knob, &[&str])] = &[
             "gradient_checkpointing",
             "enable_activation_checkpointing",
             "activation_checkpointing",
+            "enable_gradient_checkpointing",
         ],
     ),
 ];
@@ -252,6 +260,8 @@ pub struct Found {
     /// World size from an accelerate config's `num_processes`.
     pub accelerate_processes: Option<u64>,
     pub notes: Vec<String>,
+    /// `x.batch_size=N` overrides: global or per-device, not guessed.
+    pub ambiguous_overrides: Vec<String>,
 }
 
 fn os(a: &OsString) -> &str {
@@ -300,7 +310,15 @@ fn script_index(argv: &[OsString]) -> usize {
 }
 
 /// Read the config files the command names, and where each knob lives in them.
-pub fn find(argv: &[OsString], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Found, FileError> {
+/// Environment variables that launcher scripts read a config file path from
+/// (torchtitan's `run_train.sh`: `CONFIG_FILE=... ./run_train.sh`).
+const CONFIG_ENV: &[&str] = &["CONFIG_FILE"];
+
+pub fn find(
+    argv: &[OsString],
+    env: &dyn Fn(&str) -> Option<OsString>,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<Found, FileError> {
     let mut found = Found::default();
     let script = script_index(argv);
     let prog = Path::new(os(&argv[0]))
@@ -338,7 +356,12 @@ pub fn find(argv: &[OsString], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Fou
     // DeepSpeed JSON named on the command line.
     for (index, prefix, p) in flag_paths(
         argv,
-        &["--deepspeed", "--deepspeed_config", "--deepspeed-config"],
+        &[
+            "--deepspeed",
+            "--deepspeed_config",
+            "--deepspeed-config",
+            "--deepspeed_config_file",
+        ],
         argv.len(),
     ) {
         if p.ends_with(".json") || p.ends_with(".conf") || resolve(Path::new(&p)).is_file() {
@@ -371,7 +394,11 @@ pub fn find(argv: &[OsString], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Fou
         }
         if [".yaml", ".yml", ".toml"].iter().any(|x| s.ends_with(x)) {
             training.push((i, String::new(), s.to_string()));
-        } else if s.ends_with(".py") && i > script && os(&argv[script]).ends_with(".py") {
+        } else if s.ends_with(".py")
+            && i > script
+            && os(&argv[script]).ends_with(".py")
+            && resolve(Path::new(s)).is_file()
+        {
             let doc = load(s)?;
             found.files.push(ConfigFile {
                 role: Role::PythonModule,
@@ -393,6 +420,23 @@ pub fn find(argv: &[OsString], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Fou
             doc,
             reference: Ref::Argv { index, prefix },
         });
+    }
+
+    for var in CONFIG_ENV {
+        if let Some(p) = env(var).and_then(|v| v.into_string().ok()) {
+            let known = [".yaml", ".yml", ".toml"].iter().any(|x| p.ends_with(x));
+            if known && resolve(Path::new(&p)).is_file() {
+                let doc = load(&p)?;
+                found.files.push(ConfigFile {
+                    role: Role::Training,
+                    shown: p,
+                    doc,
+                    reference: Ref::Env {
+                        var: var.to_string(),
+                    },
+                });
+            }
+        }
     }
 
     // Files named inside files: accelerate's deepspeed_config_file, a recipe's `deepspeed:`.
@@ -429,7 +473,9 @@ pub fn find(argv: &[OsString], resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Fou
         i += 1;
     }
 
-    found.places = places(argv, &found.files, &prog);
+    let mut ambiguous = Vec::new();
+    found.places = places(argv, &found.files, &prog, &mut ambiguous);
+    found.ambiguous_overrides = ambiguous;
     if let Some(acc) = found.files.iter().find(|f| f.role == Role::Accelerate)
         && let Ok(Some(Scalar::Int(n))) = acc.doc.get("num_processes")
     {
@@ -453,13 +499,21 @@ fn default_accelerate_config() -> Option<PathBuf> {
 
 /// Every place holding a knob, most authoritative first (overrides, then files
 /// in role order). Flags are added by the caller between overrides and files.
-fn places(argv: &[OsString], files: &[ConfigFile], prog: &str) -> Vec<Place> {
+fn places(
+    argv: &[OsString],
+    files: &[ConfigFile],
+    prog: &str,
+    ambiguous: &mut Vec<String>,
+) -> Vec<Place> {
     let mut out = Vec::new();
     for (index, a) in argv.iter().enumerate().skip(1) {
         let Some((prefix, key, val)) = parse_override(os(a)) else {
             continue;
         };
         let last = key.rsplit('.').next().unwrap_or(&key);
+        if last == "batch_size" && prog != "tune" {
+            ambiguous.push(key.clone());
+        }
         for (knob, keys) in OVERRIDE_KEYS {
             let torchtune_batch =
                 prog == "tune" && *knob == Knob::MicroBatch && key == "batch_size";
@@ -520,9 +574,27 @@ fn places(argv: &[OsString], files: &[ConfigFile], prog: &str) -> Vec<Place> {
             match role {
                 Role::Training | Role::PythonModule => {
                     for (knob, keys) in TRAINING_KEYS {
-                        if let Some(k) = keys.iter().find(|k| matches!(f.doc.get(k), Ok(Some(_)))) {
+                        // The first spelling holding a usable value (`max_seq_len:
+                        // ${variables.max_seq_len}` is an interpolation, not a value).
+                        if let Some(k) = keys.iter().find(|k| {
+                            matches!(f.doc.get(k), Ok(Some(s)) if scalar_to_value(*knob, &s).is_some())
+                        }) {
                             add(*knob, k, None);
                         }
+                    }
+                    // GPT-NeoX style: DeepSpeed settings inline in the training YAML.
+                    if matches!(f.doc.get(DS_STAGE), Ok(Some(_))) {
+                        add(Knob::ZeroStage, DS_STAGE, None);
+                        add(
+                            Knob::OffloadOptimizer,
+                            DS_OFFLOAD_OPT,
+                            Some(Value::Str("none".into())),
+                        );
+                        add(
+                            Knob::OffloadParam,
+                            DS_OFFLOAD_PARAM,
+                            Some(Value::Str("none".into())),
+                        );
                     }
                     if role == Role::PythonModule {
                         // nanoGPT's `batch_size` is the per-GPU micro-batch.

@@ -77,7 +77,6 @@ const AMBIGUOUS_BATCH: &[&str] = &[
     "--train_batch_size",
     "--train-batch-size",
 ];
-const OUTPUT_DIR: &[&str] = &["--output_dir", "--output-dir"];
 
 pub const HF_ACCUM: &str = "--gradient_accumulation_steps";
 pub const HF_CHECKPOINTING: &str = "--gradient_checkpointing";
@@ -322,17 +321,59 @@ pub fn discover(
                 continue;
             }
         }
-        if let Some(b) = bind_flag(knob, &occs, spellings)? {
+        let found = match bind_flag(knob, &occs, spellings) {
+            Ok(b) => b,
+            // Found on its own (not named by --knob): a value that is not a
+            // number (`$ZERO_STAGE`, `auto`) leaves the knob unbound, with a note.
+            Err(KnobError::BadValue {
+                flag,
+                value,
+                expected,
+                ..
+            }) => {
+                notes.push(format!(
+                    "{knob}: {flag} {value:?} is not {expected}, so oomguard leaves it alone (a shell variable the shell did not expand?). Give it a value, or bind {knob} elsewhere with --knob"
+                ));
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(b) = found {
             knobs.insert(knob, b);
         }
     }
 
+    // DeepSpeed-Chat: `--actor_gradient_checkpointing --critic_gradient_checkpointing`,
+    // one knob in several flags.
+    if let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(Knob::GradCheckpointing) {
+        let mut prefixed = occs.iter().filter(|o| {
+            o.name.starts_with("--")
+                && (o.name.ends_with("_gradient_checkpointing")
+                    || o.name.ends_with("-gradient-checkpointing"))
+        });
+        if let Some(first) = prefixed.next()
+            && let Ok(Some(mut b)) =
+                bind_flag(Knob::GradCheckpointing, &occs, &[first.name.as_str()])
+        {
+            for o in prefixed {
+                if let Ok(Some(m)) = bind_flag(Knob::GradCheckpointing, &occs, &[o.name.as_str()])
+                    && !b.mirrors.contains(&m.binding)
+                    && m.binding != b.binding
+                {
+                    b.mirrors.push(m.binding);
+                }
+            }
+            e.insert(b);
+        }
+    }
+
     let has = |names: &[&str]| occs.iter().any(|o| names.contains(&o.name.as_str()));
-    let hf_style =
-        has(&[
-            "--per_device_train_batch_size",
-            "--per-device-train-batch-size",
-        ]) || (has(OUTPUT_DIR) && !has(AMBIGUOUS_BATCH) && knobs.contains_key(&Knob::MicroBatch));
+    // Only the Trainer's own spelling says "Hugging Face": adding a flag the
+    // script's argparse does not know would break the relaunch.
+    let hf_style = has(&[
+        "--per_device_train_batch_size",
+        "--per-device-train-batch-size",
+    ]);
 
     // 3. A global batch next to a micro-batch: accumulation is derived from it.
     if !knobs.contains_key(&Knob::GradAccum) && knobs.contains_key(&Knob::MicroBatch) {
@@ -745,10 +786,27 @@ mod tests {
 
     #[test]
     fn bad_value_names_the_flag() {
-        let a = argv("python t.py --per_device_train_batch_size auto");
-        let e = discover_all(&a, &[], &no_env).unwrap_err().to_string();
+        // Found on its own: left unbound with a note naming the flag.
+        let a = argv("python t.py --per_device_train_batch_size $MICRO --output_dir o");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert!(!d.knobs.contains_key(&Knob::MicroBatch));
         assert!(
-            e.contains("--per_device_train_batch_size") && e.contains("\"auto\""),
+            d.notes.iter().any(|n| n.contains(
+                "--per_device_train_batch_size \"$MICRO\" is not a positive whole number"
+            )),
+            "{:?}",
+            d.notes
+        );
+        // Named by the user: an error.
+        let e = discover_all(
+            &a,
+            &parse_user_bindings_ok("micro_batch=--per_device_train_batch_size"),
+            &no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--per_device_train_batch_size") && e.contains("\"$MICRO\""),
             "{e}"
         );
     }

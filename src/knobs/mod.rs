@@ -362,7 +362,7 @@ pub fn discover(
         return Err(KnobError::NoCommand);
     }
     let world = world::world_size(argv, env);
-    let mut found = config::find(argv, resolve)?;
+    let mut found = config::find(argv, env, resolve)?;
     // nanoGPT: `train.py config/x.py --batch_size=12`: the flag overrides the
     // module's per-GPU micro-batch, so it is the micro-batch too.
     let mut user = user.to_vec();
@@ -470,6 +470,7 @@ pub fn discover(
         }
         if let (true, Some(b)) = (by_user && !adds, &flag) {
             cands.push((b.value.clone(), b.binding.clone(), true));
+            cands.extend(b.mirrors.iter().map(|m| (b.value.clone(), m.clone(), true)));
         }
         let is_override = |p: &&config::Place| matches!(p.site, config::Site::Override { .. });
         for p in found
@@ -482,6 +483,7 @@ pub fn discover(
         }
         if let (false, Some(b)) = (by_user || adds, &flag) {
             cands.push((b.value.clone(), b.binding.clone(), true));
+            cands.extend(b.mirrors.iter().map(|m| (b.value.clone(), m.clone(), true)));
         }
         for p in found
             .places
@@ -558,6 +560,9 @@ pub fn discover(
     }
 
     d.notes.extend(found.notes.iter().cloned());
+    if d.ambiguous_batch.is_none() {
+        d.ambiguous_batch = found.ambiguous_overrides.first().cloned();
+    }
     missing_notes(&mut d, !found.files.is_empty());
     d.config = found;
     Ok(d)
@@ -720,6 +725,7 @@ pub fn materialize(
                 docs[*parent].set(key, &Scalar::Str(dest_abs.display().to_string()))?;
             }
             config::Ref::AccelerateDefault { .. } => accelerate_default = Some(dest_abs.clone()),
+            config::Ref::Env { var } => env.push((var.clone(), dest_abs.display().to_string())),
             config::Ref::Unnamed => {
                 return Err(KnobError::UnnamedFile {
                     knob: Knob::MicroBatch,
