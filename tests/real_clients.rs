@@ -545,3 +545,165 @@ fn hf_trainer_oom_while_saving_resumes_from_the_previous_complete_checkpoint() {
         logged,
     );
 }
+
+/// The real DeepSpeed and accelerate parsers read every derived config.
+fn check_configs(bin: &Path, files: &[PathBuf]) -> (bool, String) {
+    let out = Command::new(bin.join("python"))
+        .arg(repo().join("tests/real/check_configs.py"))
+        .args(files)
+        .output()
+        .expect("run check_configs.py");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn derived(run_dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(run_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join(name))
+        .filter(|p| p.is_file())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_derived_deepspeed_json_is_accepted_by_deepspeed() {
+    let Some(bin) = venv_bin() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = tmp.path().join("ds.json");
+    let original = "{\n  \"train_batch_size\": 8,\n  \"train_micro_batch_size_per_gpu\": 8,\n  \"gradient_accumulation_steps\": 1,\n  \"zero_optimization\": {\n    \"stage\": 1\n  }\n}\n";
+    std::fs::write(&ds, original).unwrap();
+    let run_dir = tmp.path().join("run");
+    // A command that always OOMs walks the whole default ladder: micro-batch,
+    // checkpointing, ZeRO 2 and 3, optimizer and parameter offload.
+    let oom = "import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free.', file=sys.stderr); sys.exit(1)";
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--max-attempts",
+        "12",
+        "python",
+        "-c",
+        oom,
+        "--deepspeed",
+        ds.to_str().unwrap(),
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "1",
+    ];
+    let run = oomguard(tmp.path(), &args, Some(&bin), LIMIT);
+    run.check("exit code (policy exhausted)", Some(75), run.code);
+    let files = derived(&run_dir, "ds.json");
+    run.ensure(
+        "derived DeepSpeed configs were written",
+        files.len() >= 7,
+        "one per changed rung",
+        &files,
+    );
+    let (ok, text) = check_configs(&bin, &files);
+    run.ensure(
+        "DeepSpeedConfig accepts every derived JSON",
+        ok,
+        "all ok",
+        &text,
+    );
+    for needle in [
+        "micro=1 accum=8 train_batch_size=8",
+        "stage=3",
+        "offload_optimizer=cpu",
+        "offload_param=cpu",
+    ] {
+        run.ensure(
+            "the ladder reached this setting",
+            text.contains(needle),
+            needle,
+            &text,
+        );
+    }
+    run.check(
+        "the user's file is unchanged",
+        original.to_string(),
+        std::fs::read_to_string(&ds).unwrap(),
+    );
+}
+
+#[test]
+fn accelerate_launch_recovers_with_accumulation_from_the_derived_config() {
+    let Some(bin) = venv_bin() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let acc = tmp.path().join("acc.yaml");
+    let original = "compute_environment: LOCAL_MACHINE\ndeepspeed_config:\n  gradient_accumulation_steps: 1  # per optimizer step\n  offload_optimizer_device: none\n  offload_param_device: none\n  zero3_init_flag: false\n  zero_stage: 1\ndistributed_type: DEEPSPEED\nmachine_rank: 0\nmain_training_function: main\nmixed_precision: 'no'\nnum_machines: 1\nnum_processes: 1\nrdzv_backend: static\nsame_network: true\nuse_cpu: true\n";
+    std::fs::write(&acc, original).unwrap();
+    let (run_dir, report) = (tmp.path().join("run"), tmp.path().join("report.jsonl"));
+    let script = repo().join("tests/real/accelerate_oom.py");
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "accelerate",
+        "launch",
+        "--config_file",
+        acc.to_str().unwrap(),
+        "--num_cpu_threads_per_process",
+        "1",
+        script.to_str().unwrap(),
+        "--per_device_train_batch_size",
+        "8",
+        "--budget",
+        "2",
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    let run = oomguard(tmp.path(), &args, Some(&bin), LIMIT);
+    run.check("exit code", Some(0), run.code);
+    let lines: Vec<Value> = std::fs::read_to_string(&report)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let seen: Vec<(u64, u64)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["micro"].as_u64().unwrap_or(0),
+                l["accum"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    // Accumulation reaches the script only through the accelerate config copy.
+    run.check(
+        "micro-batch and accumulation seen by the script per attempt",
+        vec![(8, 1), (4, 2), (2, 4)],
+        seen,
+    );
+    let copies = derived(&run_dir, "acc.yaml");
+    run.check("derived accelerate configs", 2, copies.len());
+    let (ok, text) = check_configs(&bin, &copies);
+    run.ensure(
+        "accelerate's loader accepts every derived YAML",
+        ok,
+        "all ok",
+        &text,
+    );
+    let copy = std::fs::read_to_string(&copies[1]).unwrap();
+    run.check(
+        "the copy differs only in the accumulation value (comment kept)",
+        original.replace(
+            "gradient_accumulation_steps: 1  # per",
+            "gradient_accumulation_steps: 4  # per",
+        ),
+        copy,
+    );
+    run.check(
+        "the user's file is unchanged",
+        original.to_string(),
+        std::fs::read_to_string(&acc).unwrap(),
+    );
+}

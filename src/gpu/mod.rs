@@ -59,9 +59,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::Serialize;
 
 pub use report::gpus_main;
-pub use sample::{GpuPeak, PeakReport, PeakSampler};
+pub use sample::{DEFAULT_EVERY, GpuPeak, PeakReport, PeakSampler};
 pub use wait::{
-    Preflight, Tenant, WaitTimedOut, foreign_tenants, preflight, wait_for_free, wait_released,
+    MIN_GROWTH, Preflight, Tenant, WaitTimedOut, fmt_duration, foreign_tenants, preflight,
+    wait_for_free, wait_released,
 };
 
 /// Environment variable naming a fake timeline file (tests only; see `fake.rs`).
