@@ -95,7 +95,8 @@ def pipe_once(binary, size, tmp, n):
     cat_wall = time.perf_counter() - t
 
     t = time.perf_counter()
-    og = subprocess.Popen(og_args(binary, f"{tmp}/pipe-{n}") + producer(size), stdout=dn)
+    og = subprocess.Popen(og_args(binary, f"{tmp}/pipe-{n}") + producer(size), stdout=dn,
+                          stderr=dn)
     hwm = HwmPoller(og.pid)
     hwm.start()
     og_cpu = self_cpu_then_reap(og)
@@ -119,7 +120,8 @@ def pty_once(binary, size, tmp, n):
     res = []
     for cmd in (inner, shlex.join(og_args(binary, f"{tmp}/pty-{n}")) + " " + inner):
         t = time.perf_counter()
-        p = subprocess.Popen(["script", "-q", "-c", cmd, "/dev/null"], stdin=dn, stdout=dn)
+        p = subprocess.Popen(["script", "-q", "-c", cmd, "/dev/null"], stdin=dn, stdout=dn,
+                             stderr=dn)
         cpu = tree_cpu(p)
         res += [time.perf_counter() - t, cpu]
     return res  # base wall, base cpu, og wall, og cpu

@@ -57,6 +57,13 @@ pub enum Sub {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// Show each visible GPU: memory, utilisation, and every process holding memory
+    /// (PID, user, memory, and which oomguard run it belongs to). Needs NVML.
+    Gpus {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Classify a saved log: GPU OOM, host OOM, another failure, or none.
     Diagnose {
         /// Print one JSON object instead of text.
@@ -98,6 +105,25 @@ pub struct RunArgs {
     /// Seconds between SIGTERM and SIGKILL when stopping the command's process group.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     pub grace: f64,
+
+    /// Before each attempt, wait until this much GPU memory is free on each of the
+    /// run's GPUs (`auto`: the peak the last successful run of this command used). Needs NVML.
+    #[arg(long, value_name = "GIB|auto")]
+    pub wait_for_memory: Option<String>,
+
+    /// Give up waiting for GPU memory (before an attempt, or for another tenant's
+    /// memory after an OOM that was not the run's) after this long, and go on.
+    #[arg(long, value_name = "SECS", default_value_t = 1800.0)]
+    pub wait_timeout: f64,
+
+    /// Pick the N GPUs with the most free memory (`auto:N`): sets
+    /// CUDA_VISIBLE_DEVICES, and the world size follows. Needs NVML.
+    #[arg(long, value_name = "auto:N")]
+    pub gpus: Option<String>,
+
+    /// Seconds between status lines while waiting for GPU memory (for tests).
+    #[arg(long, value_name = "SECS", default_value_t = 300.0, hide = true)]
+    pub wait_status_every: f64,
 
     /// More detail on stderr (repeat for more).
     #[arg(short, long, action = clap::ArgAction::Count)]

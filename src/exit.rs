@@ -6,6 +6,8 @@ pub const SUCCESS: i32 = 0;
 pub const USAGE: i32 = 2;
 /// The policy ran out of steps (or attempts) and the run still does not fit.
 pub const EXHAUSTED: i32 = 75;
+/// `oomguard gpus`: no GPU information (no NVIDIA driver, NVML failed). sysexits' EX_UNAVAILABLE.
+pub const NO_GPU_INFO: i32 = 69;
 /// The command was found but cannot be executed (permission, not a program).
 pub const CANNOT_EXECUTE: i32 = 126;
 /// The command was not found.

@@ -9,6 +9,7 @@ mod detect;
 mod envmerge;
 mod exit;
 mod gpu;
+mod gpuwatch;
 mod journal;
 mod knobs;
 mod launch;
@@ -47,6 +48,7 @@ fn run(args: Vec<OsString>) -> i32 {
     };
     match cli.sub {
         Some(cli::Sub::Diagnose { json, file }) => detect::diagnose_main(file.as_deref(), json),
+        Some(cli::Sub::Gpus { json }) => gpu::gpus_main(json),
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
             match supervise::RunConfig::from_args(run) {
@@ -67,7 +69,7 @@ fn run(args: Vec<OsString>) -> i32 {
                     return exit::CANNOT_EXECUTE;
                 }
             };
-            supervise::run(&cfg, &signals)
+            supervise::run(cfg, &signals)
         }
     }
 }

@@ -26,6 +26,7 @@ use crate::cli::RunArgs;
 use crate::detect::{Finding, Kind};
 use crate::envmerge::{self, EnvSet};
 use crate::exit;
+use crate::gpuwatch::{GpuOptions, GpuWatch, TENANT_RETRIES};
 use crate::journal::{self, Journal, Row};
 use crate::knobs::{self, Discovery, Knob, Settings};
 use crate::launch;
@@ -45,6 +46,8 @@ pub struct RunConfig {
     pub quiet: bool,
     pub disc: Discovery,
     pub layout: Option<checkpoint::Layout>,
+    /// GPUs: picking, memory waits, peaks, other tenants (inert without NVML).
+    pub gpu: Option<GpuWatch>,
 }
 
 /// A usage error: printed and mapped to exit 2 by main.
@@ -54,6 +57,8 @@ pub enum ConfigError {
     Policy(#[from] policy::PolicyError),
     #[error(transparent)]
     Knob(#[from] knobs::KnobError),
+    #[error("{0}")]
+    Gpu(String),
     #[error("--{flag} {value}: {why}")]
     BadNumber {
         flag: &'static str,
@@ -85,7 +90,21 @@ impl RunConfig {
     pub fn from_args(args: RunArgs) -> Result<RunConfig, ConfigError> {
         let policy = Policy::load(&args.policy)?;
         let user = knobs::parse_user_bindings(&args.knob)?;
-        let disc = knobs::discover(&args.command, &user, &real_env, &|p| p.to_path_buf())?;
+        let gpu_opts = GpuOptions::parse(
+            args.wait_for_memory.as_deref(),
+            args.wait_timeout,
+            args.wait_status_every,
+            args.gpus.as_deref(),
+        )
+        .map_err(ConfigError::Gpu)?;
+        let gpu = GpuWatch::open(gpu_opts, &args.command).map_err(ConfigError::Gpu)?;
+        // `--gpus auto:N` sets CUDA_VISIBLE_DEVICES, and the world size follows it.
+        let picked = gpu.cuda_visible.clone();
+        let env = move |name: &str| match (&picked, name) {
+            (Some(v), "CUDA_VISIBLE_DEVICES") => Some(OsString::from(v)),
+            _ => real_env(name),
+        };
+        let disc = knobs::discover(&args.command, &user, &env, &|p| p.to_path_buf())?;
         let recipe_out = disc
             .config
             .files
@@ -109,14 +128,31 @@ impl RunConfig {
             quiet: args.quiet,
             argv: args.command,
             disc,
+            gpu: Some(gpu),
         })
     }
 
     fn env_defaults(&self) -> Vec<EnvSet> {
-        if self.no_env {
-            return Vec::new();
+        let mut out = Vec::new();
+        if let Some(cvd) = self.gpu.as_ref().and_then(|g| g.cuda_visible.clone()) {
+            out.push(EnvSet {
+                name: "CUDA_VISIBLE_DEVICES".into(),
+                value: cvd,
+                how: "--gpus",
+            });
+            if real_env("CUDA_DEVICE_ORDER").is_none() {
+                // NVML numbers GPUs by PCI bus; make CUDA agree.
+                out.push(EnvSet {
+                    name: "CUDA_DEVICE_ORDER".into(),
+                    value: "PCI_BUS_ID".into(),
+                    how: "--gpus",
+                });
+            }
         }
-        envmerge::merge(&self.policy.env, &real_env)
+        if !self.no_env {
+            out.extend(envmerge::merge(&self.policy.env, &real_env));
+        }
+        out
     }
 
     /// The checkpoint to resume from now: the newest complete one, and only when
@@ -565,7 +601,12 @@ fn finding_json(f: Option<&Finding>) -> Json {
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
-pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
+pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
+    let mut gw = cfg.gpu.take().expect("from_args opened the GPU watch");
+    let cfg = &cfg;
+    let mut prev_pid: Option<u32> = None;
+    let mut tenant_retries = 0u32;
+    let mut tenant_notes: Vec<String> = Vec::new();
     let log = Log { quiet: cfg.quiet };
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
@@ -643,9 +684,16 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                 .iter()
                 .map(|(k, v)| (OsString::from(k), OsString::from(v))),
         );
+        let gpu_state = gw.before_attempt(attempts, prev_pid);
+        if let Some(s) = gpu_state.get("summary").and_then(|s| s.as_str())
+            && cfg.verbose > 0
+        {
+            log.info(&format!("GPUs before attempt {attempts}: {s}"));
+        }
         j.event(
             "attempt_start",
             json!({
+                "gpu": gpu_state,
                 "attempt": attempts,
                 "argv": argv_json(&m.argv),
                 "env": m.env.iter().cloned().collect::<std::collections::BTreeMap<_,_>>(),
@@ -677,7 +725,10 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
             hang_timeout: cfg.hang_timeout,
             grace: cfg.grace,
         };
-        let report = match launch::run(&spec, signals) {
+        gw.start_sampling();
+        let launched = launch::run(&spec, signals);
+        let peak = gw.stop_sampling().cloned();
+        let report = match launched {
             Ok(r) => r,
             Err(e) => {
                 let code = match &e {
@@ -716,14 +767,19 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                 "outcome": outcome.name(),
                 "duration_s": report.duration.as_secs_f64(),
                 "error_line": report.scanner.error_line(),
+                "gpu_peak": peak,
             }),
         );
+        prev_pid = Some(report.pid);
         if !matches!(outcome, Outcome::Success) {
             lost += report.duration;
         }
 
         match outcome {
-            Outcome::Success => break exit::SUCCESS,
+            Outcome::Success => {
+                gw.record_success();
+                break exit::SUCCESS;
+            }
             Outcome::Interrupted { signal } => {
                 log.info(&format!(
                     "interrupted by {}; not relaunching",
@@ -759,6 +815,57 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
                     oom_summary(finding.as_ref())
                 );
                 log.info(&format!("attempt {attempts}: {cause}"));
+                // Another tenant's memory, not the run's: wait for it and retry the
+                // same settings instead of shrinking (bounded; then the policy applies).
+                let tenants = if hung {
+                    Vec::new()
+                } else {
+                    gw.tenants(finding.as_ref())
+                };
+                if !tenants.is_empty() && attempts < cfg.max_attempts {
+                    let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+                    eprintln!(
+                        "oomguard: this OOM is not the run's own: {}",
+                        who.join("; ")
+                    );
+                    j.event(
+                        "foreign_oom",
+                        json!({"attempt": attempts, "tenants": tenants}),
+                    );
+                    let freed = tenant_retries < TENANT_RETRIES && gw.wait_for_tenant(report.pid);
+                    if freed {
+                        tenant_retries += 1;
+                        tenant_notes.push(format!(
+                            "attempt {attempts}: OOM caused by another tenant ({}); waited and retried the same settings",
+                            who.join("; ")
+                        ));
+                        let res = cfg.resume(Duration::from_millis(200));
+                        resume = res.arg.clone();
+                        if res.arg.is_some() {
+                            resumed_step = res.chosen.as_ref().and_then(checkpoint::step_for);
+                        }
+                        log.info("memory is free again: retrying the same settings");
+                        j.event(
+                            "decision",
+                            json!({
+                                "attempt": attempts,
+                                "step": "retry_same_settings",
+                                "before": settings_json(&settings),
+                                "after": settings_json(&settings),
+                                "reason": format!("another tenant held the memory: {}", who.join("; ")),
+                                "resume": res.chosen.as_ref().map(|c| &c.path),
+                            }),
+                        );
+                        continue;
+                    }
+                    eprintln!(
+                        "oomguard: the memory did not come back in time (--wait-timeout); falling back to the policy"
+                    );
+                    tenant_notes.push(format!(
+                        "attempt {attempts}: another tenant ({}) held the memory past --wait-timeout; the policy applied",
+                        who.join("; ")
+                    ));
+                }
                 if attempts >= cfg.max_attempts {
                     eprintln!(
                         "oomguard: {attempts} attempts made (--max-attempts {}); the run still does not fit",
@@ -851,6 +958,12 @@ pub fn run(cfg: &RunConfig, signals: &launch::Signals) -> i32 {
         }),
     );
     summary(&first, &settings, &decisions, attempts, lost, code, &j);
+    for n in &tenant_notes {
+        eprintln!("oomguard: {n}");
+    }
+    if let Some(p) = gw.peak_summary() {
+        eprintln!("oomguard: GPU memory of the last attempt: {p}");
+    }
     if let Some(line) = save_interval_advice(&oom_losses, cfg.layout.as_ref(), lost) {
         eprint!("{line}");
     }

@@ -82,26 +82,8 @@ impl Run {
     }
 }
 
-/// The `gpus` subcommand is wired into the CLI by src/cli.rs + src/main.rs (not this
-/// module's files). Until it is, `oomguard gpus` runs a command called `gpus` (127): these
-/// tests say so and pass. Delete this guard once `Sub::Gpus` exists.
-fn wired() -> bool {
-    let r = run(
-        &["gpus", "--json"],
-        &[("OOMGUARD_FAKE_GPUS", Some(&fixture("two_gpus.json")))],
-    );
-    let wired = !(r.out.status.code() == Some(127) || r.stderr().contains("not found"));
-    if !wired {
-        eprintln!("SKIPPED: `oomguard gpus` is not wired into the CLI yet");
-    }
-    wired
-}
-
 #[test]
 fn gpus_without_driver_says_so_in_one_line() {
-    if !wired() {
-        return;
-    }
     for args in [&["gpus"][..], &["gpus", "--json"][..]] {
         let r = run(args, &[]);
         if r.out.status.code() == Some(0) {
@@ -130,9 +112,6 @@ fn gpus_without_driver_says_so_in_one_line() {
 
 #[test]
 fn gpus_json_shape_with_fake() {
-    if !wired() {
-        return;
-    }
     let fake = fixture("two_gpus.json");
     let r = run(&["gpus", "--json"], &[("OOMGUARD_FAKE_GPUS", Some(&fake))]);
     r.expect_code(0);
@@ -187,9 +166,6 @@ fn gpus_json_shape_with_fake() {
 
 #[test]
 fn gpus_text_with_fake() {
-    if !wired() {
-        return;
-    }
     let r = run(
         &["gpus"],
         &[("OOMGUARD_FAKE_GPUS", Some(&fixture("two_gpus.json")))],
@@ -215,9 +191,6 @@ fn gpus_text_with_fake() {
 
 #[test]
 fn gpus_honours_cuda_visible_devices_by_index_and_uuid() {
-    if !wired() {
-        return;
-    }
     let fake = fixture("two_gpus.json");
     for (cvd, want) in [
         ("1", vec![1]),
@@ -275,9 +248,6 @@ fn gpus_honours_cuda_visible_devices_by_index_and_uuid() {
 
 #[test]
 fn gpus_probe_error_or_bad_fake_is_one_line_and_69() {
-    if !wired() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.json");
     std::fs::write(

@@ -41,7 +41,6 @@
 
 // Until the lead wires the CLI and the attempt loop, nothing outside this module calls it;
 // remove this line then so dead code is reported again.
-#![allow(dead_code, unused_imports)]
 
 pub mod fake;
 pub mod nvml;
@@ -54,15 +53,14 @@ mod wait;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use serde::Serialize;
 
 pub use report::gpus_main;
-pub use sample::{DEFAULT_EVERY, GpuPeak, PeakReport, PeakSampler};
+#[cfg(test)]
+pub use sample::GpuPeak;
+pub use sample::{DEFAULT_EVERY, PeakReport, PeakSampler};
 pub use wait::{
-    MIN_GROWTH, Preflight, Tenant, WaitTimedOut, fmt_duration, foreign_tenants, preflight,
-    wait_for_free, wait_released,
+    MIN_GROWTH, Preflight, Tenant, foreign_tenants, preflight, wait_for_free, wait_released,
 };
 
 /// Environment variable naming a fake timeline file (tests only; see `fake.rs`).
@@ -71,7 +69,7 @@ pub const FAKE_VAR: &str = "OOMGUARD_FAKE_GPUS";
 /// Exit code of `oomguard gpus` when no GPU information can be had: NVML is not available
 /// (no driver), it failed, or the fake timeline cannot be read. 69 is sysexits'
 /// EX_UNAVAILABLE ("a service is unavailable").
-pub const NO_GPU_INFO: i32 = 69;
+pub const NO_GPU_INFO: i32 = crate::exit::NO_GPU_INFO;
 
 /// One GPU at one instant. Memory in bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -147,21 +145,6 @@ pub fn try_open_probe() -> Result<Box<dyn Probe>, Unavailable> {
     nvml::NvmlProbe::open()
         .map(|p| Box::new(p) as Box<dyn Probe>)
         .map_err(|e| Unavailable::Nvml(nvml::describe_init_error(&e)))
-}
-
-/// [`try_open_probe`], printing the reason on stderr when there is no probe — at most once
-/// per oomguard process, however many times it is called.
-pub fn open_probe() -> Option<Box<dyn Probe>> {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    match try_open_probe() {
-        Ok(p) => Some(p),
-        Err(e) => {
-            if !SAID.swap(true, Ordering::Relaxed) {
-                eprintln!("oomguard: {e}");
-            }
-            None
-        }
-    }
 }
 
 /// The marker matching every attempt this oomguard process launches.

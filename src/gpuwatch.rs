@@ -1,0 +1,312 @@
+//! What the attempt loop does with the GPUs (issue: shared servers): pick them,
+//! wait for memory before an attempt, wait for the previous attempt's memory to
+//! be released, sample the run's peak, and tell another tenant's OOM apart.
+//!
+//! Everything here degrades to nothing without NVML: the loop then behaves as
+//! if no GPU feature was asked for (and says so once, when one was).
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+
+use crate::detect::Finding;
+use crate::gpu::{self, PeakReport, PeakSampler, Preflight, Probe, Tenant};
+
+/// `--wait-for-memory`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WaitFor {
+    Bytes(u64),
+    /// The peak the last successful run of this command used.
+    Auto,
+}
+
+/// Validated GPU options.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    pub wait_for: Option<WaitFor>,
+    pub wait_timeout: Duration,
+    pub status_every: Duration,
+    /// `--gpus auto:N`
+    pub pick: Option<usize>,
+}
+
+impl GpuOptions {
+    pub fn parse(
+        wait_for: Option<&str>,
+        wait_timeout: f64,
+        status_every: f64,
+        gpus: Option<&str>,
+    ) -> Result<GpuOptions, String> {
+        let wait_for = match wait_for {
+            None => None,
+            Some("auto") => Some(WaitFor::Auto),
+            Some(v) => match v.parse::<f64>() {
+                Ok(g) if g.is_finite() && g > 0.0 => {
+                    Some(WaitFor::Bytes((g * (1u64 << 30) as f64) as u64))
+                }
+                _ => {
+                    return Err(format!(
+                        "--wait-for-memory {v}: expected a number of GiB (e.g. 40) or auto"
+                    ));
+                }
+            },
+        };
+        let pick = match gpus {
+            None => None,
+            Some(v) => match v
+                .strip_prefix("auto:")
+                .and_then(|n| n.parse::<usize>().ok())
+            {
+                Some(n) if n > 0 => Some(n),
+                _ => {
+                    return Err(format!(
+                        "--gpus {v}: expected auto:N, e.g. --gpus auto:2 for the two GPUs with the most free memory"
+                    ));
+                }
+            },
+        };
+        if !(wait_timeout.is_finite() && wait_timeout >= 0.0) {
+            return Err(format!("--wait-timeout {wait_timeout}: expected seconds"));
+        }
+        Ok(GpuOptions {
+            wait_for,
+            wait_timeout: Duration::from_secs_f64(wait_timeout),
+            status_every: Duration::from_secs_f64(status_every.max(0.05)),
+            pick,
+        })
+    }
+
+    fn requested(&self) -> bool {
+        self.wait_for.is_some() || self.pick.is_some()
+    }
+}
+
+/// How long to wait for the previous attempt's processes to release GPU memory.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Same-settings retries after OOMs caused by another tenant, before the policy applies anyway.
+pub const TENANT_RETRIES: u32 = 3;
+
+pub struct GpuWatch {
+    probe: Option<Box<dyn Probe>>,
+    sampler: Option<PeakSampler>,
+    /// NVML indices of the run's GPUs.
+    pub gpus: Vec<u32>,
+    marker: String,
+    opts: GpuOptions,
+    /// `CUDA_VISIBLE_DEVICES` chosen by `--gpus auto:N`.
+    pub cuda_visible: Option<String>,
+    pub preflight: Option<Preflight>,
+    pub peak: Option<PeakReport>,
+    /// The peak of the last successful attempt (for `--wait-for-memory auto`).
+    auto_bytes: Option<u64>,
+    argv: Vec<OsString>,
+}
+
+impl GpuWatch {
+    /// Open the probe and choose the GPUs. Fails (a usage error) only when the
+    /// user asked for `--gpus auto:N` and it cannot be honoured.
+    pub fn open(opts: GpuOptions, argv: &[OsString]) -> Result<GpuWatch, String> {
+        let probe = match gpu::try_open_probe() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                if opts.requested() {
+                    eprintln!("oomguard: {e}");
+                } else {
+                    tracing::info!("{e}");
+                }
+                None
+            }
+        };
+        let mut w = GpuWatch {
+            probe,
+            sampler: None,
+            gpus: Vec::new(),
+            marker: gpu::run_marker(),
+            opts,
+            cuda_visible: None,
+            preflight: None,
+            peak: None,
+            auto_bytes: None,
+            argv: argv.to_vec(),
+        };
+        let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+        let all = match w.probe.as_mut().map(|p| p.gpus()) {
+            Some(Ok(all)) => all,
+            Some(Err(e)) => {
+                eprintln!("oomguard: warning: NVML: {e}; GPU features off for this run");
+                w.probe = None;
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        let visible = gpu::visible(&all, cvd.as_deref());
+        if let Some(n) = w.opts.pick {
+            if w.probe.is_none() {
+                return Err(format!(
+                    "--gpus auto:{n} needs NVML to see the GPUs' free memory, and it is not available here"
+                ));
+            }
+            let candidates: Vec<_> = all
+                .iter()
+                .filter(|g| visible.contains(&g.index))
+                .cloned()
+                .collect();
+            let picked = gpu::pick(&candidates, n);
+            if picked.len() < n {
+                return Err(format!(
+                    "--gpus auto:{n}: only {} GPU(s) visible",
+                    candidates.len()
+                ));
+            }
+            w.cuda_visible = Some(gpu::cuda_visible_value(&picked));
+            w.gpus = picked;
+        } else {
+            w.gpus = visible;
+        }
+        if w.opts.wait_for == Some(WaitFor::Auto) {
+            w.auto_bytes = gpu::peaks::default_path().and_then(|p| gpu::peaks::recorded(&p, argv));
+            if w.auto_bytes.is_none() && w.probe.is_some() {
+                eprintln!(
+                    "oomguard: --wait-for-memory auto: no successful run of this command recorded yet; not waiting"
+                );
+            }
+        }
+        Ok(w)
+    }
+
+    /// Before an attempt: wait for the previous attempt's memory to be released,
+    /// then (with `--wait-for-memory`) for enough free memory; then record the
+    /// preflight. Returns the journal fields.
+    pub fn before_attempt(&mut self, attempt: u32, prev_pid: Option<u32>) -> Json {
+        let Some(p) = self.probe.as_mut() else {
+            return Json::Null;
+        };
+        let mut out = serde_json::Map::new();
+        if attempt > 1 {
+            let pids: Vec<u32> = prev_pid.into_iter().collect();
+            match gpu::wait_released(p.as_mut(), &self.gpus, &self.marker, &pids, RELEASE_TIMEOUT) {
+                Ok(d) => {
+                    out.insert("release_wait_s".into(), json!(d.as_secs_f64()));
+                }
+                Err(e) => {
+                    eprintln!("oomguard: warning: {e}; launching anyway");
+                    out.insert("release_wait_timed_out".into(), json!(e.to_string()));
+                }
+            }
+        }
+        let want = match &self.opts.wait_for {
+            Some(WaitFor::Bytes(b)) => Some(*b),
+            Some(WaitFor::Auto) => self.auto_bytes,
+            None => None,
+        };
+        if let Some(bytes) = want {
+            let mut say = |l: &str| eprintln!("{l}");
+            match gpu::wait_for_free(
+                p.as_mut(),
+                &self.gpus,
+                bytes,
+                self.opts.wait_timeout,
+                self.opts.status_every,
+                &mut say,
+            ) {
+                Ok(d) => {
+                    out.insert("memory_wait_s".into(), json!(d.as_secs_f64()));
+                }
+                Err(e) => {
+                    eprintln!("oomguard: warning: {e}; launching anyway");
+                    out.insert("memory_wait_timed_out".into(), json!(e.to_string()));
+                }
+            }
+        }
+        let pf = gpu::preflight(p.as_mut(), &self.gpus, Some(&self.marker));
+        out.insert("preflight".into(), json!(pf));
+        out.insert("summary".into(), json!(pf.summary()));
+        self.preflight = Some(pf);
+        Json::Object(out)
+    }
+
+    pub fn start_sampling(&mut self) {
+        if let Some(p) = self.probe.take() {
+            self.sampler = Some(PeakSampler::start(
+                p,
+                self.gpus.clone(),
+                self.marker.clone(),
+                gpu::DEFAULT_EVERY,
+            ));
+        }
+    }
+
+    pub fn stop_sampling(&mut self) -> Option<&PeakReport> {
+        let s = self.sampler.take()?;
+        let (p, report) = s.stop();
+        self.probe = Some(p);
+        self.peak = Some(report);
+        self.peak.as_ref()
+    }
+
+    /// Remember a successful attempt's peak for `--wait-for-memory auto`.
+    pub fn record_success(&self) {
+        let (Some(peak), Some(path)) = (
+            self.peak.as_ref().and_then(PeakReport::run_peak),
+            gpu::peaks::default_path(),
+        ) else {
+            return;
+        };
+        if let Err(e) = gpu::peaks::record(&path, &self.argv, peak) {
+            tracing::warn!("cannot record the peak in {}: {e}", path.display());
+        }
+    }
+
+    /// Processes outside the run that grew since launch and may have caused this OOM.
+    pub fn tenants(&mut self, finding: Option<&Finding>) -> Vec<Tenant> {
+        let (Some(pf), Some(peak)) = (&self.preflight, &self.peak) else {
+            return Vec::new();
+        };
+        // What the GPUs hold now (the sampler's last sample may be a second old).
+        let now = match self.probe.as_mut().map(|p| p.gpus()) {
+            Some(Ok(all)) => all,
+            _ => peak.last.clone(),
+        };
+        let oom_gpu = finding
+            .and_then(|f| f.numbers.device)
+            .and_then(|d| self.gpus.get(d as usize).copied());
+        let others = finding
+            .map(|f| f.numbers.other_processes.clone())
+            .unwrap_or_default();
+        gpu::foreign_tenants(&pf.gpus, &now, &self.gpus, &self.marker, oom_gpu, &others)
+    }
+
+    /// Wait (bounded) for another tenant's memory to go: true when it did.
+    pub fn wait_for_tenant(&mut self, prev_pid: u32) -> bool {
+        let (Some(p), Some(pf)) = (self.probe.as_mut(), &self.preflight) else {
+            return false;
+        };
+        let _ = gpu::wait_released(
+            p.as_mut(),
+            &self.gpus,
+            &self.marker,
+            &[prev_pid],
+            RELEASE_TIMEOUT,
+        );
+        let Some(free_at_launch) = pf.min_free() else {
+            return false;
+        };
+        let want = free_at_launch.saturating_sub(gpu::MIN_GROWTH);
+        let mut say = |l: &str| eprintln!("{l}");
+        gpu::wait_for_free(
+            p.as_mut(),
+            &self.gpus,
+            want,
+            self.opts.wait_timeout,
+            self.opts.status_every,
+            &mut say,
+        )
+        .is_ok()
+    }
+
+    /// "peak 71.2 of 79.6 GiB on GPU 2: 8.4 GiB headroom"
+    pub fn peak_summary(&self) -> Option<String> {
+        self.peak.as_ref().and_then(PeakReport::summary)
+    }
+}
