@@ -48,6 +48,8 @@ pub struct RunConfig {
     pub layout: Option<checkpoint::Layout>,
     /// GPUs: picking, memory waits, peaks, other tenants (inert without NVML).
     pub gpu: Option<GpuWatch>,
+    /// `CUDA_VISIBLE_DEVICES` chosen by `--gpus auto:N`.
+    pub cuda_visible: Option<String>,
 }
 
 /// A usage error: printed and mapped to exit 2 by main.
@@ -128,13 +130,14 @@ impl RunConfig {
             quiet: args.quiet,
             argv: args.command,
             disc,
+            cuda_visible: gpu.cuda_visible.clone(),
             gpu: Some(gpu),
         })
     }
 
     fn env_defaults(&self) -> Vec<EnvSet> {
         let mut out = Vec::new();
-        if let Some(cvd) = self.gpu.as_ref().and_then(|g| g.cuda_visible.clone()) {
+        if let Some(cvd) = self.cuda_visible.clone() {
             out.push(EnvSet {
                 name: "CUDA_VISIBLE_DEVICES".into(),
                 value: cvd,
