@@ -64,6 +64,11 @@ pub enum Sub {
         #[arg(long)]
         json: bool,
     },
+    /// Put back the files a run edited with --edit-in-place (after a hard kill).
+    Restore {
+        /// The run folder (`.oomguard/runs/<time>`).
+        run_dir: PathBuf,
+    },
     /// Classify a saved log: GPU OOM, host OOM, another failure, or none.
     Diagnose {
         /// Print one JSON object instead of text.
@@ -124,6 +129,12 @@ pub struct RunArgs {
     /// Seconds between status lines while waiting for GPU memory (for tests).
     #[arg(long, value_name = "SECS", default_value_t = 300.0, hide = true)]
     pub wait_status_every: f64,
+
+    /// Allow changing a knob in a file the command does not name (a module the
+    /// script imports): edited in place, the original kept in the run folder and
+    /// restored when the run ends (`oomguard restore RUN_DIR` after a hard kill).
+    #[arg(long)]
+    pub edit_in_place: bool,
 
     /// More detail on stderr (repeat for more).
     #[arg(short, long, action = clap::ArgAction::Count)]

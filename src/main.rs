@@ -10,6 +10,7 @@ mod envmerge;
 mod exit;
 mod gpu;
 mod gpuwatch;
+mod inplace;
 mod journal;
 mod knobs;
 mod launch;
@@ -49,6 +50,7 @@ fn run(args: Vec<OsString>) -> i32 {
     match cli.sub {
         Some(cli::Sub::Diagnose { json, file }) => detect::diagnose_main(file.as_deref(), json),
         Some(cli::Sub::Gpus { json }) => gpu::gpus_main(json),
+        Some(cli::Sub::Restore { run_dir }) => inplace::restore_main(&run_dir),
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
             match supervise::RunConfig::from_args(run) {

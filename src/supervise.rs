@@ -27,6 +27,7 @@ use crate::detect::{Finding, Kind};
 use crate::envmerge::{self, EnvSet};
 use crate::exit;
 use crate::gpuwatch::{GpuOptions, GpuWatch, TENANT_RETRIES};
+use crate::inplace::InPlace;
 use crate::journal::{self, Journal, Row};
 use crate::knobs::{self, Discovery, Knob, Settings};
 use crate::launch;
@@ -106,7 +107,19 @@ impl RunConfig {
             (Some(v), "CUDA_VISIBLE_DEVICES") => Some(OsString::from(v)),
             _ => real_env(name),
         };
-        let disc = knobs::discover(&args.command, &user, &env, &|p| p.to_path_buf())?;
+        let mut disc = knobs::discover(&args.command, &user, &env, &|p| p.to_path_buf())?;
+        for (knob, file) in disc.unnamed_files() {
+            if args.edit_in_place {
+                disc.notes.push(format!(
+                    "{knob}: {file} is not named on the command line, so it will be edited in place (--edit-in-place); the original is kept in the run folder and restored when the run ends, or with `oomguard restore RUN_DIR` after a hard kill"
+                ));
+            } else {
+                disc.knobs.remove(&knob);
+                disc.notes.push(format!(
+                    "{knob}: {file} is not named on the command line (the script imports it), so oomguard cannot point the command at a changed copy, and it never edits your files unasked. Add --edit-in-place to let it edit {file} in place (the original is kept in the run folder and restored when the run ends; `oomguard restore RUN_DIR` after a hard kill)"
+                ));
+            }
+        }
         let recipe_out = disc
             .config
             .files
@@ -441,11 +454,18 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
         }
         o.push_str(&format!("     argv: {}\n", shell_quote(&r.m.argv)));
         for f in &r.m.files {
-            o.push_str(&format!(
-                "     file: {} (copy of {})\n",
-                f.dest.display(),
-                f.shown
-            ));
+            if f.in_place {
+                o.push_str(&format!(
+                    "     file: {} (edited in place, restored at the end)\n",
+                    f.dest.display()
+                ));
+            } else {
+                o.push_str(&format!(
+                    "     file: {} (copy of {})\n",
+                    f.dest.display(),
+                    f.shown
+                ));
+            }
             for line in f.diff.lines() {
                 o.push_str(&format!("       {line}\n"));
             }
@@ -618,6 +638,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         return exit::USAGE;
     }
     let mut j = Journal::open(cfg.run_dir.clone());
+    let mut inplace = InPlace::new(&cfg.run_dir);
     let env_defaults = cfg.env_defaults();
     let tty = std::io::stdout().is_terminal();
     let first = cfg.disc.settings();
@@ -670,7 +691,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         let m =
             match knobs::materialize(&cfg.argv, &cfg.disc, &settings, resume.as_ref(), &files_dir)
                 .map_err(|e| e.to_string())
-                .and_then(|m| write_derived(&m.files).map(|()| m))
+                .and_then(|m| write_derived(&m.files, &mut inplace).map(|()| m))
             {
                 Ok(m) => m,
                 Err(e) => {
@@ -960,6 +981,9 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
             "settings": settings_json(&settings),
         }),
     );
+    for l in inplace.restore() {
+        eprintln!("oomguard: {l}");
+    }
     summary(&first, &settings, &decisions, attempts, lost, code, &j);
     for n in &tenant_notes {
         eprintln!("oomguard: {n}");
@@ -979,11 +1003,18 @@ fn signal_name(sig: i32) -> String {
         .unwrap_or_else(|_| format!("signal {sig}"))
 }
 
-/// Write the changed config copies, readable by the user only.
-fn write_derived(files: &[knobs::Derived]) -> Result<(), String> {
+/// Write the changed config copies, readable by the user only (and, with
+/// --edit-in-place, the edited originals, kept and restored by `inplace`).
+fn write_derived(files: &[knobs::Derived], inplace: &mut InPlace) -> Result<(), String> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     for f in files {
+        if f.in_place {
+            inplace
+                .write(&f.dest, &f.text)
+                .map_err(|e| format!("{} (edit in place): {e}", f.dest.display()))?;
+            continue;
+        }
         if let Some(parent) = f.dest.parent() {
             journal::create_private_dir(parent)
                 .map_err(|e| format!("{}: {e}", parent.display()))?;

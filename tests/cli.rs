@@ -459,3 +459,90 @@ fn ctrl_c_is_forwarded_and_never_relaunched() {
     assert_eq!(journal.matches("\"attempt_start\"").count(), 1, "{journal}");
     assert!(journal.contains("\"outcome\":\"interrupted\""), "{journal}");
 }
+
+#[test]
+fn a_module_the_script_imports_is_edited_in_place_only_when_asked_and_restored() {
+    let t = tmp();
+    std::fs::create_dir_all(t.path().join("config")).unwrap();
+    let original = "# model settings\nMAX_SEQ_LENGTH = 1536  # tokens\nLR = 3e-4\n";
+    std::fs::write(t.path().join("config/__init__.py"), "").unwrap();
+    std::fs::write(t.path().join("config/config.py"), original).unwrap();
+    std::fs::write(
+        t.path().join("train.py"),
+        "import sys\nfrom config import config\nprint('seq', config.MAX_SEQ_LENGTH, flush=True)\nif config.MAX_SEQ_LENGTH > 1000:\n    print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free.', file=sys.stderr)\n    sys.exit(1)\n",
+    )
+    .unwrap();
+    let knob = ["--knob", "seq_len=config/config.py:MAX_SEQ_LENGTH"];
+
+    // Not asked: plan says why it cannot, and how to allow it.
+    let r = Run::new(
+        t.path(),
+        ["plan"]
+            .into_iter()
+            .chain(knob)
+            .chain(["python3", "train.py"]),
+        &[],
+    );
+    r.expect_code(0);
+    assert!(
+        r.stdout().contains("is not named on the command line")
+            && r.stdout().contains("--edit-in-place"),
+        "{}",
+        r.describe("a note offering --edit-in-place")
+    );
+
+    // Asked: edited in place, run recovers, the original is back afterwards.
+    let r = Run::new(
+        t.path(),
+        ["--run-dir", "run", "--edit-in-place"]
+            .into_iter()
+            .chain(knob)
+            .chain(["python3", "train.py"]),
+        &[],
+    );
+    r.expect_code(0)
+        .expect_stderr("restored")
+        .expect_stderr("(edited in place)");
+    assert!(
+        r.stdout().contains("seq 1536")
+            && r.stdout().contains("seq 1152")
+            && r.stdout().contains("seq 832"),
+        "{}",
+        r.describe("the script saw 1536, 1152, 832")
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.path().join("config/config.py")).unwrap(),
+        original,
+        "the module is restored byte for byte"
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.path().join("run/originals/0-config.py")).unwrap(),
+        original,
+        "the original is kept in the run folder"
+    );
+    assert!(!t.path().join("run/restore.json").exists());
+
+    // `oomguard restore` after a hard kill (simulated: a manifest left behind).
+    std::fs::write(
+        t.path().join("config/config.py"),
+        "MAX_SEQ_LENGTH = 864  # tokens\n",
+    )
+    .unwrap();
+    std::fs::write(
+        t.path().join("run/originals/0-config.py.written"),
+        "MAX_SEQ_LENGTH = 864  # tokens\n",
+    )
+    .unwrap();
+    let manifest = serde_json::json!([{
+        "original": t.path().join("config/config.py"),
+        "backup": t.path().join("run/originals/0-config.py"),
+        "written": t.path().join("run/originals/0-config.py.written"),
+    }]);
+    std::fs::write(t.path().join("run/restore.json"), manifest.to_string()).unwrap();
+    let r = Run::new(t.path(), ["restore", "run"], &[]);
+    r.expect_code(0);
+    assert_eq!(
+        std::fs::read_to_string(t.path().join("config/config.py")).unwrap(),
+        original
+    );
+}

@@ -235,6 +235,23 @@ pub struct Discovery {
 }
 
 impl Discovery {
+    /// Knobs that live in files the command does not name (a module the script
+    /// imports): changing them means editing the file in place.
+    pub fn unnamed_files(&self) -> Vec<(Knob, String)> {
+        self.knobs
+            .iter()
+            .flat_map(|(k, b)| std::iter::once(&b.binding).chain(&b.mirrors).map(move |x| (k, x)))
+            .filter_map(|(k, b)| match b {
+                Binding::Config { file, shown, .. }
+                    if self.config.files[*file].reference == config::Ref::Unnamed =>
+                {
+                    Some((*k, shown.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn settings(&self) -> Settings {
         Settings {
             knobs: self
@@ -264,10 +281,6 @@ pub enum KnobError {
         "--knob {knob}={key}: the command has no {key}=N override. Add `{key}=N` to the command (N its current value) so oomguard can change it"
     )]
     OverrideNotInCommand { knob: Knob, key: String },
-    #[error(
-        "{knob} lives in {file}, which the command does not name, so oomguard cannot point it at a changed copy (it never edits your files). Name the file on the command line, or bind {knob} to a flag or override"
-    )]
-    UnnamedFile { knob: Knob, file: String },
     #[error(
         "--knob {knob}={flag}: the command has no {flag} flag. Check the spelling, or add `{flag} N` to the command so oomguard can change it"
     )]
@@ -390,14 +403,6 @@ pub fn discover(
         match ub {
             UserBinding::File { path, key } => {
                 let place = config::user_file(&mut found, argv, path, key, *knob, resolve)?;
-                if let config::Site::File { file, .. } = &place.site
-                    && found.files[*file].reference == config::Ref::Unnamed
-                {
-                    return Err(KnobError::UnnamedFile {
-                        knob: *knob,
-                        file: path.clone(),
-                    });
-                }
                 user_places.push(place);
             }
             UserBinding::Override(key) => {
@@ -620,6 +625,9 @@ pub struct Derived {
     pub text: String,
     /// Unified diff original → copy.
     pub diff: String,
+    /// The file is not named by the command: `dest` is the original, edited in
+    /// place (only with `--edit-in-place`).
+    pub in_place: bool,
 }
 
 /// One attempt's command: argv, the environment variables the knobs set, and
@@ -726,14 +734,11 @@ pub fn materialize(
             }
             config::Ref::AccelerateDefault { .. } => accelerate_default = Some(dest_abs.clone()),
             config::Ref::Env { var } => env.push((var.clone(), dest_abs.display().to_string())),
-            config::Ref::Unnamed => {
-                return Err(KnobError::UnnamedFile {
-                    knob: Knob::MicroBatch,
-                    file: f.shown.clone(),
-                });
-            }
+            // Only bound with --edit-in-place (see Discovery::unnamed_files).
+            config::Ref::Unnamed => dest = docs[i].path().to_path_buf(),
         }
         derived.push(Derived {
+            in_place: f.reference == config::Ref::Unnamed,
             shown: f.shown.clone(),
             original: docs[i].path().to_path_buf(),
             diff: files::unified_diff(
