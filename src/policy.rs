@@ -73,6 +73,8 @@ struct RawStep {
     multiple_of: Option<toml::Spanned<u64>>,
     /// raise_zero_stage: highest stage.
     max: Option<toml::Spanned<u64>>,
+    /// offload_optimizer / offload_param: offload to NVMe at this path instead of CPU.
+    nvme_path: Option<toml::Spanned<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -98,6 +100,8 @@ pub struct Step {
     pub factor: f64,
     pub multiple_of: u64,
     pub max: u64,
+    /// Offload steps: NVMe path (device "nvme") instead of CPU.
+    pub nvme_path: Option<String>,
 }
 
 /// A validated policy.
@@ -187,6 +191,7 @@ impl Policy {
                 factor: 0.5,
                 multiple_of: 1,
                 max: 3,
+                nvme_path: None,
             };
             match kind {
                 StepKind::HalveMicroBatch => {
@@ -241,6 +246,19 @@ impl Policy {
                 StepKind::EnableGradCheckpointing
                 | StepKind::OffloadOptimizer
                 | StepKind::OffloadParam => {
+                    if let Some(p) = &s.nvme_path {
+                        if kind == StepKind::EnableGradCheckpointing {
+                            return Err(not_for("nvme_path", p.span()));
+                        }
+                        if !p.get_ref().starts_with('/') {
+                            return Err(invalid(
+                                p.span().start,
+                                &key("nvme_path"),
+                                format!("{:?} is not an absolute path", p.get_ref()),
+                            ));
+                        }
+                        step.nvme_path = Some(p.get_ref().clone());
+                    }
                     for (field, sp) in [
                         ("min", s.min.as_ref().map(|x| x.span())),
                         ("factor", s.factor.as_ref().map(|x| x.span())),
@@ -486,12 +504,11 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
             if dev != "none" || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
                 return None;
             }
-            next.knobs
-                .insert(Knob::OffloadOptimizer, Value::Str("cpu".into()));
+            let (v, to) = offload_target(step);
+            next.knobs.insert(Knob::OffloadOptimizer, v);
             Some((
                 next,
-                "optimizer states offloaded to CPU memory (slower steps, much less GPU memory)"
-                    .into(),
+                format!("optimizer states offloaded to {to} (slower steps, much less GPU memory)"),
             ))
         }
         StepKind::OffloadParam => {
@@ -499,13 +516,19 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
             if dev != "none" || cur.int(Knob::ZeroStage) != Some(3) {
                 return None;
             }
-            next.knobs
-                .insert(Knob::OffloadParam, Value::Str("cpu".into()));
-            Some((
-                next,
-                "parameters offloaded to CPU memory (ZeRO-3 only)".into(),
-            ))
+            let (v, to) = offload_target(step);
+            next.knobs.insert(Knob::OffloadParam, v);
+            Some((next, format!("parameters offloaded to {to} (ZeRO-3 only)")))
         }
+    }
+}
+
+/// `cpu`, or `nvme:PATH` when the step names an NVMe path (materialize writes
+/// the device and the path).
+fn offload_target(step: &Step) -> (Value, String) {
+    match &step.nvme_path {
+        Some(p) => (Value::Str(format!("nvme:{p}")), format!("NVMe at {p}")),
+        None => (Value::Str("cpu".into()), "CPU memory".into()),
     }
 }
 
@@ -639,6 +662,26 @@ mod tests {
         assert_eq!(s.int(Knob::ZeroStage), Some(3));
         assert_eq!(s.int(Knob::MicroBatch), Some(1));
         assert_eq!(s.knobs[&Knob::OffloadParam], Value::Str("cpu".into()));
+    }
+
+    #[test]
+    fn offload_to_nvme_when_the_policy_gives_a_path() {
+        let text = "[[step]]\nkind = \"offload_optimizer\"\nnvme_path = \"/local_nvme\"\n";
+        let p = Policy::parse("x", Path::new("p.toml"), text).unwrap();
+        let mut s = settings(4, 2, None, false);
+        s.knobs.insert(Knob::ZeroStage, Value::Int(2));
+        s.knobs
+            .insert(Knob::OffloadOptimizer, Value::Str("none".into()));
+        let d = next(&p, &s, "OOM").unwrap();
+        assert_eq!(
+            d.after.knobs[&Knob::OffloadOptimizer],
+            Value::Str("nvme:/local_nvme".into())
+        );
+        let bad = "[[step]]\nkind = \"offload_param\"\nnvme_path = \"nvme\"\n";
+        let e = Policy::parse("x", Path::new("p.toml"), bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.toml:3: step[0].nvme_path:"), "{e}");
     }
 
     #[test]

@@ -453,7 +453,8 @@ pub fn discover(
 fn render(new: &Value, old: Option<&str>) -> String {
     match new {
         Value::Int(n) => n.to_string(),
-        Value::Str(s) => s.clone(),
+        // An offload device on a flag: the NVMe path has no place there.
+        Value::Str(s) => s.split(':').next().unwrap_or(s).to_string(),
         Value::Bool(b) => {
             let s = if *b { "true" } else { "false" };
             match old {
@@ -864,5 +865,39 @@ mod tests {
         let m = mat(&a, &d, &s, None);
         assert_eq!(m.argv[4], a[4]);
         assert_eq!(m.argv[3], OsString::from("4"));
+    }
+
+    #[test]
+    fn nvme_offload_writes_device_and_path_in_a_copy() {
+        let t = tempfile::tempdir().unwrap();
+        let ds = t.path().join("ds.json");
+        let text = "{\n  \"train_micro_batch_size_per_gpu\": \"auto\",\n  \"zero_optimization\": {\n    \"stage\": 2\n  }\n}\n";
+        std::fs::write(&ds, text).unwrap();
+        let a = argv(&format!(
+            "python t.py --deepspeed {} --per_device_train_batch_size 4",
+            ds.display()
+        ));
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let mut s = d.settings();
+        assert_eq!(s.knobs[&Knob::OffloadOptimizer], Value::Str("none".into()));
+        s.knobs.insert(
+            Knob::OffloadOptimizer,
+            Value::Str("nvme:/local_nvme".into()),
+        );
+        let m = mat(&a, &d, &s, None);
+        let copy: serde_json::Value = serde_json::from_str(&m.files[0].text).unwrap();
+        assert_eq!(
+            copy["zero_optimization"]["offload_optimizer"]["device"],
+            "nvme"
+        );
+        assert_eq!(
+            copy["zero_optimization"]["offload_optimizer"]["nvme_path"],
+            "/local_nvme"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&ds).unwrap(),
+            text,
+            "original untouched"
+        );
     }
 }

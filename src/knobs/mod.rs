@@ -240,7 +240,11 @@ impl Discovery {
     pub fn unnamed_files(&self) -> Vec<(Knob, String)> {
         self.knobs
             .iter()
-            .flat_map(|(k, b)| std::iter::once(&b.binding).chain(&b.mirrors).map(move |x| (k, x)))
+            .flat_map(|(k, b)| {
+                std::iter::once(&b.binding)
+                    .chain(&b.mirrors)
+                    .map(move |x| (k, x))
+            })
             .filter_map(|(k, b)| match b {
                 Binding::Config { file, shown, .. }
                     if self.config.files[*file].reference == config::Ref::Unnamed =>
@@ -670,6 +674,18 @@ pub fn materialize(
             }
             match b {
                 Binding::Config { file, key, .. } => {
+                    // `nvme:PATH`: the device is "nvme", and the path goes in the
+                    // sibling key (`...offload_optimizer.nvme_path`,
+                    // `deepspeed_config.offload_optimizer_nvme_path`).
+                    if let Some(path) = new.as_str().and_then(|v| v.strip_prefix("nvme:")) {
+                        docs[*file].set(key, &files::Scalar::Str("nvme".into()))?;
+                        let sibling = match key.strip_suffix(".device") {
+                            Some(base) => format!("{base}.nvme_path"),
+                            None => key.replace("_device", "_nvme_path"),
+                        };
+                        docs[*file].set(&sibling, &files::Scalar::Str(path.into()))?;
+                        continue;
+                    }
                     let old = docs[*file].get(key).ok().flatten();
                     docs[*file].set(key, &config::value_to_scalar(new, old.as_ref()))?;
                 }
