@@ -247,7 +247,9 @@ pub fn discover(
                     }
                 },
             },
-            UserBinding::File { .. } | UserBinding::Override(_) => continue,
+            UserBinding::File { .. }
+            | UserBinding::Override(_)
+            | UserBinding::AddOverride { .. } => continue,
             UserBinding::Env(var) => {
                 let raw = env(var);
                 let value = match (&raw, default_for(*knob)) {
@@ -590,6 +592,10 @@ pub(super) fn apply_binding(
             true
         }
         Binding::DerivedFromGlobalBatch { .. } => true,
+        Binding::AddOverride { key, prefix } => {
+            append.push(format!("{prefix}{key}={}", render(new, Some("true"))).into());
+            true
+        }
         Binding::Config { .. } | Binding::Override { .. } => false,
     }
 }
@@ -898,6 +904,34 @@ mod tests {
             std::fs::read_to_string(&ds).unwrap(),
             text,
             "original untouched"
+        );
+    }
+
+    #[test]
+    fn hydra_override_added_when_the_knob_only_has_a_default() {
+        let a = argv("python src/train.py trainer=ddp trainer.max_epochs=20");
+        let user = parse_user_bindings_ok("micro_batch=+data.batch_size=64");
+        let d = discover_all(&a, &user, &no_env).unwrap();
+        assert_eq!(d.settings().int(Knob::MicroBatch), Some(64));
+        assert_eq!(
+            d.knobs[&Knob::MicroBatch].binding.to_string(),
+            "absent; would add +data.batch_size="
+        );
+        let mut s = d.settings();
+        s.knobs.insert(Knob::MicroBatch, Value::Int(32));
+        assert_eq!(
+            strs(&mat(&a, &d, &s, None).argv),
+            "python src/train.py trainer=ddp trainer.max_epochs=20 +data.batch_size=32"
+        );
+        // Already given on the command line: changed where it is.
+        let a = argv("python src/train.py ++data.batch_size=16");
+        let d = discover_all(&a, &user, &no_env).unwrap();
+        let mut s = d.settings();
+        assert_eq!(s.int(Knob::MicroBatch), Some(16));
+        s.knobs.insert(Knob::MicroBatch, Value::Int(8));
+        assert_eq!(
+            strs(&mat(&a, &d, &s, None).argv),
+            "python src/train.py ++data.batch_size=8"
         );
     }
 }

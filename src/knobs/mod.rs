@@ -145,6 +145,8 @@ pub enum Binding {
         index: usize,
         prefix: String,
     },
+    /// Absent; `{prefix}{key}=N` is appended when the value changes.
+    AddOverride { key: String, prefix: String },
 }
 
 impl fmt::Display for Binding {
@@ -164,6 +166,9 @@ impl fmt::Display for Binding {
                 shown, role, key, ..
             } => write!(f, "{role} {shown}: {key}"),
             Binding::Override { key, prefix, .. } => write!(f, "override {prefix}{key}="),
+            Binding::AddOverride { key, prefix } => {
+                write!(f, "absent; would add {prefix}{key}=")
+            }
         }
     }
 }
@@ -325,6 +330,13 @@ pub enum UserBinding {
     },
     /// `key.path` of a `key.path=N` override
     Override(String),
+    /// `+key.path=N` / `++key.path=N`: an override to add when the value changes
+    /// (the config only has a default, N).
+    AddOverride {
+        prefix: String,
+        key: String,
+        default: String,
+    },
 }
 
 pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>, KnobError> {
@@ -343,6 +355,15 @@ pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>,
                 UserBinding::Env(var.to_string())
             } else if place.starts_with('-') && place.len() > 1 {
                 UserBinding::Flag(place.to_string())
+            } else if place.starts_with('+') {
+                match config::parse_override(place) {
+                    Some((prefix, key, default)) => UserBinding::AddOverride {
+                        prefix,
+                        key,
+                        default,
+                    },
+                    None => return Err(KnobError::BadSpec(s.clone())),
+                }
             } else if let Some((path, key)) = place.rsplit_once(':') {
                 if path.is_empty() || key.is_empty() {
                     return Err(KnobError::BadSpec(s.clone()));
@@ -403,11 +424,21 @@ pub fn discover(
 
     // What the user bound to files and overrides.
     let mut user_places: Vec<config::Place> = Vec::new();
+    let mut add_overrides: Vec<(Knob, Value, String, String)> = Vec::new();
     for (knob, ub) in user {
         match ub {
             UserBinding::File { path, key } => {
                 let place = config::user_file(&mut found, argv, path, key, *knob, resolve)?;
                 user_places.push(place);
+            }
+            UserBinding::AddOverride {
+                prefix,
+                key,
+                default,
+            } => {
+                let value = config::scalar_to_value(*knob, &config::yaml_like(default))
+                    .ok_or_else(|| KnobError::BadSpec(format!("{knob}={prefix}{key}={default}")))?;
+                add_overrides.push((*knob, value, key.clone(), prefix.clone()));
             }
             UserBinding::Override(key) => {
                 let place = argv.iter().enumerate().skip(1).find_map(|(index, a)| {
@@ -476,6 +507,36 @@ pub fn discover(
         let mut cands: Vec<(Value, Binding, bool)> = Vec::new();
         for p in user_places.iter().filter(|p| p.knob == knob) {
             cands.push((p.value.clone(), to_binding(p), true));
+        }
+        for (_, value, key, prefix) in add_overrides.iter().filter(|a| a.0 == knob) {
+            // Already on the command line: change it there.
+            let existing = argv.iter().enumerate().skip(1).find_map(|(index, a)| {
+                let (prefix, k, v) = config::parse_override(a.to_str()?)?;
+                (k == *key).then_some((index, prefix, v))
+            });
+            let existing = existing.and_then(|(index, prefix, v)| {
+                let value = config::scalar_to_value(knob, &config::yaml_like(&v))?;
+                Some((value, index, prefix))
+            });
+            match existing {
+                Some((value, index, prefix)) => cands.push((
+                    value,
+                    Binding::Override {
+                        key: key.clone(),
+                        index,
+                        prefix,
+                    },
+                    true,
+                )),
+                None => cands.push((
+                    value.clone(),
+                    Binding::AddOverride {
+                        key: key.clone(),
+                        prefix: prefix.clone(),
+                    },
+                    true,
+                )),
+            }
         }
         if let (true, Some(b)) = (by_user && !adds, &flag) {
             cands.push((b.value.clone(), b.binding.clone(), true));
