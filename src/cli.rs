@@ -94,8 +94,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
 
-    /// Say where a knob lives: NAME=FLAG (`--knob micro_batch=--bs`) or NAME=env:VAR.
-    /// Knobs: micro_batch, grad_accum, seq_len, grad_checkpointing. Repeatable.
+    /// Say where a knob lives: a flag (`micro_batch=--bs`), a key in a file
+    /// (`micro_batch=config.yaml:training.micro_batch_size`), an override
+    /// (`micro_batch=data.batch_size`, or `micro_batch=+data.batch_size=64` to add one
+    /// starting from its default), or an environment variable (`micro_batch=env:MICRO_BS`).
+    /// Knobs: micro_batch, grad_accum, seq_len, grad_checkpointing, zero_stage,
+    /// offload_optimizer, offload_param. Repeatable.
     #[arg(long, value_name = "NAME=WHERE")]
     pub knob: Vec<String>,
 
