@@ -94,7 +94,11 @@ impl InPlace {
     /// Put every original back. Returns one line per file for the user.
     pub fn restore(&mut self) -> Vec<String> {
         let lines = restore_entries(&self.entries);
-        if self.entries.iter().all(|e| !e.original.exists() || same(&e.original, &e.backup)) {
+        if self
+            .entries
+            .iter()
+            .all(|e| !e.original.exists() || same(&e.original, &e.backup))
+        {
             let _ = fs::remove_file(manifest(&self.dir));
         }
         self.entries.clear();
@@ -154,7 +158,10 @@ pub fn restore_main(run_dir: &Path) -> i32 {
             return crate::exit::SUCCESS;
         }
         Err(e) => {
-            eprintln!("oomguard: error: cannot read {}: {e}", manifest(run_dir).display());
+            eprintln!(
+                "oomguard: error: cannot read {}: {e}",
+                manifest(run_dir).display()
+            );
             return crate::exit::USAGE;
         }
     };
@@ -209,7 +216,10 @@ mod tests {
         fs::write(&b, "Y = 99  # the user's own edit\n").unwrap();
         assert_eq!(restore_main(&run), 0);
         assert_eq!(fs::read_to_string(&a).unwrap(), "X = 1\n");
-        assert_eq!(fs::read_to_string(&b).unwrap(), "Y = 99  # the user's own edit\n");
+        assert_eq!(
+            fs::read_to_string(&b).unwrap(),
+            "Y = 99  # the user's own edit\n"
+        );
         assert_eq!(restore_main(&run), 0, "a second restore has nothing to do");
     }
 }

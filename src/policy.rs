@@ -168,9 +168,11 @@ impl Policy {
             let line_text = text[line_start..].lines().next().unwrap_or("");
             let key = line_text
                 .split_once('=')
-                .map(|(k, _)| k.trim().trim_matches('[').trim_matches(']').to_string())
-                .filter(|k| !k.is_empty())
-                .unwrap_or_else(|| line_text.trim().to_string());
+                .map(|(k, _)| k)
+                .unwrap_or(line_text)
+                .trim()
+                .trim_matches(|c| c == '[' || c == ']')
+                .to_string();
             invalid(offset, &key, e.message().trim().to_string())
         })?;
 
@@ -304,6 +306,29 @@ impl Policy {
                 ));
             }
         }
+        // A policy may only set the variables that tune memory and threading: a
+        // shared or downloaded policy must not be able to make the command load
+        // code (LD_PRELOAD, PYTHONPATH, PATH, BASH_ENV ...).
+        for name in raw.env.keys() {
+            if !env_allowed(name) {
+                let at = text
+                    .lines()
+                    .scan(0usize, |off, l| {
+                        let start = *off;
+                        *off += l.len() + 1;
+                        Some((start, l))
+                    })
+                    .find(|(_, l)| l.trim_start().starts_with(name.as_str()))
+                    .map_or(0, |(o, _)| o);
+                return Err(invalid(
+                    at,
+                    &format!("env.{name}"),
+                    format!(
+                        "a policy may set only {ENV_ALLOWED_DESC}; set {name} yourself in the environment if you mean it"
+                    ),
+                ));
+            }
+        }
         let max_attempts = match &raw.max_attempts {
             Some(m) if *m.get_ref() == 0 => {
                 return Err(invalid(
@@ -325,6 +350,19 @@ impl Policy {
             resume: raw.resume,
         })
     }
+}
+
+const ENV_ALLOWED_PREFIXES: &[&str] = &["PYTORCH_", "NCCL_", "TORCH_NCCL_", "CUDA_"];
+const ENV_ALLOWED: &[&str] = &[
+    "TOKENIZERS_PARALLELISM",
+    "PYTHONUNBUFFERED",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+];
+const ENV_ALLOWED_DESC: &str = "PYTORCH_*, NCCL_*, TORCH_NCCL_*, CUDA_*, TOKENIZERS_PARALLELISM, PYTHONUNBUFFERED, OMP_NUM_THREADS and MKL_NUM_THREADS";
+
+fn env_allowed(name: &str) -> bool {
+    ENV_ALLOWED.contains(&name) || ENV_ALLOWED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
 /// The step chosen after an outcome, with settings before and after, and why.
@@ -682,6 +720,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("p.toml:3: step[0].nvme_path:"), "{e}");
+    }
+
+    #[test]
+    fn a_policy_cannot_set_code_loading_variables() {
+        for name in ["LD_PRELOAD", "PYTHONPATH", "PATH", "BASH_ENV"] {
+            let text = format!(
+                "[env]\nPYTHONUNBUFFERED = \"1\"\n{name} = \"/tmp/x\"\n\n[[step]]\nkind = \"halve_micro_batch\"\n"
+            );
+            let e = Policy::parse("x", Path::new("p.toml"), &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(&format!("p.toml:3: env.{name}:")), "{e}");
+        }
+        let ok = "[env]\nPYTORCH_CUDA_ALLOC_CONF = \"expandable_segments:True\"\nNCCL_DEBUG = \"WARN\"\n\n[[step]]\nkind = \"halve_micro_batch\"\n";
+        assert!(Policy::parse("x", Path::new("p.toml"), ok).is_ok());
     }
 
     #[test]

@@ -19,11 +19,17 @@ static STEP: LazyLock<Regex> = LazyLock::new(|| {
 /// The last step number printed in the final 256 KiB of `log`.
 pub fn step_reached(log: &Path) -> Option<u64> {
     let mut f = File::open(log).ok()?;
-    let len = f.metadata().ok()?.len();
-    let start = len.saturating_sub(256 * 1024);
-    f.seek(SeekFrom::Start(start)).ok()?;
+    let md = f.metadata().ok()?;
+    // Only a regular file: a log path that is a device or a FIFO (/dev/full,
+    // a pipe) would read forever.
+    if !md.is_file() {
+        return None;
+    }
+    const TAIL: u64 = 256 * 1024;
+    f.seek(SeekFrom::Start(md.len().saturating_sub(TAIL)))
+        .ok()?;
     let mut buf = Vec::new();
-    f.read_to_end(&mut buf).ok()?;
+    f.take(TAIL).read_to_end(&mut buf).ok()?;
     last_step(&buf)
 }
 

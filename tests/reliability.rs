@@ -662,13 +662,11 @@ fn a_full_disk_for_the_journal_and_log_is_a_warning_and_training_finishes() {
     expect_full_disk_warnings(&g);
 }
 
-/// After an OOM, src/progress.rs `step_reached` reads the attempt's log from its last
-/// 256 KiB with an unbounded `read_to_end`: when the log is not a regular file (here
-/// /dev/full, which reads as endless zeros; a FIFO would block for ever) oomguard allocates
-/// until the kernel kills it (seen: 23 GiB RSS, then SIGKILL). Needs `.take(256 KiB)` and an
-/// `is_file()` check there. Runs oomguard with a 4 GiB address-space limit so it fails fast.
+/// After an OOM, oomguard reads the attempt's log tail for the step reached: when the log
+/// is not a regular file (here /dev/full, which reads as endless zeros; a FIFO would block
+/// for ever) it must not read it (a bug found here: 23 GiB RSS, then SIGKILL). Runs
+/// oomguard with a 4 GiB address-space limit so a regression fails fast.
 #[test]
-#[ignore = "needs src/progress.rs step_reached to bound its read (see the comment)"]
 fn a_full_disk_across_a_relaunch_is_a_warning_and_training_finishes() {
     if !Path::new("/dev/full").exists() {
         eprintln!("skipped: no /dev/full");
@@ -835,10 +833,9 @@ fn a_policy_cannot_name_a_command_unknown_keys_fail_with_file_line_key() {
 /// A policy's `[env]` table is meant for the allocator/tokenizer defaults. Today it may set
 /// ANY variable (only ones the user has not set), so a shared or downloaded policy file can
 /// make the command load code: LD_PRELOAD, PYTHONPATH (sitecustomize), PYTHONSTARTUP,
-/// BASH_ENV, or change which program PATH resolves. Needs a src/policy.rs change (reject or
-/// allow-list names at parse time, with file:line:key); ignored until then.
+/// BASH_ENV, or change which program PATH resolves. The policy parser allow-lists the names
+/// (PYTORCH_*, NCCL_*, CUDA_*, a few thread and Python settings) and names file:line:key.
 #[test]
-#[ignore = "needs src/policy.rs to reject loader/interpreter hook variables in [env]"]
 fn a_policy_env_table_cannot_set_code_loading_variables() {
     let t = tmp();
     for var in ["LD_PRELOAD", "PYTHONPATH", "BASH_ENV", "PATH"] {

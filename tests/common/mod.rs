@@ -1,0 +1,281 @@
+//! Shared by the integration tests that drive the real binary on Python trainers
+//! (`tests/sim_trainer.rs`, `tests/real_clients.rs`).
+#![allow(dead_code)] // each test file uses a different part
+// Runs the real oomguard binary with a time limit and, on any failed expectation, panics with
+// the command, its cwd, what was expected and what was found, and oomguard's stderr.
+
+use std::fmt::Debug;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const OOMGUARD: &str = env!("CARGO_BIN_EXE_oomguard");
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running oomguard whose output is being collected.
+pub struct Running {
+    pub cmd: String,
+    pub cwd: PathBuf,
+    pub child: Child,
+    pub out: std::thread::JoinHandle<String>,
+    pub err: std::thread::JoinHandle<String>,
+    pub started: Instant,
+}
+
+/// A finished oomguard.
+pub struct Run {
+    pub cmd: String,
+    pub cwd: PathBuf,
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+pub fn spawn(cwd: &Path, args: &[&str], path_first: Option<&Path>) -> Running {
+    let mut c = Command::new(OOMGUARD);
+    c.args(args).current_dir(cwd).stdin(Stdio::null());
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    if let Some(dir) = path_first {
+        let path = std::env::var("PATH").unwrap_or_default();
+        c.env("PATH", format!("{}:{path}", dir.display()));
+    }
+    let cmd = std::iter::once("oomguard")
+        .chain(args.iter().copied())
+        .map(|a| {
+            if a.contains(' ') || a.is_empty() {
+                format!("'{a}'")
+            } else {
+                a.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = c
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let read = |r: &mut dyn Read| {
+        let mut b = Vec::new();
+        let _ = r.read_to_end(&mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    Running {
+        cmd,
+        cwd: cwd.to_path_buf(),
+        child,
+        out: std::thread::spawn(move || read(&mut so)),
+        err: std::thread::spawn(move || read(&mut se)),
+        started: Instant::now(),
+    }
+}
+
+impl Running {
+    pub fn wait(mut self, limit: Duration) -> Run {
+        use std::os::unix::process::ExitStatusExt;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("wait for oomguard") {
+                break Some(s);
+            }
+            if self.started.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let run = Run {
+            cmd: self.cmd,
+            cwd: self.cwd,
+            code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            stdout: self.out.join().unwrap_or_default(),
+            stderr: self.err.join().unwrap_or_default(),
+            elapsed: self.started.elapsed(),
+        };
+        if status.is_none() {
+            run.fail(
+                "oomguard finishes in time",
+                &format!("within {limit:?}"),
+                "still running: killed",
+            );
+        }
+        run
+    }
+}
+
+pub fn oomguard(cwd: &Path, args: &[&str], path_first: Option<&Path>, limit: Duration) -> Run {
+    spawn(cwd, args, path_first).wait(limit)
+}
+
+pub fn tail(s: &str, n: usize) -> &str {
+    let mut i = s.len().saturating_sub(n);
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    &s[i..]
+}
+
+impl Run {
+    pub fn fail(&self, what: &str, expected: &str, found: &str) -> ! {
+        panic!(
+            "\n=== expectation failed: {what}\n  expected: {expected}\n  found:    {found}\n\
+             command: {}\ncwd: {}\nexit code: {:?}, signal: {:?}, after {:.1?}\n\
+             --- oomguard stderr (last 6000 bytes) ---\n{}\n--- stdout (last 3000 bytes) ---\n{}\n",
+            self.cmd,
+            self.cwd.display(),
+            self.code,
+            self.signal,
+            self.elapsed,
+            tail(&self.stderr, 6000),
+            tail(&self.stdout, 3000),
+        )
+    }
+
+    /// Expect `expected == found`.
+    pub fn check<T: PartialEq + Debug>(&self, what: &str, expected: T, found: T) {
+        if expected != found {
+            self.fail(what, &format!("{expected:?}"), &format!("{found:?}"));
+        }
+    }
+
+    /// Expect a condition that is not an equality; `expected` says it in words.
+    pub fn ensure(&self, what: &str, ok: bool, expected: &str, found: impl Debug) {
+        if !ok {
+            self.fail(what, expected, &format!("{found:?}"));
+        }
+    }
+
+    pub fn read_json(&self, path: &Path) -> Value {
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+            self.fail(
+                &format!("read {}", path.display()),
+                "a readable file",
+                &e.to_string(),
+            )
+        });
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            self.fail(
+                &format!("parse {}", path.display()),
+                "JSON",
+                &format!("{e}: {text}"),
+            )
+        })
+    }
+
+    /// The journal of a run folder, one JSON value per line.
+    pub fn journal(&self, run_dir: &Path) -> Vec<Value> {
+        let path = run_dir.join("journal.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            self.fail(
+                "the journal exists",
+                &path.display().to_string(),
+                &e.to_string(),
+            )
+        });
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| self.fail("journal line is JSON", l, &e.to_string()))
+            })
+            .collect()
+    }
+}
+
+pub fn events<'a>(journal: &'a [Value], name: &str) -> Vec<&'a Value> {
+    journal.iter().filter(|e| e["event"] == name).collect()
+}
+
+/// The argv of an `attempt_start` event, as strings.
+pub fn argv_of(event: &Value) -> Vec<String> {
+    event["argv"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| s.as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The checkpoint an argv resumes from (`--resume_from_checkpoint X` or `=X`).
+pub fn resume_arg(argv: &[String]) -> Option<String> {
+    argv.iter().enumerate().find_map(|(i, a)| {
+        if a == "--resume_from_checkpoint" {
+            argv.get(i + 1).cloned()
+        } else {
+            a.strip_prefix("--resume_from_checkpoint=")
+                .map(str::to_string)
+        }
+    })
+}
+
+/// Every value stored under `key` anywhere in `v` (the JSON shapes may grow; the names are fixed).
+pub fn find_key<'a>(v: &'a Value, key: &str, found: &mut Vec<&'a Value>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                if k == key {
+                    found.push(x);
+                }
+                find_key(x, key, found);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| find_key(x, key, found)),
+        _ => {}
+    }
+}
+
+/// Processes (pid, command line) whose command line contains `marker`, other than this test.
+pub fn processes_with(marker: &str) -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(marker) {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// Expect no process mentioning `marker` to survive oomguard (waits up to 2 s for the reaper).
+pub fn expect_no_survivors(run: &Run, marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let left = processes_with(marker);
+        if left.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            for (pid, _) in &left {
+                unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+            }
+            run.fail(
+                "no child outlives oomguard",
+                "no process left",
+                &format!("{left:?}"),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+// ---- end of test helper ----
