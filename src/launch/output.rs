@@ -1,6 +1,5 @@
 //! Where the child's bytes go: our stdout/stderr (live, byte-exact), then the bounded log.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
@@ -8,7 +7,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Size of the one read buffer: bounds oomguard's memory whatever the child prints.
-pub(crate) const READ_BUF: usize = 64 * 1024;
+pub(crate) const READ_BUF: usize = 256 * 1024;
 
 /// One of our own output fds (1 or 2), written unbuffered. After EPIPE or another write error
 /// it is marked dead and further writes are dropped, so the child keeps being drained.
@@ -94,7 +93,7 @@ pub(crate) struct Log {
     head: u64,
     tail: usize,
     written_head: u64,
-    ring: VecDeque<u8>,
+    ring: Ring,
     total: u64,
     pub(crate) warning: Option<String>,
     path_shown: String,
@@ -126,7 +125,7 @@ impl Log {
             head,
             tail: usize::try_from(tail).unwrap_or(usize::MAX),
             written_head: 0,
-            ring: VecDeque::new(),
+            ring: Ring::default(),
             total: 0,
             warning,
             path_shown,
@@ -148,14 +147,7 @@ impl Log {
         if self.tail == 0 || chunk.is_empty() {
             return;
         }
-        if chunk.len() >= self.tail {
-            self.ring.clear();
-            self.ring.extend(&chunk[chunk.len() - self.tail..]);
-        } else {
-            let overflow = (self.ring.len() + chunk.len()).saturating_sub(self.tail);
-            self.ring.drain(..overflow);
-            self.ring.extend(chunk);
-        }
+        self.ring.push(chunk, self.tail);
     }
 
     /// Writes the tail (with the omitted marker when bytes were dropped) and closes the file.
@@ -190,10 +182,49 @@ impl Log {
 
     fn fail(&mut self, e: io::Error) {
         self.file = None;
-        self.ring = VecDeque::new();
+        self.ring = Ring::default();
         if self.warning.is_none() {
             self.warning = Some(format!("could not write log {}: {e}", self.path_shown));
         }
+    }
+}
+
+/// The last `cap` bytes seen, in a buffer allocated once: each chunk costs one
+/// or two `memcpy`s (a `VecDeque<u8>` drained and extended per chunk cost a
+/// measurable share of oomguard's CPU on a multi-GB run).
+#[derive(Default)]
+struct Ring {
+    buf: Vec<u8>,
+    /// Next write position once `buf` is full.
+    pos: usize,
+}
+
+impl Ring {
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn push(&mut self, chunk: &[u8], cap: usize) {
+        let chunk = &chunk[chunk.len().saturating_sub(cap)..];
+        // Filling up: append.
+        let room = cap - self.buf.len();
+        let (fill, rest) = chunk.split_at(chunk.len().min(room));
+        self.buf.extend_from_slice(fill);
+        if rest.is_empty() {
+            return;
+        }
+        // Full: overwrite the oldest bytes, wrapping once at most.
+        let first = rest.len().min(cap - self.pos);
+        self.buf[self.pos..self.pos + first].copy_from_slice(&rest[..first]);
+        let second = rest.len() - first;
+        self.buf[..second].copy_from_slice(&rest[first..]);
+        self.pos = (self.pos + rest.len()) % cap;
+    }
+
+    /// Oldest first.
+    fn as_slices(&self) -> (&[u8], &[u8]) {
+        let (newer, older) = self.buf.split_at(self.pos);
+        (older, newer)
     }
 }
 
@@ -216,6 +247,18 @@ pub(crate) fn read_some(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> 
     }
 }
 
+/// Grow a pipe we read from to 1 MiB (the unprivileged maximum on Linux): a chatty
+/// command then fills more per wake-up and oomguard reads more per system call,
+/// which halves the context switches on a multi-GB log. Output still passes
+/// through as soon as it is written (poll wakes on any data). Best effort: a pty
+/// or an old kernel keeps its size.
+pub(crate) fn grow_pipe(fd: &impl AsRawFd) {
+    // SAFETY: fcntl on an fd we own; failure only leaves the size as it was.
+    unsafe {
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20);
+    }
+}
+
 pub(crate) fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
     let fd = fd.as_raw_fd();
     // SAFETY: fcntl on an fd we own.
@@ -226,4 +269,27 @@ pub(crate) fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod ring_tests {
+    use super::Ring;
+
+    #[test]
+    fn keeps_the_last_cap_bytes_in_order_for_any_chunking() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        for cap in [1usize, 7, 64, 1000, 4096, 20_000] {
+            for chunk in [1usize, 3, 63, 64, 999, 5000, 10_000] {
+                let mut r = Ring::default();
+                for c in data.chunks(chunk) {
+                    r.push(c, cap);
+                }
+                let (a, b) = r.as_slices();
+                let got: Vec<u8> = a.iter().chain(b).copied().collect();
+                let want = &data[data.len().saturating_sub(cap)..];
+                assert_eq!(got, want, "cap {cap} chunk {chunk}");
+                assert!(r.len() <= cap);
+            }
+        }
+    }
 }
