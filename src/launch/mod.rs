@@ -7,7 +7,7 @@
 //! mode) or of a new session on a fresh pseudo-terminal (tty mode), starts a guardian
 //! process (see `guard`), and then runs one single-threaded `poll(2)` loop over:
 //!
-//! * the child's stdout and stderr pipes (grown to 1 MiB; or the pty master), read with one fixed 256 KiB
+//! * the child's stdout and stderr pipes (grown to 1 MiB; or the pty master), read with one fixed 64 KiB
 //!   buffer, each chunk written to our stdout/stderr first, then fed to the scanner, then to
 //!   the bounded log;
 //! * the self-pipe of `Signals`, whose handlers only count signals.

@@ -7,7 +7,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Size of the one read buffer: bounds oomguard's memory whatever the child prints.
-pub(crate) const READ_BUF: usize = 256 * 1024;
+pub(crate) const READ_BUF: usize = 64 * 1024;
 
 /// One of our own output fds (1 or 2), written unbuffered. After EPIPE or another write error
 /// it is marked dead and further writes are dropped, so the child keeps being drained.
@@ -248,8 +248,10 @@ pub(crate) fn read_some(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> 
 }
 
 /// Grow a pipe we read from to 1 MiB (the unprivileged maximum on Linux): a chatty
-/// command then fills more per wake-up and oomguard reads more per system call,
-/// which halves the context switches on a multi-GB log. Output still passes
+/// command then blocks less often on a full pipe, and oomguard wakes less often
+/// (measured: about a third of `cat`'s context switches on a 1 GiB log). The read
+/// buffer stays at 64 KiB: 256 KiB measured slower (the copy out of the pipe no
+/// longer stays in cache for the scan and the log). Output still passes
 /// through as soon as it is written (poll wakes on any data). Best effort: a pty
 /// or an old kernel keeps its size.
 pub(crate) fn grow_pipe(fd: &impl AsRawFd) {
