@@ -383,10 +383,21 @@ pub struct NotApplicable {
 
 /// Largest divisor of `n` that is at most `limit` (≥ 1).
 fn largest_divisor_at_most(n: u64, limit: u64) -> u64 {
-    (1..=limit.min(n))
-        .rev()
-        .find(|d| n.is_multiple_of(*d))
-        .unwrap_or(1)
+    // Divisors come in pairs (d, n/d) with d ≤ √n: O(√n), not O(limit) — a
+    // micro-batch of 10^12 (a typo) must not hang the plan.
+    let mut best = 1;
+    let mut d = 1u64;
+    while d.saturating_mul(d) <= n {
+        if n.is_multiple_of(d) {
+            for c in [d, n / d] {
+                if c <= limit && c > best {
+                    best = c;
+                }
+            }
+        }
+        d += 1;
+    }
+    best
 }
 
 /// Steps that cannot apply to this command at all, whatever the settings.
@@ -446,7 +457,7 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
             match accum {
                 Some(accum) if policy.keep_global_batch => {
                     // Keep micro × accum exactly: the new micro-batch divides the product.
-                    let product = micro * accum;
+                    let product = micro.checked_mul(accum)?;
                     let m = largest_divisor_at_most(product, target);
                     if m < step.min || m >= micro {
                         return None;
@@ -735,6 +746,17 @@ mod tests {
         }
         let ok = "[env]\nPYTORCH_CUDA_ALLOC_CONF = \"expandable_segments:True\"\nNCCL_DEBUG = \"WARN\"\n\n[[step]]\nkind = \"halve_micro_batch\"\n";
         assert!(Policy::parse("x", Path::new("p.toml"), ok).is_ok());
+    }
+
+    #[test]
+    fn divisors_are_found_fast_even_for_absurd_values() {
+        assert_eq!(largest_divisor_at_most(12, 5), 4);
+        assert_eq!(largest_divisor_at_most(12, 12), 12);
+        assert_eq!(largest_divisor_at_most(13, 6), 1);
+        assert_eq!(largest_divisor_at_most(1_000_000, 999), 800);
+        let t = std::time::Instant::now();
+        assert_eq!(largest_divisor_at_most(1 << 40, 1 << 39), 1 << 39);
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
     }
 
     #[test]

@@ -384,10 +384,10 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     match (
         settings.int(Knob::MicroBatch),
         settings.int(Knob::GradAccum),
+        settings.global_batch(),
     ) {
-        (Some(m), Some(a)) => o.push_str(&format!(
-            "global batch: {} = micro-batch {m} × accumulation {a} × world size {}\n",
-            m * a * settings.world_size,
+        (Some(m), Some(a), Some(g)) => o.push_str(&format!(
+            "global batch: {g} = micro-batch {m} × accumulation {a} × world size {}\n",
             settings.world_size
         )),
         _ => o.push_str("global batch: unknown (micro-batch or accumulation not bound)\n"),

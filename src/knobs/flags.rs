@@ -393,7 +393,7 @@ pub fn discover(
         }) {
             let micro = knobs[&Knob::MicroBatch].value.as_int().unwrap_or(1);
             if let Some(global) = o.value.as_ref().and_then(|v| v.parse::<u64>().ok()) {
-                let per_step = micro * world.size;
+                let per_step = micro.saturating_mul(world.size);
                 if per_step > 0 && global % per_step == 0 {
                     knobs.insert(
                         Knob::GradAccum,

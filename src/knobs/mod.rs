@@ -211,7 +211,9 @@ impl Settings {
     }
     /// micro × accum × world, when micro and accum are known.
     pub fn global_batch(&self) -> Option<u64> {
-        Some(self.int(Knob::MicroBatch)? * self.int(Knob::GradAccum)? * self.world_size)
+        self.int(Knob::MicroBatch)?
+            .checked_mul(self.int(Knob::GradAccum)?)?
+            .checked_mul(self.world_size)
     }
 }
 
@@ -612,7 +614,7 @@ pub fn discover(
         )
         && let Ok(Some(files::Scalar::Int(global))) = ds.doc.get(config::DS_GLOBAL)
     {
-        let per_step = micro * d.world.size;
+        let per_step = micro.saturating_mul(d.world.size);
         let global = global.max(0) as u64;
         if per_step > 0 && global.is_multiple_of(per_step) {
             d.knobs.insert(

@@ -121,7 +121,7 @@ pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> 
             },
         };
         return World {
-            size: per_node * nodes,
+            size: per_node.saturating_mul(nodes),
             source,
             uncertain,
         };
@@ -156,13 +156,13 @@ pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> 
             .and_then(|v| v.parse::<u64>().ok())
         {
             Some(n) => World {
-                size: n * nodes,
+                size: n.saturating_mul(nodes),
                 source: format!("deepspeed --num_gpus {n} × --num_nodes {nodes}"),
                 uncertain: false,
             },
             None => match visible_devices(env) {
                 Some(n) => World {
-                    size: n * nodes,
+                    size: n.saturating_mul(nodes),
                     source: format!("deepspeed: {n} GPUs in CUDA_VISIBLE_DEVICES"),
                     uncertain: false,
                 },
