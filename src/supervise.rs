@@ -630,6 +630,8 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let mut prev_pid: Option<u32> = None;
     let mut tenant_retries = 0u32;
     let mut tenant_notes: Vec<String> = Vec::new();
+    // (tried_to_allocate of the last OOM, whether the step after it halved the micro-batch)
+    let mut last_tried: Option<(u64, bool)> = None;
     let log = Log { quiet: cfg.quiet };
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
@@ -839,6 +841,24 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                     oom_summary(finding.as_ref())
                 );
                 log.info(&format!("attempt {attempts}: {cause}"));
+                // The same allocation failing again right after the micro-batch was
+                // halved: the trainer may not be using the new value (transformers
+                // 4.36 to early 5.x restored train_batch_size from the checkpoint's
+                // trainer_state.json on resume).
+                let tried = finding
+                    .as_ref()
+                    .and_then(|f| f.numbers.tried_to_allocate_bytes);
+                if let (Some(t), Some((prev_t, true))) = (tried, last_tried) {
+                    if t == prev_t {
+                        eprintln!(
+                            "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
+                        );
+                        j.event(
+                            "suspect",
+                            json!({"attempt": attempts, "why": "same allocation size after halving the micro-batch"}),
+                        );
+                    }
+                }
                 // Another tenant's memory, not the run's: wait for it and retry the
                 // same settings instead of shrinking (bounded; then the policy applies).
                 let tenants = if hung {
@@ -966,6 +986,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                         "resume_step": new_step,
                     }),
                 );
+                last_tried = tried.map(|t| (t, d.step == policy::StepKind::HalveMicroBatch));
                 settings = d.after.clone();
                 decisions.push((attempts, cause, d));
             }

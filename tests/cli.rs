@@ -546,3 +546,29 @@ fn a_module_the_script_imports_is_edited_in_place_only_when_asked_and_restored()
         original
     );
 }
+
+#[test]
+fn the_same_allocation_after_halving_is_flagged_as_a_trainer_ignoring_the_new_value() {
+    // A "trainer" that ignores its micro-batch flag: the same OOM every time.
+    let t = tmp();
+    let oom = "import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free.', file=sys.stderr); sys.exit(1)";
+    let r = Run::new(
+        t.path(),
+        [
+            "--run-dir",
+            "run",
+            "--max-attempts",
+            "2",
+            "python3",
+            "-c",
+            oom,
+            "--per_device_train_batch_size",
+            "8",
+        ],
+        &[],
+    );
+    r.expect_code(75)
+        .expect_stderr("the trainer may be ignoring the new value");
+    let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
+    assert!(journal.contains("\"event\":\"suspect\""), "{journal}");
+}
