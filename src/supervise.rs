@@ -848,16 +848,16 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 let tried = finding
                     .as_ref()
                     .and_then(|f| f.numbers.tried_to_allocate_bytes);
-                if let (Some(t), Some((prev_t, true))) = (tried, last_tried) {
-                    if t == prev_t {
-                        eprintln!(
-                            "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
-                        );
-                        j.event(
-                            "suspect",
-                            json!({"attempt": attempts, "why": "same allocation size after halving the micro-batch"}),
-                        );
-                    }
+                if let (Some(t), Some((prev_t, true))) = (tried, last_tried)
+                    && t == prev_t
+                {
+                    eprintln!(
+                        "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
+                    );
+                    j.event(
+                        "suspect",
+                        json!({"attempt": attempts, "why": "same allocation size after halving the micro-batch"}),
+                    );
                 }
                 // Another tenant's memory, not the run's: wait for it and retry the
                 // same settings instead of shrinking (bounded; then the policy applies).
