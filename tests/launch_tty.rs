@@ -20,12 +20,14 @@ fn the_command_gets_our_terminal_size_and_its_changes() {
     let dir = tempfile::tempdir().unwrap();
     let child = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/children/print_winsize.py");
     // Inside script's terminal: set a size, start oomguard in the background of the same
-    // process group (no job control), wait until the child is ready, resize.
+    // process group (no job control), wait until the child is ready, resize (one
+    // dimension: `stty cols C rows R` may apply them as two changes, two SIGWINCHes,
+    // and the child reports the first).
     let ready = dir.path().join("ready");
     let inner = format!(
         "stty cols 100 rows 30; '{bin}' -q --run-dir '{rd}' python3 '{child}' '{ready}' & \
          for i in $(seq 200); do [ -e '{ready}' ] && break; sleep 0.05; done; \
-         stty cols 77 rows 22; wait",
+         stty cols 77; wait",
         bin = env!("CARGO_BIN_EXE_oomguard"),
         rd = dir.path().join("run").display(),
         child = child.display(),
@@ -45,7 +47,7 @@ fn the_command_gets_our_terminal_size_and_its_changes() {
         "no terminal of our size: {text}"
     );
     assert!(
-        text.contains("winch size=77x22"),
+        text.contains("winch size=77x30"),
         "resize not forwarded: {text}"
     );
 }
