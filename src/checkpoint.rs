@@ -130,30 +130,15 @@ fn strs(argv: &[OsString]) -> Vec<String> {
 
 /// The last value of any of `names` as `--x V` or `--x=V`.
 fn flag_value(args: &[String], names: &[&str]) -> Option<String> {
-    let mut found = None;
-    for (i, a) in args.iter().enumerate() {
-        for n in names {
-            if a == n {
-                if let Some(v) = args.get(i + 1).filter(|v| !v.starts_with("--")) {
-                    found = Some(v.clone());
-                }
-            } else if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
-                found = Some(v.to_string());
-            }
-        }
-    }
-    found
+    crate::knobs::last_flag_value(args, names).map(str::to_string)
 }
 
 /// The last `key=value` override (also `+key=` / `++key=`).
 fn override_value(args: &[String], keys: &[&str]) -> Option<String> {
     args.iter()
-        .filter(|a| !a.starts_with('-'))
-        .filter_map(|a| {
-            let a = a.trim_start_matches('+');
-            let (k, v) = a.split_once('=')?;
-            keys.contains(&k).then(|| v.to_string())
-        })
+        .filter_map(|a| crate::knobs::parse_override(a))
+        .filter(|(_, k, _)| keys.contains(&k.as_str()))
+        .map(|(_, _, v)| v)
         .next_back()
 }
 

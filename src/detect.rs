@@ -897,9 +897,6 @@ pub fn format_size(bytes: u64) -> String {
     format!("{value:.2} {}", UNITS[unit])
 }
 
-/// Exit code of `diagnose` when the log cannot be read.
-pub const EXIT_UNREADABLE: i32 = 2;
-
 /// `oomguard diagnose [--json] [FILE|-]`: classify the file (or stdin when None or "-"),
 /// print the result to stdout. Returns 0 when it classified (any kind), 2 for an
 /// unreadable file (message on stderr naming the file and the OS error).
@@ -919,7 +916,7 @@ pub fn diagnose_main(path: Option<&Path>, json: bool) -> i32 {
         Ok(f) => f,
         Err(e) => {
             eprintln!("oomguard diagnose: cannot read {name}: {e}");
-            return EXIT_UNREADABLE;
+            return crate::exit::USAGE;
         }
     };
     let text = if json {
@@ -1528,11 +1525,11 @@ mod tests {
         assert_eq!(diagnose_main(Some(&log), false), 0);
         assert_eq!(
             diagnose_main(Some(&dir.path().join("missing.log")), false),
-            EXIT_UNREADABLE
+            crate::exit::USAGE
         );
         assert_eq!(
             diagnose_main(Some(dir.path()), false),
-            EXIT_UNREADABLE,
+            crate::exit::USAGE,
             "a directory is unreadable"
         );
     }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::journal::create_private_dir;
+use crate::journal::{create_private_dir, write_private};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 struct Entry {
@@ -34,18 +34,6 @@ pub struct InPlace {
 
 fn manifest(run_dir: &Path) -> PathBuf {
     run_dir.join("restore.json")
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?
-        .write_all(bytes)
 }
 
 impl InPlace {

@@ -25,6 +25,17 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
+/// Write `bytes` to `path` (created or truncated) readable by the user only.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(bytes)
+}
+
 /// `.oomguard/runs/<local time>`, with `-2`, `-3`... when two runs start in the same second.
 pub fn default_run_dir() -> PathBuf {
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();

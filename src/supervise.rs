@@ -23,7 +23,7 @@ use serde_json::{Value as Json, json};
 
 use crate::checkpoint;
 use crate::cli::RunArgs;
-use crate::detect::{Finding, Kind};
+use crate::detect::{Finding, Kind, format_size};
 use crate::envmerge::{self, EnvSet};
 use crate::exit;
 use crate::gpuwatch::{GpuOptions, GpuWatch, TENANT_RETRIES};
@@ -559,21 +559,6 @@ fn classify(r: &launch::Report) -> Outcome {
     }
 }
 
-fn human_bytes(b: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < units.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.2} {}", units[i])
-    }
-}
-
 fn oom_summary(f: Option<&Finding>) -> String {
     let Some(f) = f else {
         return "OOM".into();
@@ -581,12 +566,12 @@ fn oom_summary(f: Option<&Finding>) -> String {
     let n = &f.numbers;
     let mut s = String::from("OOM");
     if let Some(t) = n.tried_to_allocate_bytes {
-        s.push_str(&format!(" (tried to allocate {}", human_bytes(t)));
+        s.push_str(&format!(" (tried to allocate {}", format_size(t)));
         if let Some(d) = n.device {
             s.push_str(&format!(" on GPU {d}"));
         }
         if let Some(fr) = n.free_bytes {
-            s.push_str(&format!(", {} free", human_bytes(fr)));
+            s.push_str(&format!(", {} free", format_size(fr)));
         }
         s.push(')');
     }
@@ -1027,8 +1012,6 @@ fn signal_name(sig: i32) -> String {
 /// Write the changed config copies, readable by the user only (and, with
 /// --edit-in-place, the edited originals, kept and restored by `inplace`).
 fn write_derived(files: &[knobs::Derived], inplace: &mut InPlace) -> Result<(), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     for f in files {
         if f.in_place {
             inplace
@@ -1040,13 +1023,7 @@ fn write_derived(files: &[knobs::Derived], inplace: &mut InPlace) -> Result<(), 
             journal::create_private_dir(parent)
                 .map_err(|e| format!("{}: {e}", parent.display()))?;
         }
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&f.dest)
-            .and_then(|mut h| h.write_all(f.text.as_bytes()))
+        journal::write_private(&f.dest, f.text.as_bytes())
             .map_err(|e| format!("{}: {e}", f.dest.display()))?;
     }
     Ok(())
@@ -1207,11 +1184,5 @@ mod tests {
             shell_quote(&argv),
             r#"python 'a b' 'it'\''s' --x=1 '$(rm -rf /)'"#
         );
-    }
-
-    #[test]
-    fn human_bytes_reads_like_pytorch() {
-        assert_eq!(human_bytes(2 << 30), "2.00 GiB");
-        assert_eq!(human_bytes(512), "512 B");
     }
 }

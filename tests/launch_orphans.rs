@@ -2,9 +2,11 @@
 //! with SIGKILL (no cleanup code of its own runs), and signals sent to oomguard reach the
 //! command. Uses the purpose-built children in tests/children/.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn children() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/children")
@@ -66,19 +68,6 @@ impl Drop for Oomguard {
     }
 }
 
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn read_pids(path: &Path) -> Vec<i32> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -113,13 +102,13 @@ fn sigkill_leaves_nothing(mode: &str) {
         pids_file.to_str().unwrap(),
         mode,
     ]);
-    if !wait_until(Duration::from_secs(20), || read_pids(&pids_file).len() == 5) {
+    if !common::wait_until(Duration::from_secs(20), || read_pids(&pids_file).len() == 5) {
         g.fail("spawn_tree.py to start 5 processes");
     }
     let pids = read_pids(&pids_file);
     assert_eq!(alive(&pids).len(), 5, "{pids:?}");
     g.signal(libc::SIGKILL);
-    if !wait_until(Duration::from_secs(5), || alive(&pids).is_empty()) {
+    if !common::wait_until(Duration::from_secs(5), || alive(&pids).is_empty()) {
         g.fail(&format!(
             "every process of the tree gone within 5 s of SIGKILL to oomguard; alive: {:?}",
             alive(&pids)
@@ -142,20 +131,20 @@ fn sigkill_of_oomguard_kills_workers_in_their_own_session() {
 fn signals_sent_to_oomguard_reach_the_command() {
     let script = children().join("print_signals.py");
     let mut g = Oomguard::start(&["python3", script.to_str().unwrap()]);
-    if !wait_until(Duration::from_secs(20), || {
+    if !common::wait_until(Duration::from_secs(20), || {
         g.stdout().contains("ready (pid:")
     }) {
         g.fail("`ready (pid: N)` from print_signals.py");
     }
     g.signal(libc::SIGUSR1);
-    if !wait_until(Duration::from_secs(5), || {
+    if !common::wait_until(Duration::from_secs(5), || {
         g.stdout().contains("received SIGUSR1")
     }) {
         g.fail("SIGUSR1 forwarded to the command");
     }
     g.signal(libc::SIGTERM);
     let mut status = None;
-    if !wait_until(Duration::from_secs(10), || {
+    if !common::wait_until(Duration::from_secs(10), || {
         status = g.child.try_wait().unwrap();
         status.is_some()
     }) {

@@ -8,6 +8,8 @@
 //! a temporary folder by each test. Every wait polls with a deadline; no assertion rests on
 //! a fixed sleep.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -73,19 +75,6 @@ fn write_script(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
     p.to_str().unwrap().to_owned()
-}
-
-fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The state letter of /proc/PID/stat (`R`, `S`, `T`, `Z`...), or None when gone.
@@ -197,7 +186,7 @@ impl Og {
     }
 
     fn wait_stdout(&self, needle: &str, limit: Duration) {
-        if !wait_until(limit, || self.stdout().contains(needle)) {
+        if !common::wait_until(limit, || self.stdout().contains(needle)) {
             self.fail(&format!("stdout containing {needle:?} within {limit:?}"));
         }
     }
@@ -218,7 +207,7 @@ impl Og {
 
     fn wait_exit(&mut self, limit: Duration) -> i32 {
         let mut status = None;
-        if !wait_until(limit, || {
+        if !common::wait_until(limit, || {
             status = self.child.try_wait().unwrap();
             status.is_some()
         }) {
@@ -333,7 +322,7 @@ fn a_second_sigint_kills_a_group_that_ignores_the_first() {
     if code != 130 {
         g.fail(&format!("exit 130 after the second SIGINT, found {code}"));
     }
-    if !wait_until(Duration::from_secs(5), || !alive(c) && !alive(gc)) {
+    if !common::wait_until(Duration::from_secs(5), || !alive(c) && !alive(gc)) {
         g.fail("child and grandchild SIGKILLed by the second SIGINT");
     }
     if g.attempt_starts() != 1 {
@@ -350,7 +339,7 @@ fn ctrl_z_stops_oomguard_and_the_whole_group_and_sigcont_resumes_them() {
     let (c, gc) = g.family_pids();
     kill(g.pid(), libc::SIGTSTP);
     let all_stopped = || [g.pid(), c, gc].iter().all(|&p| proc_state(p) == Some('T'));
-    if !wait_until(Duration::from_secs(10), all_stopped) {
+    if !common::wait_until(Duration::from_secs(10), all_stopped) {
         g.fail(&format!(
             "oomguard, child and grandchild stopped (T); states {:?}",
             [g.pid(), c, gc].map(proc_state)
@@ -362,7 +351,7 @@ fn ctrl_z_stops_oomguard_and_the_whole_group_and_sigcont_resumes_them() {
             .iter()
             .all(|&p| matches!(proc_state(p), Some(s) if s != 'T'))
     };
-    if !wait_until(Duration::from_secs(10), none_stopped) {
+    if !common::wait_until(Duration::from_secs(10), none_stopped) {
         g.fail(&format!(
             "all running again after SIGCONT; states {:?}",
             [g.pid(), c, gc].map(proc_state)
@@ -434,7 +423,7 @@ fn sigkill_of_oomguard_at_random_moments_leaves_no_process_of_the_tree() {
         std::thread::sleep(delay); // the random moment (not an assertion)
         g.child.kill().unwrap();
         g.child.wait().unwrap();
-        if !wait_until(Duration::from_secs(5), || tagged(&tag).is_empty()) {
+        if !common::wait_until(Duration::from_secs(5), || tagged(&tag).is_empty()) {
             let left = tagged(&tag);
             for &p in &left {
                 kill(p, libc::SIGKILL);
@@ -526,7 +515,7 @@ fn a_grandchild_holding_stdout_after_the_child_exits_does_not_hang_oomguard() {
                 "exit 0 with the child's output, escaped grandchild={escaped}"
             ));
         }
-        if !escaped && !wait_until(Duration::from_secs(5), || !alive(gc)) {
+        if !escaped && !common::wait_until(Duration::from_secs(5), || !alive(gc)) {
             g.fail("the grandchild in the group killed");
         }
         kill(gc, libc::SIGKILL);

@@ -5,7 +5,7 @@
 //! the global batch) is reported as a note saying how to bind it with `--knob`.
 
 mod config;
-pub use config::Role;
+pub use config::{Role, parse_override};
 pub mod files;
 mod flags;
 mod world;
@@ -273,6 +273,28 @@ impl Discovery {
             world_size: self.world.size,
         }
     }
+}
+
+/// The last value of any of `names` in `args`, written `--x V` or `--x=V` (a
+/// following `--y` is not a value). Shared by the world-size and checkpoint
+/// readers; knob flags use the fuller `flags::occurrences`.
+pub fn last_flag_value<'a, S: AsRef<str>>(args: &'a [S], names: &[&str]) -> Option<&'a str> {
+    let mut found = None;
+    for (i, a) in args.iter().enumerate() {
+        let a = a.as_ref();
+        for n in names {
+            if a == *n {
+                if let Some(v) = args.get(i + 1).map(AsRef::as_ref)
+                    && !v.starts_with("--")
+                {
+                    found = Some(v);
+                }
+            } else if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
+                found = Some(v);
+            }
+        }
+    }
+    found
 }
 
 /// Errors in what the user told us about knobs. All are usage errors (exit 2).

@@ -5,25 +5,7 @@ use std::path::Path;
 
 use super::World;
 
-/// Options of `name` (any spelling) in `args`, as `--x N` or `--x=N`.
-fn option<'a>(args: &'a [&'a str], names: &[&str]) -> Option<&'a str> {
-    let mut found = None;
-    let mut i = 0;
-    while i < args.len() {
-        let a = args[i];
-        for n in names {
-            if a == *n {
-                if let Some(v) = args.get(i + 1) {
-                    found = Some(*v);
-                }
-            } else if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
-                found = Some(v);
-            }
-        }
-        i += 1;
-    }
-    found
-}
+use super::last_flag_value as option;
 
 /// The launcher's own arguments: everything before the training script or module.
 fn launcher_region(args: &[&str]) -> usize {

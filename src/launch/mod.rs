@@ -488,15 +488,21 @@ fn supervise(
             .unwrap_or(Duration::from_millis(500));
 
         // ---- wait for output or a signal
-        let mut ready = vec![false; streams.len()];
+        // At most two streams (stdout and stderr, or the pty master): fixed arrays
+        // keep allocation off this per-chunk path.
+        debug_assert!(streams.len() <= 2);
+        let mut ready = [false; 2];
         let mut wake_ready = false;
         {
-            let mut fds = Vec::with_capacity(streams.len() + 1);
+            let mut fds = Vec::with_capacity(3);
             fds.push(PollFd::new(signals.wake_fd(), PollFlags::POLLIN));
-            let open: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].open).collect();
-            for &i in &open {
-                fds.push(PollFd::new(streams[i].fd.as_fd(), PollFlags::POLLIN));
+            let (mut open, mut n_open) = ([0usize; 2], 0);
+            for (i, st) in streams.iter().enumerate().filter(|(_, st)| st.open) {
+                fds.push(PollFd::new(st.fd.as_fd(), PollFlags::POLLIN));
+                open[n_open] = i;
+                n_open += 1;
             }
+            let open = &open[..n_open];
             // Round up: rounding down would spin on poll(0) for the last
             // fraction of a millisecond before every deadline.
             let ms = timeout.as_micros().div_ceil(1000).clamp(0, 60_000) as u16;

@@ -279,3 +279,18 @@ pub fn expect_no_survivors(run: &Run, marker: &str) {
     }
 }
 // ---- end of test helper ----
+
+/// Poll `f` every 10 ms until it holds (true) or `limit` passes (false): tests
+/// wait with a deadline, never with a fixed sleep.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
