@@ -16,13 +16,14 @@
 //! Newer candidates that fail are reported with the reason. Checkpoints are
 //! only ever read: never deleted, moved or renamed.
 
-use std::ffi::OsString;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
+
+use crate::command::Command;
 
 /// A checkpoint found on disk.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -120,35 +121,7 @@ impl Layout {
     }
 }
 
-// ---------------------------------------------------------------- argv reading
-
-fn strs(argv: &[OsString]) -> Vec<String> {
-    argv.iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect()
-}
-
-/// The last value of any of `names` as `--x V` or `--x=V`.
-fn flag_value(args: &[String], names: &[&str]) -> Option<String> {
-    crate::knobs::last_flag_value(args, names).map(str::to_string)
-}
-
-/// The last `key=value` override (also `+key=` / `++key=`).
-fn override_value(args: &[String], keys: &[&str]) -> Option<String> {
-    args.iter()
-        .filter_map(|a| crate::knobs::parse_override(a))
-        .filter(|(_, k, _)| keys.contains(&k.as_str()))
-        .map(|(_, _, v)| v)
-        .next_back()
-}
-
-fn has_flag(args: &[String], names: &[&str]) -> bool {
-    args.iter().any(|a| {
-        names
-            .iter()
-            .any(|n| a == n || a.starts_with(&format!("{n}=")))
-    })
-}
+// ---------------------------------------------------------------- the command
 
 /// A nanoGPT config module's `out_dir = '...'`.
 fn python_assignment(file: &Path, name: &str) -> Option<String> {
@@ -168,15 +141,12 @@ fn python_assignment(file: &Path, name: &str) -> Option<String> {
 /// `recipe_output_dir` is the `output_dir` key of a training recipe the command
 /// names (axolotl, LLaMA-Factory, TRL YAML), if any.
 pub fn detect(
-    argv: &[OsString],
+    cmd: &Command,
     custom: Option<&CustomSpec>,
     recipe_output_dir: Option<&str>,
 ) -> Option<Layout> {
-    let a = strs(argv);
-    let prog = Path::new(&a[0])
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let prog = cmd.tool().unwrap_or("");
+    let value = |names: &[&str]| cmd.value(names).map(str::to_string);
 
     if let Some(spec) = custom {
         let root = spec
@@ -185,7 +155,7 @@ pub fn detect(
             .or_else(|| {
                 spec.dir_flag
                     .as_deref()
-                    .and_then(|f| flag_value(&a, &[f]))
+                    .and_then(|f| value(&[f]))
                     .map(PathBuf::from)
             })
             .unwrap_or_else(|| PathBuf::from("."));
@@ -196,13 +166,13 @@ pub fn detect(
                 flag: spec.flag.clone(),
                 equals: false,
             },
-            user_resume: flag_value(&a, &[spec.flag.as_str()]).map(PathBuf::from),
+            user_resume: value(&[spec.flag.as_str()]).map(PathBuf::from),
         });
     }
 
     // torchtune: `tune run RECIPE --config X key=value ...`
-    if prog == "tune" && a.get(1).map(String::as_str) == Some("run") {
-        let root = override_value(&a, &["output_dir", "checkpointer.output_dir"])?;
+    if prog == "tune" && cmd.subcommand() == Some("run") {
+        let root = cmd.override_value(&["output_dir", "checkpointer.output_dir"])?;
         return Some(Layout {
             kind: Kind::Torchtune,
             root: PathBuf::from(root),
@@ -215,10 +185,10 @@ pub fn detect(
     }
 
     // Megatron / Megatron-DeepSpeed: --save DIR, resumed by --load DIR.
-    if let Some(save) = flag_value(&a, &["--save"]) {
-        let load = flag_value(&a, &["--load"]);
+    if let Some(save) = value(&["--save"]) {
+        let load = value(&["--load"]);
         let root = PathBuf::from(&save);
-        let deepspeed = root.join("latest").exists() || has_flag(&a, &["--deepspeed"]);
+        let deepspeed = root.join("latest").exists() || cmd.has_flag(&["--deepspeed"]);
         return Some(Layout {
             kind: if deepspeed && !root.join("latest_checkpointed_iteration.txt").exists() {
                 Kind::DeepSpeed
@@ -239,11 +209,15 @@ pub fn detect(
     }
 
     // Lightning: LightningCLI `fit --ckpt_path`, or lightning-hydra-template `ckpt_path=`.
-    let lightning_cli = a.iter().any(|x| x == "fit") || has_flag(&a, &["--ckpt_path"]);
-    let hydra_ckpt = override_value(&a, &["ckpt_path"]);
+    let lightning_cli =
+        cmd.positionals().any(|(_, a)| a == "fit") || cmd.has_flag(&["--ckpt_path"]);
+    let hydra_ckpt = cmd.override_value(&["ckpt_path"]).map(str::to_string);
     if lightning_cli || hydra_ckpt.is_some() {
-        let root = flag_value(&a, &["--trainer.default_root_dir"])
-            .or_else(|| override_value(&a, &["trainer.default_root_dir", "paths.log_dir"]))
+        let root = value(&["--trainer.default_root_dir"])
+            .or_else(|| {
+                cmd.override_value(&["trainer.default_root_dir", "paths.log_dir"])
+                    .map(str::to_string)
+            })
             .unwrap_or_else(|| {
                 if lightning_cli {
                     "lightning_logs".into()
@@ -257,7 +231,7 @@ pub fn detect(
                     flag: "--ckpt_path".into(),
                     equals: true,
                 },
-                flag_value(&a, &["--ckpt_path"]),
+                value(&["--ckpt_path"]),
             )
         } else {
             (
@@ -277,15 +251,11 @@ pub fn detect(
     }
 
     // nanoGPT: `train.py config/x.py --key=value`, resumed with --init_from=resume.
-    let config_module = a
-        .iter()
-        .skip(2)
-        .find(|x| !x.starts_with('-') && x.ends_with(".py"));
-    let nanogpt = has_flag(&a, &["--init_from", "--out_dir"])
-        || (config_module.is_some() && a.iter().any(|x| x.ends_with("train.py")));
+    let config_module = cmd.python_config_module();
+    let nanogpt = cmd.has_flag(&["--init_from", "--out_dir"]) || config_module.is_some();
     if nanogpt {
-        let out = flag_value(&a, &["--out_dir"])
-            .or_else(|| config_module.and_then(|m| python_assignment(Path::new(m), "out_dir")))
+        let out = value(&["--out_dir"])
+            .or_else(|| config_module.and_then(|(_, m)| python_assignment(Path::new(m), "out_dir")))
             .unwrap_or_else(|| "out".into());
         return Some(Layout {
             kind: Kind::NanoGpt,
@@ -301,11 +271,12 @@ pub fn detect(
 
     // Hugging Face Trainer (and TRL, axolotl/LLaMA-Factory flags): --output_dir,
     // or the output_dir of the recipe YAML.
-    let flag_out = flag_value(&a, &["--output_dir", "--output-dir"]);
+    let flag_out = value(&["--output_dir", "--output-dir"]);
     if flag_out.is_none()
         && let Some(out) = recipe_output_dir
     {
-        let axolotl = prog == "axolotl" || a.iter().any(|x| x.starts_with("axolotl.cli"));
+        let axolotl =
+            prog == "axolotl" || cmd.module().is_some_and(|m| m.starts_with("axolotl.cli"));
         let how = if axolotl {
             ResumeHow::Flag {
                 flag: "--resume-from-checkpoint".into(),
@@ -322,11 +293,10 @@ pub fn detect(
                 equals: false,
             }
         };
-        let user = flag_value(
-            &a,
-            &["--resume-from-checkpoint", "--resume_from_checkpoint"],
-        )
-        .or_else(|| override_value(&a, &["resume_from_checkpoint"]));
+        let user = value(&["--resume-from-checkpoint", "--resume_from_checkpoint"]).or_else(|| {
+            cmd.override_value(&["resume_from_checkpoint"])
+                .map(str::to_string)
+        });
         return Some(Layout {
             kind: Kind::HuggingFace,
             root: PathBuf::from(out),
@@ -342,11 +312,8 @@ pub fn detect(
             flag: "--resume_from_checkpoint".into(),
             equals: false,
         },
-        user_resume: flag_value(
-            &a,
-            &["--resume_from_checkpoint", "--resume-from-checkpoint"],
-        )
-        .map(PathBuf::from),
+        user_resume: value(&["--resume_from_checkpoint", "--resume-from-checkpoint"])
+            .map(PathBuf::from),
     })
 }
 
@@ -754,8 +721,9 @@ pub fn written_at(p: &Path) -> Option<SystemTime> {
 mod tests {
     use super::*;
 
-    fn argv(s: &str) -> Vec<OsString> {
-        s.split_whitespace().map(OsString::from).collect()
+    fn argv(s: &str) -> Command {
+        let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
+        Command::parse(&a)
     }
 
     fn hf_ckpt(root: &Path, n: u64, state: Option<&str>) {

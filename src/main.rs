@@ -5,6 +5,7 @@
 
 mod checkpoint;
 mod cli;
+mod command;
 mod detect;
 mod envmerge;
 mod exit;

@@ -23,6 +23,7 @@ use serde_json::{Value as Json, json};
 
 use crate::checkpoint;
 use crate::cli::RunArgs;
+use crate::command::Command;
 use crate::detect::{Finding, Kind, format_size};
 use crate::envmerge::{self, EnvSet};
 use crate::exit;
@@ -107,7 +108,8 @@ impl RunConfig {
             (Some(v), "CUDA_VISIBLE_DEVICES") => Some(OsString::from(v)),
             _ => real_env(name),
         };
-        let mut disc = knobs::discover(&args.command, &user, &env, &|p| p.to_path_buf())?;
+        let cmd = Command::parse(&args.command);
+        let mut disc = knobs::discover(&cmd, &user, &env, &|p| p.to_path_buf())?;
         for (knob, file) in disc.unnamed_files() {
             if args.edit_in_place {
                 disc.notes.push(format!(
@@ -129,8 +131,7 @@ impl RunConfig {
                 Ok(Some(knobs::files::Scalar::Str(s))) => Some(s),
                 _ => None,
             });
-        let layout =
-            checkpoint::detect(&args.command, policy.resume.as_ref(), recipe_out.as_deref());
+        let layout = checkpoint::detect(&cmd, policy.resume.as_ref(), recipe_out.as_deref());
         Ok(RunConfig {
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),

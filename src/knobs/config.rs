@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use super::files::{Doc, FileError, Scalar};
 use super::{Knob, Value};
+use crate::command::{Command, FlagForm, LauncherKind};
 
 /// What a config file is for; decides which keys are knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,19 +240,6 @@ pub fn value_to_scalar(v: &Value, old: Option<&Scalar>) -> Scalar {
     }
 }
 
-pub fn parse_override(token: &str) -> Option<(String, String, String)> {
-    if token.starts_with('-') {
-        return None;
-    }
-    let stripped = token.trim_start_matches('+');
-    let prefix = token[..token.len() - stripped.len()].to_string();
-    let (k, v) = stripped.split_once('=')?;
-    let ok = !k.is_empty()
-        && k.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-');
-    ok.then(|| (prefix, k.to_string(), v.to_string()))
-}
-
 /// Everything found in files and overrides.
 #[derive(Debug, Clone, Default)]
 pub struct Found {
@@ -268,45 +256,20 @@ fn os(a: &OsString) -> &str {
     a.to_str().unwrap_or("")
 }
 
-/// `--name P` or `--name=P` occurrences: (index of the path, prefix to keep).
-fn flag_paths(argv: &[OsString], names: &[&str], end: usize) -> Vec<(usize, String, String)> {
-    let mut out = Vec::new();
-    let mut i = 1;
-    while i < end.min(argv.len()) {
-        let a = os(&argv[i]);
-        for n in names {
-            if a == *n {
-                if let Some(v) = argv.get(i + 1).map(os).filter(|v| !v.starts_with('-')) {
-                    out.push((i + 1, String::new(), v.to_string()));
-                }
-            } else if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
-                out.push((i, format!("{n}="), v.to_string()));
+/// `--name P` or `--name=P` occurrences before argv index `end`: (index of the
+/// path, prefix to keep, path).
+fn flag_paths(cmd: &Command, names: &[&str], end: usize) -> Vec<(usize, String, String)> {
+    cmd.flags
+        .iter()
+        .filter(|f| f.index < end && names.contains(&f.name.as_str()))
+        .filter_map(|f| match (f.form, &f.value) {
+            (FlagForm::Space, Some(v)) if !v.starts_with('-') => {
+                Some((f.index + 1, String::new(), v.clone()))
             }
-        }
-        i += 1;
-    }
-    out
-}
-
-/// Index of the training script (or `-m module`), i.e. where launcher options end.
-fn script_index(argv: &[OsString]) -> usize {
-    let prog = Path::new(os(&argv[0]))
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let launcher = matches!(prog.as_str(), "torchrun" | "accelerate" | "deepspeed");
-    if !launcher {
-        return 1;
-    }
-    argv.iter()
-        .enumerate()
-        .skip(1)
-        .find(|(_, a)| {
-            let a = os(a);
-            a.ends_with(".py") || a == "-m" || a == "--module"
+            (FlagForm::Equals, Some(v)) => Some((f.index, format!("{}=", f.name), v.clone())),
+            _ => None,
         })
-        .map(|(i, _)| i)
-        .unwrap_or(argv.len())
+        .collect()
 }
 
 /// Read the config files the command names, and where each knob lives in them.
@@ -315,21 +278,20 @@ fn script_index(argv: &[OsString]) -> usize {
 const CONFIG_ENV: &[&str] = &["CONFIG_FILE"];
 
 pub fn find(
-    argv: &[OsString],
+    cmd: &Command,
     env: &dyn Fn(&str) -> Option<OsString>,
     resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<Found, FileError> {
+    let argv = &cmd.argv[..];
     let mut found = Found::default();
-    let script = script_index(argv);
-    let prog = Path::new(os(&argv[0]))
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    // Where the launcher options end: the script, module or tool.
+    let script = cmd.target_index();
+    let prog = cmd.tool().unwrap_or("").to_string();
     let load = |shown: &str| -> Result<Doc, FileError> { Doc::load(&resolve(Path::new(shown))) };
 
     // accelerate config: `accelerate launch --config_file X`, or the default one.
-    if prog == "accelerate" && argv.get(1).map(os) == Some("launch") {
-        let named = flag_paths(argv, &["--config_file", "--config-file"], script);
+    if let Some(launch) = cmd.launcher(LauncherKind::Accelerate) {
+        let named = flag_paths(cmd, &["--config_file", "--config-file"], launch.opts.end);
         if let Some((index, prefix, p)) = named.last() {
             let doc = load(p)?;
             found.files.push(ConfigFile {
@@ -348,14 +310,16 @@ pub fn find(
                 role: Role::Accelerate,
                 shown: default.display().to_string(),
                 doc,
-                reference: Ref::AccelerateDefault { launch_index: 1 },
+                reference: Ref::AccelerateDefault {
+                    launch_index: launch.opts.start - 1,
+                },
             });
         }
     }
 
     // DeepSpeed JSON named on the command line.
     for (index, prefix, p) in flag_paths(
-        argv,
+        cmd,
         &[
             "--deepspeed",
             "--deepspeed_config",
@@ -378,7 +342,7 @@ pub fn find(
     // Training recipe: `--config X.yaml`, or a positional YAML / TOML; a
     // nanoGPT-style config module `train.py config/x.py`.
     let mut training: Vec<(usize, String, String)> =
-        flag_paths(argv, &["--config", "--job.config_file"], argv.len())
+        flag_paths(cmd, &["--config", "--job.config_file"], argv.len())
             .into_iter()
             .filter(|(i, _, p)| {
                 // torchtune's `--config llama2/7B_lora` names a built-in recipe, not a file.
@@ -394,9 +358,7 @@ pub fn find(
         }
         if [".yaml", ".yml", ".toml"].iter().any(|x| s.ends_with(x)) {
             training.push((i, String::new(), s.to_string()));
-        } else if s.ends_with(".py")
-            && i > script
-            && os(&argv[script]).ends_with(".py")
+        } else if cmd.python_config_module().is_some_and(|(j, _)| j == i)
             && resolve(Path::new(s)).is_file()
         {
             let doc = load(s)?;
@@ -474,7 +436,7 @@ pub fn find(
     }
 
     let mut ambiguous = Vec::new();
-    found.places = places(argv, &found.files, &prog, &mut ambiguous);
+    found.places = places(cmd, &found.files, &prog, &mut ambiguous);
     found.ambiguous_overrides = ambiguous;
     if let Some(acc) = found.files.iter().find(|f| f.role == Role::Accelerate)
         && let Ok(Some(Scalar::Int(n))) = acc.doc.get("num_processes")
@@ -500,16 +462,14 @@ fn default_accelerate_config() -> Option<PathBuf> {
 /// Every place holding a knob, most authoritative first (overrides, then files
 /// in role order). Flags are added by the caller between overrides and files.
 fn places(
-    argv: &[OsString],
+    cmd: &Command,
     files: &[ConfigFile],
     prog: &str,
     ambiguous: &mut Vec<String>,
 ) -> Vec<Place> {
     let mut out = Vec::new();
-    for (index, a) in argv.iter().enumerate().skip(1) {
-        let Some((prefix, key, val)) = parse_override(os(a)) else {
-            continue;
-        };
+    for o in &cmd.overrides {
+        let (prefix, key, val, index) = (&o.prefix, &o.key, &o.value, o.index);
         let last = key.rsplit('.').next().unwrap_or(&key);
         if last == "batch_size" && prog != "tune" {
             ambiguous.push(key.clone());

@@ -7,17 +7,6 @@ use std::ffi::OsString;
 use super::{Binding, Bound, Discovery, Knob, KnobError, ResumeArg, UserBinding, Value, World};
 use crate::checkpoint::ResumeHow;
 
-/// How a flag was written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FlagForm {
-    /// `--x 4`: the value is the next argv element.
-    Space,
-    /// `--x=4`
-    Equals,
-    /// `--x` alone (a boolean switched on).
-    Bare,
-}
-
 /// Spellings that unambiguously mean the per-device micro-batch.
 const MICRO: &[&str] = &[
     "--per_device_train_batch_size",
@@ -81,68 +70,7 @@ const AMBIGUOUS_BATCH: &[&str] = &[
 pub const HF_ACCUM: &str = "--gradient_accumulation_steps";
 pub const HF_CHECKPOINTING: &str = "--gradient_checkpointing";
 
-/// One flag occurrence in argv.
-#[derive(Debug, Clone)]
-struct Occurrence {
-    name: String,
-    index: usize,
-    form: FlagForm,
-    value: Option<String>,
-}
-
-/// Every `--flag` occurrence after argv[0]. A value is the next element when it
-/// does not itself start with `--` (so `-1` and `1e-4` stay values).
-fn occurrences(argv: &[OsString]) -> Vec<Occurrence> {
-    let mut out = Vec::new();
-    let mut i = 1;
-    while i < argv.len() {
-        let Some(a) = argv[i].to_str() else {
-            i += 1;
-            continue;
-        };
-        if a == "--" {
-            i += 1;
-            continue;
-        }
-        if a.starts_with('-') && a.len() > 1 {
-            if let Some((name, value)) = a.split_once('=') {
-                out.push(Occurrence {
-                    name: name.to_string(),
-                    index: i,
-                    form: FlagForm::Equals,
-                    value: Some(value.to_string()),
-                });
-            } else {
-                let next = argv.get(i + 1).and_then(|n| n.to_str());
-                let takes = next.is_some_and(|n| !(n.starts_with("--") || is_short_flag(n)));
-                out.push(Occurrence {
-                    name: a.to_string(),
-                    index: i,
-                    form: if takes {
-                        FlagForm::Space
-                    } else {
-                        FlagForm::Bare
-                    },
-                    value: if takes {
-                        next.map(str::to_string)
-                    } else {
-                        None
-                    },
-                });
-                if takes {
-                    i += 1;
-                }
-            }
-        }
-        i += 1;
-    }
-    out
-}
-
-fn is_short_flag(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.len() >= 2 && b[0] == b'-' && b[1].is_ascii_alphabetic()
-}
+use crate::command::{Command, Flag as Occurrence, FlagForm};
 
 fn parse_bool(s: &str) -> Option<bool> {
     match s.to_ascii_lowercase().as_str() {
@@ -214,19 +142,19 @@ fn default_for(knob: Knob) -> Option<Value> {
 }
 
 pub fn discover(
-    argv: &[OsString],
+    cmd: &Command,
     user: &[(Knob, UserBinding)],
     env: &dyn Fn(&str) -> Option<OsString>,
     world: World,
 ) -> Result<Discovery, KnobError> {
-    let occs = occurrences(argv);
+    let occs = &cmd.flags[..];
     let mut knobs: BTreeMap<Knob, Bound> = BTreeMap::new();
     let mut notes = Vec::new();
 
     // 1. What the user told us wins.
     for (knob, ub) in user {
         let bound = match ub {
-            UserBinding::Flag(flag) => match bind_flag(*knob, &occs, &[flag.as_str()])? {
+            UserBinding::Flag(flag) => match bind_flag(*knob, occs, &[flag.as_str()])? {
                 Some(b) => b,
                 None => match default_for(*knob) {
                     Some(value) => {
@@ -323,7 +251,7 @@ pub fn discover(
                 continue;
             }
         }
-        let found = match bind_flag(knob, &occs, spellings) {
+        let found = match bind_flag(knob, occs, spellings) {
             Ok(b) => b,
             // Found on its own (not named by --knob): a value that is not a
             // number (`$ZERO_STAGE`, `auto`) leaves the knob unbound, with a note.
@@ -355,10 +283,10 @@ pub fn discover(
         });
         if let Some(first) = prefixed.next()
             && let Ok(Some(mut b)) =
-                bind_flag(Knob::GradCheckpointing, &occs, &[first.name.as_str()])
+                bind_flag(Knob::GradCheckpointing, occs, &[first.name.as_str()])
         {
             for o in prefixed {
-                if let Ok(Some(m)) = bind_flag(Knob::GradCheckpointing, &occs, &[o.name.as_str()])
+                if let Ok(Some(m)) = bind_flag(Knob::GradCheckpointing, occs, &[o.name.as_str()])
                     && !b.mirrors.contains(&m.binding)
                     && m.binding != b.binding
                 {
@@ -514,7 +442,10 @@ pub(super) fn apply_resume(
             return;
         }
     };
-    let occ = occurrences(out).into_iter().rfind(|o| o.name == flag);
+    let occ = Command::parse(out)
+        .flags
+        .into_iter()
+        .rfind(|o| o.name == flag);
     match occ {
         Some(o) => match o.form {
             FlagForm::Space => out[o.index + 1] = value,
@@ -610,7 +541,7 @@ mod tests {
         user: &[(Knob, UserBinding)],
         env: &dyn Fn(&str) -> Option<OsString>,
     ) -> Result<Discovery, KnobError> {
-        crate::knobs::discover(a, user, env, &|p| p.to_path_buf())
+        crate::knobs::discover(&Command::parse(a), user, env, &|p| p.to_path_buf())
     }
 
     fn mat(a: &[OsString], d: &Discovery, s: &Settings, r: Option<&ResumeArg>) -> Materialized {

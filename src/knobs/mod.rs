@@ -5,7 +5,8 @@
 //! the global batch) is reported as a note saying how to bind it with `--knob`.
 
 mod config;
-pub use config::{Role, parse_override};
+use crate::command::parse_override;
+pub use config::Role;
 pub mod files;
 mod flags;
 mod world;
@@ -18,7 +19,8 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-pub use flags::FlagForm;
+use crate::command::Command;
+pub use crate::command::FlagForm;
 
 /// One adjustable training setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -275,28 +277,6 @@ impl Discovery {
     }
 }
 
-/// The last value of any of `names` in `args`, written `--x V` or `--x=V` (a
-/// following `--y` is not a value). Shared by the world-size and checkpoint
-/// readers; knob flags use the fuller `flags::occurrences`.
-pub fn last_flag_value<'a, S: AsRef<str>>(args: &'a [S], names: &[&str]) -> Option<&'a str> {
-    let mut found = None;
-    for (i, a) in args.iter().enumerate() {
-        let a = a.as_ref();
-        for n in names {
-            if a == *n {
-                if let Some(v) = args.get(i + 1).map(AsRef::as_ref)
-                    && !v.starts_with("--")
-                {
-                    found = Some(v);
-                }
-            } else if let Some(v) = a.strip_prefix(n).and_then(|r| r.strip_prefix('=')) {
-                found = Some(v);
-            }
-        }
-    }
-    found
-}
-
 /// Errors in what the user told us about knobs. All are usage errors (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum KnobError {
@@ -380,7 +360,7 @@ pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>,
             } else if place.starts_with('-') && place.len() > 1 {
                 UserBinding::Flag(place.to_string())
             } else if place.starts_with('+') {
-                match config::parse_override(place) {
+                match parse_override(place) {
                     Some((prefix, key, default)) => UserBinding::AddOverride {
                         prefix,
                         key,
@@ -415,16 +395,17 @@ pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>,
 /// `resolve` maps a path as written in the command to the file to read (the
 /// identity, relative to the working directory, except in tests).
 pub fn discover(
-    argv: &[OsString],
+    cmd: &Command,
     user: &[(Knob, UserBinding)],
     env: &dyn Fn(&str) -> Option<OsString>,
     resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<Discovery, KnobError> {
-    if argv.is_empty() {
+    if cmd.argv.is_empty() {
         return Err(KnobError::NoCommand);
     }
-    let world = world::world_size(argv, env);
-    let mut found = config::find(argv, env, resolve)?;
+    let argv = &cmd.argv[..];
+    let world = world::world_size(cmd, env);
+    let mut found = config::find(cmd, env, resolve)?;
     // nanoGPT: `train.py config/x.py --batch_size=12`: the flag overrides the
     // module's per-GPU micro-batch, so it is the micro-batch too.
     let mut user = user.to_vec();
@@ -433,18 +414,12 @@ pub fn discover(
         .iter()
         .any(|f| f.role == config::Role::PythonModule);
     if nanogpt && !user.iter().any(|(k, _)| *k == Knob::MicroBatch) {
-        let has = |f: &str| {
-            argv.iter().any(|a| {
-                a.to_str()
-                    .is_some_and(|s| s == f || s.starts_with(&format!("{f}=")))
-            })
-        };
-        if has("--batch_size") {
+        if cmd.has_flag(&["--batch_size"]) {
             user.push((Knob::MicroBatch, UserBinding::Flag("--batch_size".into())));
         }
     }
     let user = &user[..];
-    let mut d = flags::discover(argv, user, env, world)?;
+    let mut d = flags::discover(cmd, user, env, world)?;
 
     // What the user bound to files and overrides.
     let mut user_places: Vec<config::Place> = Vec::new();
@@ -465,18 +440,17 @@ pub fn discover(
                 add_overrides.push((*knob, value, key.clone(), prefix.clone()));
             }
             UserBinding::Override(key) => {
-                let place = argv.iter().enumerate().skip(1).find_map(|(index, a)| {
-                    let (prefix, k, v) = config::parse_override(a.to_str()?)?;
-                    if k != *key {
+                let place = cmd.overrides.iter().find_map(|o| {
+                    if o.key != *key {
                         return None;
                     }
                     Some(config::Place {
                         knob: *knob,
-                        value: config::scalar_to_value(*knob, &config::yaml_like(&v))?,
+                        value: config::scalar_to_value(*knob, &config::yaml_like(&o.value))?,
                         site: config::Site::Override {
-                            key: k,
-                            index,
-                            prefix,
+                            key: o.key.clone(),
+                            index: o.index,
+                            prefix: o.prefix.clone(),
                         },
                         present: true,
                     })
@@ -534,13 +508,10 @@ pub fn discover(
         }
         for (_, value, key, prefix) in add_overrides.iter().filter(|a| a.0 == knob) {
             // Already on the command line: change it there.
-            let existing = argv.iter().enumerate().skip(1).find_map(|(index, a)| {
-                let (prefix, k, v) = config::parse_override(a.to_str()?)?;
-                (k == *key).then_some((index, prefix, v))
-            });
-            let existing = existing.and_then(|(index, prefix, v)| {
-                let value = config::scalar_to_value(knob, &config::yaml_like(&v))?;
-                Some((value, index, prefix))
+            let existing = cmd.overrides.iter().find(|o| o.key == *key);
+            let existing = existing.and_then(|o| {
+                let value = config::scalar_to_value(knob, &config::yaml_like(&o.value))?;
+                Some((value, o.index, o.prefix.clone()))
             });
             match existing {
                 Some((value, index, prefix)) => cands.push((

@@ -1,18 +1,9 @@
 //! World size from the launcher's own options (torchrun, accelerate, deepspeed, mpirun).
 
 use std::ffi::OsString;
-use std::path::Path;
 
 use super::World;
-
-use super::last_flag_value as option;
-
-/// The launcher's own arguments: everything before the training script or module.
-fn launcher_region(args: &[&str]) -> usize {
-    args.iter()
-        .position(|a| a.ends_with(".py") || *a == "-m" || *a == "--module")
-        .unwrap_or(args.len())
-}
+use crate::command::{Command, LauncherKind};
 
 fn visible_devices(env: &dyn Fn(&str) -> Option<OsString>) -> Option<u64> {
     let v = env("CUDA_VISIBLE_DEVICES")?;
@@ -24,43 +15,18 @@ fn visible_devices(env: &dyn Fn(&str) -> Option<OsString>) -> Option<u64> {
     Some(v.split(',').filter(|s| !s.trim().is_empty()).count() as u64)
 }
 
-pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> World {
-    let strs: Vec<&str> = argv.iter().map(|a| a.to_str().unwrap_or("")).collect();
-    let prog = Path::new(strs[0])
-        .file_name()
-        .and_then(|s| s.to_str())
-        .unwrap_or("");
-    let rest = &strs[1..];
-
+pub fn world_size(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> World {
     let single = || World {
         size: 1,
         source: "single process (no distributed launcher)".into(),
         uncertain: false,
     };
+    let option = |kind: LauncherKind, names: &[&str]| cmd.launcher_value(kind, names);
 
-    // torchrun, or python -m torch.distributed.run / .launch
-    let torchrun_args: Option<&[&str]> = if prog == "torchrun" {
-        Some(rest)
-    } else if prog.starts_with("python") {
-        match rest.iter().position(|a| *a == "-m") {
-            Some(p)
-                if matches!(
-                    rest.get(p + 1),
-                    Some(&"torch.distributed.run") | Some(&"torch.distributed.launch")
-                ) =>
-            {
-                Some(&rest[p + 2..])
-            }
-            _ => None,
-        }
-    } else {
-        None
-    };
-
-    if let Some(args) = torchrun_args {
-        let region = &args[..launcher_region(args)];
+    if cmd.launcher(LauncherKind::Torchrun).is_some() {
+        let t = LauncherKind::Torchrun;
         let (per_node, mut uncertain, mut source) = match option(
-            region,
+            t,
             &["--nproc_per_node", "--nproc-per-node"],
         ) {
             None => (1, false, "torchrun default --nproc_per_node 1".to_string()),
@@ -82,7 +48,7 @@ pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> 
                 },
             },
         };
-        let nodes = match option(region, &["--nnodes"]) {
+        let nodes = match option(t, &["--nnodes"]) {
             None => 1,
             Some(v) => match v.parse::<u64>() {
                 Ok(n) => {
@@ -109,11 +75,12 @@ pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> 
         };
     }
 
-    if prog == "accelerate" && rest.first() == Some(&"launch") {
-        let args = &rest[1..];
-        let region = &args[..launcher_region(args)];
-        return match option(region, &["--num_processes", "--num-processes"])
-            .and_then(|v| v.parse::<u64>().ok())
+    if cmd.launcher(LauncherKind::Accelerate).is_some() {
+        return match option(
+            LauncherKind::Accelerate,
+            &["--num_processes", "--num-processes"],
+        )
+        .and_then(|v| v.parse::<u64>().ok())
         {
             Some(n) => World {
                 size: n,
@@ -129,13 +96,12 @@ pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> 
         };
     }
 
-    if prog == "deepspeed" {
-        let region = &rest[..launcher_region(rest)];
-        let nodes = option(region, &["--num_nodes", "--num-nodes"])
+    if cmd.launcher(LauncherKind::DeepSpeed).is_some() {
+        let d = LauncherKind::DeepSpeed;
+        let nodes = option(d, &["--num_nodes", "--num-nodes"])
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(1);
-        return match option(region, &["--num_gpus", "--num-gpus"])
-            .and_then(|v| v.parse::<u64>().ok())
+        return match option(d, &["--num_gpus", "--num-gpus"]).and_then(|v| v.parse::<u64>().ok())
         {
             Some(n) => World {
                 size: n.saturating_mul(nodes),
@@ -157,12 +123,13 @@ pub fn world_size(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> 
         };
     }
 
-    if (prog == "mpirun" || prog == "mpiexec")
-        && let Some(n) = option(rest, &["-np", "-n"]).and_then(|v| v.parse::<u64>().ok())
+    if let Some(l) = cmd.launcher(LauncherKind::Mpirun)
+        && let Some(n) =
+            option(LauncherKind::Mpirun, &["-np", "-n", "--np"]).and_then(|v| v.parse::<u64>().ok())
     {
         return World {
             size: n,
-            source: format!("{prog} -np {n}"),
+            source: format!("{} -np {n}", l.program),
             uncertain: false,
         };
     }
@@ -176,7 +143,7 @@ mod tests {
     fn ws(cmd: &str, cvd: Option<&str>) -> World {
         let argv: Vec<OsString> = cmd.split_whitespace().map(OsString::from).collect();
         let cvd = cvd.map(OsString::from);
-        world_size(&argv, &move |k| {
+        world_size(&Command::parse(&argv), &move |k| {
             if k == "CUDA_VISIBLE_DEVICES" {
                 cvd.clone()
             } else {
