@@ -285,14 +285,17 @@ fn launcher_options_end(args: &[String], start: usize, kind: LauncherKind) -> (u
         }
         // `--opt VALUE` unless the next element is itself an option, or the
         // program a wrapping launcher runs, or the script.
+        let is_value = |next: &str| {
+            let option = next.starts_with("--") || is_short_flag(next);
+            let runs = if kind.runs_python() {
+                next.ends_with(".py")
+            } else {
+                looks_like_program(next)
+            };
+            !option && !runs
+        };
         match args.get(i + 1) {
-            Some(next)
-                if !(next.starts_with("--") || is_short_flag(next))
-                    && !(kind.runs_python() && next.ends_with(".py"))
-                    && !(!kind.runs_python() && looks_like_program(next)) =>
-            {
-                i += 2
-            }
+            Some(next) if is_value(next) => i += 2,
             _ => i += 1,
         }
     }

@@ -470,7 +470,7 @@ fn places(
     let mut out = Vec::new();
     for o in &cmd.overrides {
         let (prefix, key, val, index) = (&o.prefix, &o.key, &o.value, o.index);
-        let last = key.rsplit('.').next().unwrap_or(&key);
+        let last = key.rsplit('.').next().unwrap_or(key);
         if last == "batch_size" && prog != "tune" {
             ambiguous.push(key.clone());
         }
@@ -478,7 +478,7 @@ fn places(
             let torchtune_batch =
                 prog == "tune" && *knob == Knob::MicroBatch && key == "batch_size";
             if keys.contains(&last) || torchtune_batch {
-                let s = yaml_like(&val);
+                let s = yaml_like(val);
                 if let Some(value) = scalar_to_value(*knob, &s) {
                     out.push(Place {
                         knob: *knob,

@@ -413,10 +413,11 @@ pub fn discover(
         .files
         .iter()
         .any(|f| f.role == config::Role::PythonModule);
-    if nanogpt && !user.iter().any(|(k, _)| *k == Knob::MicroBatch) {
-        if cmd.has_flag(&["--batch_size"]) {
-            user.push((Knob::MicroBatch, UserBinding::Flag("--batch_size".into())));
-        }
+    if nanogpt
+        && !user.iter().any(|(k, _)| *k == Knob::MicroBatch)
+        && cmd.has_flag(&["--batch_size"])
+    {
+        user.push((Knob::MicroBatch, UserBinding::Flag("--batch_size".into())));
     }
     let user = &user[..];
     let mut d = flags::discover(cmd, user, env, world)?;
