@@ -172,7 +172,9 @@ pub fn detect(
 
     // torchtune: `tune run RECIPE --config X key=value ...`
     if prog == "tune" && cmd.subcommand() == Some("run") {
-        let root = cmd.override_value(&["output_dir", "checkpointer.output_dir"])?;
+        let root = cmd
+            .override_value(&["output_dir", "checkpointer.output_dir"])
+            .or(recipe_output_dir)?;
         return Some(Layout {
             kind: Kind::Torchtune,
             root: PathBuf::from(root),

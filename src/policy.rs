@@ -608,6 +608,7 @@ mod tests {
         Settings {
             knobs,
             world_size: 2,
+            accum_covers_world: false,
         }
     }
 

@@ -387,6 +387,10 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
         settings.int(Knob::GradAccum),
         settings.global_batch(),
     ) {
+        (Some(m), Some(a), Some(g)) if settings.accum_covers_world => o.push_str(&format!(
+            "global batch: {g} = micro-batch {m} × accumulation {a} (the accumulation counts all {} ranks)\n",
+            settings.world_size
+        )),
         (Some(m), Some(a), Some(g)) => o.push_str(&format!(
             "global batch: {g} = micro-batch {m} × accumulation {a} × world size {}\n",
             settings.world_size

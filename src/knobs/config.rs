@@ -62,6 +62,10 @@ pub enum Ref {
     /// Not named anywhere the command can be pointed at a copy (a module the
     /// script imports). Edited only with `--edit-in-place`.
     Unnamed,
+    /// A config the tool finds by name in its own installation (torchtune's
+    /// `--config llama3_2/1B_lora`): read for the knobs' current values, never
+    /// copied; a changed knob is passed as a `key=value` override.
+    Packaged,
 }
 
 /// One config file of the command.
@@ -89,6 +93,8 @@ pub struct Place {
 pub enum Site {
     /// A key in `files[file]`.
     File { file: usize, key: String },
+    /// A key of a packaged config ([`Ref::Packaged`]) `files[file]`, set by adding `key=value`.
+    AddOverride { file: usize, key: String },
     /// `key=value` at argv[index], with its `+`/`++` prefix.
     Override {
         key: String,
@@ -384,6 +390,29 @@ pub fn find(
         });
     }
 
+    // torchtune: `tune run RECIPE --config NAME`, NAME a config packaged with torchtune.
+    if prog == "tune" && cmd.subcommand() == Some("run") {
+        let named = flag_paths(cmd, &["--config"], argv.len());
+        if let Some((_, _, name)) = named.last()
+            && !found.files.iter().any(|f| f.shown == *name)
+        {
+            match torchtune_packaged_config(name, env) {
+                Ok(path) => {
+                    let doc = Doc::load(&path)?;
+                    found.files.push(ConfigFile {
+                        role: Role::Training,
+                        shown: path.display().to_string(),
+                        doc,
+                        reference: Ref::Packaged,
+                    });
+                }
+                Err(looked) => found.notes.push(format!(
+                    "--config {name}: not a file, and not found among torchtune's packaged configs ({looked}); the knobs it sets (batch_size, gradient_accumulation_steps, ...) are unknown. Pass them as overrides (gradient_accumulation_steps=N with the config's value), or `tune cp` the config and name the copy"
+                )),
+            }
+        }
+    }
+
     for var in CONFIG_ENV {
         if let Some(p) = env(var).and_then(|v| v.into_string().ok()) {
             let known = [".yaml", ".yml", ".toml"].iter().any(|x| p.ends_with(x));
@@ -446,6 +475,72 @@ pub fn find(
     Ok(found)
 }
 
+/// Where torchtune keeps a packaged config: `recipes/configs/NAME.yaml` next to
+/// the `torchtune` package of the Python that runs `tune` (its shebang).
+/// The error says where it looked.
+fn torchtune_packaged_config(
+    name: &str,
+    env: &dyn Fn(&str) -> Option<OsString>,
+) -> Result<PathBuf, String> {
+    let path = env("PATH").unwrap_or_default();
+    let which = |prog: &str| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(prog))
+            .find(|p| p.is_file())
+    };
+    let tune = which("tune").ok_or("no `tune` on PATH")?;
+    let first = std::fs::read_to_string(&tune)
+        .ok()
+        .and_then(|t| t.lines().next().map(str::to_string))
+        .unwrap_or_default();
+    let interp = first.strip_prefix("#!").map(str::trim).unwrap_or("");
+    let mut words = interp.split_whitespace();
+    let python = match words.next() {
+        Some(e) if e.ends_with("/env") => words.next().and_then(which),
+        Some(p) => Some(PathBuf::from(p)),
+        None => None,
+    }
+    .ok_or_else(|| format!("{} does not name its Python", tune.display()))?;
+    // bin/python → the environment's prefix → lib/pythonX.Y/site-packages.
+    let prefix = python
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| format!("no prefix above {}", python.display()))?;
+    let file = if name.ends_with(".yaml") {
+        name.to_string()
+    } else {
+        format!("{name}.yaml")
+    };
+    let mut looked = Vec::new();
+    for lib in ["lib", "lib64"] {
+        let Ok(rd) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        let mut dirs: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python"))
+            })
+            .collect();
+        dirs.sort();
+        for d in dirs {
+            let configs = d.join("site-packages/recipes/configs");
+            let candidate = configs.join(&file);
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+            looked.push(configs.display().to_string());
+        }
+    }
+    if looked.is_empty() {
+        looked.push(format!("{}/lib/python*/site-packages", prefix.display()));
+    }
+    Err(format!("looked in {}", looked.join(", ")))
+}
+
 fn default_accelerate_config() -> Option<PathBuf> {
     let base = std::env::var_os("HF_HOME")
         .map(PathBuf::from)
@@ -502,16 +597,29 @@ fn places(
     ];
     for role in order {
         for (fi, f) in files.iter().enumerate().filter(|(_, f)| f.role == role) {
+            let packaged = f.reference == Ref::Packaged;
+            let site = |key: &str| {
+                if packaged {
+                    Site::AddOverride {
+                        file: fi,
+                        key: key.to_string(),
+                    }
+                } else {
+                    Site::File {
+                        file: fi,
+                        key: key.to_string(),
+                    }
+                }
+            };
             let mut add = |knob: Knob, key: &str, absent: Option<Value>| match f.doc.get(key) {
+                // A packaged config's key given as an override: the override holds it.
+                _ if packaged && cmd.overrides.iter().any(|o| o.key == key) => {}
                 Ok(Some(s)) => {
                     if let Some(value) = scalar_to_value(knob, &s) {
                         out.push(Place {
                             knob,
                             value,
-                            site: Site::File {
-                                file: fi,
-                                key: key.to_string(),
-                            },
+                            site: site(key),
                             present: true,
                         });
                     }
@@ -521,10 +629,7 @@ fn places(
                         out.push(Place {
                             knob,
                             value,
-                            site: Site::File {
-                                file: fi,
-                                key: key.to_string(),
-                            },
+                            site: site(key),
                             present: false,
                         });
                     }
@@ -556,9 +661,12 @@ fn places(
                             Some(Value::Str("none".into())),
                         );
                     }
-                    if role == Role::PythonModule {
-                        // nanoGPT's `batch_size` is the per-GPU micro-batch.
+                    if role == Role::PythonModule || prog == "tune" {
+                        // nanoGPT's and torchtune's `batch_size` is the per-GPU micro-batch.
                         add(Knob::MicroBatch, "batch_size", None);
+                    }
+                    if prog == "tune" {
+                        add(Knob::SeqLen, "tokenizer.max_seq_len", None);
                     }
                 }
                 Role::DeepSpeed => {

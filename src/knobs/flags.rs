@@ -154,27 +154,50 @@ pub fn discover(
     // 1. What the user told us wins.
     for (knob, ub) in user {
         let bound = match ub {
-            UserBinding::Flag(flag) => match bind_flag(*knob, occs, &[flag.as_str()])? {
-                Some(b) => b,
-                None => match default_for(*knob) {
-                    Some(value) => {
-                        notes.push(format!(
-                            "{knob}: {flag} is not in the command; it will be added when {knob} changes (assumed {value} now)"
-                        ));
-                        Bound {
-                            value,
-                            binding: Binding::AddFlag { flag: flag.clone() },
-                            mirrors: Vec::new(),
+            UserBinding::Flag { flag, default } => {
+                match bind_flag(*knob, occs, &[flag.as_str()])? {
+                    Some(b) => b,
+                    None => {
+                        let given = match default {
+                            Some(d) => {
+                                let occ = Occurrence {
+                                    name: flag.clone(),
+                                    index: 0,
+                                    form: FlagForm::Equals,
+                                    value: Some(d.clone()),
+                                };
+                                Some(parse_value(*knob, &occ).map_err(|(value, expected)| {
+                                    KnobError::BadValue {
+                                        knob: *knob,
+                                        flag: flag.clone(),
+                                        value,
+                                        expected,
+                                    }
+                                })?)
+                            }
+                            None => default_for(*knob),
+                        };
+                        match given {
+                            Some(value) => {
+                                notes.push(format!(
+                                    "{knob}: {flag} is not in the command; it will be added when {knob} changes (assumed {value} now)"
+                                ));
+                                Bound {
+                                    value,
+                                    binding: Binding::AddFlag { flag: flag.clone() },
+                                    mirrors: Vec::new(),
+                                }
+                            }
+                            None => {
+                                return Err(KnobError::FlagNotInCommand {
+                                    knob: *knob,
+                                    flag: flag.clone(),
+                                });
+                            }
                         }
                     }
-                    None => {
-                        return Err(KnobError::FlagNotInCommand {
-                            knob: *knob,
-                            flag: flag.clone(),
-                        });
-                    }
-                },
-            },
+                }
+            }
             UserBinding::File { .. }
             | UserBinding::Override(_)
             | UserBinding::AddOverride { .. } => continue,
@@ -373,6 +396,7 @@ pub fn discover(
         knobs,
         world,
         hf_style,
+        accum_covers_world: false,
         notes,
         ambiguous_batch,
         config: Default::default(),
@@ -523,7 +547,7 @@ pub(super) fn apply_binding(
             true
         }
         Binding::DerivedFromGlobalBatch { .. } => true,
-        Binding::AddOverride { key, prefix } => {
+        Binding::AddOverride { key, prefix, .. } => {
             append.push(format!("{prefix}{key}={}", render(new, Some("true"))).into());
             true
         }
@@ -846,13 +870,14 @@ mod tests {
         assert_eq!(d.settings().int(Knob::MicroBatch), Some(64));
         assert_eq!(
             d.knobs[&Knob::MicroBatch].binding.to_string(),
-            "absent; would add +data.batch_size="
+            "absent; would add ++data.batch_size="
         );
         let mut s = d.settings();
         s.knobs.insert(Knob::MicroBatch, Value::Int(32));
+        // `++`: Hydra rejects `+key=` when the config has the key already.
         assert_eq!(
             strs(&mat(&a, &d, &s, None).argv),
-            "python src/train.py trainer=ddp trainer.max_epochs=20 +data.batch_size=32"
+            "python src/train.py trainer=ddp trainer.max_epochs=20 ++data.batch_size=32"
         );
         // Already given on the command line: changed where it is.
         let a = argv("python src/train.py ++data.batch_size=16");

@@ -148,7 +148,12 @@ pub enum Binding {
         prefix: String,
     },
     /// Absent; `{prefix}{key}=N` is appended when the value changes.
-    AddOverride { key: String, prefix: String },
+    /// `from`: the packaged config whose value it starts from, if any.
+    AddOverride {
+        key: String,
+        prefix: String,
+        from: Option<String>,
+    },
 }
 
 impl fmt::Display for Binding {
@@ -168,9 +173,19 @@ impl fmt::Display for Binding {
                 shown, role, key, ..
             } => write!(f, "{role} {shown}: {key}"),
             Binding::Override { key, prefix, .. } => write!(f, "override {prefix}{key}="),
-            Binding::AddOverride { key, prefix } => {
-                write!(f, "absent; would add {prefix}{key}=")
-            }
+            Binding::AddOverride {
+                key,
+                prefix,
+                from: None,
+            } => write!(f, "absent; would add {prefix}{key}="),
+            Binding::AddOverride {
+                key,
+                prefix,
+                from: Some(file),
+            } => write!(
+                f,
+                "packaged config {file}: {key} (changed with {prefix}{key}=)"
+            ),
         }
     }
 }
@@ -202,6 +217,11 @@ impl Bound {
 pub struct Settings {
     pub knobs: BTreeMap<Knob, Value>,
     pub world_size: u64,
+    /// grad_accum counts the micro-batches of all ranks together (nanoGPT
+    /// divides its `gradient_accumulation_steps` by the world size), so the
+    /// global batch is micro × accum.
+    #[serde(skip)]
+    pub accum_covers_world: bool,
 }
 
 impl Settings {
@@ -211,11 +231,17 @@ impl Settings {
     pub fn bool(&self, k: Knob) -> Option<bool> {
         self.knobs.get(&k).and_then(Value::as_bool)
     }
-    /// micro × accum × world, when micro and accum are known.
+    /// micro × accum × world (micro × accum when accum covers the world),
+    /// when micro and accum are known.
     pub fn global_batch(&self) -> Option<u64> {
-        self.int(Knob::MicroBatch)?
-            .checked_mul(self.int(Knob::GradAccum)?)?
-            .checked_mul(self.world_size)
+        let per_rank_steps = self
+            .int(Knob::MicroBatch)?
+            .checked_mul(self.int(Knob::GradAccum)?)?;
+        if self.accum_covers_world {
+            Some(per_rank_steps)
+        } else {
+            per_rank_steps.checked_mul(self.world_size)
+        }
     }
 }
 
@@ -235,6 +261,8 @@ pub struct Discovery {
     pub world: World,
     /// Command family: "hf" when the command looks like a Hugging Face `Trainer` script.
     pub hf_style: bool,
+    /// See [`Settings::accum_covers_world`].
+    pub accum_covers_world: bool,
     /// Things the user should know: ambiguous spellings, knobs not found and how to bind them.
     pub notes: Vec<String>,
     /// A batch flag that may be global or per-device (`--batch_size`), if any.
@@ -273,6 +301,7 @@ impl Discovery {
                 .map(|(k, b)| (*k, b.value.clone()))
                 .collect(),
             world_size: self.world.size,
+            accum_covers_world: self.accum_covers_world,
         }
     }
 }
@@ -295,7 +324,7 @@ pub enum KnobError {
     )]
     OverrideNotInCommand { knob: Knob, key: String },
     #[error(
-        "--knob {knob}={flag}: the command has no {flag} flag. Check the spelling, or add `{flag} N` to the command so oomguard can change it"
+        "--knob {knob}={flag}: the command has no {flag} flag. Check the spelling, add `{flag} N` to the command, or give its current value with --knob {knob}={flag}=N (the flag is then added when {knob} changes)"
     )]
     FlagNotInCommand { knob: Knob, flag: String },
     #[error(
@@ -325,7 +354,12 @@ pub enum KnobError {
 /// A user's `--knob NAME=WHERE`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserBinding {
-    Flag(String),
+    /// `--flag`, or `--flag=N`: added with N as its current value when the
+    /// command does not have it.
+    Flag {
+        flag: String,
+        default: Option<String>,
+    },
     Env(String),
     /// `FILE:key.path`
     File {
@@ -358,11 +392,23 @@ pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>,
                 }
                 UserBinding::Env(var.to_string())
             } else if place.starts_with('-') && place.len() > 1 {
-                UserBinding::Flag(place.to_string())
+                match place.split_once('=') {
+                    Some((flag, default)) if !default.is_empty() => UserBinding::Flag {
+                        flag: flag.to_string(),
+                        default: Some(default.to_string()),
+                    },
+                    Some(_) => return Err(KnobError::BadSpec(s.clone())),
+                    None => UserBinding::Flag {
+                        flag: place.to_string(),
+                        default: None,
+                    },
+                }
             } else if place.starts_with('+') {
                 match parse_override(place) {
-                    Some((prefix, key, default)) => UserBinding::AddOverride {
-                        prefix,
+                    // Hydra rejects `+key=` when the config already has the key
+                    // ("An item is already at ..."); `++key=` adds or overrides.
+                    Some((_, key, default)) => UserBinding::AddOverride {
+                        prefix: "++".into(),
                         key,
                         default,
                     },
@@ -417,7 +463,13 @@ pub fn discover(
         && !user.iter().any(|(k, _)| *k == Knob::MicroBatch)
         && cmd.has_flag(&["--batch_size"])
     {
-        user.push((Knob::MicroBatch, UserBinding::Flag("--batch_size".into())));
+        user.push((
+            Knob::MicroBatch,
+            UserBinding::Flag {
+                flag: "--batch_size".into(),
+                default: None,
+            },
+        ));
     }
     let user = &user[..];
     let mut d = flags::discover(cmd, user, env, world)?;
@@ -493,6 +545,11 @@ pub fn discover(
                 index: *index,
                 prefix: prefix.clone(),
             },
+            config::Site::AddOverride { file, key } => Binding::AddOverride {
+                key: key.clone(),
+                prefix: String::new(),
+                from: Some(found.files[*file].shown.clone()),
+            },
         }
     };
 
@@ -529,6 +586,7 @@ pub fn discover(
                     Binding::AddOverride {
                         key: key.clone(),
                         prefix: prefix.clone(),
+                        from: None,
                     },
                     true,
                 )),
@@ -622,6 +680,35 @@ pub fn discover(
                     mirrors: Vec::new(),
                 },
             );
+        }
+    }
+
+    // nanoGPT: train.py divides gradient_accumulation_steps by the world size.
+    let nanogpt_accum = d
+        .knobs
+        .get(&Knob::GradAccum)
+        .is_some_and(|b| match &b.binding {
+            Binding::Config { file, .. } => found.files[*file].role == config::Role::PythonModule,
+            Binding::Flag { .. } => nanogpt,
+            _ => false,
+        });
+    if nanogpt_accum {
+        d.accum_covers_world = true;
+        if let Some(a) = d.knobs[&Knob::GradAccum].value.as_int()
+            && d.world.size > 1
+        {
+            d.notes.push(if a.is_multiple_of(d.world.size) {
+                format!(
+                    "grad_accum: nanoGPT's gradient_accumulation_steps {a} counts all {} ranks ({} each), so the global batch is micro-batch × {a}",
+                    d.world.size,
+                    a / d.world.size
+                )
+            } else {
+                format!(
+                    "grad_accum: nanoGPT's gradient_accumulation_steps {a} is not a multiple of the world size {}: train.py will stop at its assert",
+                    d.world.size
+                )
+            });
         }
     }
 
@@ -809,6 +896,8 @@ pub fn materialize(
             config::Ref::Env { var } => env.push((var.clone(), dest_abs.display().to_string())),
             // Only bound with --edit-in-place (see Discovery::unnamed_files).
             config::Ref::Unnamed => dest = docs[i].path().to_path_buf(),
+            // Never changed: its knobs are set with overrides.
+            config::Ref::Packaged => continue,
         }
         derived.push(Derived {
             in_place: f.reference == config::Ref::Unnamed,

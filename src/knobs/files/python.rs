@@ -385,8 +385,137 @@ impl P<'_> {
                     kind: Kind::Seq,
                 }
             }
-            _ => self.opaque(lo, hi),
+            _ => match self.arithmetic(lo, hi) {
+                // `5 * 8`: read as 40; a new value replaces the whole expression.
+                Some(n) => {
+                    let (start, end) = (t[0].start, t[t.len() - 1].end);
+                    scalar(Scalar::Int(n), Style::Plain, start, end)
+                }
+                None => self.opaque(lo, hi),
+            },
         }
+    }
+
+    /// Constant integer arithmetic (`5 * 8`, `2**10`, `(4 + 4) // 2`) over
+    /// tokens `lo..hi`; None for anything else (names, calls, `/`).
+    fn arithmetic(&self, lo: usize, hi: usize) -> Option<i64> {
+        // Flatten to symbols: numbers, operators (`**` and `//` joined), brackets.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Sym {
+            N(i64),
+            Op(&'static str),
+        }
+        let mut syms = Vec::new();
+        let mut i = lo;
+        while i < hi {
+            let t = &self.toks[i];
+            let next_adjacent = |c: char| {
+                self.toks
+                    .get(i + 1)
+                    .filter(|n| i + 1 < hi && n.start == t.end && n.tok == Tok::Op(c))
+                    .is_some()
+            };
+            match t.tok {
+                Tok::Num => match number(&self.text[t.start..t.end])? {
+                    Scalar::Int(n) => syms.push(Sym::N(n)),
+                    _ => return None,
+                },
+                Tok::Op('*') if next_adjacent('*') => {
+                    syms.push(Sym::Op("**"));
+                    i += 1;
+                }
+                Tok::Op('/') if next_adjacent('/') => {
+                    syms.push(Sym::Op("//"));
+                    i += 1;
+                }
+                Tok::Op('*') => syms.push(Sym::Op("*")),
+                Tok::Op('+') => syms.push(Sym::Op("+")),
+                Tok::Op('-') => syms.push(Sym::Op("-")),
+                Tok::Op('%') => syms.push(Sym::Op("%")),
+                Tok::Op('(') => syms.push(Sym::Op("(")),
+                Tok::Op(')') => syms.push(Sym::Op(")")),
+                _ => return None,
+            }
+            i += 1;
+        }
+        if !syms.iter().any(|s| matches!(s, Sym::Op(_))) {
+            return None;
+        }
+        // Recursive descent: sum := term (('+'|'-') term)*; term := unary (('*'|'//'|'%') unary)*;
+        // unary := '-' unary | power; power := atom ('**' unary)?; atom := N | '(' sum ')'.
+        struct R<'a> {
+            s: &'a [Sym],
+            p: usize,
+        }
+        impl R<'_> {
+            fn peek(&self) -> Option<Sym> {
+                self.s.get(self.p).copied()
+            }
+            fn eat(&mut self, op: &'static str) -> bool {
+                let hit = self.peek() == Some(Sym::Op(op));
+                if hit {
+                    self.p += 1;
+                }
+                hit
+            }
+            fn sum(&mut self) -> Option<i64> {
+                let mut v = self.term()?;
+                loop {
+                    if self.eat("+") {
+                        v = v.checked_add(self.term()?)?;
+                    } else if self.eat("-") {
+                        v = v.checked_sub(self.term()?)?;
+                    } else {
+                        return Some(v);
+                    }
+                }
+            }
+            fn term(&mut self) -> Option<i64> {
+                let mut v = self.unary()?;
+                loop {
+                    if self.eat("*") {
+                        v = v.checked_mul(self.unary()?)?;
+                    } else if self.eat("//") {
+                        v = v.checked_div_euclid(self.unary()?)?;
+                    } else if self.eat("%") {
+                        v = v.checked_rem_euclid(self.unary()?)?;
+                    } else {
+                        return Some(v);
+                    }
+                }
+            }
+            fn unary(&mut self) -> Option<i64> {
+                if self.eat("-") {
+                    return self.unary()?.checked_neg();
+                }
+                if self.eat("+") {
+                    return self.unary();
+                }
+                let base = self.atom()?;
+                if self.eat("**") {
+                    let e = u32::try_from(self.unary()?).ok()?;
+                    return base.checked_pow(e);
+                }
+                Some(base)
+            }
+            fn atom(&mut self) -> Option<i64> {
+                match self.peek()? {
+                    Sym::N(n) => {
+                        self.p += 1;
+                        Some(n)
+                    }
+                    Sym::Op("(") => {
+                        self.p += 1;
+                        let v = self.sum()?;
+                        self.eat(")").then_some(v)
+                    }
+                    Sym::Op(_) => None,
+                }
+            }
+        }
+        let mut r = R { s: &syms, p: 0 };
+        let v = r.sum()?;
+        (r.p == syms.len()).then_some(v)
     }
 
     /// A dict literal `{ "k": v, ... }` at token `lo`, if it is one.

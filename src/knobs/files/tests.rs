@@ -588,12 +588,19 @@ fn python_config_module() {
         Some(Scalar::Int(1024))
     );
     assert_eq!(d.get("batch_size_eval").unwrap(), Some(Scalar::Int(16)));
-    let e = d.get("gradient_accumulation_steps").unwrap_err();
-    assert!(e.to_string().contains("expression `4 * 2`"), "{e}");
-    let e = load("nanogpt_config.py")
-        .set("gradient_accumulation_steps", &Scalar::Int(16))
-        .unwrap_err();
-    assert!(matches!(e, FileError::Unsupported { .. }), "{e}");
+    // `4 * 2` is constant arithmetic: read as 8, replaced whole when changed.
+    assert_eq!(
+        d.get("gradient_accumulation_steps").unwrap(),
+        Some(Scalar::Int(8))
+    );
+    let mut d2 = load("nanogpt_config.py");
+    d2.set("gradient_accumulation_steps", &Scalar::Int(16))
+        .unwrap();
+    assert!(
+        d2.text().contains("\ngradient_accumulation_steps = 16\n"),
+        "{}",
+        d2.text()
+    );
     for key in [
         "batch_size",
         "block_size",
@@ -858,9 +865,14 @@ fn corpus_labelled_values_read_and_round_trip() {
             }
             // A list value (NBSS `batch_size: [2, 2]`).
             (None, Err(FileError::NotScalar { .. })) => checked += 1,
-            // nanoGPT `gradient_accumulation_steps = 5 * 8`: labelled with the expression.
-            (Some(Scalar::Str(expr)), Err(FileError::Unsupported { why, .. }))
-                if why.contains(&format!("`{expr}`")) =>
+            // nanoGPT `gradient_accumulation_steps = 5 * 8`: labelled with the
+            // expression, read as its value.
+            (Some(Scalar::Str(expr)), Ok(Some(Scalar::Int(n))))
+                if expr
+                    .split('*')
+                    .map(|f| f.trim().parse::<i64>().ok())
+                    .product::<Option<i64>>()
+                    == Some(n) =>
             {
                 checked += 1
             }
@@ -913,4 +925,25 @@ fn corpus_insertions_add_lines_only() {
     eprintln!("inserted into {} JSON and {} YAML files", done.0, done.1);
     assert!(done.0 >= 5 && done.1 >= 20, "{done:?}");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn python_constant_arithmetic_is_read_and_replaced_whole() {
+    // nanoGPT's config/train_gpt2.py: `gradient_accumulation_steps = 5 * 8`.
+    let text = "batch_size = 12\ngradient_accumulation_steps = 5 * 8  # total across ranks\nbig = 2**10 // (1 + 1)\nname = f(3) * 2\nratio = 10 / 4\n";
+    let mut d = Doc::parse(Path::new("train_gpt2.py"), text.into()).unwrap();
+    assert_eq!(
+        d.get("gradient_accumulation_steps").unwrap(),
+        Some(Scalar::Int(40))
+    );
+    assert_eq!(d.get("big").unwrap(), Some(Scalar::Int(512)));
+    // Calls and true division are not constants oomguard evaluates.
+    assert!(d.get("name").is_err());
+    assert!(d.get("ratio").is_err());
+    d.set("gradient_accumulation_steps", &Scalar::Int(80))
+        .unwrap();
+    assert_eq!(
+        d.text(),
+        "batch_size = 12\ngradient_accumulation_steps = 80  # total across ranks\nbig = 2**10 // (1 + 1)\nname = f(3) * 2\nratio = 10 / 4\n"
+    );
 }
