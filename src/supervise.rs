@@ -353,6 +353,7 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
             "env": env.iter().map(|e| (e.name.clone(), json!(e.value))).collect::<serde_json::Map<_,_>>(),
             "resume": resume.unwrap_or(Json::Null),
             "notes": cfg.disc.notes,
+            "warnings": cfg.disc.warnings,
             "not_applicable": na,
             "ladder": rungs.iter().map(|r| json!({
                 "step": r.step.as_ref().map(|d| d.step.name()).unwrap_or("as_given"),
@@ -431,6 +432,12 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
         }
     }
     o.push_str(&format!("  {}\n", res.why));
+    if !cfg.disc.warnings.is_empty() {
+        o.push_str("\nwarnings:\n");
+        for w in &cfg.disc.warnings {
+            o.push_str(&format!("  - {w}\n"));
+        }
+    }
     if !cfg.disc.notes.is_empty() {
         o.push_str("\nnotes:\n");
         for n in &cfg.disc.notes {
@@ -647,9 +654,13 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
             "global_batch": first.global_batch(),
             "env": env_defaults,
             "notes": cfg.disc.notes,
+            "warnings": cfg.disc.warnings,
             "tty": tty,
         }),
     );
+    for w in &cfg.disc.warnings {
+        eprintln!("oomguard: warning: {w}");
+    }
     if cfg.verbose > 0 {
         for n in &cfg.disc.notes {
             log.info(&format!("note: {n}"));

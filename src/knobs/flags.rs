@@ -398,6 +398,7 @@ pub fn discover(
         hf_style,
         accum_covers_world: false,
         notes,
+        warnings: Vec::new(),
         ambiguous_batch,
         config: Default::default(),
     })

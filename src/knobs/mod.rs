@@ -265,6 +265,9 @@ pub struct Discovery {
     pub accum_covers_world: bool,
     /// Things the user should know: ambiguous spellings, knobs not found and how to bind them.
     pub notes: Vec<String>,
+    /// Things that may break the run as written (one knob with different values
+    /// in two places): printed on every run, not only with -v.
+    pub warnings: Vec<String>,
     /// A batch flag that may be global or per-device (`--batch_size`), if any.
     pub ambiguous_batch: Option<String>,
     /// Config files the command names, and knobs found in files and overrides.
@@ -635,8 +638,8 @@ pub fn discover(
                 continue;
             }
             if present && v != value {
-                d.notes.push(format!(
-                    "{knob}: {binding} ({value}) overrides {b} ({v}); both get the new value when {knob} changes"
+                d.warnings.push(format!(
+                    "{knob} has two values: {binding} says {value}, {b} says {v}. oomguard takes {value} and writes the same new value to both when {knob} changes; if the trainer checks them against each other (the Hugging Face DeepSpeed integration does), make them agree before the run"
                 ));
             }
             if present || matches!(b, Binding::Config { .. }) {
