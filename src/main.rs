@@ -17,6 +17,7 @@ mod knobs;
 mod launch;
 mod policy;
 mod progress;
+mod settings;
 mod supervise;
 
 use std::ffi::OsString;
