@@ -9,6 +9,7 @@ mod command;
 mod detect;
 mod envmerge;
 mod exit;
+mod files;
 mod gpu;
 mod gpuwatch;
 mod inplace;

@@ -128,7 +128,7 @@ impl RunConfig {
             .iter()
             .filter(|f| f.role == knobs::Role::Training)
             .find_map(|f| match f.doc.get("output_dir") {
-                Ok(Some(knobs::files::Scalar::Str(s))) => Some(s),
+                Ok(Some(crate::files::Scalar::Str(s))) => Some(s),
                 _ => None,
             });
         let layout = checkpoint::detect(&cmd, policy.resume.as_ref(), recipe_out.as_deref());

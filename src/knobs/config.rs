@@ -19,7 +19,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use super::files::{Doc, FileError, Scalar};
+use crate::files::{Doc, FileError, Scalar};
 use super::{Knob, Value};
 use crate::command::{Command, FlagForm, LauncherKind};
 

@@ -7,7 +7,7 @@
 mod config;
 use crate::command::parse_override;
 pub use config::Role;
-pub mod files;
+use crate::files;
 mod flags;
 mod world;
 
