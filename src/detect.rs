@@ -1060,14 +1060,16 @@ mod tests {
         paths.iter().map(|p| load_fixture(p)).collect()
     }
 
-    fn shared_dir() -> Option<PathBuf> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logs");
-        if dir.is_dir() {
-            Some(dir)
-        } else {
-            eprintln!("skipping: {} does not exist", dir.display());
-            None
-        }
+    /// The labelled real logs (tests/fixtures/corpus/logs, copied from public issue threads);
+    /// panics when the folder is missing (it is part of the repository).
+    fn corpus_dir() -> PathBuf {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/corpus/logs");
+        assert!(
+            dir.is_dir(),
+            "{} is missing: it is part of the repository (restore it with git checkout)",
+            dir.display()
+        );
+        dir
     }
 
     fn own_dir() -> PathBuf {
@@ -1145,8 +1147,8 @@ mod tests {
     }
 
     #[test]
-    fn shared_fixtures_classify_as_labelled() {
-        let Some(dir) = shared_dir() else { return };
+    fn corpus_fixtures_classify_as_labelled() {
+        let dir = corpus_dir();
         let fixtures = fixtures_in(&dir);
         assert!(
             fixtures.len() >= 60,
@@ -1249,7 +1251,7 @@ mod tests {
 
     #[test]
     fn hang_after_oom_has_no_device_index() {
-        let Some(dir) = shared_dir() else { return };
+        let dir = corpus_dir();
         let fx = load_fixture(&dir.join("hang_after_oom-01.txt"));
         let f = classify_log(&fx.body);
         assert_eq!(f.kind, Kind::GpuOom);
@@ -1266,7 +1268,7 @@ mod tests {
 
     #[test]
     fn many_processes_and_bogus_sizes() {
-        let Some(dir) = shared_dir() else { return };
+        let dir = corpus_dir();
         let f = classify_log(&load_fixture(&dir.join("cuda_oom-33.txt")).body);
         assert_eq!(f.numbers.other_processes.len(), 15);
         assert!(
@@ -1396,9 +1398,7 @@ mod tests {
     #[test]
     fn chunking_does_not_change_the_result() {
         let mut all = fixtures_in(&own_dir());
-        if let Some(dir) = shared_dir() {
-            all.extend(fixtures_in(&dir));
-        }
+        all.extend(fixtures_in(&corpus_dir()));
         for fx in &all {
             let whole = scan_chunked(&fx.body, fx.body.len());
             for chunk in [1, 7, 4096] {
@@ -1545,9 +1545,9 @@ mod tests {
 
     /// Release-mode throughput: `cargo test --release detect::tests::throughput -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "a measurement, not a check: run it by name"]
     fn throughput() {
-        let Some(dir) = shared_dir() else { return };
+        let dir = corpus_dir();
         let fixtures = fixtures_in(&dir);
         let fixture_log = |label: Option<&str>| -> Vec<u8> {
             fixtures

@@ -1,6 +1,6 @@
 //! `oomguard diagnose` through the real binary, on the project's own small logs
-//! (tests/fixtures/logs) and, when present, the shared labelled set
-//! (../shared/fixtures/logs). The detection details are unit-tested in src/detect.rs;
+//! (tests/fixtures/logs) and on the labelled set of real logs copied from public issue
+//! threads (tests/fixtures/corpus/logs). The detection details are unit-tested in src/detect.rs;
 //! this checks the command: exit codes, the JSON contract, stdin, the error message.
 
 use std::path::{Path, PathBuf};
@@ -123,12 +123,13 @@ fn own_logs_classify_as_labelled() {
 }
 
 #[test]
-fn shared_logs_classify_as_labelled() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logs");
-    if !dir.is_dir() {
-        eprintln!("skipping: {} does not exist", dir.display());
-        return;
-    }
+fn corpus_logs_classify_as_labelled() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/corpus/logs");
+    assert!(
+        dir.is_dir(),
+        "{} is missing: it is part of the repository (restore it with git checkout)",
+        dir.display()
+    );
     check_dir(&dir);
 }
 
