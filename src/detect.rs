@@ -832,11 +832,11 @@ pub fn advice(f: &Finding) -> &'static str {
             let others: u64 = n.other_processes.iter().map(|p| p.bytes).sum();
             let crowded = n.total_bytes.is_some_and(|t| others >= t / 4);
             if fragmented {
-                "GPU memory is fragmented (enough is free or reserved, but not in one piece): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (oomguard run does by default), then lower the micro-batch if it still fails"
+                "GPU memory is fragmented (enough is free or reserved, but not in one piece): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (oomguard does this by default when it runs your command), then lower the micro-batch if it still fails"
             } else if crowded {
                 "other processes hold a large share of this GPU: free it (nvidia-smi shows who) or pick another GPU before shrinking the run"
             } else {
-                "GPU memory ran out: lower the micro-batch and raise gradient accumulation to keep the global batch, then enable gradient checkpointing, shorten sequences, raise the ZeRO stage or offload (oomguard run does these in order)"
+                "GPU memory ran out: lower the micro-batch and raise gradient accumulation to keep the global batch, then enable gradient checkpointing, shorten sequences, raise the ZeRO stage or offload (oomguard does these in order when it runs your command)"
             }
         }
         Kind::HostOom => {

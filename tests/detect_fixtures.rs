@@ -188,3 +188,38 @@ fn unreadable_file_exits_2_naming_file_and_os_error() {
     );
     assert!(out.stdout.is_empty(), "{}", describe(&args, &out));
 }
+
+/// `oomguard run` is not a command (oomguard runs `oomguard COMMAND...`): no advice may
+/// name it. Every kind of advice is reached: each labelled log, and a clean one.
+#[test]
+fn advice_never_names_a_command_that_does_not_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut inputs: Vec<(String, Vec<u8>)> = Vec::new();
+    for dir in ["tests/fixtures/logs", "tests/fixtures/corpus/logs"] {
+        for (name, _, body) in fixtures(&root.join(dir)) {
+            inputs.push((name, body));
+        }
+    }
+    inputs.push(("a clean log".into(), b"epoch 1 loss 0.4\n".to_vec()));
+    let args = ["diagnose", "--json"];
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, body) in &inputs {
+        let out = oomguard(&args, Some(body));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name}\n{}",
+            describe(&args, &out)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let advice = v["advice"].as_str().unwrap_or_default().to_string();
+        assert!(
+            !advice.is_empty() && !advice.contains("oomguard run"),
+            "{name}: advice {advice:?}\n{}",
+            describe(&args, &out)
+        );
+        seen.insert(advice);
+    }
+    // Fragmented, crowded, plain GPU OOM, host OOM, other failure, no failure.
+    assert_eq!(seen.len(), 6, "expected all six advices, saw {seen:#?}");
+}
