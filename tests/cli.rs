@@ -572,3 +572,30 @@ fn the_same_allocation_after_halving_is_flagged_as_a_trainer_ignoring_the_new_va
     let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
     assert!(journal.contains("\"event\":\"suspect\""), "{journal}");
 }
+
+#[test]
+fn help_lists_every_exit_code() {
+    let t = tmp();
+    let r = Run::new(t.path(), ["--help"], &[]);
+    r.expect_code(0);
+    let help = r.stdout();
+    for code in [
+        "0 success",
+        "130/143",
+        "75",
+        "2 usage error",
+        "69",
+        "126/127",
+    ] {
+        assert!(
+            help.contains(code),
+            "{}",
+            r.describe(&format!("--help mentioning exit code {code}"))
+        );
+    }
+    assert!(
+        help.contains("69 `oomguard gpus`"),
+        "{}",
+        r.describe("69 explained as oomguard gpus' code")
+    );
+}
