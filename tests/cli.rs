@@ -599,3 +599,39 @@ fn help_lists_every_exit_code() {
         r.describe("69 explained as oomguard gpus' code")
     );
 }
+
+#[test]
+fn restore_without_a_run_folder_is_a_usage_error() {
+    let t = tmp();
+    let missing = t.path().join("no-such-run");
+    let file = t.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    for path in [&missing, &file] {
+        let r = Run::new(
+            t.path(),
+            [std::ffi::OsStr::new("restore"), path.as_os_str()],
+            &[],
+        );
+        r.expect_code(2)
+            .expect_stderr(&format!(
+                "oomguard: error: no run folder at {}",
+                path.display()
+            ))
+            .expect_stderr("runs live under .oomguard/runs/");
+        assert!(r.stdout().is_empty(), "{}", r.describe("nothing on stdout"));
+    }
+}
+
+#[test]
+fn restore_with_nothing_to_restore_succeeds() {
+    let t = tmp();
+    std::fs::create_dir(t.path().join("run")).unwrap();
+    let r = Run::new(t.path(), ["restore", "run"], &[]);
+    r.expect_code(0);
+    assert!(
+        r.stdout()
+            .contains("nothing to restore: run has no restore.json"),
+        "{}",
+        r.describe("the nothing-to-restore message")
+    );
+}
