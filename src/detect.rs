@@ -42,7 +42,7 @@
 //!   first OOM. Whether the run *died* is the supervisor's call (exit status).
 
 use std::borrow::Cow;
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 use std::sync::LazyLock;
 
@@ -900,8 +900,19 @@ pub fn format_size(bytes: u64) -> String {
 /// `oomguard diagnose [--json] [FILE|-]`: classify the file (or stdin when None or "-"),
 /// print the result to stdout. Returns 0 when it classified (any kind), 2 for an
 /// unreadable file (message on stderr naming the file and the OS error).
+/// What `diagnose` says before it reads standard input: at a terminal, `oomguard diagnose`
+/// alone would otherwise wait in silence, looking hung.
+pub fn stdin_hint(reads_stdin: bool, stdin_is_terminal: bool) -> Option<&'static str> {
+    (reads_stdin && stdin_is_terminal).then_some(
+        "oomguard: reading a log from standard input (paste it, then Ctrl-D); or give a file: oomguard diagnose FILE",
+    )
+}
+
 pub fn diagnose_main(path: Option<&Path>, json: bool) -> i32 {
     let stdin = path.is_none_or(|p| p.as_os_str() == "-");
+    if let Some(hint) = stdin_hint(stdin, std::io::stdin().is_terminal()) {
+        eprintln!("{hint}");
+    }
     let name = if stdin {
         "<stdin>".to_string()
     } else {
@@ -1532,6 +1543,14 @@ mod tests {
             crate::exit::USAGE,
             "a directory is unreadable"
         );
+    }
+
+    #[test]
+    fn a_terminal_on_stdin_gets_a_hint_before_diagnose_reads_it() {
+        let hint = stdin_hint(true, true).expect("a hint at a terminal");
+        assert!(hint.contains("Ctrl-D") && hint.contains("oomguard diagnose FILE"));
+        assert_eq!(stdin_hint(true, false), None, "a pipe or file: no hint");
+        assert_eq!(stdin_hint(false, true), None, "a file was named: no hint");
     }
 
     #[test]
