@@ -19,9 +19,9 @@ Rows:
                          back to back from a shell. Median.
   signal forward         SIGUSR1 to oomguard -> time the child's sigwait returns, vs SIGUSR1
                          sent to the same child directly. Median.
-  diagnose               `oomguard diagnose --json` over the shared fixture logs repeated to
-                         SIZE (and over a log of plain progress lines, no failure), in MB/s;
-                         baseline `cat FILE > /dev/null`.
+  diagnose               `oomguard diagnose --json` over the real logs in
+                         tests/fixtures/corpus/logs, repeated to SIZE (and over a log of plain
+                         progress lines, no failure), in MB/s; baseline `cat FILE > /dev/null`.
 
 Asserts nothing; prints a table. Timings on a shared machine are noisy: medians of repeats.
 """
@@ -225,9 +225,7 @@ def make_log(path, size, lines_only):
     if lines_only:
         unit = ((LINE + "\n") * 4096).encode()
     else:
-        d = "/work/shared/fixtures/logs"
-        if not os.path.isdir(d):
-            d = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "logs")
+        d = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "corpus", "logs")
         unit = b"".join(open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d)))
     with open(path, "wb") as f:
         written = 0

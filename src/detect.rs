@@ -42,7 +42,7 @@
 //!   first OOM. Whether the run *died* is the supervisor's call (exit status).
 
 use std::borrow::Cow;
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::Path;
 use std::sync::LazyLock;
 
@@ -832,11 +832,11 @@ pub fn advice(f: &Finding) -> &'static str {
             let others: u64 = n.other_processes.iter().map(|p| p.bytes).sum();
             let crowded = n.total_bytes.is_some_and(|t| others >= t / 4);
             if fragmented {
-                "GPU memory is fragmented (enough is free or reserved, but not in one piece): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (oomguard run does by default), then lower the micro-batch if it still fails"
+                "GPU memory is fragmented (enough is free or reserved, but not in one piece): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (oomguard does this by default when it runs your command), then lower the micro-batch if it still fails"
             } else if crowded {
                 "other processes hold a large share of this GPU: free it (nvidia-smi shows who) or pick another GPU before shrinking the run"
             } else {
-                "GPU memory ran out: lower the micro-batch and raise gradient accumulation to keep the global batch, then enable gradient checkpointing, shorten sequences, raise the ZeRO stage or offload (oomguard run does these in order)"
+                "GPU memory ran out: lower the micro-batch and raise gradient accumulation to keep the global batch, then enable gradient checkpointing, shorten sequences, raise the ZeRO stage or offload (oomguard does these in order when it runs your command)"
             }
         }
         Kind::HostOom => {
@@ -900,8 +900,19 @@ pub fn format_size(bytes: u64) -> String {
 /// `oomguard diagnose [--json] [FILE|-]`: classify the file (or stdin when None or "-"),
 /// print the result to stdout. Returns 0 when it classified (any kind), 2 for an
 /// unreadable file (message on stderr naming the file and the OS error).
+/// What `diagnose` says before it reads standard input: at a terminal, `oomguard diagnose`
+/// alone would otherwise wait in silence, looking hung.
+pub fn stdin_hint(reads_stdin: bool, stdin_is_terminal: bool) -> Option<&'static str> {
+    (reads_stdin && stdin_is_terminal).then_some(
+        "oomguard: reading a log from standard input (paste it, then Ctrl-D); or give a file: oomguard diagnose FILE",
+    )
+}
+
 pub fn diagnose_main(path: Option<&Path>, json: bool) -> i32 {
     let stdin = path.is_none_or(|p| p.as_os_str() == "-");
+    if let Some(hint) = stdin_hint(stdin, std::io::stdin().is_terminal()) {
+        eprintln!("{hint}");
+    }
     let name = if stdin {
         "<stdin>".to_string()
     } else {
@@ -1060,14 +1071,16 @@ mod tests {
         paths.iter().map(|p| load_fixture(p)).collect()
     }
 
-    fn shared_dir() -> Option<PathBuf> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logs");
-        if dir.is_dir() {
-            Some(dir)
-        } else {
-            eprintln!("skipping: {} does not exist", dir.display());
-            None
-        }
+    /// The labelled real logs (tests/fixtures/corpus/logs, copied from public issue threads);
+    /// panics when the folder is missing (it is part of the repository).
+    fn corpus_dir() -> PathBuf {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/corpus/logs");
+        assert!(
+            dir.is_dir(),
+            "{} is missing: it is part of the repository (restore it with git checkout)",
+            dir.display()
+        );
+        dir
     }
 
     fn own_dir() -> PathBuf {
@@ -1145,8 +1158,8 @@ mod tests {
     }
 
     #[test]
-    fn shared_fixtures_classify_as_labelled() {
-        let Some(dir) = shared_dir() else { return };
+    fn corpus_fixtures_classify_as_labelled() {
+        let dir = corpus_dir();
         let fixtures = fixtures_in(&dir);
         assert!(
             fixtures.len() >= 60,
@@ -1249,7 +1262,7 @@ mod tests {
 
     #[test]
     fn hang_after_oom_has_no_device_index() {
-        let Some(dir) = shared_dir() else { return };
+        let dir = corpus_dir();
         let fx = load_fixture(&dir.join("hang_after_oom-01.txt"));
         let f = classify_log(&fx.body);
         assert_eq!(f.kind, Kind::GpuOom);
@@ -1266,7 +1279,7 @@ mod tests {
 
     #[test]
     fn many_processes_and_bogus_sizes() {
-        let Some(dir) = shared_dir() else { return };
+        let dir = corpus_dir();
         let f = classify_log(&load_fixture(&dir.join("cuda_oom-33.txt")).body);
         assert_eq!(f.numbers.other_processes.len(), 15);
         assert!(
@@ -1396,9 +1409,7 @@ mod tests {
     #[test]
     fn chunking_does_not_change_the_result() {
         let mut all = fixtures_in(&own_dir());
-        if let Some(dir) = shared_dir() {
-            all.extend(fixtures_in(&dir));
-        }
+        all.extend(fixtures_in(&corpus_dir()));
         for fx in &all {
             let whole = scan_chunked(&fx.body, fx.body.len());
             for chunk in [1, 7, 4096] {
@@ -1535,6 +1546,14 @@ mod tests {
     }
 
     #[test]
+    fn a_terminal_on_stdin_gets_a_hint_before_diagnose_reads_it() {
+        let hint = stdin_hint(true, true).expect("a hint at a terminal");
+        assert!(hint.contains("Ctrl-D") && hint.contains("oomguard diagnose FILE"));
+        assert_eq!(stdin_hint(true, false), None, "a pipe or file: no hint");
+        assert_eq!(stdin_hint(false, true), None, "a file was named: no hint");
+    }
+
+    #[test]
     fn advice_depends_on_the_numbers() {
         let mut f = classify_log(&own("own-gpu_old_cached.log"));
         let plain = advice(&f);
@@ -1545,9 +1564,9 @@ mod tests {
 
     /// Release-mode throughput: `cargo test --release detect::tests::throughput -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "a measurement, not a check: run it by name"]
     fn throughput() {
-        let Some(dir) = shared_dir() else { return };
+        let dir = corpus_dir();
         let fixtures = fixtures_in(&dir);
         let fixture_log = |label: Option<&str>| -> Vec<u8> {
             fixtures

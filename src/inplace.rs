@@ -136,6 +136,16 @@ fn restore_entries(entries: &[Entry]) -> Vec<String> {
 
 /// `oomguard restore RUN_DIR`: after a hard kill, put the originals back.
 pub fn restore_main(run_dir: &Path) -> i32 {
+    // A mistyped path is not "nothing to restore": say so, and where runs live.
+    if !run_dir.is_dir() {
+        eprintln!(
+            "oomguard: error: no run folder at {}\n\
+             oomguard: runs live under .oomguard/runs/<time>/ in the directory the run was started \
+             from (or where its --run-dir said): oomguard restore .oomguard/runs/<time>",
+            run_dir.display()
+        );
+        return crate::exit::USAGE;
+    }
     let text = match fs::read(manifest(run_dir)) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {

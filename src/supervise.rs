@@ -1095,7 +1095,7 @@ fn save_interval_advice(
         losses.len(),
         if losses.len() == 1 { "" } else { "s" },
         if losses.iter().any(|l| l.steps.is_some()) {
-            format!("{steps} steps")
+            n_steps(steps)
         } else {
             "an unknown number of steps".into()
         },
@@ -1108,11 +1108,23 @@ fn save_interval_advice(
     let per_oom = steps.div_ceil(losses.len() as u64);
     if secs > relaunch.max(0.0) && per_oom >= 4 {
         let bound = (per_oom / 4).max(1);
+        let every = if bound == 1 {
+            "step".to_string()
+        } else {
+            n_steps(bound)
+        };
         out.push_str(&format!(
-            "oomguard: the save interval costs more than the OOMs: each lost about {per_oom} steps; saving every {bound} steps would bound each loss to {bound} steps\n"
+            "oomguard: the save interval costs more than the OOMs: each lost about {}; saving every {every} would bound each loss to {}\n",
+            n_steps(per_oom),
+            n_steps(bound)
         ));
     }
     Some(out)
+}
+
+/// "1 step", "4 steps".
+fn n_steps(n: u64) -> String {
+    format!("{n} step{}", if n == 1 { "" } else { "s" })
 }
 
 /// The end-of-run table on stderr: knob, before, after, why.
@@ -1189,6 +1201,45 @@ fn summary(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn loss(steps: u64, seconds: f64) -> Loss {
+        Loss {
+            steps: Some(steps),
+            seconds,
+        }
+    }
+
+    #[test]
+    fn save_interval_advice_says_1_step_not_1_steps() {
+        // One OOM that lost 1 step: "1 step of redone training".
+        let one =
+            save_interval_advice(&[loss(1, 0.1)], None, Duration::from_secs_f64(0.1)).unwrap();
+        assert!(
+            one.contains("work lost to 1 OOM: 1 step of redone training"),
+            "{one}"
+        );
+        // Losses of 5 steps an OOM, all the lost time redone training: the interval that
+        // bounds the loss is every step.
+        let five = save_interval_advice(
+            &[loss(5, 10.0), loss(5, 10.0)],
+            None,
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        assert!(five.contains("10 steps of redone training"), "{five}");
+        assert!(
+            five.contains(
+                "each lost about 5 steps; saving every step would bound each loss to 1 step\n"
+            ),
+            "{five}"
+        );
+        assert!(!five.contains(" 1 steps"), "{five}");
+        let many = save_interval_advice(&[loss(40, 10.0)], None, Duration::from_secs(10)).unwrap();
+        assert!(
+            many.contains("saving every 10 steps would bound each loss to 10 steps"),
+            "{many}"
+        );
+    }
 
     #[test]
     fn shell_quote_round_trips_awkward_arguments() {

@@ -572,3 +572,66 @@ fn the_same_allocation_after_halving_is_flagged_as_a_trainer_ignoring_the_new_va
     let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
     assert!(journal.contains("\"event\":\"suspect\""), "{journal}");
 }
+
+#[test]
+fn help_lists_every_exit_code() {
+    let t = tmp();
+    let r = Run::new(t.path(), ["--help"], &[]);
+    r.expect_code(0);
+    let help = r.stdout();
+    for code in [
+        "0 success",
+        "130/143",
+        "75",
+        "2 usage error",
+        "69",
+        "126/127",
+    ] {
+        assert!(
+            help.contains(code),
+            "{}",
+            r.describe(&format!("--help mentioning exit code {code}"))
+        );
+    }
+    assert!(
+        help.contains("69 `oomguard gpus`"),
+        "{}",
+        r.describe("69 explained as oomguard gpus' code")
+    );
+}
+
+#[test]
+fn restore_without_a_run_folder_is_a_usage_error() {
+    let t = tmp();
+    let missing = t.path().join("no-such-run");
+    let file = t.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    for path in [&missing, &file] {
+        let r = Run::new(
+            t.path(),
+            [std::ffi::OsStr::new("restore"), path.as_os_str()],
+            &[],
+        );
+        r.expect_code(2)
+            .expect_stderr(&format!(
+                "oomguard: error: no run folder at {}",
+                path.display()
+            ))
+            .expect_stderr("runs live under .oomguard/runs/");
+        assert!(r.stdout().is_empty(), "{}", r.describe("nothing on stdout"));
+    }
+}
+
+#[test]
+fn restore_with_nothing_to_restore_succeeds() {
+    let t = tmp();
+    std::fs::create_dir(t.path().join("run")).unwrap();
+    let r = Run::new(t.path(), ["restore", "run"], &[]);
+    r.expect_code(0);
+    assert!(
+        r.stdout()
+            .contains("nothing to restore: run has no restore.json"),
+        "{}",
+        r.describe("the nothing-to-restore message")
+    );
+}

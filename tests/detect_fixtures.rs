@@ -1,6 +1,6 @@
 //! `oomguard diagnose` through the real binary, on the project's own small logs
-//! (tests/fixtures/logs) and, when present, the shared labelled set
-//! (../shared/fixtures/logs). The detection details are unit-tested in src/detect.rs;
+//! (tests/fixtures/logs) and on the labelled set of real logs copied from public issue
+//! threads (tests/fixtures/corpus/logs). The detection details are unit-tested in src/detect.rs;
 //! this checks the command: exit codes, the JSON contract, stdin, the error message.
 
 use std::path::{Path, PathBuf};
@@ -123,12 +123,13 @@ fn own_logs_classify_as_labelled() {
 }
 
 #[test]
-fn shared_logs_classify_as_labelled() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/logs");
-    if !dir.is_dir() {
-        eprintln!("skipping: {} does not exist", dir.display());
-        return;
-    }
+fn corpus_logs_classify_as_labelled() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/corpus/logs");
+    assert!(
+        dir.is_dir(),
+        "{} is missing: it is part of the repository (restore it with git checkout)",
+        dir.display()
+    );
     check_dir(&dir);
 }
 
@@ -186,4 +187,39 @@ fn unreadable_file_exits_2_naming_file_and_os_error() {
         describe(&args, &out)
     );
     assert!(out.stdout.is_empty(), "{}", describe(&args, &out));
+}
+
+/// `oomguard run` is not a command (oomguard runs `oomguard COMMAND...`): no advice may
+/// name it. Every kind of advice is reached: each labelled log, and a clean one.
+#[test]
+fn advice_never_names_a_command_that_does_not_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut inputs: Vec<(String, Vec<u8>)> = Vec::new();
+    for dir in ["tests/fixtures/logs", "tests/fixtures/corpus/logs"] {
+        for (name, _, body) in fixtures(&root.join(dir)) {
+            inputs.push((name, body));
+        }
+    }
+    inputs.push(("a clean log".into(), b"epoch 1 loss 0.4\n".to_vec()));
+    let args = ["diagnose", "--json"];
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, body) in &inputs {
+        let out = oomguard(&args, Some(body));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{name}\n{}",
+            describe(&args, &out)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let advice = v["advice"].as_str().unwrap_or_default().to_string();
+        assert!(
+            !advice.is_empty() && !advice.contains("oomguard run"),
+            "{name}: advice {advice:?}\n{}",
+            describe(&args, &out)
+        );
+        seen.insert(advice);
+    }
+    // Fragmented, crowded, plain GPU OOM, host OOM, other failure, no failure.
+    assert_eq!(seen.len(), 6, "expected all six advices, saw {seen:#?}");
 }

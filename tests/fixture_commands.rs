@@ -1,14 +1,14 @@
 //! Knob discovery on real training commands.
 //!
 //! `fixture_corpus_knobs_found_as_labelled` runs `oomguard plan --json` on the
-//! 61 real command lines in `../shared/fixtures/commands/` (each with its config
-//! files laid out where the command names them) and compares every knob with the
-//! case's `labels.json`. A mismatch fails the test unless it is listed in
-//! `EXCEPTIONS` with the reason oomguard is not meant to find it; the figure
-//! "N of M labelled knob locations found as labelled" is printed. It also checks
-//! that a rung's changed copy differs only on the changed keys, and that `plan`
-//! leaves the case's files byte-identical. Skipped (with a message) when the
-//! shared fixtures are not there.
+//! 61 real command lines in `tests/fixtures/corpus/commands/` (copied from public
+//! repositories; each with its config files laid out where the command names them)
+//! and compares every knob with the case's `labels.json`. A mismatch fails the test
+//! unless it is listed in `EXCEPTIONS` with the reason oomguard is not meant to find
+//! it; the figure "N of M labelled knob locations found as labelled" is printed. It
+//! also checks that a rung's changed copy differs only on the changed keys, and that
+//! `plan` leaves the case's files byte-identical. It fails if the corpus folder is
+//! missing.
 //!
 //! The other tests need only `tests/fixtures/configs/` and always run.
 
@@ -30,8 +30,15 @@ const KNOBS: [&str; 7] = [
     "offload_param",
 ];
 
-fn shared_commands() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures")).join("commands")
+/// The corpus of real commands; panics when it is missing (it is part of the repository).
+fn corpus_commands() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/corpus/commands");
+    assert!(
+        dir.is_dir(),
+        "{} is missing: it is part of the repository (restore it with git checkout)",
+        dir.display()
+    );
+    dir
 }
 
 fn own_configs() -> PathBuf {
@@ -1006,14 +1013,7 @@ fn expected_text(label: &J) -> String {
 
 #[test]
 fn fixture_corpus_knobs_found_as_labelled() {
-    let root = shared_commands();
-    if !root.is_dir() {
-        eprintln!(
-            "skipping fixture_corpus_knobs_found_as_labelled: {} does not exist",
-            root.display()
-        );
-        return;
-    }
+    let root = corpus_commands();
     let mut cases: Vec<PathBuf> = fs::read_dir(&root)
         .unwrap()
         .flatten()
@@ -1021,6 +1021,12 @@ fn fixture_corpus_knobs_found_as_labelled() {
         .filter(|p| p.join("labels.json").is_file())
         .collect();
     cases.sort();
+    assert!(
+        cases.len() >= 61,
+        "expected the 61 cases in {}, found {}",
+        root.display(),
+        cases.len()
+    );
 
     let mut failures: Vec<String> = Vec::new();
     let mut table: Vec<String> = Vec::new();

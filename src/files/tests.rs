@@ -658,19 +658,17 @@ fn floats_render_for_every_reader() {
 }
 
 // ---------------------------------------------------------------------------
-// The shared corpus of real commands
+// The corpus of real commands (tests/fixtures/corpus/commands, copied from public repositories)
 
-fn corpus() -> Option<PathBuf> {
-    let p = PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/commands"
-    ));
-    if p.is_dir() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is absent", p.display());
-        None
-    }
+/// The corpus folder; panics when it is missing (it is part of the repository).
+fn corpus() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/corpus/commands");
+    assert!(
+        p.is_dir(),
+        "{} is missing: it is part of the repository (restore it with git checkout)",
+        p.display()
+    );
+    p
 }
 
 fn config_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -803,7 +801,7 @@ fn file_key(l: &Label) -> String {
 
 #[test]
 fn corpus_every_config_file_loads() {
-    let Some(root) = corpus() else { return };
+    let root = corpus();
     let mut files = Vec::new();
     config_files(&root, &mut files);
     assert!(files.len() >= 60, "found only {} config files", files.len());
@@ -828,7 +826,7 @@ fn corpus_every_config_file_loads() {
 
 #[test]
 fn corpus_labelled_values_read_and_round_trip() {
-    let Some(root) = corpus() else { return };
+    let root = corpus();
     let all = labels(&root);
     assert!(
         all.len() >= 100,
@@ -887,7 +885,7 @@ fn corpus_labelled_values_read_and_round_trip() {
 
 #[test]
 fn corpus_insertions_add_lines_only() {
-    let Some(root) = corpus() else { return };
+    let root = corpus();
     let mut files = Vec::new();
     config_files(&root, &mut files);
     let mut failures = Vec::new();
