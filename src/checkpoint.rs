@@ -1,10 +1,8 @@
 //! The newest complete checkpoint for the framework at hand, and how to resume from it.
 //!
-//! Theory of operation: `detect` reads the command to find the checkpoint
-//! layout (Hugging Face `checkpoint-N`, DeepSpeed `latest` → `global_stepN`,
-//! Megatron `latest_checkpointed_iteration.txt`, Lightning `*.ckpt`, torchtune
-//! `recipe_state.pt`, nanoGPT `ckpt.pt`, or a policy's `[resume]` table) and
-//! the way that framework is told to resume. `find` lists the candidates
+//! Theory of operation: a family (`frameworks`) or a policy's `[resume]`
+//! table says where a command keeps its checkpoints — one of the layouts of
+//! [`Kind`] — and how it is told to resume. `find` lists the candidates
 //! newest first and takes the first complete one:
 //!
 //! * every marker file present and non-empty;
@@ -65,6 +63,9 @@ pub struct CustomSpec {
     pub pattern: String,
     #[serde(default)]
     pub complete_when: Vec<String>,
+    /// How plan names the layout when a family (not a policy) describes it.
+    #[serde(skip)]
+    pub label: Option<String>,
 }
 
 /// How the framework is told to resume.
@@ -108,215 +109,46 @@ pub struct Layout {
 }
 
 impl Layout {
-    pub fn name(&self) -> &'static str {
-        match self.kind {
+    pub fn name(&self) -> &str {
+        match &self.kind {
             Kind::HuggingFace => "hugging-face output_dir/checkpoint-N",
             Kind::DeepSpeed => "deepspeed latest → global_stepN",
             Kind::Megatron => "megatron latest_checkpointed_iteration.txt → iter_N",
             Kind::Lightning => "lightning *.ckpt",
             Kind::Torchtune => "torchtune output_dir with recipe_state.pt",
             Kind::NanoGpt => "nanogpt out_dir/ckpt.pt",
-            Kind::Custom(_) => "custom (policy [resume] table)",
+            Kind::Custom(spec) => spec
+                .label
+                .as_deref()
+                .unwrap_or("custom (policy [resume] table)"),
         }
     }
 }
 
 // ---------------------------------------------------------------- the command
 
-/// A nanoGPT config module's `out_dir = '...'`.
-fn python_assignment(file: &Path, name: &str) -> Option<String> {
-    let text = fs::read_to_string(file).ok()?;
-    text.lines().rev().find_map(|l| {
-        let (k, v) = l.split_once('=')?;
-        if k.trim() != name {
-            return None;
-        }
-        let v = v.split('#').next()?.trim();
-        let q = v.chars().next()?;
-        (q == '\'' || q == '"').then(|| v.trim_matches(q).to_string())
-    })
-}
-
-/// Find the command's checkpoint layout. `custom` (a policy's `[resume]`) wins.
-/// `recipe_output_dir` is the `output_dir` key of a training recipe the command
-/// names (axolotl, LLaMA-Factory, TRL YAML), if any.
-pub fn detect(
-    cmd: &Command,
-    custom: Option<&CustomSpec>,
-    recipe_output_dir: Option<&str>,
-) -> Option<Layout> {
-    let prog = cmd.tool().unwrap_or("");
-    let value = |names: &[&str]| cmd.value(names).map(str::to_string);
-
-    if let Some(spec) = custom {
-        let root = spec
-            .dir
-            .clone()
-            .or_else(|| {
-                spec.dir_flag
-                    .as_deref()
-                    .and_then(|f| value(&[f]))
-                    .map(PathBuf::from)
-            })
-            .unwrap_or_else(|| PathBuf::from("."));
-        return Some(Layout {
-            kind: Kind::Custom(spec.clone()),
-            root,
-            how: ResumeHow::Flag {
-                flag: spec.flag.clone(),
-                equals: false,
-            },
-            user_resume: value(&[spec.flag.as_str()]).map(PathBuf::from),
-        });
-    }
-
-    // torchtune: `tune run RECIPE --config X key=value ...`
-    if prog == "tune" && cmd.subcommand() == Some("run") {
-        let root = cmd
-            .override_value(&["output_dir", "checkpointer.output_dir"])
-            .or(recipe_output_dir)?;
-        return Some(Layout {
-            kind: Kind::Torchtune,
-            root: PathBuf::from(root),
-            how: ResumeHow::Override {
-                key: "resume_from_checkpoint".into(),
-                value: Some("True".into()),
-            },
-            user_resume: None,
-        });
-    }
-
-    // Megatron / Megatron-DeepSpeed: --save DIR, resumed by --load DIR.
-    if let Some(save) = value(&["--save"]) {
-        let load = value(&["--load"]);
-        let root = PathBuf::from(&save);
-        let deepspeed = root.join("latest").exists() || cmd.has_flag(&["--deepspeed"]);
-        return Some(Layout {
-            kind: if deepspeed && !root.join("latest_checkpointed_iteration.txt").exists() {
-                Kind::DeepSpeed
-            } else {
-                Kind::Megatron
-            },
-            root,
-            how: if load.as_deref() == Some(save.as_str()) {
-                ResumeHow::Automatic
-            } else {
-                ResumeHow::Flag {
-                    flag: "--load".into(),
-                    equals: false,
-                }
-            },
-            user_resume: load.map(PathBuf::from),
-        });
-    }
-
-    // Lightning: LightningCLI `fit --ckpt_path`, or lightning-hydra-template `ckpt_path=`.
-    let lightning_cli =
-        cmd.positionals().any(|(_, a)| a == "fit") || cmd.has_flag(&["--ckpt_path"]);
-    let hydra_ckpt = cmd.override_value(&["ckpt_path"]).map(str::to_string);
-    if lightning_cli || hydra_ckpt.is_some() {
-        let root = value(&["--trainer.default_root_dir"])
-            .or_else(|| {
-                cmd.override_value(&["trainer.default_root_dir", "paths.log_dir"])
-                    .map(str::to_string)
-            })
-            .unwrap_or_else(|| {
-                if lightning_cli {
-                    "lightning_logs".into()
-                } else {
-                    "logs".into()
-                }
-            });
-        let (how, user) = if lightning_cli {
-            (
-                ResumeHow::Flag {
-                    flag: "--ckpt_path".into(),
-                    equals: true,
-                },
-                value(&["--ckpt_path"]),
-            )
-        } else {
-            (
-                ResumeHow::Override {
-                    key: "ckpt_path".into(),
-                    value: None,
-                },
-                hydra_ckpt,
-            )
-        };
-        return Some(Layout {
-            kind: Kind::Lightning,
-            root: PathBuf::from(root),
-            how,
-            user_resume: user.map(PathBuf::from),
-        });
-    }
-
-    // nanoGPT: `train.py config/x.py --key=value`, resumed with --init_from=resume.
-    let config_module = cmd.python_config_module();
-    let nanogpt = cmd.has_flag(&["--init_from", "--out_dir"]) || config_module.is_some();
-    if nanogpt {
-        let out = value(&["--out_dir"])
-            .or_else(|| config_module.and_then(|(_, m)| python_assignment(Path::new(m), "out_dir")))
-            .unwrap_or_else(|| "out".into());
-        return Some(Layout {
-            kind: Kind::NanoGpt,
-            root: PathBuf::from(out),
-            how: ResumeHow::Const {
-                flag: "--init_from".into(),
-                value: "resume".into(),
-                equals: true,
-            },
-            user_resume: None,
-        });
-    }
-
-    // Hugging Face Trainer (and TRL, axolotl/LLaMA-Factory flags): --output_dir,
-    // or the output_dir of the recipe YAML.
-    let flag_out = value(&["--output_dir", "--output-dir"]);
-    if flag_out.is_none()
-        && let Some(out) = recipe_output_dir
-    {
-        let axolotl =
-            prog == "axolotl" || cmd.module().is_some_and(|m| m.starts_with("axolotl.cli"));
-        let how = if axolotl {
-            ResumeHow::Flag {
-                flag: "--resume-from-checkpoint".into(),
-                equals: false,
-            }
-        } else if prog == "llamafactory-cli" || prog == "lmf" {
-            ResumeHow::Override {
-                key: "resume_from_checkpoint".into(),
-                value: None,
-            }
-        } else {
-            ResumeHow::Flag {
-                flag: "--resume_from_checkpoint".into(),
-                equals: false,
-            }
-        };
-        let user = value(&["--resume-from-checkpoint", "--resume_from_checkpoint"]).or_else(|| {
-            cmd.override_value(&["resume_from_checkpoint"])
-                .map(str::to_string)
-        });
-        return Some(Layout {
-            kind: Kind::HuggingFace,
-            root: PathBuf::from(out),
-            how,
-            user_resume: user.map(PathBuf::from),
-        });
-    }
-    let out = flag_out?;
-    Some(Layout {
-        kind: Kind::HuggingFace,
-        root: PathBuf::from(out),
+/// The layout a policy's `[resume]` table describes for this command.
+/// (Every other layout is a family's: see `frameworks::layout`.)
+pub fn custom_layout(cmd: &Command, spec: &CustomSpec) -> Layout {
+    let root = spec
+        .dir
+        .clone()
+        .or_else(|| {
+            spec.dir_flag
+                .as_deref()
+                .and_then(|f| cmd.value(&[f]))
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from("."));
+    Layout {
+        kind: Kind::Custom(spec.clone()),
+        root,
         how: ResumeHow::Flag {
-            flag: "--resume_from_checkpoint".into(),
+            flag: spec.flag.clone(),
             equals: false,
         },
-        user_resume: value(&["--resume_from_checkpoint", "--resume-from-checkpoint"])
-            .map(PathBuf::from),
-    })
+        user_resume: cmd.value(&[spec.flag.as_str()]).map(PathBuf::from),
+    }
 }
 
 // ---------------------------------------------------------------- completeness
@@ -737,6 +569,18 @@ mod tests {
         }
     }
 
+    /// The layout a run would use: the policy's table, else the families'.
+    fn detect(cmd: &Command, custom: Option<&CustomSpec>, out: Option<&str>) -> Option<Layout> {
+        if let Some(spec) = custom {
+            return Some(custom_layout(cmd, spec));
+        }
+        let ctx = crate::frameworks::Ctx {
+            recipe_output_dir: out,
+            recipe_value: &|_| None,
+        };
+        crate::frameworks::layout(cmd, &ctx)
+    }
+
     fn layout_for(cmd: &str) -> Layout {
         detect(&argv(cmd), None, None).expect("a layout")
     }
@@ -985,6 +829,7 @@ mod tests {
             dir_flag: None,
             pattern: "step_{step}".into(),
             complete_when: vec!["model.safetensors".into(), "optimizer.pt".into()],
+            label: None,
         };
         let l = detect(&argv("python train.py --lr 1e-4"), Some(&spec), None).unwrap();
         let f = find(&l, Duration::ZERO);

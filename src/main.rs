@@ -10,6 +10,7 @@ mod detect;
 mod envmerge;
 mod exit;
 mod files;
+mod frameworks;
 mod gpu;
 mod gpuwatch;
 mod inplace;

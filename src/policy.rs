@@ -424,7 +424,10 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
             StepKind::RaiseZeroStage | StepKind::OffloadOptimizer
                 if !disc.knobs.contains_key(&Knob::ZeroStage) =>
             {
-                Some("no DeepSpeed config in the command (looked for --deepspeed X.json, --deepspeed_config, accelerate --config_file with distributed_type: DEEPSPEED, a recipe's deepspeed: key, --zero_stage)".into())
+                Some(format!(
+                    "no ZeRO setting in the command (looked for {})",
+                    crate::frameworks::zero_hints()
+                ))
             }
             StepKind::OffloadOptimizer if !disc.knobs.contains_key(&Knob::OffloadOptimizer) => {
                 Some("the ZeRO stage is a flag, with no config file to offload in".into())

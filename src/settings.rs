@@ -147,7 +147,6 @@ pub struct World {
     pub uncertain: bool,
 }
 
-
 /// A knob name that is not one of [`Knob::ALL`].
 #[derive(Debug, thiserror::Error)]
 #[error(

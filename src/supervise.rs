@@ -122,16 +122,7 @@ impl RunConfig {
                 ));
             }
         }
-        let recipe_out = disc
-            .config
-            .files
-            .iter()
-            .filter(|f| f.role == knobs::Role::Training)
-            .find_map(|f| match f.doc.get("output_dir") {
-                Ok(Some(crate::files::Scalar::Str(s))) => Some(s),
-                _ => None,
-            });
-        let layout = checkpoint::detect(&cmd, policy.resume.as_ref(), recipe_out.as_deref());
+        let layout = knobs::layout(&cmd, &disc, policy.resume.as_ref());
         Ok(RunConfig {
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
@@ -180,7 +171,10 @@ impl RunConfig {
                 found: None,
                 chosen: None,
                 arg: None,
-                why: "no checkpoint folder in the command (looked for --output_dir, --save, --ckpt_path, --out_dir, output_dir=): each attempt starts from the beginning; a policy's [resume] table describes a custom layout".into(),
+                why: format!(
+                    "no checkpoint folder in the command (looked for {}): each attempt starts from the beginning; a policy's [resume] table describes a custom layout",
+                    crate::frameworks::output_hints()
+                ),
             };
         };
         let found = checkpoint::find(layout, settle);
@@ -349,6 +343,7 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
             "world_source": cfg.disc.world.source,
             "world_uncertain": cfg.disc.world.uncertain,
             "hf_style": cfg.disc.hf_style,
+            "families": cfg.disc.families,
             "global_batch": settings.global_batch(),
             "env": env.iter().map(|e| (e.name.clone(), json!(e.value))).collect::<serde_json::Map<_,_>>(),
             "resume": resume.unwrap_or(Json::Null),

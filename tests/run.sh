@@ -31,7 +31,8 @@ if [[ "${1:-}" == "--setup-only" ]]; then setup_only=1; shift; fi
 command -v "$python" >/dev/null || { say "error: $python not found"; exit 1; }
 pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 req_nobuild="tests/real/requirements-nobuild.txt"
-key="$( { cat "$req" "$req_nobuild"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
+req_nodeps="tests/real/requirements-nodeps.txt"
+key="$( { cat "$req" "$req_nobuild" "$req_nodeps"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
 venv="${OOMGUARD_VENV:-$HOME/.cache/oomguard/venv-$key}"
 marker="$venv/.oomguard-install-complete"
 
@@ -58,7 +59,9 @@ else
     say "installing $req_nobuild (DeepSpeed's Python package, no compiled ops)"
     DS_BUILD_OPS=0 "$venv/bin/python" -m pip install --disable-pip-version-check -q \
         --no-build-isolation -r "$req_nobuild"
-    "$venv/bin/python" -c 'import torch, transformers, accelerate, deepspeed; print("torch", torch.__version__, "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)' >&2
+    say "installing $req_nodeps (package files only)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -r "$req_nodeps"
+    "$venv/bin/python" -c 'import torch, transformers, accelerate, deepspeed, hydra; print("torch", torch.__version__, "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)' >&2
     echo "$key" >"$marker"
     say "venv ready in $((SECONDS - start))s"
 fi

@@ -19,32 +19,46 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use crate::files::{Doc, FileError, Scalar};
 use super::{Knob, Value};
-use crate::command::{Command, FlagForm, LauncherKind};
+use crate::command::{Command, FlagForm};
+use crate::files::{Doc, FileError, Scalar};
+use crate::frameworks::{self, AbsentValue, Env, FileKind};
 
 /// What a config file is for; decides which keys are knobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub enum Role {
-    DeepSpeed,
-    Accelerate,
-    /// A training recipe: axolotl, LLaMA-Factory, TRL / alignment-handbook, torchtitan, litgpt.
+    /// A kind of config file a family names (a DeepSpeed JSON, an accelerate config).
+    Kind(&'static FileKind),
+    /// A training recipe (YAML or TOML).
     Training,
-    /// A nanoGPT-style Python config module.
+    /// A Python config module given to a Python script (`train.py config/x.py`).
     PythonModule,
     /// Named only by the user's `--knob NAME=FILE:KEY`.
     User,
 }
 
+impl PartialEq for Role {
+    fn eq(&self, other: &Role) -> bool {
+        match (self, other) {
+            (Role::Kind(a), Role::Kind(b)) => std::ptr::eq(*a, *b),
+            (a, b) => std::mem::discriminant(a) == std::mem::discriminant(b),
+        }
+    }
+}
+
 impl Role {
     pub fn label(self) -> &'static str {
         match self {
-            Role::DeepSpeed => "deepspeed json",
-            Role::Accelerate => "accelerate config",
+            Role::Kind(k) => k.label,
             Role::Training => "config",
             Role::PythonModule => "python config",
             Role::User => "file",
         }
+    }
+
+    /// Training recipes and Python config modules: where a family's recipe keys are knobs.
+    pub fn is_recipe(self) -> bool {
+        matches!(self, Role::Training | Role::PythonModule)
     }
 }
 
@@ -55,15 +69,15 @@ pub enum Ref {
     Argv { index: usize, prefix: String },
     /// The value of `key` in another file.
     InFile { parent: usize, key: String },
-    /// accelerate's default config: add `--config_file COPY` after `launch`.
-    AccelerateDefault { launch_index: usize },
+    /// A tool's default config (not named): `flag COPY` is inserted at argv index `at`.
+    Default { flag: &'static str, at: usize },
     /// An environment variable holds the path (set to the copy for the child).
     Env { var: String },
     /// Not named anywhere the command can be pointed at a copy (a module the
     /// script imports). Edited only with `--edit-in-place`.
     Unnamed,
-    /// A config the tool finds by name in its own installation (torchtune's
-    /// `--config llama3_2/1B_lora`): read for the knobs' current values, never
+    /// A config the tool finds by name in its own installation (a packaged
+    /// config named by name): read for the knobs' current values, never
     /// copied; a changed knob is passed as a `key=value` override.
     Packaged,
 }
@@ -102,113 +116,6 @@ pub enum Site {
         prefix: String,
     },
 }
-
-/// Keys that are knobs in a training recipe (YAML or TOML), most specific first.
-const TRAINING_KEYS: &[(Knob, &[&str])] = &[
-    (
-        Knob::MicroBatch,
-        &[
-            "per_device_train_batch_size",
-            "micro_batch_size",
-            "train_micro_batch_size_per_gpu",
-            "device_train_microbatch_size",
-            "training.local_batch_size",
-            "train.micro_batch_size",
-        ],
-    ),
-    (
-        Knob::GradAccum,
-        &["gradient_accumulation_steps", "accumulate_grad_batches"],
-    ),
-    (
-        Knob::SeqLen,
-        &[
-            "max_seq_length",
-            "max_length",
-            "sequence_len",
-            "cutoff_len",
-            "max_seq_len",
-            "model_max_length",
-            "block_size",
-            "training.seq_len",
-            "train.max_seq_length",
-            "variables.max_seq_len",
-            "seq_length",
-        ],
-    ),
-    (
-        Knob::GradCheckpointing,
-        &[
-            "gradient_checkpointing",
-            "enable_activation_checkpointing",
-            "activation_checkpointing",
-            "fsdp_config.activation_checkpointing",
-            "model.enable_gradient_checkpointing",
-            "checkpoint_activations",
-        ],
-    ),
-];
-
-pub const DS_MICRO: &str = "train_micro_batch_size_per_gpu";
-pub const DS_ACCUM: &str = "gradient_accumulation_steps";
-pub const DS_GLOBAL: &str = "train_batch_size";
-pub const DS_STAGE: &str = "zero_optimization.stage";
-pub const DS_OFFLOAD_OPT: &str = "zero_optimization.offload_optimizer.device";
-pub const DS_OFFLOAD_PARAM: &str = "zero_optimization.offload_param.device";
-
-const ACC_KEYS: &[(Knob, &str)] = &[
-    (
-        Knob::GradAccum,
-        "deepspeed_config.gradient_accumulation_steps",
-    ),
-    (Knob::ZeroStage, "deepspeed_config.zero_stage"),
-    (
-        Knob::OffloadOptimizer,
-        "deepspeed_config.offload_optimizer_device",
-    ),
-    (Knob::OffloadParam, "deepspeed_config.offload_param_device"),
-];
-
-/// Override keys (the last dotted segment) for each knob.
-const OVERRIDE_KEYS: &[(Knob, &[&str])] = &[
-    (
-        Knob::MicroBatch,
-        &[
-            "per_device_train_batch_size",
-            "micro_batch_size",
-            "micro_batch_size_per_gpu",
-            "ppo_micro_batch_size_per_gpu",
-            "train_micro_batch_size_per_gpu",
-            "device_train_microbatch_size",
-            "local_batch_size",
-        ],
-    ),
-    (
-        Knob::GradAccum,
-        &["gradient_accumulation_steps", "accumulate_grad_batches"],
-    ),
-    (
-        Knob::SeqLen,
-        &[
-            "max_seq_length",
-            "max_seq_len",
-            "max_length",
-            "cutoff_len",
-            "sequence_len",
-            "seq_len",
-            "block_size",
-        ],
-    ),
-    (
-        Knob::GradCheckpointing,
-        &[
-            "gradient_checkpointing",
-            "enable_activation_checkpointing",
-            "activation_checkpointing",
-            "enable_gradient_checkpointing",
-        ],
-    ),
-];
 
 pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
     match knob {
@@ -251,8 +158,8 @@ pub fn value_to_scalar(v: &Value, old: Option<&Scalar>) -> Scalar {
 pub struct Found {
     pub files: Vec<ConfigFile>,
     pub places: Vec<Place>,
-    /// World size from an accelerate config's `num_processes`.
-    pub accelerate_processes: Option<u64>,
+    /// World size written in a config file (accelerate's `num_processes`): (value, where).
+    pub file_world: Option<(u64, String)>,
     pub notes: Vec<String>,
     /// `x.batch_size=N` overrides: global or per-device, not guessed.
     pub ambiguous_overrides: Vec<String>,
@@ -279,65 +186,53 @@ fn flag_paths(cmd: &Command, names: &[&str], end: usize) -> Vec<(usize, String, 
 }
 
 /// Read the config files the command names, and where each knob lives in them.
-/// Environment variables that launcher scripts read a config file path from
-/// (torchtitan's `run_train.sh`: `CONFIG_FILE=... ./run_train.sh`).
-const CONFIG_ENV: &[&str] = &["CONFIG_FILE"];
-
 pub fn find(
     cmd: &Command,
-    env: &dyn Fn(&str) -> Option<OsString>,
+    env: Env,
     resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<Found, FileError> {
     let argv = &cmd.argv[..];
     let mut found = Found::default();
     // Where the launcher options end: the script, module or tool.
     let script = cmd.target_index();
-    let prog = cmd.tool().unwrap_or("").to_string();
     let load = |shown: &str| -> Result<Doc, FileError> { Doc::load(&resolve(Path::new(shown))) };
 
-    // accelerate config: `accelerate launch --config_file X`, or the default one.
-    if let Some(launch) = cmd.launcher(LauncherKind::Accelerate) {
-        let named = flag_paths(cmd, &["--config_file", "--config-file"], launch.opts.end);
-        if let Some((index, prefix, p)) = named.last() {
-            let doc = load(p)?;
-            found.files.push(ConfigFile {
-                role: Role::Accelerate,
-                shown: p.clone(),
-                doc,
-                reference: Ref::Argv {
-                    index: *index,
-                    prefix: prefix.clone(),
-                },
-            });
-        } else if let Some(default) = default_accelerate_config()
-            && let Ok(doc) = Doc::load(&default)
+    // Config files of the kinds families name (DeepSpeed JSON, accelerate config).
+    for kind in frameworks::file_kinds().filter(|k| (k.when)(cmd)) {
+        let end = if kind.launcher_option_only {
+            script
+        } else {
+            argv.len()
+        };
+        let named: Vec<_> = flag_paths(cmd, kind.flags, end)
+            .into_iter()
+            .filter(|(_, _, p)| (kind.accepts)(p) || resolve(Path::new(p)).is_file())
+            .collect();
+        // A launcher option names one file: the last one counts.
+        let named = if kind.launcher_option_only {
+            named.into_iter().last().into_iter().collect()
+        } else {
+            named
+        };
+        if named.is_empty()
+            && let Some((default, flag)) = kind.default
+            && let Some(path) = default()
+            && let Ok(doc) = Doc::load(&path)
         {
             found.files.push(ConfigFile {
-                role: Role::Accelerate,
-                shown: default.display().to_string(),
+                role: Role::Kind(kind),
+                shown: path.display().to_string(),
                 doc,
-                reference: Ref::AccelerateDefault {
-                    launch_index: launch.opts.start - 1,
+                reference: Ref::Default {
+                    flag,
+                    at: script.min(argv.len()),
                 },
             });
         }
-    }
-
-    // DeepSpeed JSON named on the command line.
-    for (index, prefix, p) in flag_paths(
-        cmd,
-        &[
-            "--deepspeed",
-            "--deepspeed_config",
-            "--deepspeed-config",
-            "--deepspeed_config_file",
-        ],
-        argv.len(),
-    ) {
-        if p.ends_with(".json") || p.ends_with(".conf") || resolve(Path::new(&p)).is_file() {
+        for (index, prefix, p) in named {
             let doc = load(&p)?;
             found.files.push(ConfigFile {
-                role: Role::DeepSpeed,
+                role: Role::Kind(kind),
                 shown: p,
                 doc,
                 reference: Ref::Argv { index, prefix },
@@ -345,13 +240,12 @@ pub fn find(
         }
     }
 
-    // Training recipe: `--config X.yaml`, or a positional YAML / TOML; a
-    // nanoGPT-style config module `train.py config/x.py`.
+    // Training recipes: named by a family's recipe flag after the script, or
+    // positional YAML / TOML; a Python config module given to a Python script.
     let mut training: Vec<(usize, String, String)> =
-        flag_paths(cmd, &["--config", "--job.config_file"], argv.len())
+        flag_paths(cmd, &frameworks::recipe_flags(cmd), argv.len())
             .into_iter()
             .filter(|(i, _, p)| {
-                // torchtune's `--config llama2/7B_lora` names a built-in recipe, not a file.
                 *i > script
                     && ([".yaml", ".yml", ".toml"].iter().any(|x| p.ends_with(x))
                         || resolve(Path::new(p)).is_file())
@@ -390,30 +284,25 @@ pub fn find(
         });
     }
 
-    // torchtune: `tune run RECIPE --config NAME`, NAME a config packaged with torchtune.
-    if prog == "tune" && cmd.subcommand() == Some("run") {
-        let named = flag_paths(cmd, &["--config"], argv.len());
-        if let Some((_, _, name)) = named.last()
-            && !found.files.iter().any(|f| f.shown == *name)
-        {
-            match torchtune_packaged_config(name, env) {
-                Ok(path) => {
-                    let doc = Doc::load(&path)?;
-                    found.files.push(ConfigFile {
-                        role: Role::Training,
-                        shown: path.display().to_string(),
-                        doc,
-                        reference: Ref::Packaged,
-                    });
-                }
-                Err(looked) => found.notes.push(format!(
-                    "--config {name}: not a file, and not found among torchtune's packaged configs ({looked}); the knobs it sets (batch_size, gradient_accumulation_steps, ...) are unknown. Pass them as overrides (gradient_accumulation_steps=N with the config's value), or `tune cp` the config and name the copy"
-                )),
+    // A config the tool finds by name in its own installation.
+    if let Some((name, located)) = frameworks::packaged_config(cmd, env) {
+        match located {
+            Ok(path) => {
+                let doc = Doc::load(&path)?;
+                found.files.push(ConfigFile {
+                    role: Role::Training,
+                    shown: path.display().to_string(),
+                    doc,
+                    reference: Ref::Packaged,
+                });
             }
+            Err(looked) => found.notes.push(format!(
+                "--config {name}: not a file, and not found among the tool's packaged configs ({looked}); the knobs it sets are unknown. Pass them as overrides (gradient_accumulation_steps=N with the config's value), or copy the config and name the copy"
+            )),
         }
     }
 
-    for var in CONFIG_ENV {
+    for var in frameworks::recipe_env() {
         if let Some(p) = env(var).and_then(|v| v.into_string().ok()) {
             let known = [".yaml", ".yml", ".toml"].iter().any(|x| p.ends_with(x));
             if known && resolve(Path::new(&p)).is_file() {
@@ -430,23 +319,25 @@ pub fn find(
         }
     }
 
-    // Files named inside files: accelerate's deepspeed_config_file, a recipe's `deepspeed:`.
+    // Files named inside files (an accelerate config's deepspeed_config_file,
+    // a recipe's `deepspeed:`): one of each kind.
     let mut i = 0;
     while i < found.files.len() {
-        let key = match found.files[i].role {
-            Role::Accelerate => Some("deepspeed_config.deepspeed_config_file"),
-            Role::Training => Some("deepspeed"),
-            _ => None,
-        };
-        if let Some(key) = key
-            && let Ok(Some(Scalar::Str(p))) = found.files[i].doc.get(key)
-        {
-            let already = found.files.iter().any(|f| f.role == Role::DeepSpeed);
-            let is_json = p.ends_with(".json") || p.ends_with(".conf");
-            if is_json && !already {
+        for kind in frameworks::file_kinds() {
+            let already = found.files.iter().any(|f| f.role == Role::Kind(kind));
+            if already {
+                continue;
+            }
+            for key in kind.named_in {
+                let Ok(Some(Scalar::Str(p))) = found.files[i].doc.get(key) else {
+                    continue;
+                };
+                if !(kind.accepts)(&p) {
+                    continue;
+                }
                 match load(&p) {
                     Ok(doc) => found.files.push(ConfigFile {
-                        role: Role::DeepSpeed,
+                        role: Role::Kind(kind),
                         shown: p.clone(),
                         doc,
                         reference: Ref::InFile {
@@ -455,249 +346,137 @@ pub fn find(
                         },
                     }),
                     Err(e) => found.notes.push(format!(
-                        "{} names the DeepSpeed config {p} ({key}), which cannot be read: {e}",
-                        found.files[i].shown
+                        "{} names the {} {p} ({key}), which cannot be read: {e}",
+                        found.files[i].shown, kind.label
                     )),
                 }
+                break;
             }
         }
         i += 1;
     }
 
     let mut ambiguous = Vec::new();
-    found.places = places(cmd, &found.files, &prog, &mut ambiguous);
+    found.places = places(cmd, &found.files, &mut ambiguous);
     found.ambiguous_overrides = ambiguous;
-    if let Some(acc) = found.files.iter().find(|f| f.role == Role::Accelerate)
-        && let Ok(Some(Scalar::Int(n))) = acc.doc.get("num_processes")
-    {
-        found.accelerate_processes = u64::try_from(n).ok().filter(|n| *n > 0);
-    }
+    found.file_world = found.files.iter().find_map(|f| match f.role {
+        Role::Kind(k) => {
+            let key = k.world_key?;
+            match f.doc.get(key) {
+                Ok(Some(Scalar::Int(n))) if n > 0 => {
+                    Some((n as u64, format!("{} {key}: {n}", k.label)))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    });
     Ok(found)
 }
 
-/// Where torchtune keeps a packaged config: `recipes/configs/NAME.yaml` next to
-/// the `torchtune` package of the Python that runs `tune` (its shebang).
-/// The error says where it looked.
-fn torchtune_packaged_config(
-    name: &str,
-    env: &dyn Fn(&str) -> Option<OsString>,
-) -> Result<PathBuf, String> {
-    let path = env("PATH").unwrap_or_default();
-    let which = |prog: &str| {
-        std::env::split_paths(&path)
-            .map(|d| d.join(prog))
-            .find(|p| p.is_file())
-    };
-    let tune = which("tune").ok_or("no `tune` on PATH")?;
-    let first = std::fs::read_to_string(&tune)
-        .ok()
-        .and_then(|t| t.lines().next().map(str::to_string))
-        .unwrap_or_default();
-    let interp = first.strip_prefix("#!").map(str::trim).unwrap_or("");
-    let mut words = interp.split_whitespace();
-    let python = match words.next() {
-        Some(e) if e.ends_with("/env") => words.next().and_then(which),
-        Some(p) => Some(PathBuf::from(p)),
-        None => None,
-    }
-    .ok_or_else(|| format!("{} does not name its Python", tune.display()))?;
-    // bin/python → the environment's prefix → lib/pythonX.Y/site-packages.
-    let prefix = python
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| format!("no prefix above {}", python.display()))?;
-    let file = if name.ends_with(".yaml") {
-        name.to_string()
-    } else {
-        format!("{name}.yaml")
-    };
-    let mut looked = Vec::new();
-    for lib in ["lib", "lib64"] {
-        let Ok(rd) = std::fs::read_dir(prefix.join(lib)) else {
-            continue;
-        };
-        let mut dirs: Vec<PathBuf> = rd
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("python"))
-            })
-            .collect();
-        dirs.sort();
-        for d in dirs {
-            let configs = d.join("site-packages/recipes/configs");
-            let candidate = configs.join(&file);
-            if candidate.is_file() {
-                return Ok(candidate);
-            }
-            looked.push(configs.display().to_string());
-        }
-    }
-    if looked.is_empty() {
-        looked.push(format!("{}/lib/python*/site-packages", prefix.display()));
-    }
-    Err(format!("looked in {}", looked.join(", ")))
-}
-
-fn default_accelerate_config() -> Option<PathBuf> {
-    let base = std::env::var_os("HF_HOME")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("huggingface"))
-        })
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface"))
-        })?;
-    let p = base.join("accelerate").join("default_config.yaml");
-    p.is_file().then_some(p)
-}
-
-/// Every place holding a knob, most authoritative first (overrides, then files
-/// in role order). Flags are added by the caller between overrides and files.
-fn places(
-    cmd: &Command,
-    files: &[ConfigFile],
-    prog: &str,
-    ambiguous: &mut Vec<String>,
-) -> Vec<Place> {
+/// Every place holding a knob, most authoritative first (overrides, then
+/// recipes, then other config files). Flags are added by the caller between
+/// overrides and files.
+fn places(cmd: &Command, files: &[ConfigFile], ambiguous: &mut Vec<String>) -> Vec<Place> {
     let mut out = Vec::new();
     for o in &cmd.overrides {
-        let (prefix, key, val, index) = (&o.prefix, &o.key, &o.value, o.index);
-        let last = key.rsplit('.').next().unwrap_or(key);
-        if last == "batch_size" && prog != "tune" {
-            ambiguous.push(key.clone());
+        let last = o.key.rsplit('.').next().unwrap_or(&o.key);
+        if last == "batch_size" && !frameworks::claims_override(&o.key, cmd) {
+            ambiguous.push(o.key.clone());
         }
-        for (knob, keys) in OVERRIDE_KEYS {
-            let torchtune_batch =
-                prog == "tune" && *knob == Knob::MicroBatch && key == "batch_size";
-            if keys.contains(&last) || torchtune_batch {
-                let s = yaml_like(val);
-                if let Some(value) = scalar_to_value(*knob, &s) {
+        for knob in Knob::ALL {
+            if !frameworks::override_matches(knob, &o.key, cmd) {
+                continue;
+            }
+            if let Some(value) = scalar_to_value(knob, &yaml_like(&o.value)) {
+                out.push(Place {
+                    knob,
+                    value,
+                    site: Site::Override {
+                        key: o.key.clone(),
+                        index: o.index,
+                        prefix: o.prefix.clone(),
+                    },
+                    present: true,
+                });
+            }
+        }
+    }
+    // Recipes first, then the other kinds in registry order.
+    let recipes = files.iter().enumerate().filter(|(_, f)| f.role.is_recipe());
+    let others = files
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.role, Role::Kind(_)));
+    for (fi, f) in recipes.chain(others) {
+        let packaged = f.reference == Ref::Packaged;
+        let site = |key: &str| {
+            if packaged {
+                Site::AddOverride {
+                    file: fi,
+                    key: key.to_string(),
+                }
+            } else {
+                Site::File {
+                    file: fi,
+                    key: key.to_string(),
+                }
+            }
+        };
+        let mut add = |knob: Knob, key: &str, absent: Option<Value>| match f.doc.get(key) {
+            // A packaged config's key given as an override: the override holds it.
+            _ if packaged && cmd.overrides.iter().any(|o| o.key == key) => {}
+            Ok(Some(s)) => {
+                if let Some(value) = scalar_to_value(knob, &s) {
                     out.push(Place {
-                        knob: *knob,
+                        knob,
                         value,
-                        site: Site::Override {
-                            key: key.clone(),
-                            index,
-                            prefix: prefix.clone(),
-                        },
+                        site: site(key),
                         present: true,
                     });
                 }
             }
-        }
-    }
-    let order = [
-        Role::Training,
-        Role::PythonModule,
-        Role::DeepSpeed,
-        Role::Accelerate,
-    ];
-    for role in order {
-        for (fi, f) in files.iter().enumerate().filter(|(_, f)| f.role == role) {
-            let packaged = f.reference == Ref::Packaged;
-            let site = |key: &str| {
-                if packaged {
-                    Site::AddOverride {
-                        file: fi,
-                        key: key.to_string(),
-                    }
-                } else {
-                    Site::File {
-                        file: fi,
-                        key: key.to_string(),
-                    }
+            Ok(None) => {
+                if let Some(value) = absent {
+                    out.push(Place {
+                        knob,
+                        value,
+                        site: site(key),
+                        present: false,
+                    });
                 }
-            };
-            let mut add = |knob: Knob, key: &str, absent: Option<Value>| match f.doc.get(key) {
-                // A packaged config's key given as an override: the override holds it.
-                _ if packaged && cmd.overrides.iter().any(|o| o.key == key) => {}
-                Ok(Some(s)) => {
-                    if let Some(value) = scalar_to_value(knob, &s) {
-                        out.push(Place {
-                            knob,
-                            value,
-                            site: site(key),
-                            present: true,
-                        });
-                    }
-                }
-                Ok(None) => {
-                    if let Some(value) = absent {
-                        out.push(Place {
-                            knob,
-                            value,
-                            site: site(key),
-                            present: false,
-                        });
-                    }
-                }
-                Err(_) => {}
-            };
-            match role {
-                Role::Training | Role::PythonModule => {
-                    for (knob, keys) in TRAINING_KEYS {
-                        // The first spelling holding a usable value (`max_seq_len:
-                        // ${variables.max_seq_len}` is an interpolation, not a value).
-                        if let Some(k) = keys.iter().find(|k| {
-                            matches!(f.doc.get(k), Ok(Some(s)) if scalar_to_value(*knob, &s).is_some())
-                        }) {
-                            add(*knob, k, None);
-                        }
-                    }
-                    // GPT-NeoX style: DeepSpeed settings inline in the training YAML.
-                    if matches!(f.doc.get(DS_STAGE), Ok(Some(_))) {
-                        add(Knob::ZeroStage, DS_STAGE, None);
-                        add(
-                            Knob::OffloadOptimizer,
-                            DS_OFFLOAD_OPT,
-                            Some(Value::Str("none".into())),
-                        );
-                        add(
-                            Knob::OffloadParam,
-                            DS_OFFLOAD_PARAM,
-                            Some(Value::Str("none".into())),
-                        );
-                    }
-                    if role == Role::PythonModule || prog == "tune" {
-                        // nanoGPT's and torchtune's `batch_size` is the per-GPU micro-batch.
-                        add(Knob::MicroBatch, "batch_size", None);
-                    }
-                    if prog == "tune" {
-                        add(Knob::SeqLen, "tokenizer.max_seq_len", None);
-                    }
-                }
-                Role::DeepSpeed => {
-                    add(Knob::MicroBatch, DS_MICRO, None);
-                    add(Knob::GradAccum, DS_ACCUM, None);
-                    add(Knob::ZeroStage, DS_STAGE, Some(Value::Int(0)));
-                    add(
-                        Knob::OffloadOptimizer,
-                        DS_OFFLOAD_OPT,
-                        Some(Value::Str("none".into())),
-                    );
-                    add(
-                        Knob::OffloadParam,
-                        DS_OFFLOAD_PARAM,
-                        Some(Value::Str("none".into())),
-                    );
-                }
-                Role::Accelerate => {
-                    let uses_file = matches!(
-                        f.doc.get("deepspeed_config.deepspeed_config_file"),
-                        Ok(Some(_))
-                    );
-                    let is_ds = matches!(f.doc.get("distributed_type"), Ok(Some(Scalar::Str(s))) if s == "DEEPSPEED");
-                    if is_ds && !uses_file {
-                        for (knob, key) in ACC_KEYS {
-                            add(*knob, key, None);
-                        }
-                    }
-                }
-                Role::User => {}
             }
+            Err(_) => {}
+        };
+        match f.role {
+            Role::Training | Role::PythonModule => {
+                for knob in Knob::ALL {
+                    // The first spelling holding a usable value (`max_seq_len:
+                    // ${variables.max_seq_len}` is an interpolation, not a value).
+                    let keys = frameworks::recipe_keys(knob, cmd);
+                    if let Some(k) = keys.iter().find(|k| {
+                        matches!(f.doc.get(k), Ok(Some(s)) if scalar_to_value(knob, &s).is_some())
+                    }) {
+                        add(knob, k, None);
+                    }
+                }
+                // Settings of another kind written inline (GPT-NeoX's ZeRO keys).
+                for (when, keys) in frameworks::inline_keys() {
+                    if matches!(f.doc.get(when), Ok(Some(_))) {
+                        for k in keys {
+                            add(k.knob, k.key, k.absent.map(AbsentValue::value));
+                        }
+                    }
+                }
+            }
+            Role::Kind(kind) => {
+                if (kind.applies)(&f.doc) {
+                    for k in kind.keys {
+                        add(k.knob, k.key, k.absent.map(AbsentValue::value));
+                    }
+                }
+            }
+            Role::User => {}
         }
     }
     // A knob found twice in one file under different spellings: keep the first.

@@ -7,55 +7,6 @@ use std::ffi::OsString;
 use super::{Binding, Bound, Discovery, Knob, KnobError, ResumeArg, UserBinding, Value, World};
 use crate::checkpoint::ResumeHow;
 
-/// Spellings that unambiguously mean the per-device micro-batch.
-const MICRO: &[&str] = &[
-    "--per_device_train_batch_size",
-    "--per-device-train-batch-size",
-    "--micro_batch_size",
-    "--micro-batch-size",
-    "--train_micro_batch_size_per_gpu",
-    "--micro_batch_size_per_gpu",
-    "--micro_train_batch_size",
-    "--per_device_training_batch_size",
-    "--train.micro_batch_size",
-    "--per_gpu_train_batch_size",
-];
-const ACCUM: &[&str] = &[
-    "--gradient_accumulation_steps",
-    "--gradient-accumulation-steps",
-    "--grad_accum_steps",
-    "--grad_accum",
-    "--accumulate_grad_batches",
-    "--trainer.accumulate_grad_batches",
-];
-const SEQ: &[&str] = &[
-    "--max_seq_length",
-    "--max-seq-length",
-    "--max_seq_len",
-    "--max-seq-len",
-    "--max_length",
-    "--max-length",
-    "--block_size",
-    "--block-size",
-    "--model_max_length",
-    "--seq_length",
-    "--seq-length",
-    "--seq_len",
-    "--cutoff_len",
-    "--sequence_len",
-    "--sequence-len",
-    "--max_len",
-];
-const ZERO: &[&str] = &["--zero_stage", "--zero-stage", "--ds.zero_stage"];
-const OFFLOAD_OPT: &[&str] = &["--offload_optimizer_device", "--offload-optimizer-device"];
-const OFFLOAD_PARAM: &[&str] = &["--offload_param_device", "--offload-param-device"];
-const CHECKPOINTING: &[&str] = &[
-    "--gradient_checkpointing",
-    "--gradient-checkpointing",
-    "--grad_checkpointing",
-    "--grad-checkpointing",
-    "--activation_checkpointing",
-];
 /// A global batch written next to a micro-batch: accumulation follows from it.
 const GLOBAL: &[&str] = &["--global_batch_size", "--global-batch-size"];
 /// Spellings that may be the global batch or the micro-batch: never guessed.
@@ -67,10 +18,8 @@ const AMBIGUOUS_BATCH: &[&str] = &[
     "--train-batch-size",
 ];
 
-pub const HF_ACCUM: &str = "--gradient_accumulation_steps";
-pub const HF_CHECKPOINTING: &str = "--gradient_checkpointing";
-
 use crate::command::{Command, Flag as Occurrence, FlagForm};
+use crate::frameworks;
 
 fn parse_bool(s: &str) -> Option<bool> {
     match s.to_ascii_lowercase().as_str() {
@@ -243,20 +192,14 @@ pub fn discover(
         knobs.insert(*knob, bound);
     }
 
-    // 2. Known spellings.
-    let table: [(Knob, &[&str]); 7] = [
-        (Knob::MicroBatch, MICRO),
-        (Knob::GradAccum, ACCUM),
-        (Knob::SeqLen, SEQ),
-        (Knob::GradCheckpointing, CHECKPOINTING),
-        (Knob::ZeroStage, ZERO),
-        (Knob::OffloadOptimizer, OFFLOAD_OPT),
-        (Knob::OffloadParam, OFFLOAD_PARAM),
-    ];
-    for (knob, spellings) in table {
+    // 2. Known spellings (the families' flags for this command).
+    for knob in Knob::ALL {
         if knobs.contains_key(&knob) {
             continue;
         }
+        let spellings = frameworks::flag_spellings(knob, cmd);
+        let spellings: Vec<&str> = spellings.iter().map(String::as_str).collect();
+        let spellings = &spellings[..];
         if knob == Knob::SeqLen {
             let mut found: Vec<&str> = occs
                 .iter()
@@ -320,13 +263,10 @@ pub fn discover(
         }
     }
 
-    let has = |names: &[&str]| occs.iter().any(|o| names.contains(&o.name.as_str()));
-    // Only the Trainer's own spelling says "Hugging Face": adding a flag the
-    // script's argparse does not know would break the relaunch.
-    let hf_style = has(&[
-        "--per_device_train_batch_size",
-        "--per-device-train-batch-size",
-    ]);
+    // A family whose commands take missing knobs as flags (the Hugging Face
+    // Trainer's): those spellings are the script's own.
+    let added = frameworks::added_flags(cmd);
+    let hf_style = !added.is_empty();
 
     // 3. A global batch next to a micro-batch: accumulation is derived from it.
     if !knobs.contains_key(&Knob::GradAccum) && knobs.contains_key(&Knob::MicroBatch) {
@@ -371,25 +311,22 @@ pub fn discover(
         }
     }
 
-    // 4. Hugging Face–style commands: missing knobs with a known flag and default may be added.
-    if hf_style {
-        for (knob, flag) in [
-            (Knob::GradAccum, HF_ACCUM),
-            (Knob::GradCheckpointing, HF_CHECKPOINTING),
-        ] {
-            if let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(knob) {
-                e.insert(Bound {
-                    value: default_for(knob).expect("accum and checkpointing have defaults"),
-                    binding: Binding::AddFlag { flag: flag.into() },
-                    mirrors: Vec::new(),
-                });
-            }
+    // 4. Missing knobs the family's commands take as flags: added when they change.
+    for (knob, flag, default) in added {
+        if let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(knob) {
+            e.insert(Bound {
+                value: default,
+                binding: Binding::AddFlag { flag: flag.into() },
+                mirrors: Vec::new(),
+            });
         }
     }
 
     let ambiguous_batch = occs
         .iter()
-        .find(|o| AMBIGUOUS_BATCH.contains(&o.name.as_str()))
+        .find(|o| {
+            AMBIGUOUS_BATCH.contains(&o.name.as_str()) && !frameworks::claims_flag(&o.name, cmd)
+        })
         .map(|o| o.name.clone());
 
     Ok(Discovery {
@@ -397,6 +334,7 @@ pub fn discover(
         world,
         hf_style,
         accum_covers_world: false,
+        families: Vec::new(),
         notes,
         warnings: Vec::new(),
         ambiguous_batch,

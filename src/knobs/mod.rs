@@ -6,7 +6,6 @@
 
 mod config;
 use crate::command::parse_override;
-pub use config::Role;
 use crate::files;
 mod flags;
 mod world;
@@ -16,9 +15,9 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-
 use crate::command::Command;
 pub use crate::command::FlagForm;
+use crate::frameworks;
 pub use crate::settings::{Knob, Settings, Value, World};
 
 /// Where a knob lives in the user's command.
@@ -122,6 +121,8 @@ pub struct Discovery {
     pub hf_style: bool,
     /// See [`Settings::accum_covers_world`].
     pub accum_covers_world: bool,
+    /// The families that recognise the command (`frameworks::FAMILIES`).
+    pub families: Vec<&'static str>,
     /// Things the user should know: ambiguous spellings, knobs not found and how to bind them.
     pub notes: Vec<String>,
     /// Things that may break the run as written (one knob with different values
@@ -310,27 +311,20 @@ pub fn discover(
         return Err(KnobError::NoCommand);
     }
     let argv = &cmd.argv[..];
-    let world = world::world_size(cmd, env);
     let mut found = config::find(cmd, env, resolve)?;
-    // nanoGPT: `train.py config/x.py --batch_size=12`: the flag overrides the
-    // module's per-GPU micro-batch, so it is the micro-batch too.
-    let mut user = user.to_vec();
-    let nanogpt = found
-        .files
-        .iter()
-        .any(|f| f.role == config::Role::PythonModule);
-    if nanogpt
-        && !user.iter().any(|(k, _)| *k == Knob::MicroBatch)
-        && cmd.has_flag(&["--batch_size"])
-    {
-        user.push((
-            Knob::MicroBatch,
-            UserBinding::Flag {
-                flag: "--batch_size".into(),
-                default: None,
-            },
-        ));
-    }
+    let recipe_value = |key: &str| {
+        found
+            .files
+            .iter()
+            .filter(|f| f.role.is_recipe())
+            .find_map(|f| f.doc.get(key).ok().flatten())
+    };
+    let ctx = frameworks::Ctx {
+        recipe_output_dir: None,
+        recipe_value: &recipe_value,
+    };
+    let world = frameworks::world(cmd, env, &ctx).unwrap_or_else(|| world::world_size(cmd, env));
+    let user = user.to_vec();
     let user = &user[..];
     let mut d = flags::discover(cmd, user, env, world)?;
 
@@ -383,11 +377,11 @@ pub fn discover(
     }
 
     if d.world.uncertain
-        && let Some(n) = found.accelerate_processes
+        && let Some((n, source)) = found.file_world.clone()
     {
         d.world = World {
             size: n,
-            source: format!("accelerate config num_processes: {n}"),
+            source,
             uncertain: false,
         };
     }
@@ -513,65 +507,62 @@ pub fn discover(
         );
     }
 
-    // DeepSpeed derives accumulation from a numeric train_batch_size.
+    // Accumulation that follows from a global batch written in a config file
+    // (DeepSpeed's numeric train_batch_size, a recipe's global batch key).
     if !d.knobs.contains_key(&Knob::GradAccum)
-        && let (Some(micro), Some(ds)) = (
-            d.knobs
-                .get(&Knob::MicroBatch)
-                .and_then(|b| b.value.as_int()),
-            found
-                .files
-                .iter()
-                .find(|f| f.role == config::Role::DeepSpeed),
-        )
-        && let Ok(Some(files::Scalar::Int(global))) = ds.doc.get(config::DS_GLOBAL)
+        && let Some(micro) = d
+            .knobs
+            .get(&Knob::MicroBatch)
+            .and_then(|b| b.value.as_int())
+        && let Some((shown, global)) = global_batch(cmd, &found)
     {
         let per_step = micro.saturating_mul(d.world.size);
-        let global = global.max(0) as u64;
         if per_step > 0 && global.is_multiple_of(per_step) {
             d.knobs.insert(
                 Knob::GradAccum,
                 Bound {
                     value: Value::Int(global / per_step),
                     binding: Binding::DerivedFromGlobalBatch {
-                        flag: format!("{}: {}", ds.shown, config::DS_GLOBAL),
+                        flag: shown.clone(),
                         global,
                     },
                     mirrors: Vec::new(),
                 },
             );
+            d.notes.push(format!(
+                "grad_accum: derived from {shown} {global} (global batch) / micro-batch {micro} / world size {}; the global batch is left as it is",
+                d.world.size
+            ));
+        } else {
+            d.notes.push(format!(
+                "grad_accum: {shown} {global} is not a multiple of micro-batch {micro} × world size {}; cannot derive accumulation",
+                d.world.size
+            ));
         }
     }
 
-    // nanoGPT: train.py divides gradient_accumulation_steps by the world size.
-    let nanogpt_accum = d
-        .knobs
-        .get(&Knob::GradAccum)
-        .is_some_and(|b| match &b.binding {
-            Binding::Config { file, .. } => found.files[*file].role == config::Role::PythonModule,
-            Binding::Flag { .. } => nanogpt,
-            _ => false,
-        });
-    if nanogpt_accum {
+    // Accumulation that counts all ranks together: the global batch is micro × accum.
+    if d.knobs.contains_key(&Knob::GradAccum) && frameworks::accum_covers_world(cmd) {
         d.accum_covers_world = true;
         if let Some(a) = d.knobs[&Knob::GradAccum].value.as_int()
             && d.world.size > 1
         {
             d.notes.push(if a.is_multiple_of(d.world.size) {
                 format!(
-                    "grad_accum: nanoGPT's gradient_accumulation_steps {a} counts all {} ranks ({} each), so the global batch is micro-batch × {a}",
+                    "grad_accum: {a} counts all {} ranks ({} each), so the global batch is micro-batch × {a}",
                     d.world.size,
                     a / d.world.size
                 )
             } else {
                 format!(
-                    "grad_accum: nanoGPT's gradient_accumulation_steps {a} is not a multiple of the world size {}: train.py will stop at its assert",
+                    "grad_accum: {a} is not a multiple of the world size {}: the script will stop at its assert",
                     d.world.size
                 )
             });
         }
     }
 
+    d.families = frameworks::recognised(cmd).map(|f| f.name).collect();
     d.notes.extend(found.notes.iter().cloned());
     if d.ambiguous_batch.is_none() {
         d.ambiguous_batch = found.ambiguous_overrides.first().cloned();
@@ -594,7 +585,8 @@ fn missing_notes(d: &mut Discovery, has_files: bool) {
                 "micro_batch: {flag} may be the global batch or the per-device micro-batch, so oomguard does not guess. If it is the per-device micro-batch: --knob micro_batch={flag}"
             )),
             None => d.notes.push(format!(
-                "micro_batch: not found in the command's {where_} (looked for --per_device_train_batch_size, --micro_batch_size, micro_batch_size:, train_micro_batch_size_per_gpu, ...). Bind it with --knob micro_batch=FLAG, =FILE:KEY, =OVERRIDE.KEY or =env:VAR"
+                "micro_batch: not found in the command's {where_} (looked for {}). Bind it with --knob micro_batch=FLAG, =FILE:KEY, =OVERRIDE.KEY or =env:VAR",
+                frameworks::looked_for(Knob::MicroBatch)
             )),
         }
     }
@@ -605,7 +597,8 @@ fn missing_notes(d: &mut Discovery, has_files: bool) {
     }
     if !d.knobs.contains_key(&Knob::SeqLen) && !d.notes.iter().any(|n| n.starts_with("seq_len")) {
         d.notes.push(format!(
-            "seq_len: not found in the command's {where_} (looked for --max_seq_length, --max_length, --block_size, sequence_len:, cutoff_len:, ...). Bind it with --knob seq_len=FLAG to let the policy shorten it"
+            "seq_len: not found in the command's {where_} (looked for {}). Bind it with --knob seq_len=FLAG to let the policy shorten it",
+            frameworks::looked_for(Knob::SeqLen)
         ));
     }
     if !d.knobs.contains_key(&Knob::GradCheckpointing) {
@@ -707,14 +700,16 @@ pub fn materialize(
         }
     }
 
-    // DeepSpeed checks train_batch_size = micro × accum × world where it is a number.
+    // A global batch key that the tool checks against micro × accum × world
+    // (DeepSpeed's train_batch_size), where it is a number.
     if let Some(global) = settings.global_batch() {
         for (i, f) in disc.config.files.iter().enumerate() {
-            if f.role == config::Role::DeepSpeed
-                && let Ok(Some(Scalar::Int(tbs))) = docs[i].get(config::DS_GLOBAL)
-                && tbs != global as i64
+            if let config::Role::Kind(kind) = f.role
+                && let Some(key) = kind.global_batch_key
+                && let Ok(Some(Scalar::Int(n))) = docs[i].get(key)
+                && n != global as i64
             {
-                docs[i].set(config::DS_GLOBAL, &Scalar::Int(global as i64))?;
+                docs[i].set(key, &Scalar::Int(global as i64))?;
             }
         }
     }
@@ -727,7 +722,7 @@ pub fn materialize(
     // Children come after their parents in `files`, so go from the end.
     let mut derived = Vec::new();
     let mut used: Vec<PathBuf> = Vec::new();
-    let mut accelerate_default: Option<PathBuf> = None;
+    let mut default_ref: Option<(&str, usize, PathBuf)> = None;
     for i in (0..docs.len()).rev() {
         if !docs[i].changed() {
             continue;
@@ -752,7 +747,7 @@ pub fn materialize(
             config::Ref::InFile { parent, key } => {
                 docs[*parent].set(key, &Scalar::Str(dest_abs.display().to_string()))?;
             }
-            config::Ref::AccelerateDefault { .. } => accelerate_default = Some(dest_abs.clone()),
+            config::Ref::Default { flag, at } => default_ref = Some((*flag, *at, dest_abs.clone())),
             config::Ref::Env { var } => env.push((var.clone(), dest_abs.display().to_string())),
             // Only bound with --edit-in-place (see Discovery::unnamed_files).
             config::Ref::Unnamed => dest = docs[i].path().to_path_buf(),
@@ -780,14 +775,65 @@ pub fn materialize(
         out.insert(idx + 1, v);
     }
     out.extend(append);
-    if let Some(p) = accelerate_default {
+    if let Some((flag, at, p)) = default_ref {
         // `accelerate launch --config_file COPY ...` instead of the default config.
-        out.insert(2, "--config_file".into());
-        out.insert(3, p.into_os_string());
+        out.insert(at, flag.into());
+        out.insert(at + 1, p.into_os_string());
     }
     Ok(Materialized {
         argv: out,
         env,
         files: derived,
     })
+}
+
+/// The global batch written in a config file, for this command: (where, value).
+fn global_batch(cmd: &Command, found: &config::Found) -> Option<(String, u64)> {
+    for f in &found.files {
+        let keys: Vec<&str> = match f.role {
+            config::Role::Kind(kind) => kind.global_batch_key.into_iter().collect(),
+            r if r.is_recipe() => frameworks::global_batch_keys(cmd),
+            _ => Vec::new(),
+        };
+        for key in keys {
+            if let Ok(Some(files::Scalar::Int(g))) = f.doc.get(key)
+                && g > 0
+            {
+                return Some((format!("{}: {key}", f.shown), g as u64));
+            }
+        }
+    }
+    // The same key given as a flag (`--train.global_batch_size 64`).
+    for key in frameworks::global_batch_keys(cmd) {
+        if let Some(g) = cmd
+            .value(&[&format!("--{key}")])
+            .and_then(|v| v.parse().ok())
+        {
+            return Some((format!("--{key}"), g));
+        }
+    }
+    None
+}
+
+/// Where the command keeps its checkpoints: the policy's `[resume]` table, or
+/// the first family that knows (reading the recipes the command names).
+pub fn layout(
+    cmd: &Command,
+    disc: &Discovery,
+    custom: Option<&crate::checkpoint::CustomSpec>,
+) -> Option<crate::checkpoint::Layout> {
+    if let Some(spec) = custom {
+        return Some(crate::checkpoint::custom_layout(cmd, spec));
+    }
+    let recipes = || disc.config.files.iter().filter(|f| f.role.is_recipe());
+    let recipe_value = |key: &str| recipes().find_map(|f| f.doc.get(key).ok().flatten());
+    let output_dir = recipes().find_map(|f| match f.doc.get("output_dir") {
+        Ok(Some(files::Scalar::Str(s))) => Some(s),
+        _ => None,
+    });
+    let ctx = frameworks::Ctx {
+        recipe_output_dir: output_dir.as_deref(),
+        recipe_value: &recipe_value,
+    };
+    frameworks::layout(cmd, &ctx)
 }

@@ -1,4 +1,5 @@
-//! World size from the launcher's own options (torchrun, accelerate, deepspeed, mpirun).
+//! World size from the launcher's own options (torchrun, accelerate, deepspeed,
+//! mpirun); a tool that starts its own ranks tells it through its family.
 
 use std::ffi::OsString;
 
@@ -23,26 +24,7 @@ pub fn world_size(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Worl
     };
     let option = |kind: LauncherKind, names: &[&str]| cmd.launcher_value(kind, names);
 
-    // torchtune: `tune run [torchrun options] RECIPE ...` runs torchrun itself.
-    let tune_opts = (cmd.tool() == Some("tune") && cmd.subcommand() == Some("run")).then(|| {
-        let start = cmd.args_start() + 1;
-        let recipe = cmd
-            .positionals()
-            .map(|(i, _)| i)
-            .find(|i| *i >= start)
-            .unwrap_or(cmd.args.len());
-        start..recipe
-    });
-    let option = |kind: LauncherKind, names: &[&str]| match (&tune_opts, kind) {
-        (Some(r), LauncherKind::Torchrun) => cmd.value_in(r.clone(), names),
-        _ => option(kind, names),
-    };
-    if cmd.launcher(LauncherKind::Torchrun).is_some()
-        || tune_opts.as_ref().is_some_and(|r| {
-            cmd.value_in(r.clone(), &["--nproc_per_node", "--nproc-per-node"])
-                .is_some()
-        })
-    {
+    if cmd.launcher(LauncherKind::Torchrun).is_some() {
         let t = LauncherKind::Torchrun;
         let (per_node, mut uncertain, mut source) = match option(
             t,
@@ -208,17 +190,5 @@ mod tests {
         assert_eq!(ws("deepspeed t.py", Some("0,1")).size, 2);
         assert_eq!(ws("mpirun -np 8 ./train", None).size, 8);
         assert_eq!(ws("python train.py", None).size, 1);
-        assert_eq!(
-            ws(
-                "tune run --nproc_per_node 4 full_finetune_distributed --config c batch_size=2",
-                None
-            )
-            .size,
-            4
-        );
-        assert_eq!(
-            ws("tune run lora_finetune_single_device --config c", None).size,
-            1
-        );
     }
 }

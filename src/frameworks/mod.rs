@@ -1,0 +1,474 @@
+//! Trainer families: every fact that names one trainer or tool lives in its
+//! file here, and [`FAMILIES`] lists them. The generic machinery (knob
+//! discovery, config files, checkpoints, world size) reads the registry and
+//! names no family; the "looked for …" notes are generated from it.
+//!
+//! Add a family: write `frameworks/NAME.rs` with one `pub static FAMILY:
+//! Family = Family { ..Family::NONE }` and add one line to [`FAMILIES`]. A
+//! field left at its default means "nothing of that kind".
+//!
+//! Order matters twice: spellings are searched in registry order (the first
+//! key found in a file wins), and resume layouts are tried in registry order
+//! (the first family whose `layout` answers wins), so specific families come
+//! before the Hugging Face fallback.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::checkpoint::Layout;
+use crate::command::Command;
+use crate::files::{Doc, Scalar};
+use crate::settings::{Knob, Value, World};
+
+mod accelerate;
+mod deepspeed;
+mod hf;
+mod hydra;
+mod lightning;
+mod megatron;
+mod nanogpt;
+mod recipes;
+mod torchtitan;
+mod torchtune;
+
+/// Spellings per knob.
+pub type Spellings = &'static [(Knob, &'static [&'static str])];
+
+/// The environment as oomguard sees it (overridable in tests).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
+
+/// A tool's default config when the command names none, and the flag that
+/// points the tool at a changed copy.
+pub type DefaultConfig = (fn() -> Option<PathBuf>, &'static str);
+
+/// A packaged config named by name: the name, and its path or where it was looked for.
+pub type Packaged = (String, Result<PathBuf, String>);
+
+/// What a family's `layout` may read besides the command.
+pub struct Ctx<'a> {
+    /// The `output_dir` of a training recipe the command names, if any.
+    pub recipe_output_dir: Option<&'a str>,
+    /// Values of keys in the training recipes the command names (first file first).
+    pub recipe_value: &'a dyn Fn(&str) -> Option<Scalar>,
+}
+
+/// One key of a config file that is a knob.
+#[derive(Debug, Clone, Copy)]
+pub struct KeySpec {
+    pub knob: Knob,
+    pub key: &'static str,
+    /// The framework's value when the key is absent (DeepSpeed runs at ZeRO
+    /// stage 0 without `zero_optimization`), or None when absent means unbound.
+    pub absent: Option<AbsentValue>,
+}
+
+/// A default for an absent key (a `const`-friendly [`Value`]).
+#[derive(Debug, Clone, Copy)]
+pub enum AbsentValue {
+    Int(u64),
+    Bool(bool),
+    Str(&'static str),
+}
+
+impl AbsentValue {
+    pub fn value(self) -> Value {
+        match self {
+            AbsentValue::Int(n) => Value::Int(n),
+            AbsentValue::Bool(b) => Value::Bool(b),
+            AbsentValue::Str(s) => Value::Str(s.to_string()),
+        }
+    }
+}
+
+/// A kind of config file a family's commands name (a DeepSpeed JSON, an
+/// accelerate config): how the command names it and which keys are knobs.
+pub struct FileKind {
+    /// Shown in plan: "deepspeed json".
+    pub label: &'static str,
+    /// Commands in which the command can name it (accelerate's `--config_file`
+    /// only in `accelerate launch`).
+    pub when: fn(&Command) -> bool,
+    /// Flags naming it (`--deepspeed ds.json`), and where they may stand:
+    /// before the script only (a launcher's option) or anywhere.
+    pub flags: &'static [&'static str],
+    pub launcher_option_only: bool,
+    /// A named path is this kind only when it looks like one (`.json`).
+    pub accepts: fn(&str) -> bool,
+    /// When the command names none: the file the tool reads by default, and
+    /// the flag that points the tool at a changed copy (accelerate's
+    /// `default_config.yaml`, `--config_file`).
+    pub default: Option<DefaultConfig>,
+    /// Whether its keys are knobs in this file (accelerate: only with
+    /// `distributed_type: DEEPSPEED` and no `deepspeed_config_file`).
+    pub applies: fn(&Doc) -> bool,
+    pub keys: &'static [KeySpec],
+    /// The key holding the global batch, rewritten as micro × accum × world.
+    pub global_batch_key: Option<&'static str>,
+    /// Keys of *other* files (any kind, or a training recipe) that name a file of this kind.
+    pub named_in: &'static [&'static str],
+    /// The world size written in it (accelerate's `num_processes`).
+    pub world_key: Option<&'static str>,
+}
+
+impl std::fmt::Debug for FileKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label)
+    }
+}
+
+impl FileKind {
+    pub const NONE: FileKind = FileKind {
+        label: "",
+        when: |_| true,
+        flags: &[],
+        launcher_option_only: false,
+        accepts: |_| true,
+        default: None,
+        applies: |_| true,
+        keys: &[],
+        global_batch_key: None,
+        named_in: &[],
+        world_key: None,
+    };
+}
+
+/// One trainer, launcher or tool convention.
+pub struct Family {
+    pub name: &'static str,
+    /// Whether the command is this family's: its `own_*` spellings apply only then.
+    pub recognise: fn(&Command) -> bool,
+    /// Flags per knob, unambiguous in any command.
+    pub flags: Spellings,
+    /// Flags that are a knob only in this family's commands (nanoGPT's `--batch_size`).
+    pub own_flags: Spellings,
+    /// Keys of a training recipe per knob, in any recipe (most specific first).
+    pub file_keys: Spellings,
+    /// Keys that are a knob only in this family's recipes (`batch_size`).
+    pub own_file_keys: Spellings,
+    /// Override keys (`a.b=N`: the last segment) per knob, in any command.
+    pub override_keys: Spellings,
+    /// Override keys that are a knob only in this family's commands.
+    pub own_override_keys: Spellings,
+    /// Flags naming its training recipe (`--config x.yaml`, `-c`), after the script.
+    pub config_flags: &'static [&'static str],
+    /// Environment variables that name a training recipe.
+    pub config_env: &'static [&'static str],
+    /// Keys of its recipe that hold the global batch: accumulation follows
+    /// from global / (micro × world) and is never written.
+    pub global_batch_keys: &'static [&'static str],
+    /// Its recipe's keys may be given as `--KEY V` flags, which win over the file.
+    pub dotted_flags: bool,
+    /// Missing knobs this family's commands accept as flags: added when the
+    /// knob changes, starting from the given default.
+    pub added_flags: &'static [(Knob, &'static str, AbsentValue)],
+    /// Config files other than training recipes.
+    pub file_kinds: &'static [FileKind],
+    /// Keys a training recipe may hold inline for this family's settings
+    /// (GPT-NeoX's DeepSpeed keys): read only when `inline_when` is present.
+    pub inline_keys: &'static [KeySpec],
+    pub inline_when: Option<&'static str>,
+    /// A config the tool finds by name in its installation (torchtune's
+    /// `--config llama3_2/1B_lora`): Some(Ok(path)), Some(Err(where it looked)), None.
+    pub packaged_config: fn(&Command, Env) -> Option<Packaged>,
+    /// Where its checkpoints are and how it resumes.
+    pub layout: fn(&Command, &Ctx) -> Option<Layout>,
+    /// For the "looked for" note: how its output folder is named.
+    pub output_hint: &'static str,
+    /// World size when the tool launches the ranks itself (`tune run --nproc_per_node 4`).
+    pub world: fn(&Command, Env, &Ctx) -> Option<World>,
+    /// Its accumulation counts the micro-batches of all ranks together.
+    pub accum_covers_world: fn(&Command) -> bool,
+}
+
+impl Family {
+    pub const NONE: Family = Family {
+        name: "",
+        recognise: |_| false,
+        flags: &[],
+        own_flags: &[],
+        file_keys: &[],
+        own_file_keys: &[],
+        override_keys: &[],
+        own_override_keys: &[],
+        config_flags: &[],
+        config_env: &[],
+        global_batch_keys: &[],
+        dotted_flags: false,
+        added_flags: &[],
+        file_kinds: &[],
+        inline_keys: &[],
+        inline_when: None,
+        packaged_config: |_, _| None,
+        layout: |_, _| None,
+        output_hint: "",
+        world: |_, _, _| None,
+        accum_covers_world: |_| false,
+    };
+}
+
+/// Every family, in the order their layouts are tried.
+pub static FAMILIES: &[&Family] = &[
+    &torchtune::FAMILY,
+    &megatron::FAMILY,
+    &lightning::FAMILY,
+    &nanogpt::FAMILY,
+    &recipes::FAMILY,
+    &hf::FAMILY,
+    &deepspeed::FAMILY,
+    &accelerate::FAMILY,
+    &hydra::FAMILY,
+    &torchtitan::FAMILY,
+];
+
+/// The families that claim this command.
+pub fn recognised(cmd: &Command) -> impl Iterator<Item = &'static Family> + '_ {
+    FAMILIES.iter().copied().filter(move |f| (f.recognise)(cmd))
+}
+
+fn union(
+    knob: Knob,
+    pick: impl Fn(&Family) -> Spellings,
+    families: &mut dyn Iterator<Item = &'static Family>,
+) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for f in families {
+        for (k, names) in pick(f) {
+            if *k == knob {
+                for n in *names {
+                    if !out.contains(n) {
+                        out.push(n);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Flag spellings of a knob in this command (the families' `flags`, plus a
+/// recognised family's recipe keys as `--KEY` when it takes them so).
+pub fn flag_spellings(knob: Knob, cmd: &Command) -> Vec<String> {
+    let mut out: Vec<String> = union(knob, |f| f.flags, &mut FAMILIES.iter().copied())
+        .into_iter()
+        .chain(union(knob, |f| f.own_flags, &mut recognised(cmd)))
+        .map(str::to_string)
+        .collect();
+    out.dedup();
+    for f in recognised(cmd).filter(|f| f.dotted_flags) {
+        for key in union(knob, |f| f.file_keys, &mut std::iter::once(f))
+            .into_iter()
+            .chain(union(knob, |f| f.own_file_keys, &mut std::iter::once(f)))
+        {
+            let flag = format!("--{key}");
+            if !out.contains(&flag) {
+                out.push(flag);
+            }
+        }
+    }
+    out
+}
+
+/// Keys of a training recipe that are this knob for this command.
+pub fn recipe_keys(knob: Knob, cmd: &Command) -> Vec<&'static str> {
+    let mut v = union(knob, |f| f.file_keys, &mut FAMILIES.iter().copied());
+    for k in union(knob, |f| f.own_file_keys, &mut recognised(cmd)) {
+        if !v.contains(&k) {
+            v.push(k);
+        }
+    }
+    v
+}
+
+/// Override keys (last dotted segment, or the whole key for a family's own) for this command.
+pub fn override_matches(knob: Knob, key: &str, cmd: &Command) -> bool {
+    let last = key.rsplit('.').next().unwrap_or(key);
+    union(knob, |f| f.override_keys, &mut FAMILIES.iter().copied()).contains(&last)
+        || union(knob, |f| f.own_override_keys, &mut recognised(cmd)).contains(&key)
+}
+
+/// Whether a recognised family claims this override key for some knob
+/// (so an otherwise ambiguous `batch_size=` is not reported as ambiguous).
+pub fn claims_override(key: &str, cmd: &Command) -> bool {
+    recognised(cmd).any(|f| {
+        f.own_override_keys
+            .iter()
+            .any(|(_, keys)| keys.contains(&key))
+    })
+}
+
+/// Whether a recognised family claims this flag for some knob (so an otherwise
+/// ambiguous `--batch_size` is not reported as ambiguous).
+pub fn claims_flag(flag: &str, cmd: &Command) -> bool {
+    recognised(cmd).any(|f| f.own_flags.iter().any(|(_, names)| names.contains(&flag)))
+}
+
+/// Flags naming a training recipe, after the script.
+pub fn recipe_flags(cmd: &Command) -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = Vec::new();
+    for f in FAMILIES {
+        for n in f.config_flags {
+            // A family's short flag (`-c`) counts only in its own commands.
+            let own = n.starts_with("--") || (f.recognise)(cmd);
+            if own && !v.contains(n) {
+                v.push(n);
+            }
+        }
+    }
+    v
+}
+
+/// Every environment variable that names a training recipe.
+pub fn recipe_env() -> impl Iterator<Item = &'static str> {
+    FAMILIES.iter().flat_map(|f| f.config_env.iter().copied())
+}
+
+/// Global-batch keys of recipes for this command.
+pub fn global_batch_keys(cmd: &Command) -> Vec<&'static str> {
+    recognised(cmd)
+        .flat_map(|f| f.global_batch_keys.iter().copied())
+        .collect()
+}
+
+/// Every kind of config file besides training recipes.
+pub fn file_kinds() -> impl Iterator<Item = &'static FileKind> {
+    FAMILIES.iter().flat_map(|f| f.file_kinds.iter())
+}
+
+/// Inline key groups of a training recipe: (the key that must be present, keys).
+pub fn inline_keys() -> impl Iterator<Item = (&'static str, &'static [KeySpec])> {
+    FAMILIES
+        .iter()
+        .filter_map(|f| f.inline_when.map(|w| (w, f.inline_keys)))
+}
+
+/// Flags to add when a knob is absent, for the recognised families.
+pub fn added_flags(cmd: &Command) -> Vec<(Knob, &'static str, Value)> {
+    recognised(cmd)
+        .flat_map(|f| f.added_flags.iter())
+        .map(|(k, flag, v)| (*k, *flag, v.value()))
+        .collect()
+}
+
+/// A packaged config the command names by name, if a recognised family has one.
+pub fn packaged_config(cmd: &Command, env: Env) -> Option<Packaged> {
+    recognised(cmd).find_map(|f| (f.packaged_config)(cmd, env))
+}
+
+/// The checkpoint layout of the first family that answers.
+pub fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
+    FAMILIES.iter().find_map(|f| (f.layout)(cmd, ctx))
+}
+
+/// The world size a tool that launches its own ranks reports, if any.
+pub fn world(cmd: &Command, env: Env, ctx: &Ctx) -> Option<World> {
+    recognised(cmd).find_map(|f| (f.world)(cmd, env, ctx))
+}
+
+/// Whether the command's accumulation counts all ranks together.
+pub fn accum_covers_world(cmd: &Command) -> bool {
+    recognised(cmd).any(|f| (f.accum_covers_world)(cmd))
+}
+
+/// "--a, --b, key:, ..." — the spellings oomguard looks for, for notes.
+pub fn looked_for(knob: Knob) -> String {
+    let mut items: Vec<String> = Vec::new();
+    for f in FAMILIES {
+        let flag = f
+            .flags
+            .iter()
+            .find(|(k, _)| *k == knob)
+            .and_then(|(_, n)| n.first());
+        if let Some(n) = flag
+            && !items.iter().any(|i| i == n)
+        {
+            items.push(n.to_string());
+        }
+    }
+    for f in FAMILIES {
+        let key = f
+            .file_keys
+            .iter()
+            .chain(f.own_file_keys)
+            .find(|(k, _)| *k == knob)
+            .and_then(|(_, n)| n.first());
+        if let Some(k) = key {
+            let item = format!("{k}:");
+            if !items.contains(&item) {
+                items.push(item);
+            }
+        }
+    }
+    for kind in file_kinds() {
+        if let Some(s) = kind.keys.iter().find(|s| s.knob == knob) {
+            let item = format!("{} {}", kind.label, s.key);
+            if !items.contains(&item) {
+                items.push(item);
+            }
+        }
+    }
+    items.truncate(8);
+    items.push("...".into());
+    items.join(", ")
+}
+
+/// "--output_dir, --save, ..." — where oomguard looks for a checkpoint folder.
+pub fn output_hints() -> String {
+    FAMILIES
+        .iter()
+        .map(|f| f.output_hint)
+        .filter(|h| !h.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// "--deepspeed X.json, accelerate --config_file ..." — where the ZeRO settings are looked for.
+pub fn zero_hints() -> String {
+    let mut v: Vec<String> = file_kinds()
+        .filter(|k| k.keys.iter().any(|s| s.knob == Knob::ZeroStage))
+        .map(|k| match k.flags.first() {
+            Some(f) => format!("{} ({f} FILE)", k.label),
+            None => k.label.to_string(),
+        })
+        .collect();
+    for k in file_kinds() {
+        for key in k.named_in {
+            let item = format!("a recipe's {key}: key");
+            if k.keys.iter().any(|s| s.knob == Knob::ZeroStage) && !v.contains(&item) {
+                v.push(item);
+            }
+        }
+    }
+    for f in FAMILIES {
+        if let Some((_, flags)) = f.flags.iter().find(|(k, _)| *k == Knob::ZeroStage) {
+            v.extend(flags.iter().take(1).map(|s| s.to_string()));
+        }
+    }
+    v.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_has_a_name_and_names_are_unique() {
+        let mut names: Vec<&str> = FAMILIES.iter().map(|f| f.name).collect();
+        assert!(names.iter().all(|n| !n.is_empty()));
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate family names");
+    }
+
+    #[test]
+    fn notes_are_generated_from_the_registry() {
+        let micro = looked_for(Knob::MicroBatch);
+        assert!(micro.contains("--per_device_train_batch_size"), "{micro}");
+        assert!(micro.contains("train_micro_batch_size_per_gpu"), "{micro}");
+        let out = output_hints();
+        for h in ["--output_dir", "--save", "--out_dir"] {
+            assert!(out.contains(h), "{out}");
+        }
+        assert!(zero_hints().contains("--deepspeed"), "{}", zero_hints());
+    }
+}

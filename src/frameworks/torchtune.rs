@@ -1,0 +1,141 @@
+//! torchtune: `tune run [torchrun options] RECIPE --config NAME|FILE key=value ...`.
+//! A packaged config (`--config llama3_2/1B_lora_single_device`) is read from
+//! the torchtune that `tune` runs; its knobs change with `key=N` overrides.
+//! Checkpoints are `epoch_N/` folders with `recipe_state.pt`, resumed with
+//! `resume_from_checkpoint=True`.
+
+use std::path::{Path, PathBuf};
+
+use super::{Ctx, Env, Family};
+use crate::checkpoint::{Kind, Layout, ResumeHow};
+use crate::command::Command;
+use crate::settings::{Knob, World};
+
+fn recognise(cmd: &Command) -> bool {
+    cmd.tool() == Some("tune") && cmd.subcommand() == Some("run")
+}
+
+/// `tune run`'s own torchrun options: between `run` and the recipe.
+fn run_options(cmd: &Command) -> std::ops::Range<usize> {
+    let start = cmd.args_start() + 1;
+    let recipe = cmd
+        .positionals()
+        .map(|(i, _)| i)
+        .find(|i| *i >= start)
+        .unwrap_or(cmd.args.len());
+    start..recipe
+}
+
+fn world(cmd: &Command, _: Env, _: &Ctx) -> Option<World> {
+    let opts = run_options(cmd);
+    let per_node: u64 = cmd
+        .value_in(opts.clone(), &["--nproc_per_node", "--nproc-per-node"])?
+        .parse()
+        .ok()?;
+    let nodes: u64 = cmd
+        .value_in(opts, &["--nnodes"])
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    Some(World {
+        size: per_node.saturating_mul(nodes),
+        source: format!("tune run --nproc_per_node {per_node} × --nnodes {nodes}"),
+        uncertain: false,
+    })
+}
+
+fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
+    if !recognise(cmd) {
+        return None;
+    }
+    let root = cmd
+        .override_value(&["output_dir", "checkpointer.output_dir"])
+        .or(ctx.recipe_output_dir)?;
+    Some(Layout {
+        kind: Kind::Torchtune,
+        root: PathBuf::from(root),
+        how: ResumeHow::Override {
+            key: "resume_from_checkpoint".into(),
+            value: Some("True".into()),
+        },
+        user_resume: None,
+    })
+}
+
+/// `recipes/configs/NAME.yaml` next to the `torchtune` package of the Python
+/// that runs `tune` (its shebang): torchtune resolves names the same way.
+fn packaged_config(cmd: &Command, env: Env) -> Option<super::Packaged> {
+    let name = cmd.value_in(cmd.args_start()..cmd.args.len(), &["--config"])?;
+    if name.ends_with(".yaml") || name.ends_with(".yml") || Path::new(name).is_file() {
+        return None; // a file: an ordinary recipe
+    }
+    Some((name.to_string(), find_packaged(name, env)))
+}
+
+fn find_packaged(name: &str, env: Env) -> Result<PathBuf, String> {
+    let path = env("PATH").unwrap_or_default();
+    let which = |prog: &str| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(prog))
+            .find(|p| p.is_file())
+    };
+    let tune = which("tune").ok_or("no `tune` on PATH")?;
+    let first = std::fs::read_to_string(&tune)
+        .ok()
+        .and_then(|t| t.lines().next().map(str::to_string))
+        .unwrap_or_default();
+    let mut words = first.strip_prefix("#!").unwrap_or("").split_whitespace();
+    let python = match words.next() {
+        Some(e) if e.ends_with("/env") => words.next().and_then(which),
+        Some(p) => Some(PathBuf::from(p)),
+        None => None,
+    }
+    .ok_or_else(|| format!("{} does not name its Python", tune.display()))?;
+    // bin/python → the environment's prefix → lib/pythonX.Y/site-packages.
+    let prefix = python
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| format!("no prefix above {}", python.display()))?;
+    let file = format!("{name}.yaml");
+    let mut looked = Vec::new();
+    for lib in ["lib", "lib64"] {
+        let Ok(rd) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        let mut dirs: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("python"))
+            })
+            .collect();
+        dirs.sort();
+        for d in dirs {
+            let configs = d.join("site-packages/recipes/configs");
+            if configs.join(&file).is_file() {
+                return Ok(configs.join(&file));
+            }
+            looked.push(configs.display().to_string());
+        }
+    }
+    if looked.is_empty() {
+        looked.push(format!("{}/lib/python*/site-packages", prefix.display()));
+    }
+    Err(format!("looked in {}", looked.join(", ")))
+}
+
+pub static FAMILY: Family = Family {
+    name: "torchtune",
+    recognise,
+    own_file_keys: &[
+        (Knob::MicroBatch, &["batch_size"]),
+        (Knob::SeqLen, &["tokenizer.max_seq_len"]),
+    ],
+    own_override_keys: &[(Knob::MicroBatch, &["batch_size"])],
+    packaged_config,
+    layout,
+    output_hint: "output_dir=",
+    world,
+    ..Family::NONE
+};
