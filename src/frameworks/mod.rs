@@ -27,6 +27,7 @@ mod hydra;
 mod lightning;
 mod megatron;
 mod nanogpt;
+mod oumi;
 mod recipes;
 mod torchtitan;
 mod torchtune;
@@ -212,6 +213,7 @@ pub static FAMILIES: &[&Family] = &[
     &megatron::FAMILY,
     &lightning::FAMILY,
     &nanogpt::FAMILY,
+    &oumi::FAMILY,
     &recipes::FAMILY,
     &hf::FAMILY,
     &deepspeed::FAMILY,
