@@ -25,6 +25,7 @@ mod deepspeed;
 mod hf;
 mod hydra;
 mod lightning;
+mod litgpt;
 mod megatron;
 mod nanogpt;
 mod oumi;
@@ -214,6 +215,7 @@ pub static FAMILIES: &[&Family] = &[
     &lightning::FAMILY,
     &nanogpt::FAMILY,
     &oumi::FAMILY,
+    &litgpt::FAMILY,
     &recipes::FAMILY,
     &hf::FAMILY,
     &deepspeed::FAMILY,
