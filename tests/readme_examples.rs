@@ -41,6 +41,8 @@ enum Ckpt {
     Lightning(&'static str),
     /// nanoGPT: `DIR/ckpt.pt`.
     NanoGpt(&'static str),
+    /// LitGPT: `DIR/step-00000100/lit_model.pth`.
+    LitGpt(&'static str),
 }
 
 /// A `torch.save` zip: local header, then the end-of-central-directory record.
@@ -80,6 +82,12 @@ fn checkpoint(root: &Path, c: Ckpt) -> String {
             fs::create_dir_all(root.join(dir)).unwrap();
             fs::write(root.join(dir).join("ckpt.pt"), zip_bytes()).unwrap();
             format!("{dir}/ckpt.pt")
+        }
+        Ckpt::LitGpt(dir) => {
+            let d = root.join(dir).join("step-00000100");
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("lit_model.pth"), zip_bytes()).unwrap();
+            format!("{dir}/step-00000100")
         }
     }
 }
@@ -365,6 +373,44 @@ mode = \"selective\"
         },
     );
     m.insert(
+        "Oumi",
+        Expect {
+            files: &[(
+                "train.yaml",
+                include_str!("fixtures/configs/oumi_llama3_2_1b_full_train.yaml"),
+            )],
+            checkpoint: Some(Ckpt::Hf("output/llama1b.fft")),
+            first_step: "halve_micro_batch",
+            layout: Some("hugging-face"),
+            rung2_has: &[
+                "--training.per_device_train_batch_size",
+                "4",
+                "--training.resume_from_checkpoint",
+            ],
+        },
+    );
+    m.insert(
+        "LitGPT",
+        Expect {
+            files: &[(
+                "pretrain.yaml",
+                include_str!("fixtures/configs/litgpt_llama2_7b_lora.yaml"),
+            )],
+            checkpoint: Some(Ckpt::LitGpt("out/pretrain")),
+            first_step: "halve_micro_batch",
+            layout: Some("litgpt"),
+            // The global batch flag is kept as written; no accumulation key appears.
+            rung2_has: &[
+                "--train.micro_batch_size",
+                "2",
+                "--train.global_batch_size",
+                "64",
+                "--resume",
+                "auto",
+            ],
+        },
+    );
+    m.insert(
         "any YAML / JSON / TOML / Python file the command names",
         Expect {
             files: &[(
@@ -453,7 +499,7 @@ fn every_readme_knob_example_plans_its_ladder_and_resume() {
     let examples = readme_examples();
     let mut want = expectations();
     assert!(
-        examples.len() >= 13,
+        examples.len() >= 15,
         "found only {} examples in README's table",
         examples.len()
     );
@@ -556,7 +602,7 @@ fn every_readme_knob_example_plans_its_ladder_and_resume() {
                 // The resume argument reaches the relaunch.
                 // (nanoGPT and torchtune find it themselves: `--init_from=resume`,
                 // `resume_from_checkpoint=True`.)
-                let finds_itself = ["nanogpt", "torchtune"].contains(&layout);
+                let finds_itself = ["nanogpt", "torchtune", "litgpt"].contains(&layout);
                 if !finds_itself && !argv.iter().any(|a| a.contains(&rel)) {
                     failures.push(format!(
                         "rung 2 does not resume from {rel}: {argv:?}\n{ctx}"
@@ -702,4 +748,51 @@ fn lightning_flag_absent_from_the_command_is_added_from_its_given_value() {
         argv.windows(2).any(|w| w == ["--data.batch_size", "4"]) && argv.contains(&"4".to_string()),
         "{argv:?}"
     );
+}
+
+/// LitGPT derives accumulation from its global batch: halving the micro-batch
+/// keeps `train.global_batch_size` and writes no accumulation key anywhere.
+#[test]
+fn litgpt_halving_keeps_the_global_batch_and_writes_no_accumulation_key() {
+    let t = tempfile::tempdir().unwrap();
+    fs::write(
+        t.path().join("lora.yaml"),
+        include_str!("fixtures/configs/litgpt_llama2_7b_lora.yaml"),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .current_dir(t.path())
+        .args([
+            "plan",
+            "--json",
+            "litgpt",
+            "finetune_lora",
+            "checkpoints/meta-llama/Llama-2-7b-hf",
+            "--config",
+            "lora.yaml",
+            "--devices",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    let v: J = serde_json::from_slice(&out.stdout).unwrap_or(J::Null);
+    assert_eq!(v["world_size"], 2, "{v}");
+    // global_batch_size 8 in the file: accumulation 8 / (2 × 2) = 2.
+    assert_eq!(v["knobs"]["grad_accum"]["value"], 2, "{v}");
+    let rung = &v["ladder"][1];
+    assert_eq!(rung["settings"]["micro_batch"], 1, "{rung}");
+    assert_eq!(rung["settings"]["grad_accum"], 4, "{rung}");
+    assert_eq!(rung["global_batch"], 8, "{rung}");
+    let diff = rung["files"][0]["diff"].as_str().unwrap_or("");
+    assert!(diff.contains("+  micro_batch_size: 1"), "{diff}");
+    let changed: Vec<&str> = diff
+        .lines()
+        .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
+        .collect();
+    assert_eq!(
+        changed.len(),
+        1,
+        "only the micro-batch line changes: {diff}"
+    );
+    assert!(!strings(&rung["argv"]).iter().any(|a| a.contains("accum")));
 }

@@ -417,12 +417,13 @@ pub fn looked_for(knob: Knob) -> String {
 
 /// "--output_dir, --save, ..." — where oomguard looks for a checkpoint folder.
 pub fn output_hints() -> String {
-    FAMILIES
-        .iter()
-        .map(|f| f.output_hint)
-        .filter(|h| !h.is_empty())
-        .collect::<Vec<_>>()
-        .join(", ")
+    let mut v: Vec<&str> = Vec::new();
+    for h in FAMILIES.iter().map(|f| f.output_hint) {
+        if !h.is_empty() && !v.contains(&h) {
+            v.push(h);
+        }
+    }
+    v.join(", ")
 }
 
 /// "--deepspeed X.json, accelerate --config_file ..." — where the ZeRO settings are looked for.
