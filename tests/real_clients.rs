@@ -440,3 +440,96 @@ fn accelerate_launch_recovers_with_accumulation_from_the_derived_config() {
         std::fs::read_to_string(&acc).unwrap(),
     );
 }
+
+/// The README's Hydra advice (`--knob micro_batch=+data.batch_size=64` for a batch size
+/// that lives only in the config) relaunches with an override real hydra-core accepts.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn hydra_added_override_is_accepted_by_real_hydra_on_the_relaunch() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let python = bin.join("python");
+    let hydra_dir = format!("hydra.run.dir={}", tmp.path().join("hydra").display());
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "--knob",
+        "micro_batch=+data.batch_size=64",
+        "--knob",
+        "grad_accum=+trainer.accumulate_grad_batches=1",
+        python.to_str().unwrap(),
+        "tests/real/hydra_app.py",
+        &hydra_dir,
+    ];
+    let r = oomguard(&repo(), &args, Some(&bin), LIMIT);
+    r.check("exit code", Some(0), r.code);
+    // 64 → 32 with accumulation 1 → 2: the global batch stays 64.
+    assert!(
+        r.stdout.contains("batch_size=32 accumulate_grad_batches=2"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("(global batch 64)"), "{}", r.stdout);
+    let journal = std::fs::read_to_string(run_dir.join("journal.jsonl")).unwrap();
+    assert!(
+        journal.contains("++data.batch_size=32"),
+        "the relaunch adds ++data.batch_size=32: {journal}"
+    );
+}
+
+/// torchtune's packaged configs, as the real package installs them: `tune run RECIPE
+/// --config NAME` reads the config's batch_size and gradient_accumulation_steps (8) and
+/// its output_dir, and relaunches with overrides that keep the global batch.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn torchtune_packaged_config_is_read_from_the_installed_torchtune() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(OOMGUARD)
+        .current_dir(tmp.path())
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                bin.display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .args([
+            "plan",
+            "--json",
+            "tune",
+            "run",
+            "lora_finetune_single_device",
+            "--config",
+            "llama3_2/1B_lora_single_device",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    assert_eq!(v["knobs"]["micro_batch"]["value"], 4, "{text}");
+    assert_eq!(v["knobs"]["grad_accum"]["value"], 8, "{text}");
+    assert!(
+        v["knobs"]["grad_accum"]["binding"]
+            .as_str()
+            .unwrap_or("")
+            .contains("site-packages/recipes/configs/llama3_2/1B_lora_single_device.yaml"),
+        "{text}"
+    );
+    let argv: Vec<&str> = v["ladder"][1]["argv"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        argv.contains(&"batch_size=2") && argv.contains(&"gradient_accumulation_steps=16"),
+        "{argv:?}"
+    );
+    assert_eq!(
+        v["resume"]["dir"], "/tmp/torchtune/llama3_2_1B/lora_single_device",
+        "{text}"
+    );
+}
