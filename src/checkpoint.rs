@@ -80,7 +80,7 @@ pub enum ResumeHow {
         value: String,
         equals: bool,
     },
-    /// A `key=value` override (torchtune, Hydra); `value` None means the path.
+    /// A `key=value` override; `value` None means the path.
     Override { key: String, value: Option<String> },
     /// The framework resumes from its folder by itself (Megatron `--load` = `--save`).
     Automatic,

@@ -11,7 +11,7 @@
 //! option takes a value is read from the launcher's list of switches (options
 //! that never take one), so `torchrun --nproc_per_node 4 train.py` ends at
 //! `train.py` and `torchrun --standalone train.py` does too. Anything else
-//! (`axolotl`, `tune`, `llamafactory-cli`, `./run.sh`) is a tool: its
+//! (`axolotl`, `tune`, `./run.sh`) is a tool: its
 //! arguments start right after its name.
 
 use std::ffi::OsString;
@@ -178,7 +178,7 @@ pub struct Flag {
     pub value: Option<String>,
 }
 
-/// One `key=value` override (Hydra, OmegaConf, torchtune, LLaMA-Factory).
+/// One `key=value` override (Hydra and OmegaConf dot-lists).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Override {
     /// `+`, `++` or empty.
@@ -463,7 +463,7 @@ impl Command {
     }
 
     /// A Python file given as a positional argument to a Python script
-    /// (nanoGPT's `train.py config/train_gpt2.py`): (index, path as written).
+    /// (`train.py config/train_gpt2.py`): (index, path as written).
     pub fn python_config_module(&self) -> Option<(usize, &str)> {
         self.script()?;
         self.positionals().find(|(_, a)| a.ends_with(".py"))

@@ -110,7 +110,7 @@ impl fmt::Display for Value {
 pub struct Settings {
     pub knobs: BTreeMap<Knob, Value>,
     pub world_size: u64,
-    /// grad_accum counts the micro-batches of all ranks together (nanoGPT
+    /// grad_accum counts the micro-batches of all ranks together (a script
     /// divides its `gradient_accumulation_steps` by the world size), so the
     /// global batch is micro × accum.
     #[serde(skip)]

@@ -1,4 +1,4 @@
-//! Python config modules (nanoGPT's `config/*.py`): a small tokenizer finds
+//! Python config modules (`config/*.py` exec'd by a script): a small tokenizer finds
 //! top-level `NAME = literal` assignments and `"key": literal` entries of dict
 //! literals anywhere in the file. Anything that is not a literal (`5 * 8`, a
 //! call, a name) can be read as "unsupported, with the expression" only.

@@ -120,7 +120,7 @@ pub(crate) fn literal(
 }
 
 /// A YAML boolean in the capitalisation of the old boolean (`True` stays
-/// capitalised, as torchtune writes it), else lower case.
+/// capitalised, as some YAML configs write it), else lower case.
 fn yaml_bool(b: bool, old: Option<&ScalarNode>) -> String {
     let word = if b { "true" } else { "false" };
     let Some(old) = old.filter(|o| matches!(o.value, Scalar::Bool(_))) else {

@@ -24,6 +24,7 @@ mod accelerate;
 mod deepspeed;
 mod hf;
 mod hydra;
+pub mod launchers;
 mod lightning;
 mod litgpt;
 mod megatron;
@@ -141,7 +142,7 @@ pub struct Family {
     pub recognise: fn(&Command) -> bool,
     /// Flags per knob, unambiguous in any command.
     pub flags: Spellings,
-    /// Flags that are a knob only in this family's commands (nanoGPT's `--batch_size`).
+    /// Flags that are a knob only in this family's commands (a bare `--batch_size`).
     pub own_flags: Spellings,
     /// Keys of a training recipe per knob, in any recipe (most specific first).
     pub file_keys: Spellings,
@@ -169,8 +170,8 @@ pub struct Family {
     /// (GPT-NeoX's DeepSpeed keys): read only when `inline_when` is present.
     pub inline_keys: &'static [KeySpec],
     pub inline_when: Option<&'static str>,
-    /// A config the tool finds by name in its installation (torchtune's
-    /// `--config llama3_2/1B_lora`): Some(Ok(path)), Some(Err(where it looked)), None.
+    /// A config the tool finds by name in its installation
+    /// (`--config llama3_2/1B_lora`): Some(Ok(path)), Some(Err(where it looked)), None.
     pub packaged_config: fn(&Command, Env) -> Option<Packaged>,
     /// Where its checkpoints are and how it resumes.
     pub layout: fn(&Command, &Ctx) -> Option<Layout>,
@@ -363,9 +364,11 @@ pub fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
     FAMILIES.iter().find_map(|f| (f.layout)(cmd, ctx))
 }
 
-/// The world size a tool that launches its own ranks reports, if any.
-pub fn world(cmd: &Command, env: Env, ctx: &Ctx) -> Option<World> {
-    recognised(cmd).find_map(|f| (f.world)(cmd, env, ctx))
+/// The world size: a tool that launches its own ranks says it, else the launchers' options.
+pub fn world(cmd: &Command, env: Env, ctx: &Ctx) -> World {
+    recognised(cmd)
+        .find_map(|f| (f.world)(cmd, env, ctx))
+        .unwrap_or_else(|| launchers::world_size(cmd, env))
 }
 
 /// Whether the command's accumulation counts all ranks together.

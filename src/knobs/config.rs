@@ -1,16 +1,16 @@
 //! Knobs that live in config files and `key=value` overrides.
 //!
-//! Theory of operation: `find_files` follows the command to every config file
-//! it names — a DeepSpeed JSON (`--deepspeed`, `--deepspeed_config`, an
-//! accelerate config's `deepspeed_config_file`, a YAML's `deepspeed:` key), an
-//! accelerate config (`--config_file`, or the default one), a training YAML or
-//! TOML (positional or `--config`), a nanoGPT config module — and `candidates`
-//! lists, per knob, every place holding a value, most authoritative first:
-//! override > flag > training file > DeepSpeed JSON > accelerate config. The
-//! first place is the knob's binding; the others with a concrete value are its
-//! mirrors, and every attempt writes the same value to all of them (one knob,
-//! one source of truth). A DeepSpeed `"auto"` is filled by the trainer from its
-//! flags, so it is neither binding nor mirror.
+//! Theory of operation: `find` follows the command to every config file it
+//! names — the kinds of file the families declare (`frameworks::FileKind`:
+//! named by a flag, by a key of another file, or a tool's default file), the
+//! training recipes (a family's recipe flag, a positional YAML / TOML, an
+//! environment variable, a packaged config found by name) and a Python config
+//! module given to a Python script — and `places` lists, per knob, every place
+//! holding a value, most authoritative first: override > flag > recipe >
+//! other config files. The first place is the knob's binding; the others with
+//! a concrete value are its mirrors, and every attempt writes the same value
+//! to all of them (one knob, one source of truth). A value a tool fills itself
+//! (DeepSpeed's `"auto"`) is neither binding nor mirror.
 //!
 //! The user's files are never written: a changed file is copied into the
 //! attempt's folder under its own name and the reference to it (the argv

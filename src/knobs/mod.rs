@@ -8,7 +8,6 @@ mod config;
 use crate::command::parse_override;
 use crate::files;
 mod flags;
-mod world;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -41,7 +40,7 @@ pub enum Binding {
         role: &'static str,
         key: String,
     },
-    /// A `key=value` override on the command line (Hydra, torchtune, LLaMA-Factory).
+    /// A `key=value` override on the command line (Hydra and OmegaConf dot-lists).
     Override {
         key: String,
         index: usize,
@@ -323,7 +322,7 @@ pub fn discover(
         recipe_output_dir: None,
         recipe_value: &recipe_value,
     };
-    let world = frameworks::world(cmd, env, &ctx).unwrap_or_else(|| world::world_size(cmd, env));
+    let world = frameworks::world(cmd, env, &ctx);
     let user = user.to_vec();
     let user = &user[..];
     let mut d = flags::discover(cmd, user, env, world)?;

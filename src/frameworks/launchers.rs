@@ -1,10 +1,12 @@
-//! World size from the launcher's own options (torchrun, accelerate, deepspeed,
-//! mpirun); a tool that starts its own ranks tells it through its family.
+//! Launchers: the world size from their own options (torchrun, accelerate,
+//! deepspeed, mpirun). How each is recognised and where its options end is
+//! `command`'s job; a tool that starts its own ranks tells its size through
+//! its family (`Family::world`).
 
 use std::ffi::OsString;
 
-use super::World;
 use crate::command::{Command, LauncherKind};
+use crate::settings::World;
 
 fn visible_devices(env: &dyn Fn(&str) -> Option<OsString>) -> Option<u64> {
     let v = env("CUDA_VISIBLE_DEVICES")?;
