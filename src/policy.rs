@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::knobs::{Discovery, Knob, Settings, Value};
+use crate::knobs::{Discovery, Knob, Offload, Settings, Value};
 
 /// Policies shipped in `policies/`, embedded in the binary.
 pub const SHIPPED: &[(&str, &str)] = &[
@@ -545,12 +545,8 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
             ))
         }
         StepKind::OffloadOptimizer => {
-            let dev = cur
-                .knobs
-                .get(&Knob::OffloadOptimizer)?
-                .as_str()?
-                .to_string();
-            if dev != "none" || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
+            let dev = cur.knobs.get(&Knob::OffloadOptimizer)?.as_offload()?;
+            if *dev != Offload::None || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
                 return None;
             }
             let (v, to) = offload_target(step);
@@ -561,8 +557,8 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
             ))
         }
         StepKind::OffloadParam => {
-            let dev = cur.knobs.get(&Knob::OffloadParam)?.as_str()?.to_string();
-            if dev != "none" || cur.int(Knob::ZeroStage) != Some(3) {
+            let dev = cur.knobs.get(&Knob::OffloadParam)?.as_offload()?;
+            if *dev != Offload::None || cur.int(Knob::ZeroStage) != Some(3) {
                 return None;
             }
             let (v, to) = offload_target(step);
@@ -572,12 +568,17 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
     }
 }
 
-/// `cpu`, or `nvme:PATH` when the step names an NVMe path (materialize writes
-/// the device and the path).
+/// CPU, or NVMe when the step names an NVMe path (materialize writes the
+/// device and the path).
 fn offload_target(step: &Step) -> (Value, String) {
     match &step.nvme_path {
-        Some(p) => (Value::Str(format!("nvme:{p}")), format!("NVMe at {p}")),
-        None => (Value::Str("cpu".into()), "CPU memory".into()),
+        Some(p) => (
+            Value::Offload(Offload::Nvme {
+                path: Some(p.clone()),
+            }),
+            format!("NVMe at {p}"),
+        ),
+        None => (Value::Offload(Offload::Cpu), "CPU memory".into()),
     }
 }
 
@@ -691,9 +692,9 @@ mod tests {
         let mut s = settings(4, 2, None, false);
         s.knobs.insert(Knob::ZeroStage, Value::Int(1));
         s.knobs
-            .insert(Knob::OffloadOptimizer, Value::Str("none".into()));
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
         s.knobs
-            .insert(Knob::OffloadParam, Value::Str("none".into()));
+            .insert(Knob::OffloadParam, Value::Offload(Offload::None));
         let mut steps = vec![];
         while let Some(d) = next(&p, &s, "OOM") {
             steps.push(d.step);
@@ -711,7 +712,7 @@ mod tests {
         );
         assert_eq!(s.int(Knob::ZeroStage), Some(3));
         assert_eq!(s.int(Knob::MicroBatch), Some(1));
-        assert_eq!(s.knobs[&Knob::OffloadParam], Value::Str("cpu".into()));
+        assert_eq!(s.knobs[&Knob::OffloadParam], Value::Offload(Offload::Cpu));
     }
 
     #[test]
@@ -721,12 +722,18 @@ mod tests {
         let mut s = settings(4, 2, None, false);
         s.knobs.insert(Knob::ZeroStage, Value::Int(2));
         s.knobs
-            .insert(Knob::OffloadOptimizer, Value::Str("none".into()));
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
         let d = next(&p, &s, "OOM").unwrap();
+        let after = &d.after.knobs[&Knob::OffloadOptimizer];
         assert_eq!(
-            d.after.knobs[&Knob::OffloadOptimizer],
-            Value::Str("nvme:/local_nvme".into())
+            *after,
+            Value::Offload(Offload::Nvme {
+                path: Some("/local_nvme".into())
+            })
         );
+        // Shown and journaled as before the value was typed.
+        assert_eq!(after.to_string(), "nvme:/local_nvme");
+        assert_eq!(serde_json::json!(after), "nvme:/local_nvme");
         let bad = "[[step]]\nkind = \"offload_param\"\nnvme_path = \"nvme\"\n";
         let e = Policy::parse("x", Path::new("p.toml"), bad)
             .unwrap_err()

@@ -20,7 +20,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::files::{Doc, FileError, Scalar};
-use super::{Knob, Value};
+use super::{Knob, Offload, Value};
 use crate::command::{Command, FlagForm, LauncherKind};
 
 /// What a config file is for; decides which keys are knobs.
@@ -222,8 +222,8 @@ pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
             _ => None,
         },
         Knob::OffloadOptimizer | Knob::OffloadParam => match s {
-            Scalar::Str(x) if x != "auto" => Some(Value::Str(x.to_ascii_lowercase())),
-            Scalar::Null => Some(Value::Str("none".into())),
+            Scalar::Str(x) => Offload::parse(x).map(Value::Offload),
+            Scalar::Null => Some(Value::Offload(Offload::None)),
             _ => None,
         },
         _ => match s {
@@ -242,7 +242,7 @@ pub fn value_to_scalar(v: &Value, old: Option<&Scalar>) -> Scalar {
             _ => Scalar::Int(*n as i64),
         },
         Value::Bool(b) => Scalar::Bool(*b),
-        Value::Str(s) => Scalar::Str(s.clone()),
+        Value::Offload(o) => Scalar::Str(o.to_string()),
     }
 }
 
@@ -653,12 +653,12 @@ fn places(
                         add(
                             Knob::OffloadOptimizer,
                             DS_OFFLOAD_OPT,
-                            Some(Value::Str("none".into())),
+                            Some(Value::Offload(Offload::None)),
                         );
                         add(
                             Knob::OffloadParam,
                             DS_OFFLOAD_PARAM,
-                            Some(Value::Str("none".into())),
+                            Some(Value::Offload(Offload::None)),
                         );
                     }
                     if role == Role::PythonModule || prog == "tune" {
@@ -676,12 +676,12 @@ fn places(
                     add(
                         Knob::OffloadOptimizer,
                         DS_OFFLOAD_OPT,
-                        Some(Value::Str("none".into())),
+                        Some(Value::Offload(Offload::None)),
                     );
                     add(
                         Knob::OffloadParam,
                         DS_OFFLOAD_PARAM,
-                        Some(Value::Str("none".into())),
+                        Some(Value::Offload(Offload::None)),
                     );
                 }
                 Role::Accelerate => {
@@ -738,7 +738,7 @@ pub fn override_text(v: &Value, old: &str) -> String {
                 s.into()
             }
         }
-        Value::Str(s) => s.clone(),
+        Value::Offload(o) => o.to_string(),
     }
 }
 

@@ -79,14 +79,65 @@ impl FromStr for Knob {
     }
 }
 
+/// Where DeepSpeed keeps optimizer states or parameters (`offload_*.device`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Offload {
+    None,
+    Cpu,
+    /// NVMe; `path` (a policy step's `nvme_path`) goes in the sibling
+    /// `nvme_path` key of the config file.
+    Nvme {
+        path: Option<String>,
+    },
+}
+
+impl Offload {
+    /// The device as DeepSpeed spells it: `none`, `cpu` or `nvme`.
+    pub fn device(&self) -> &'static str {
+        match self {
+            Offload::None => "none",
+            Offload::Cpu => "cpu",
+            Offload::Nvme { .. } => "nvme",
+        }
+    }
+
+    /// A device name as found in a command or a config file (any case);
+    /// `None` for anything DeepSpeed would not accept.
+    pub fn parse(device: &str) -> Option<Offload> {
+        match device.to_ascii_lowercase().as_str() {
+            "none" => Some(Offload::None),
+            "cpu" => Some(Offload::Cpu),
+            "nvme" => Some(Offload::Nvme { path: None }),
+            _ => None,
+        }
+    }
+}
+
+/// `none`, `cpu`, `nvme`, or `nvme:PATH` when the NVMe path is known: the text
+/// the journal, `plan` and the summary table have always shown for it.
+impl fmt::Display for Offload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Offload::Nvme { path: Some(p) } => write!(f, "nvme:{p}"),
+            o => f.write_str(o.device()),
+        }
+    }
+}
+
+impl Serialize for Offload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A knob's value in one settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Value {
     Int(u64),
     Bool(bool),
-    /// Offload devices: `none`, `cpu`, `nvme`.
-    Str(String),
+    /// offload_optimizer, offload_param.
+    Offload(Offload),
 }
 
 impl Value {
@@ -102,9 +153,9 @@ impl Value {
             _ => None,
         }
     }
-    pub fn as_str(&self) -> Option<&str> {
+    pub fn as_offload(&self) -> Option<&Offload> {
         match self {
-            Value::Str(s) => Some(s),
+            Value::Offload(o) => Some(o),
             _ => None,
         }
     }
@@ -115,7 +166,7 @@ impl fmt::Display for Value {
         match self {
             Value::Int(n) => write!(f, "{n}"),
             Value::Bool(b) => write!(f, "{b}"),
-            Value::Str(s) => f.write_str(s),
+            Value::Offload(o) => o.fmt(f),
         }
     }
 }
@@ -821,16 +872,16 @@ pub fn materialize(
             }
             match b {
                 Binding::Config { file, key, .. } => {
-                    // `nvme:PATH`: the device is "nvme", and the path goes in the
-                    // sibling key (`...offload_optimizer.nvme_path`,
+                    // NVMe with a path: the device is "nvme", and the path goes in
+                    // the sibling key (`...offload_optimizer.nvme_path`,
                     // `deepspeed_config.offload_optimizer_nvme_path`).
-                    if let Some(path) = new.as_str().and_then(|v| v.strip_prefix("nvme:")) {
+                    if let Some(Offload::Nvme { path: Some(path) }) = new.as_offload() {
                         docs[*file].set(key, &files::Scalar::Str("nvme".into()))?;
                         let sibling = match key.strip_suffix(".device") {
                             Some(base) => format!("{base}.nvme_path"),
                             None => key.replace("_device", "_nvme_path"),
                         };
-                        docs[*file].set(&sibling, &files::Scalar::Str(path.into()))?;
+                        docs[*file].set(&sibling, &files::Scalar::Str(path.clone()))?;
                         continue;
                     }
                     let old = docs[*file].get(key).ok().flatten();
@@ -933,4 +984,30 @@ pub fn materialize(
         env,
         files: derived,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offload_devices_parse_show_and_serialize_as_strings() {
+        assert_eq!(Offload::parse("CPU"), Some(Offload::Cpu));
+        assert_eq!(Offload::parse("none"), Some(Offload::None));
+        assert_eq!(Offload::parse("nvme"), Some(Offload::Nvme { path: None }));
+        assert_eq!(Offload::parse("auto"), None);
+        let nvme = Value::Offload(Offload::Nvme {
+            path: Some("/local_nvme".into()),
+        });
+        assert_eq!(nvme.to_string(), "nvme:/local_nvme");
+        assert_eq!(nvme.as_offload().map(Offload::device), Some("nvme"));
+        assert_eq!(
+            serde_json::to_string(&nvme).unwrap(),
+            "\"nvme:/local_nvme\""
+        );
+        assert_eq!(
+            serde_json::to_string(&Value::Offload(Offload::None)).unwrap(),
+            "\"none\""
+        );
+    }
 }
