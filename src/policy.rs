@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::evidence::Evidence;
 use crate::knobs::{Discovery, Knob, Offload, Settings, Value};
 
 /// Policies shipped in `policies/`, embedded in the binary.
@@ -582,14 +583,16 @@ fn offload_target(step: &Step) -> (Value, String) {
     }
 }
 
-/// The next decision after an OOM, or `None` when the policy has run out of steps.
-pub fn next(policy: &Policy, cur: &Settings, cause: &str) -> Option<Decision> {
+/// The next decision after the OOM `evidence` shows, or `None` when the policy
+/// has run out of steps. The reason starts with the evidence's own words
+/// ("OOM (tried to allocate 2.00 GiB on GPU 0, ...)", "assumed OOM").
+pub fn next(policy: &Policy, cur: &Settings, evidence: &Evidence) -> Option<Decision> {
     policy.steps.iter().find_map(|step| {
         apply(step, policy, cur).map(|(after, what)| Decision {
             step: step.kind,
             before: cur.clone(),
             after,
-            reason: format!("{cause}: {what}"),
+            reason: format!("{evidence}: {what}"),
         })
     })
 }
@@ -597,6 +600,10 @@ pub fn next(policy: &Policy, cur: &Settings, cause: &str) -> Option<Decision> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn oom() -> Evidence {
+        Evidence::cuda_oom(None)
+    }
 
     fn settings(micro: u64, accum: u64, seq: Option<u64>, gc: bool) -> Settings {
         let mut knobs = BTreeMap::new();
@@ -627,7 +634,7 @@ mod tests {
         let mut s = settings(6, 1, Some(2048), false);
         let gb = s.global_batch().unwrap();
         let mut steps = vec![];
-        while let Some(d) = next(&p, &s, "OOM") {
+        while let Some(d) = next(&p, &s, &oom()) {
             steps.push(d.step);
             s = d.after;
             assert_eq!(s.global_batch().unwrap(), gb);
@@ -645,7 +652,7 @@ mod tests {
     fn keep_results_never_shortens() {
         let p = Policy::load("keep-results").unwrap();
         let mut s = settings(8, 1, Some(1024), false);
-        while let Some(d) = next(&p, &s, "OOM") {
+        while let Some(d) = next(&p, &s, &oom()) {
             assert_ne!(d.step, StepKind::ShortenSeq);
             s = d.after;
         }
@@ -696,7 +703,7 @@ mod tests {
         s.knobs
             .insert(Knob::OffloadParam, Value::Offload(Offload::None));
         let mut steps = vec![];
-        while let Some(d) = next(&p, &s, "OOM") {
+        while let Some(d) = next(&p, &s, &oom()) {
             steps.push(d.step);
             s = d.after;
         }
@@ -723,7 +730,7 @@ mod tests {
         s.knobs.insert(Knob::ZeroStage, Value::Int(2));
         s.knobs
             .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
-        let d = next(&p, &s, "OOM").unwrap();
+        let d = next(&p, &s, &oom()).unwrap();
         let after = &d.after.knobs[&Knob::OffloadOptimizer];
         assert_eq!(
             *after,
@@ -771,8 +778,31 @@ mod tests {
     fn odd_micro_batches_stay_exact() {
         let p = Policy::load("default").unwrap();
         let s = settings(5, 2, None, true);
-        let d = next(&p, &s, "OOM").unwrap();
+        let d = next(&p, &s, &oom()).unwrap();
         assert_eq!(d.after.int(Knob::MicroBatch), Some(2));
         assert_eq!(d.after.int(Knob::GradAccum), Some(5));
+    }
+
+    #[test]
+    fn the_reason_starts_with_the_evidence() {
+        let p = Policy::load("default").unwrap();
+        let s = settings(12, 1, None, false);
+        let d = next(&p, &s, &Evidence::assumed()).unwrap();
+        assert_eq!(
+            d.reason,
+            "assumed OOM: micro-batch 12 → 6, accumulation 1 → 2, global batch 24 kept"
+        );
+        let numbers = crate::detect::OomNumbers {
+            tried_to_allocate_bytes: Some(3 << 30),
+            device: Some(1),
+            ..Default::default()
+        };
+        let d = next(&p, &s, &Evidence::cuda_oom(Some(numbers))).unwrap();
+        assert!(
+            d.reason
+                .starts_with("OOM (tried to allocate 3.00 GiB on GPU 1): micro-batch 12 → 6"),
+            "{}",
+            d.reason
+        );
     }
 }
