@@ -623,10 +623,10 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 .map(|(k, v)| (OsString::from(k), OsString::from(v))),
         );
         let gpu_state = gw.before_attempt(attempts, prev_pid);
-        if let Some(s) = gpu_state.get("summary").and_then(|s| s.as_str())
+        if let Some(g) = &gpu_state
             && cfg.verbose > 0
         {
-            log.info(&format!("GPUs before attempt {attempts}: {s}"));
+            log.info(&format!("GPUs before attempt {attempts}: {}", g.summary));
         }
         j.event(
             "attempt_start",
