@@ -8,7 +8,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use serde_json::{Value as Json, json};
+use serde::Serialize;
 
 use crate::detect::Finding;
 use crate::gpu::{self, PeakReport, PeakSampler, Preflight, Probe, Tenant};
@@ -80,6 +80,27 @@ impl GpuOptions {
     fn requested(&self) -> bool {
         self.wait_for.is_some() || self.pick.is_some()
     }
+}
+
+/// What happened on the run's GPUs before an attempt: the journal's `gpu`
+/// field of `attempt_start`. A wait that did not happen leaves its key out.
+#[derive(Debug, Clone, Serialize)]
+pub struct BeforeAttempt {
+    /// Seconds spent waiting for the previous attempt's memory to be released.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_wait_s: Option<f64>,
+    /// Why that wait gave up (the attempt launched anyway).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_wait_timed_out: Option<String>,
+    /// Seconds spent waiting for `--wait-for-memory`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_wait_s: Option<f64>,
+    /// Why that wait gave up (the attempt launched anyway).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_wait_timed_out: Option<String>,
+    pub preflight: Preflight,
+    /// "GPU 0: 60.0 of 80.0 GiB free"
+    pub summary: String,
 }
 
 /// How long to wait for the previous attempt's processes to release GPU memory.
@@ -177,21 +198,17 @@ impl GpuWatch {
 
     /// Before an attempt: wait for the previous attempt's memory to be released,
     /// then (with `--wait-for-memory`) for enough free memory; then record the
-    /// preflight. Returns the journal fields.
-    pub fn before_attempt(&mut self, attempt: u32, prev_pid: Option<u32>) -> Json {
-        let Some(p) = self.probe.as_mut() else {
-            return Json::Null;
-        };
-        let mut out = serde_json::Map::new();
+    /// preflight. `None` without a GPU probe.
+    pub fn before_attempt(&mut self, attempt: u32, prev_pid: Option<u32>) -> Option<BeforeAttempt> {
+        let p = self.probe.as_mut()?;
+        let (mut release_wait_s, mut release_wait_timed_out) = (None, None);
         if attempt > 1 {
             let pids: Vec<u32> = prev_pid.into_iter().collect();
             match gpu::wait_released(p.as_mut(), &self.gpus, &self.marker, &pids, RELEASE_TIMEOUT) {
-                Ok(d) => {
-                    out.insert("release_wait_s".into(), json!(d.as_secs_f64()));
-                }
+                Ok(d) => release_wait_s = Some(d.as_secs_f64()),
                 Err(e) => {
                     eprintln!("oomguard: warning: {e}; launching anyway");
-                    out.insert("release_wait_timed_out".into(), json!(e.to_string()));
+                    release_wait_timed_out = Some(e.to_string());
                 }
             }
         }
@@ -200,6 +217,7 @@ impl GpuWatch {
             Some(WaitFor::Auto) => self.auto_bytes,
             None => None,
         };
+        let (mut memory_wait_s, mut memory_wait_timed_out) = (None, None);
         if let Some(bytes) = want {
             let mut say = |l: &str| eprintln!("{l}");
             match gpu::wait_for_free(
@@ -210,20 +228,23 @@ impl GpuWatch {
                 self.opts.status_every,
                 &mut say,
             ) {
-                Ok(d) => {
-                    out.insert("memory_wait_s".into(), json!(d.as_secs_f64()));
-                }
+                Ok(d) => memory_wait_s = Some(d.as_secs_f64()),
                 Err(e) => {
                     eprintln!("oomguard: warning: {e}; launching anyway");
-                    out.insert("memory_wait_timed_out".into(), json!(e.to_string()));
+                    memory_wait_timed_out = Some(e.to_string());
                 }
             }
         }
         let pf = gpu::preflight(p.as_mut(), &self.gpus, Some(&self.marker));
-        out.insert("preflight".into(), json!(pf));
-        out.insert("summary".into(), json!(pf.summary()));
-        self.preflight = Some(pf);
-        Json::Object(out)
+        self.preflight = Some(pf.clone());
+        Some(BeforeAttempt {
+            release_wait_s,
+            release_wait_timed_out,
+            memory_wait_s,
+            memory_wait_timed_out,
+            summary: pf.summary(),
+            preflight: pf,
+        })
     }
 
     pub fn start_sampling(&mut self) {

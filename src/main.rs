@@ -8,6 +8,7 @@ mod cli;
 mod command;
 mod detect;
 mod envmerge;
+mod evidence;
 mod exit;
 mod files;
 mod frameworks;

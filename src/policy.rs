@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::knobs::{Discovery, Knob, Settings, Value};
+use crate::evidence::Evidence;
+use crate::knobs::{Discovery, Knob, Offload, Settings, Value};
 
 /// Policies shipped in `policies/`, embedded in the binary.
 pub const SHIPPED: &[(&str, &str)] = &[
@@ -548,12 +549,8 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
             ))
         }
         StepKind::OffloadOptimizer => {
-            let dev = cur
-                .knobs
-                .get(&Knob::OffloadOptimizer)?
-                .as_str()?
-                .to_string();
-            if dev != "none" || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
+            let dev = cur.knobs.get(&Knob::OffloadOptimizer)?.as_offload()?;
+            if *dev != Offload::None || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
                 return None;
             }
             let (v, to) = offload_target(step);
@@ -564,8 +561,8 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
             ))
         }
         StepKind::OffloadParam => {
-            let dev = cur.knobs.get(&Knob::OffloadParam)?.as_str()?.to_string();
-            if dev != "none" || cur.int(Knob::ZeroStage) != Some(3) {
+            let dev = cur.knobs.get(&Knob::OffloadParam)?.as_offload()?;
+            if *dev != Offload::None || cur.int(Knob::ZeroStage) != Some(3) {
                 return None;
             }
             let (v, to) = offload_target(step);
@@ -575,23 +572,30 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
     }
 }
 
-/// `cpu`, or `nvme:PATH` when the step names an NVMe path (materialize writes
-/// the device and the path).
+/// CPU, or NVMe when the step names an NVMe path (materialize writes the
+/// device and the path).
 fn offload_target(step: &Step) -> (Value, String) {
     match &step.nvme_path {
-        Some(p) => (Value::Str(format!("nvme:{p}")), format!("NVMe at {p}")),
-        None => (Value::Str("cpu".into()), "CPU memory".into()),
+        Some(p) => (
+            Value::Offload(Offload::Nvme {
+                path: Some(p.clone()),
+            }),
+            format!("NVMe at {p}"),
+        ),
+        None => (Value::Offload(Offload::Cpu), "CPU memory".into()),
     }
 }
 
-/// The next decision after an OOM, or `None` when the policy has run out of steps.
-pub fn next(policy: &Policy, cur: &Settings, cause: &str) -> Option<Decision> {
+/// The next decision after the OOM `evidence` shows, or `None` when the policy
+/// has run out of steps. The reason starts with the evidence's own words
+/// ("OOM (tried to allocate 2.00 GiB on GPU 0, ...)", "assumed OOM").
+pub fn next(policy: &Policy, cur: &Settings, evidence: &Evidence) -> Option<Decision> {
     policy.steps.iter().find_map(|step| {
         apply(step, policy, cur).map(|(after, what)| Decision {
             step: step.kind,
             before: cur.clone(),
             after,
-            reason: format!("{cause}: {what}"),
+            reason: format!("{evidence}: {what}"),
         })
     })
 }
@@ -599,6 +603,10 @@ pub fn next(policy: &Policy, cur: &Settings, cause: &str) -> Option<Decision> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn oom() -> Evidence {
+        Evidence::cuda_oom(None)
+    }
 
     fn settings(micro: u64, accum: u64, seq: Option<u64>, gc: bool) -> Settings {
         let mut knobs = BTreeMap::new();
@@ -629,7 +637,7 @@ mod tests {
         let mut s = settings(6, 1, Some(2048), false);
         let gb = s.global_batch().unwrap();
         let mut steps = vec![];
-        while let Some(d) = next(&p, &s, "OOM") {
+        while let Some(d) = next(&p, &s, &oom()) {
             steps.push(d.step);
             s = d.after;
             assert_eq!(s.global_batch().unwrap(), gb);
@@ -647,7 +655,7 @@ mod tests {
     fn keep_results_never_shortens() {
         let p = Policy::load("keep-results").unwrap();
         let mut s = settings(8, 1, Some(1024), false);
-        while let Some(d) = next(&p, &s, "OOM") {
+        while let Some(d) = next(&p, &s, &oom()) {
             assert_ne!(d.step, StepKind::ShortenSeq);
             s = d.after;
         }
@@ -694,11 +702,11 @@ mod tests {
         let mut s = settings(4, 2, None, false);
         s.knobs.insert(Knob::ZeroStage, Value::Int(1));
         s.knobs
-            .insert(Knob::OffloadOptimizer, Value::Str("none".into()));
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
         s.knobs
-            .insert(Knob::OffloadParam, Value::Str("none".into()));
+            .insert(Knob::OffloadParam, Value::Offload(Offload::None));
         let mut steps = vec![];
-        while let Some(d) = next(&p, &s, "OOM") {
+        while let Some(d) = next(&p, &s, &oom()) {
             steps.push(d.step);
             s = d.after;
         }
@@ -714,7 +722,7 @@ mod tests {
         );
         assert_eq!(s.int(Knob::ZeroStage), Some(3));
         assert_eq!(s.int(Knob::MicroBatch), Some(1));
-        assert_eq!(s.knobs[&Knob::OffloadParam], Value::Str("cpu".into()));
+        assert_eq!(s.knobs[&Knob::OffloadParam], Value::Offload(Offload::Cpu));
     }
 
     #[test]
@@ -724,12 +732,18 @@ mod tests {
         let mut s = settings(4, 2, None, false);
         s.knobs.insert(Knob::ZeroStage, Value::Int(2));
         s.knobs
-            .insert(Knob::OffloadOptimizer, Value::Str("none".into()));
-        let d = next(&p, &s, "OOM").unwrap();
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
+        let d = next(&p, &s, &oom()).unwrap();
+        let after = &d.after.knobs[&Knob::OffloadOptimizer];
         assert_eq!(
-            d.after.knobs[&Knob::OffloadOptimizer],
-            Value::Str("nvme:/local_nvme".into())
+            *after,
+            Value::Offload(Offload::Nvme {
+                path: Some("/local_nvme".into())
+            })
         );
+        // Shown and journaled as before the value was typed.
+        assert_eq!(after.to_string(), "nvme:/local_nvme");
+        assert_eq!(serde_json::json!(after), "nvme:/local_nvme");
         let bad = "[[step]]\nkind = \"offload_param\"\nnvme_path = \"nvme\"\n";
         let e = Policy::parse("x", Path::new("p.toml"), bad)
             .unwrap_err()
@@ -767,8 +781,31 @@ mod tests {
     fn odd_micro_batches_stay_exact() {
         let p = Policy::load("default").unwrap();
         let s = settings(5, 2, None, true);
-        let d = next(&p, &s, "OOM").unwrap();
+        let d = next(&p, &s, &oom()).unwrap();
         assert_eq!(d.after.int(Knob::MicroBatch), Some(2));
         assert_eq!(d.after.int(Knob::GradAccum), Some(5));
+    }
+
+    #[test]
+    fn the_reason_starts_with_the_evidence() {
+        let p = Policy::load("default").unwrap();
+        let s = settings(12, 1, None, false);
+        let d = next(&p, &s, &Evidence::assumed()).unwrap();
+        assert_eq!(
+            d.reason,
+            "assumed OOM: micro-batch 12 → 6, accumulation 1 → 2, global batch 24 kept"
+        );
+        let numbers = crate::detect::OomNumbers {
+            tried_to_allocate_bytes: Some(3 << 30),
+            device: Some(1),
+            ..Default::default()
+        };
+        let d = next(&p, &s, &Evidence::cuda_oom(Some(numbers))).unwrap();
+        assert!(
+            d.reason
+                .starts_with("OOM (tried to allocate 3.00 GiB on GPU 1): micro-batch 12 → 6"),
+            "{}",
+            d.reason
+        );
     }
 }

@@ -64,14 +64,65 @@ impl FromStr for Knob {
     }
 }
 
+/// Where DeepSpeed keeps optimizer states or parameters (`offload_*.device`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Offload {
+    None,
+    Cpu,
+    /// NVMe; `path` (a policy step's `nvme_path`) goes in the sibling
+    /// `nvme_path` key of the config file.
+    Nvme {
+        path: Option<String>,
+    },
+}
+
+impl Offload {
+    /// The device as DeepSpeed spells it: `none`, `cpu` or `nvme`.
+    pub fn device(&self) -> &'static str {
+        match self {
+            Offload::None => "none",
+            Offload::Cpu => "cpu",
+            Offload::Nvme { .. } => "nvme",
+        }
+    }
+
+    /// A device name as found in a command or a config file (any case);
+    /// `None` for anything DeepSpeed would not accept.
+    pub fn parse(device: &str) -> Option<Offload> {
+        match device.to_ascii_lowercase().as_str() {
+            "none" => Some(Offload::None),
+            "cpu" => Some(Offload::Cpu),
+            "nvme" => Some(Offload::Nvme { path: None }),
+            _ => None,
+        }
+    }
+}
+
+/// `none`, `cpu`, `nvme`, or `nvme:PATH` when the NVMe path is known: the text
+/// the journal, `plan` and the summary table have always shown for it.
+impl fmt::Display for Offload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Offload::Nvme { path: Some(p) } => write!(f, "nvme:{p}"),
+            o => f.write_str(o.device()),
+        }
+    }
+}
+
+impl Serialize for Offload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A knob's value in one settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Value {
     Int(u64),
     Bool(bool),
-    /// Offload devices: `none`, `cpu`, `nvme`.
-    Str(String),
+    /// offload_optimizer, offload_param.
+    Offload(Offload),
 }
 
 impl Value {
@@ -87,9 +138,9 @@ impl Value {
             _ => None,
         }
     }
-    pub fn as_str(&self) -> Option<&str> {
+    pub fn as_offload(&self) -> Option<&Offload> {
         match self {
-            Value::Str(s) => Some(s),
+            Value::Offload(o) => Some(o),
             _ => None,
         }
     }
@@ -100,7 +151,7 @@ impl fmt::Display for Value {
         match self {
             Value::Int(n) => write!(f, "{n}"),
             Value::Bool(b) => write!(f, "{b}"),
-            Value::Str(s) => f.write_str(s),
+            Value::Offload(o) => o.fmt(f),
         }
     }
 }

@@ -24,8 +24,9 @@ use serde_json::{Value as Json, json};
 use crate::checkpoint;
 use crate::cli::RunArgs;
 use crate::command::Command;
-use crate::detect::{Finding, Kind, format_size};
+use crate::detect::Finding;
 use crate::envmerge::{self, EnvSet};
+use crate::evidence::{self, Evidence, Outcome};
 use crate::exit;
 use crate::gpuwatch::{GpuOptions, GpuWatch, TENANT_RETRIES};
 use crate::inplace::InPlace;
@@ -288,7 +289,7 @@ fn ladder(
         m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
     });
     while (rungs.len() as u32) < cfg.max_attempts {
-        let Some(d) = policy::next(&cfg.policy, &s, "assumed OOM") else {
+        let Some(d) = policy::next(&cfg.policy, &s, &Evidence::assumed()) else {
             break;
         };
         s = d.after.clone();
@@ -495,96 +496,6 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     exit::SUCCESS
 }
 
-/// How one attempt ended.
-#[derive(Debug, Clone)]
-pub enum Outcome {
-    Success,
-    GpuOom {
-        finding: Option<Finding>,
-        hung: bool,
-    },
-    HostOom {
-        finding: Option<Finding>,
-        code: i32,
-    },
-    Other {
-        code: i32,
-        exit: String,
-    },
-    Interrupted {
-        signal: i32,
-    },
-}
-
-impl Outcome {
-    fn name(&self) -> &'static str {
-        match self {
-            Outcome::Success => "success",
-            Outcome::GpuOom { hung: false, .. } => "cuda_oom",
-            Outcome::GpuOom { hung: true, .. } => "hung_after_oom",
-            Outcome::HostOom { .. } => "host_oom",
-            Outcome::Other { .. } => "other_failure",
-            Outcome::Interrupted { .. } => "interrupted",
-        }
-    }
-}
-
-/// Classify a finished attempt. The user's signal wins; then a success; then
-/// the first OOM printed (the root cause, not the errors that follow it).
-fn classify(r: &launch::Report) -> Outcome {
-    if let Some(signal) = r.interrupted {
-        return Outcome::Interrupted { signal };
-    }
-    if r.hung {
-        return Outcome::GpuOom {
-            finding: r.scanner.first_oom().cloned(),
-            hung: true,
-        };
-    }
-    let code = r.exit.status_code();
-    if code == 0 {
-        return Outcome::Success;
-    }
-    match r.scanner.first_oom() {
-        Some(f) if f.kind == Kind::GpuOom => Outcome::GpuOom {
-            finding: Some(f.clone()),
-            hung: false,
-        },
-        Some(f) => Outcome::HostOom {
-            finding: Some(f.clone()),
-            code,
-        },
-        // Killed by SIGKILL with nobody asking: the kernel's OOM killer, most likely.
-        None if matches!(r.exit, launch::Exit::Signal(9)) => Outcome::HostOom {
-            finding: None,
-            code,
-        },
-        None => Outcome::Other {
-            code,
-            exit: r.exit.to_string(),
-        },
-    }
-}
-
-fn oom_summary(f: Option<&Finding>) -> String {
-    let Some(f) = f else {
-        return "OOM".into();
-    };
-    let n = &f.numbers;
-    let mut s = String::from("OOM");
-    if let Some(t) = n.tried_to_allocate_bytes {
-        s.push_str(&format!(" (tried to allocate {}", format_size(t)));
-        if let Some(d) = n.device {
-            s.push_str(&format!(" on GPU {d}"));
-        }
-        if let Some(fr) = n.free_bytes {
-            s.push_str(&format!(", {} free", format_size(fr)));
-        }
-        s.push(')');
-    }
-    s
-}
-
 struct Log {
     quiet: bool,
 }
@@ -663,7 +574,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     }
 
     let mut settings = first.clone();
-    let mut decisions: Vec<(u32, String, Decision)> = Vec::new();
+    let mut decisions: Vec<(u32, Evidence, Decision)> = Vec::new();
     let mut lost = Duration::ZERO;
     let mut attempts = 0u32;
     // The first attempt runs the command as given: a resume argument the user
@@ -707,10 +618,10 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 .map(|(k, v)| (OsString::from(k), OsString::from(v))),
         );
         let gpu_state = gw.before_attempt(attempts, prev_pid);
-        if let Some(s) = gpu_state.get("summary").and_then(|s| s.as_str())
+        if let Some(g) = &gpu_state
             && cfg.verbose > 0
         {
-            log.info(&format!("GPUs before attempt {attempts}: {s}"));
+            log.info(&format!("GPUs before attempt {attempts}: {}", g.summary));
         }
         j.event(
             "attempt_start",
@@ -761,7 +672,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 eprintln!("oomguard: error: {e}");
                 j.event(
                     "attempt_end",
-                    json!({"attempt": attempts, "outcome": "cannot_execute", "error": e.to_string(), "status": code}),
+                    json!({"attempt": attempts, "outcome": evidence::OutcomeKind::CannotExecute, "error": e.to_string(), "status": code}),
                 );
                 break code;
             }
@@ -769,12 +680,8 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         for w in &report.warnings {
             eprintln!("oomguard: warning: {w}");
         }
-        let outcome = classify(&report);
-        let finding = match &outcome {
-            Outcome::GpuOom { finding, .. } | Outcome::HostOom { finding, .. } => finding.clone(),
-            _ => None,
-        };
-        if let Some(f) = &finding {
+        let outcome = evidence::classify(&report);
+        if let Some(f) = outcome.finding() {
             j.event(
                 "oom",
                 json!({"attempt": attempts, "finding": finding_json(Some(f)), "after_s": report.oom_at.map(|d| d.as_secs_f64())}),
@@ -786,7 +693,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 "attempt": attempts,
                 "status": report.exit.status_code(),
                 "exit": report.exit.to_string(),
-                "outcome": outcome.name(),
+                "outcome": outcome.kind(),
                 "duration_s": report.duration.as_secs_f64(),
                 "error_line": report.scanner.error_line(),
                 "gpu_peak": peak,
@@ -830,20 +737,15 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 );
                 break code;
             }
-            Outcome::GpuOom { finding, hung } => {
-                let cause = format!(
-                    "{}{}",
-                    if hung { "hung after " } else { "" },
-                    oom_summary(finding.as_ref())
-                );
+            Outcome::GpuOom { ref finding, .. } => {
+                let reached = log_path.as_deref().and_then(progress::step_reached);
+                let cause = Evidence::of(&outcome, reached).expect("a GPU OOM is evidence");
                 log.info(&format!("attempt {attempts}: {cause}"));
                 // The same allocation failing again right after the micro-batch was
                 // halved: the trainer may not be using the new value (transformers
                 // 4.36 to early 5.x restored train_batch_size from the checkpoint's
                 // trainer_state.json on resume).
-                let tried = finding
-                    .as_ref()
-                    .and_then(|f| f.numbers.tried_to_allocate_bytes);
+                let tried = cause.tried_to_allocate();
                 if let (Some(t), Some((prev_t, true))) = (tried, last_tried)
                     && t == prev_t
                 {
@@ -857,7 +759,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 }
                 // Another tenant's memory, not the run's: wait for it and retry the
                 // same settings instead of shrinking (bounded; then the policy applies).
-                let tenants = if hung {
+                let tenants = if cause.hung() {
                     Vec::new()
                 } else {
                     gw.tenants(finding.as_ref())
@@ -938,7 +840,6 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                     }
                 }
                 let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
-                let reached = log_path.as_deref().and_then(progress::step_reached);
                 let oom_after = report.oom_at.unwrap_or(report.duration);
                 let loss = Loss::measure(
                     reached,
@@ -1126,7 +1027,7 @@ fn n_steps(n: u64) -> String {
 fn summary(
     first: &Settings,
     last: &Settings,
-    decisions: &[(u32, String, Decision)],
+    decisions: &[(u32, Evidence, Decision)],
     attempts: u32,
     lost: Duration,
     code: i32,
@@ -1140,7 +1041,7 @@ fn summary(
         if v0 == v1 {
             continue;
         }
-        let changed: Vec<&(u32, String, Decision)> = decisions
+        let changed: Vec<&(u32, Evidence, Decision)> = decisions
             .iter()
             .filter(|(_, _, d)| d.before.knobs.get(k) != d.after.knobs.get(k))
             .collect();

@@ -19,12 +19,12 @@ const ZERO_KEYS: &[KeySpec] = &[
     KeySpec {
         knob: Knob::OffloadOptimizer,
         key: OFFLOAD_OPT,
-        absent: Some(AbsentValue::Str("none")),
+        absent: Some(AbsentValue::NoOffload),
     },
     KeySpec {
         knob: Knob::OffloadParam,
         key: OFFLOAD_PARAM,
-        absent: Some(AbsentValue::Str("none")),
+        absent: Some(AbsentValue::NoOffload),
     },
 ];
 
@@ -62,12 +62,12 @@ pub static FAMILY: Family = Family {
             KeySpec {
                 knob: Knob::OffloadOptimizer,
                 key: OFFLOAD_OPT,
-                absent: Some(AbsentValue::Str("none")),
+                absent: Some(AbsentValue::NoOffload),
             },
             KeySpec {
                 knob: Knob::OffloadParam,
                 key: OFFLOAD_PARAM,
-                absent: Some(AbsentValue::Str("none")),
+                absent: Some(AbsentValue::NoOffload),
             },
         ],
         global_batch_key: Some("train_batch_size"),

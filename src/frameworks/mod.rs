@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use crate::checkpoint::Layout;
 use crate::command::Command;
 use crate::files::{Doc, Scalar};
-use crate::settings::{Knob, Value, World};
+use crate::settings::{Knob, Offload, Value, World};
 
 mod accelerate;
 mod deepspeed;
@@ -70,7 +70,8 @@ pub struct KeySpec {
 pub enum AbsentValue {
     Int(u64),
     Bool(bool),
-    Str(&'static str),
+    /// Nothing offloaded.
+    NoOffload,
 }
 
 impl AbsentValue {
@@ -78,7 +79,7 @@ impl AbsentValue {
         match self {
             AbsentValue::Int(n) => Value::Int(n),
             AbsentValue::Bool(b) => Value::Bool(b),
-            AbsentValue::Str(s) => Value::Str(s.to_string()),
+            AbsentValue::NoOffload => Value::Offload(Offload::None),
         }
     }
 }

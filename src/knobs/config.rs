@@ -19,7 +19,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use super::{Knob, Value};
+use super::{Knob, Offload, Value};
 use crate::command::{Command, FlagForm};
 use crate::files::{Doc, FileError, Scalar};
 use crate::frameworks::{self, AbsentValue, Env, FileKind};
@@ -129,8 +129,8 @@ pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
             _ => None,
         },
         Knob::OffloadOptimizer | Knob::OffloadParam => match s {
-            Scalar::Str(x) if x != "auto" => Some(Value::Str(x.to_ascii_lowercase())),
-            Scalar::Null => Some(Value::Str("none".into())),
+            Scalar::Str(x) => Offload::parse(x).map(Value::Offload),
+            Scalar::Null => Some(Value::Offload(Offload::None)),
             _ => None,
         },
         _ => match s {
@@ -149,7 +149,7 @@ pub fn value_to_scalar(v: &Value, old: Option<&Scalar>) -> Scalar {
             _ => Scalar::Int(*n as i64),
         },
         Value::Bool(b) => Scalar::Bool(*b),
-        Value::Str(s) => Scalar::Str(s.clone()),
+        Value::Offload(o) => Scalar::Str(o.to_string()),
     }
 }
 
@@ -517,7 +517,7 @@ pub fn override_text(v: &Value, old: &str) -> String {
                 s.into()
             }
         }
-        Value::Str(s) => s.clone(),
+        Value::Offload(o) => o.to_string(),
     }
 }
 

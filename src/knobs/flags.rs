@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 
-use super::{Binding, Bound, Discovery, Knob, KnobError, ResumeArg, UserBinding, Value, World};
+use super::{
+    Binding, Bound, Discovery, Knob, KnobError, Offload, ResumeArg, UserBinding, Value, World,
+};
 use crate::checkpoint::ResumeHow;
 
 /// A global batch written next to a micro-batch: accumulation follows from it.
@@ -31,9 +33,11 @@ fn parse_bool(s: &str) -> Option<bool> {
 
 fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static str)> {
     if matches!(knob, Knob::OffloadOptimizer | Knob::OffloadParam) {
-        return match occ.value.as_deref().map(str::to_ascii_lowercase) {
-            Some(v) if ["none", "cpu", "nvme"].contains(&v.as_str()) => Ok(Value::Str(v)),
-            v => Err((v.unwrap_or_default(), "none, cpu or nvme")),
+        return match occ.value.as_deref() {
+            Some(v) => Offload::parse(v)
+                .map(Value::Offload)
+                .ok_or((v.to_ascii_lowercase(), "none, cpu or nvme")),
+            None => Err((String::new(), "none, cpu or nvme")),
         };
     }
     if knob.is_bool() {
@@ -347,7 +351,7 @@ fn render(new: &Value, old: Option<&str>) -> String {
     match new {
         Value::Int(n) => n.to_string(),
         // An offload device on a flag: the NVMe path has no place there.
-        Value::Str(s) => s.split(':').next().unwrap_or(s).to_string(),
+        Value::Offload(o) => o.device().to_string(),
         Value::Bool(b) => {
             let s = if *b { "true" } else { "false" };
             match old {
@@ -474,9 +478,9 @@ pub(super) fn apply_binding(
                     append.push(flag.into());
                     append.push(n.to_string().into());
                 }
-                Value::Str(v) => {
+                Value::Offload(o) => {
                     append.push(flag.into());
-                    append.push(v.into());
+                    append.push(o.to_string().into());
                 }
             }
             true
@@ -779,10 +783,15 @@ mod tests {
         ));
         let d = discover_all(&a, &[], &no_env).unwrap();
         let mut s = d.settings();
-        assert_eq!(s.knobs[&Knob::OffloadOptimizer], Value::Str("none".into()));
+        assert_eq!(
+            s.knobs[&Knob::OffloadOptimizer],
+            Value::Offload(Offload::None)
+        );
         s.knobs.insert(
             Knob::OffloadOptimizer,
-            Value::Str("nvme:/local_nvme".into()),
+            Value::Offload(Offload::Nvme {
+                path: Some("/local_nvme".into()),
+            }),
         );
         let m = mat(&a, &d, &s, None);
         let copy: serde_json::Value = serde_json::from_str(&m.files[0].text).unwrap();

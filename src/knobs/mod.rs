@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use crate::command::Command;
 pub use crate::command::FlagForm;
 use crate::frameworks;
-pub use crate::settings::{Knob, Settings, Value, World};
+pub use crate::settings::{Knob, Offload, Settings, Value, World};
 
 /// Where a knob lives in the user's command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -670,16 +670,16 @@ pub fn materialize(
             }
             match b {
                 Binding::Config { file, key, .. } => {
-                    // `nvme:PATH`: the device is "nvme", and the path goes in the
-                    // sibling key (`...offload_optimizer.nvme_path`,
+                    // NVMe with a path: the device is "nvme", and the path goes in
+                    // the sibling key (`...offload_optimizer.nvme_path`,
                     // `deepspeed_config.offload_optimizer_nvme_path`).
-                    if let Some(path) = new.as_str().and_then(|v| v.strip_prefix("nvme:")) {
+                    if let Some(Offload::Nvme { path: Some(path) }) = new.as_offload() {
                         docs[*file].set(key, &files::Scalar::Str("nvme".into()))?;
                         let sibling = match key.strip_suffix(".device") {
                             Some(base) => format!("{base}.nvme_path"),
                             None => key.replace("_device", "_nvme_path"),
                         };
-                        docs[*file].set(&sibling, &files::Scalar::Str(path.into()))?;
+                        docs[*file].set(&sibling, &files::Scalar::Str(path.clone()))?;
                         continue;
                     }
                     let old = docs[*file].get(key).ok().flatten();
@@ -835,4 +835,30 @@ pub fn layout(
         recipe_value: &recipe_value,
     };
     frameworks::layout(cmd, &ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offload_devices_parse_show_and_serialize_as_strings() {
+        assert_eq!(Offload::parse("CPU"), Some(Offload::Cpu));
+        assert_eq!(Offload::parse("none"), Some(Offload::None));
+        assert_eq!(Offload::parse("nvme"), Some(Offload::Nvme { path: None }));
+        assert_eq!(Offload::parse("auto"), None);
+        let nvme = Value::Offload(Offload::Nvme {
+            path: Some("/local_nvme".into()),
+        });
+        assert_eq!(nvme.to_string(), "nvme:/local_nvme");
+        assert_eq!(nvme.as_offload().map(Offload::device), Some("nvme"));
+        assert_eq!(
+            serde_json::to_string(&nvme).unwrap(),
+            "\"nvme:/local_nvme\""
+        );
+        assert_eq!(
+            serde_json::to_string(&Value::Offload(Offload::None)).unwrap(),
+            "\"none\""
+        );
+    }
 }

@@ -1,0 +1,234 @@
+//! What an attempt showed, typed: how it ended (the outcome), the numbers in
+//! its OOM message, whether it hung after the OOM, and the step it reached.
+//!
+//! `classify` turns a launch report into an [`Outcome`]; an OOM outcome becomes
+//! the [`Evidence`] the policy decides from (and `plan` decides from an assumed
+//! one). The words shown for it ("hung after OOM (tried to allocate ...)") are
+//! built here, once, from the numbers, for the log, the decision's reason and
+//! the summary alike.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::detect::{Finding, Kind, OomNumbers, format_size};
+use crate::launch;
+
+/// How one attempt ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Success,
+    GpuOom {
+        finding: Option<Finding>,
+        hung: bool,
+    },
+    HostOom {
+        finding: Option<Finding>,
+        code: i32,
+    },
+    Other {
+        code: i32,
+        exit: String,
+    },
+    Interrupted {
+        signal: i32,
+    },
+}
+
+/// An outcome's name, as the journal writes it (`"outcome": "cuda_oom"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKind {
+    Success,
+    CudaOom,
+    HungAfterOom,
+    HostOom,
+    OtherFailure,
+    Interrupted,
+    /// The command could not be started at all (not found, not executable).
+    CannotExecute,
+    /// `plan`'s dry run: nothing ran, an OOM is assumed.
+    AssumedOom,
+}
+
+impl Outcome {
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Outcome::Success => OutcomeKind::Success,
+            Outcome::GpuOom { hung: false, .. } => OutcomeKind::CudaOom,
+            Outcome::GpuOom { hung: true, .. } => OutcomeKind::HungAfterOom,
+            Outcome::HostOom { .. } => OutcomeKind::HostOom,
+            Outcome::Other { .. } => OutcomeKind::OtherFailure,
+            Outcome::Interrupted { .. } => OutcomeKind::Interrupted,
+        }
+    }
+
+    /// The OOM line that decided, for a GPU or host OOM.
+    pub fn finding(&self) -> Option<&Finding> {
+        match self {
+            Outcome::GpuOom { finding, .. } | Outcome::HostOom { finding, .. } => finding.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// Classify a finished attempt. The user's signal wins; then a success; then
+/// the first OOM printed (the root cause, not the errors that follow it).
+pub fn classify(r: &launch::Report) -> Outcome {
+    if let Some(signal) = r.interrupted {
+        return Outcome::Interrupted { signal };
+    }
+    if r.hung {
+        return Outcome::GpuOom {
+            finding: r.scanner.first_oom().cloned(),
+            hung: true,
+        };
+    }
+    let code = r.exit.status_code();
+    if code == 0 {
+        return Outcome::Success;
+    }
+    match r.scanner.first_oom() {
+        Some(f) if f.kind == Kind::GpuOom => Outcome::GpuOom {
+            finding: Some(f.clone()),
+            hung: false,
+        },
+        Some(f) => Outcome::HostOom {
+            finding: Some(f.clone()),
+            code,
+        },
+        // Killed by SIGKILL with nobody asking: the kernel's OOM killer, most likely.
+        None if matches!(r.exit, launch::Exit::Signal(9)) => Outcome::HostOom {
+            finding: None,
+            code,
+        },
+        None => Outcome::Other {
+            code,
+            exit: r.exit.to_string(),
+        },
+    }
+}
+
+/// What an OOM attempt showed, for the policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evidence {
+    /// `CudaOom`, `HungAfterOom`, or `AssumedOom` for `plan`.
+    pub outcome: OutcomeKind,
+    /// The numbers in the OOM message (`None`: no message with numbers).
+    pub oom: Option<OomNumbers>,
+    /// The last training step the attempt printed, if any.
+    pub step_reached: Option<u64>,
+}
+
+impl Evidence {
+    /// `plan`: the OOM every rung after the first assumes.
+    pub fn assumed() -> Evidence {
+        Evidence {
+            outcome: OutcomeKind::AssumedOom,
+            oom: None,
+            step_reached: None,
+        }
+    }
+
+    /// A CUDA OOM that ended the attempt, with the message's numbers if any.
+    #[cfg(test)]
+    pub fn cuda_oom(oom: Option<OomNumbers>) -> Evidence {
+        Evidence {
+            outcome: OutcomeKind::CudaOom,
+            oom,
+            step_reached: None,
+        }
+    }
+
+    /// The evidence of a GPU OOM outcome (`None` for any other outcome).
+    pub fn of(outcome: &Outcome, step_reached: Option<u64>) -> Option<Evidence> {
+        let Outcome::GpuOom { finding, .. } = outcome else {
+            return None;
+        };
+        Some(Evidence {
+            outcome: outcome.kind(),
+            oom: finding.as_ref().map(|f| f.numbers.clone()),
+            step_reached,
+        })
+    }
+
+    /// The attempt hung (its peers waiting in NCCL) after printing the OOM.
+    pub fn hung(&self) -> bool {
+        self.outcome == OutcomeKind::HungAfterOom
+    }
+
+    /// The size of the allocation that failed.
+    pub fn tried_to_allocate(&self) -> Option<u64> {
+        self.oom.as_ref()?.tried_to_allocate_bytes
+    }
+}
+
+/// "OOM", "OOM (tried to allocate 2.00 GiB on GPU 0, 1.06 GiB free)",
+/// "hung after OOM (...)", "assumed OOM": the cause that leads a decision's reason.
+impl fmt::Display for Evidence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.outcome {
+            OutcomeKind::AssumedOom => return f.write_str("assumed OOM"),
+            OutcomeKind::HungAfterOom => f.write_str("hung after ")?,
+            _ => {}
+        }
+        f.write_str("OOM")?;
+        let Some(n) = &self.oom else {
+            return Ok(());
+        };
+        if let Some(t) = n.tried_to_allocate_bytes {
+            write!(f, " (tried to allocate {}", format_size(t))?;
+            if let Some(d) = n.device {
+                write!(f, " on GPU {d}")?;
+            }
+            if let Some(fr) = n.free_bytes {
+                write!(f, ", {} free", format_size(fr))?;
+            }
+            f.write_str(")")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cause_is_worded_from_the_numbers() {
+        assert_eq!(Evidence::assumed().to_string(), "assumed OOM");
+        assert_eq!(Evidence::cuda_oom(None).to_string(), "OOM");
+        let n = OomNumbers {
+            device: Some(0),
+            tried_to_allocate_bytes: Some(2 << 30),
+            free_bytes: Some(1 << 30),
+            ..Default::default()
+        };
+        let mut e = Evidence::cuda_oom(Some(n));
+        assert_eq!(
+            e.to_string(),
+            "OOM (tried to allocate 2.00 GiB on GPU 0, 1.00 GiB free)"
+        );
+        e.outcome = OutcomeKind::HungAfterOom;
+        assert!(e.hung());
+        assert!(e.to_string().starts_with("hung after OOM (tried"));
+        // Numbers without the allocation size say nothing more than "OOM".
+        let e = Evidence::cuda_oom(Some(OomNumbers {
+            free_bytes: Some(1),
+            ..Default::default()
+        }));
+        assert_eq!(e.to_string(), "OOM");
+    }
+
+    #[test]
+    fn outcome_names_are_the_journal_words() {
+        for (k, name) in [
+            (OutcomeKind::CudaOom, "cuda_oom"),
+            (OutcomeKind::HungAfterOom, "hung_after_oom"),
+            (OutcomeKind::OtherFailure, "other_failure"),
+            (OutcomeKind::CannotExecute, "cannot_execute"),
+        ] {
+            assert_eq!(serde_json::json!(k), name);
+        }
+    }
+}
