@@ -18,125 +18,138 @@ fn visible_devices(env: &dyn Fn(&str) -> Option<OsString>) -> Option<u64> {
     Some(v.split(',').filter(|s| !s.trim().is_empty()).count() as u64)
 }
 
+/// The world size from the launchers' own options; one process without a launcher.
 pub fn world_size(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> World {
-    let single = || World {
+    if cmd.launcher(LauncherKind::Torchrun).is_some() {
+        return torchrun(cmd, env);
+    }
+    if cmd.launcher(LauncherKind::Accelerate).is_some() {
+        return accelerate(cmd);
+    }
+    if cmd.launcher(LauncherKind::DeepSpeed).is_some() {
+        return deepspeed(cmd, env);
+    }
+    mpirun(cmd).unwrap_or_else(|| World {
         size: 1,
         source: "single process (no distributed launcher)".into(),
         uncertain: false,
+    })
+}
+
+/// `torchrun --nproc_per_node N|gpu|auto --nnodes M|MIN:MAX`.
+fn torchrun(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> World {
+    let t = LauncherKind::Torchrun;
+    let (per_node, mut uncertain, mut source) = match cmd
+        .launcher_value(t, &["--nproc_per_node", "--nproc-per-node"])
+    {
+        None => (1, false, "torchrun default --nproc_per_node 1".to_string()),
+        Some(v) => match (v.parse::<u64>(), visible_devices(env)) {
+            (Ok(n), _) => (n, false, format!("torchrun --nproc_per_node {n}")),
+            (Err(_), Some(n)) => (
+                n,
+                false,
+                format!("torchrun --nproc_per_node {v}: {n} GPUs in CUDA_VISIBLE_DEVICES"),
+            ),
+            (Err(_), None) => (
+                1,
+                true,
+                format!(
+                    "torchrun --nproc_per_node {v}: GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
+                ),
+            ),
+        },
     };
-    let option = |kind: LauncherKind, names: &[&str]| cmd.launcher_value(kind, names);
-
-    if cmd.launcher(LauncherKind::Torchrun).is_some() {
-        let t = LauncherKind::Torchrun;
-        let (per_node, mut uncertain, mut source) = match option(
-            t,
-            &["--nproc_per_node", "--nproc-per-node"],
-        ) {
-            None => (1, false, "torchrun default --nproc_per_node 1".to_string()),
-            Some(v) => match v.parse::<u64>() {
-                Ok(n) => (n, false, format!("torchrun --nproc_per_node {n}")),
-                Err(_) => match visible_devices(env) {
-                    Some(n) => (
-                        n,
-                        false,
-                        format!("torchrun --nproc_per_node {v}: {n} GPUs in CUDA_VISIBLE_DEVICES"),
-                    ),
-                    None => (
-                        1,
-                        true,
-                        format!(
-                            "torchrun --nproc_per_node {v}: GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
-                        ),
-                    ),
-                },
-            },
-        };
-        let nodes = match option(t, &["--nnodes"]) {
-            None => 1,
-            Some(v) => match v.parse::<u64>() {
-                Ok(n) => {
-                    source.push_str(&format!(" × --nnodes {n}"));
-                    n
-                }
-                Err(_) => {
-                    // Elastic "MIN:MAX": the world size is not known before launch.
-                    let min = v
-                        .split(':')
-                        .next()
-                        .and_then(|m| m.parse().ok())
-                        .unwrap_or(1);
-                    uncertain = true;
-                    source.push_str(&format!(" × --nnodes {v} (elastic; assuming {min})"));
-                    min
-                }
-            },
-        };
-        return World {
-            size: per_node.saturating_mul(nodes),
-            source,
-            uncertain,
-        };
+    let nodes = match cmd.launcher_value(t, &["--nnodes"]) {
+        None => 1,
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) => {
+                source.push_str(&format!(" × --nnodes {n}"));
+                n
+            }
+            Err(_) => {
+                // Elastic "MIN:MAX": the world size is not known before launch.
+                let min = v
+                    .split(':')
+                    .next()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(1);
+                uncertain = true;
+                source.push_str(&format!(" × --nnodes {v} (elastic; assuming {min})"));
+                min
+            }
+        },
+    };
+    World {
+        size: per_node.saturating_mul(nodes),
+        source,
+        uncertain,
     }
+}
 
-    if cmd.launcher(LauncherKind::Accelerate).is_some() {
-        return match option(
+/// `accelerate launch --num_processes N`; without it the accelerate config decides.
+fn accelerate(cmd: &Command) -> World {
+    match cmd
+        .launcher_value(
             LauncherKind::Accelerate,
             &["--num_processes", "--num-processes"],
         )
         .and_then(|v| v.parse::<u64>().ok())
-        {
-            Some(n) => World {
-                size: n,
-                source: format!("accelerate launch --num_processes {n}"),
-                uncertain: false,
-            },
-            None => World {
-                size: 1,
-                source: "accelerate launch without --num_processes (the accelerate config decides); assuming 1"
-                    .into(),
-                uncertain: true,
-            },
-        };
-    }
-
-    if cmd.launcher(LauncherKind::DeepSpeed).is_some() {
-        let d = LauncherKind::DeepSpeed;
-        let nodes = option(d, &["--num_nodes", "--num-nodes"])
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(1);
-        return match option(d, &["--num_gpus", "--num-gpus"]).and_then(|v| v.parse::<u64>().ok())
-        {
-            Some(n) => World {
-                size: n.saturating_mul(nodes),
-                source: format!("deepspeed --num_gpus {n} × --num_nodes {nodes}"),
-                uncertain: false,
-            },
-            None => match visible_devices(env) {
-                Some(n) => World {
-                    size: n.saturating_mul(nodes),
-                    source: format!("deepspeed: {n} GPUs in CUDA_VISIBLE_DEVICES"),
-                    uncertain: false,
-                },
-                None => World {
-                    size: nodes,
-                    source: "deepspeed uses every visible GPU; count unknown here (set CUDA_VISIBLE_DEVICES or --num_gpus); assuming 1 per node".into(),
-                    uncertain: true,
-                },
-            },
-        };
-    }
-
-    if let Some(l) = cmd.launcher(LauncherKind::Mpirun)
-        && let Some(n) =
-            option(LauncherKind::Mpirun, &["-np", "-n", "--np"]).and_then(|v| v.parse::<u64>().ok())
     {
-        return World {
+        Some(n) => World {
             size: n,
-            source: format!("{} -np {n}", l.program),
+            source: format!("accelerate launch --num_processes {n}"),
             uncertain: false,
-        };
+        },
+        None => World {
+            size: 1,
+            source: "accelerate launch without --num_processes (the accelerate config decides); assuming 1"
+                .into(),
+            uncertain: true,
+        },
     }
-    single()
+}
+
+/// `deepspeed --num_gpus N --num_nodes M`; without `--num_gpus`, every visible GPU.
+fn deepspeed(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> World {
+    let d = LauncherKind::DeepSpeed;
+    let nodes = cmd
+        .launcher_value(d, &["--num_nodes", "--num-nodes"])
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1);
+    let gpus = cmd
+        .launcher_value(d, &["--num_gpus", "--num-gpus"])
+        .and_then(|v| v.parse::<u64>().ok());
+    match (gpus, visible_devices(env)) {
+        (Some(n), _) => World {
+            size: n.saturating_mul(nodes),
+            source: format!("deepspeed --num_gpus {n} × --num_nodes {nodes}"),
+            uncertain: false,
+        },
+        (None, Some(n)) => World {
+            size: n.saturating_mul(nodes),
+            source: format!("deepspeed: {n} GPUs in CUDA_VISIBLE_DEVICES"),
+            uncertain: false,
+        },
+        (None, None) => World {
+            size: nodes,
+            source: "deepspeed uses every visible GPU; count unknown here (set CUDA_VISIBLE_DEVICES or --num_gpus); assuming 1 per node".into(),
+            uncertain: true,
+        },
+    }
+}
+
+/// `mpirun -np N` / `mpiexec -n N`.
+fn mpirun(cmd: &Command) -> Option<World> {
+    let l = cmd.launcher(LauncherKind::Mpirun)?;
+    let n = cmd
+        .launcher_value(LauncherKind::Mpirun, &["-np", "-n", "--np"])?
+        .parse::<u64>()
+        .ok()?;
+    Some(World {
+        size: n,
+        source: format!("{} -np {n}", l.program),
+        uncertain: false,
+    })
 }
 
 #[cfg(test)]

@@ -191,13 +191,43 @@ pub fn find(
     env: Env,
     resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<Found, FileError> {
-    let argv = &cmd.argv[..];
     let mut found = Found::default();
-    // Where the launcher options end: the script, module or tool.
-    let script = cmd.target_index();
-    let load = |shown: &str| -> Result<Doc, FileError> { Doc::load(&resolve(Path::new(shown))) };
+    kind_files(cmd, resolve, &mut found)?;
+    recipe_files(cmd, resolve, &mut found)?;
+    packaged_and_env_recipes(cmd, env, resolve, &mut found)?;
+    files_named_in_files(resolve, &mut found);
+    let mut ambiguous = Vec::new();
+    found.places = places(cmd, &found.files, &mut ambiguous);
+    found.ambiguous_overrides = ambiguous;
+    found.file_world = found.files.iter().find_map(|f| match f.role {
+        Role::Kind(k) => {
+            let key = k.world_key?;
+            match f.doc.get(key) {
+                Ok(Some(Scalar::Int(n))) if n > 0 => {
+                    Some((n as u64, format!("{} {key}: {n}", k.label)))
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    });
+    Ok(found)
+}
 
-    // Config files of the kinds families name (DeepSpeed JSON, accelerate config).
+fn load_from(resolve: &dyn Fn(&Path) -> PathBuf, shown: &str) -> Result<Doc, FileError> {
+    Doc::load(&resolve(Path::new(shown)))
+}
+
+/// Config files of the kinds families name (DeepSpeed JSON, accelerate config),
+/// by flag or, when none is named, the tool's default file.
+fn kind_files(
+    cmd: &Command,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+    found: &mut Found,
+) -> Result<(), FileError> {
+    let argv = &cmd.argv[..];
+    let script = cmd.target_index();
+    let load = |shown: &str| load_from(resolve, shown);
     for kind in frameworks::file_kinds().filter(|k| (k.when)(cmd)) {
         let end = if kind.launcher_option_only {
             script
@@ -240,8 +270,19 @@ pub fn find(
         }
     }
 
-    // Training recipes: named by a family's recipe flag after the script, or
-    // positional YAML / TOML; a Python config module given to a Python script.
+    Ok(())
+}
+
+/// Training recipes: named by a family's recipe flag after the script, or
+/// positional YAML / TOML; a Python config module given to a Python script.
+fn recipe_files(
+    cmd: &Command,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+    found: &mut Found,
+) -> Result<(), FileError> {
+    let argv = &cmd.argv[..];
+    let script = cmd.target_index();
+    let load = |shown: &str| load_from(resolve, shown);
     let mut training: Vec<(usize, String, String)> =
         flag_paths(cmd, &frameworks::recipe_flags(cmd), argv.len())
             .into_iter()
@@ -284,7 +325,18 @@ pub fn find(
         });
     }
 
-    // A config the tool finds by name in its own installation.
+    Ok(())
+}
+
+/// A config the tool finds by name in its own installation, and recipes
+/// named by an environment variable.
+fn packaged_and_env_recipes(
+    cmd: &Command,
+    env: Env,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+    found: &mut Found,
+) -> Result<(), FileError> {
+    let load = |shown: &str| load_from(resolve, shown);
     if let Some((name, located)) = frameworks::packaged_config(cmd, env) {
         match located {
             Ok(path) => {
@@ -319,8 +371,13 @@ pub fn find(
         }
     }
 
-    // Files named inside files (an accelerate config's deepspeed_config_file,
-    // a recipe's `deepspeed:`): one of each kind.
+    Ok(())
+}
+
+/// Files named inside files (an accelerate config's deepspeed_config_file,
+/// a recipe's `deepspeed:`): one of each kind.
+fn files_named_in_files(resolve: &dyn Fn(&Path) -> PathBuf, found: &mut Found) {
+    let load = |shown: &str| load_from(resolve, shown);
     let mut i = 0;
     while i < found.files.len() {
         for kind in frameworks::file_kinds() {
@@ -355,29 +412,34 @@ pub fn find(
         }
         i += 1;
     }
-
-    let mut ambiguous = Vec::new();
-    found.places = places(cmd, &found.files, &mut ambiguous);
-    found.ambiguous_overrides = ambiguous;
-    found.file_world = found.files.iter().find_map(|f| match f.role {
-        Role::Kind(k) => {
-            let key = k.world_key?;
-            match f.doc.get(key) {
-                Ok(Some(Scalar::Int(n))) if n > 0 => {
-                    Some((n as u64, format!("{} {key}: {n}", k.label)))
-                }
-                _ => None,
-            }
-        }
-        _ => None,
-    });
-    Ok(found)
 }
 
 /// Every place holding a knob, most authoritative first (overrides, then
 /// recipes, then other config files). Flags are added by the caller between
 /// overrides and files.
 fn places(cmd: &Command, files: &[ConfigFile], ambiguous: &mut Vec<String>) -> Vec<Place> {
+    let mut out = override_places(cmd, ambiguous);
+    // Recipes first, then the other kinds in registry order.
+    let recipes = files.iter().enumerate().filter(|(_, f)| f.role.is_recipe());
+    let others = files
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.role, Role::Kind(_)));
+    for (fi, f) in recipes.chain(others) {
+        file_places(cmd, fi, f, &mut out);
+    }
+    // A knob found twice in one file under different spellings: keep the first.
+    let mut seen: Vec<(Knob, Site)> = Vec::new();
+    out.retain(|p| {
+        let dup = seen.iter().any(|(k, s)| *k == p.knob && *s == p.site);
+        seen.push((p.knob, p.site.clone()));
+        !dup
+    });
+    out
+}
+
+/// `key=value` overrides that are knobs; `x.batch_size=` that no family claims is ambiguous.
+fn override_places(cmd: &Command, ambiguous: &mut Vec<String>) -> Vec<Place> {
     let mut out = Vec::new();
     for o in &cmd.overrides {
         let last = o.key.rsplit('.').next().unwrap_or(&o.key);
@@ -402,91 +464,75 @@ fn places(cmd: &Command, files: &[ConfigFile], ambiguous: &mut Vec<String>) -> V
             }
         }
     }
-    // Recipes first, then the other kinds in registry order.
-    let recipes = files.iter().enumerate().filter(|(_, f)| f.role.is_recipe());
-    let others = files
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| matches!(f.role, Role::Kind(_)));
-    for (fi, f) in recipes.chain(others) {
-        let packaged = f.reference == Ref::Packaged;
-        let site = |key: &str| {
-            if packaged {
-                Site::AddOverride {
-                    file: fi,
-                    key: key.to_string(),
-                }
-            } else {
-                Site::File {
-                    file: fi,
-                    key: key.to_string(),
+    out
+}
+
+/// The knobs in one config file (`files[fi]`).
+fn file_places(cmd: &Command, fi: usize, f: &ConfigFile, out: &mut Vec<Place>) {
+    let packaged = f.reference == Ref::Packaged;
+    let site = |key: &str| {
+        let key = key.to_string();
+        if packaged {
+            Site::AddOverride { file: fi, key }
+        } else {
+            Site::File { file: fi, key }
+        }
+    };
+    let mut add = |knob: Knob, key: &str, absent: Option<Value>| match f.doc.get(key) {
+        // A packaged config's key given as an override: the override holds it.
+        _ if packaged && cmd.overrides.iter().any(|o| o.key == key) => {}
+        Ok(Some(s)) => {
+            if let Some(value) = scalar_to_value(knob, &s) {
+                out.push(Place {
+                    knob,
+                    value,
+                    site: site(key),
+                    present: true,
+                });
+            }
+        }
+        Ok(None) => {
+            if let Some(value) = absent {
+                out.push(Place {
+                    knob,
+                    value,
+                    site: site(key),
+                    present: false,
+                });
+            }
+        }
+        Err(_) => {}
+    };
+    match f.role {
+        Role::Training | Role::PythonModule => {
+            for knob in Knob::ALL {
+                // The first spelling holding a usable value (`max_seq_len:
+                // ${variables.max_seq_len}` is an interpolation, not a value).
+                let keys = frameworks::recipe_keys(knob, cmd);
+                if let Some(k) = keys.iter().find(
+                    |k| matches!(f.doc.get(k), Ok(Some(s)) if scalar_to_value(knob, &s).is_some()),
+                ) {
+                    add(knob, k, None);
                 }
             }
-        };
-        let mut add = |knob: Knob, key: &str, absent: Option<Value>| match f.doc.get(key) {
-            // A packaged config's key given as an override: the override holds it.
-            _ if packaged && cmd.overrides.iter().any(|o| o.key == key) => {}
-            Ok(Some(s)) => {
-                if let Some(value) = scalar_to_value(knob, &s) {
-                    out.push(Place {
-                        knob,
-                        value,
-                        site: site(key),
-                        present: true,
-                    });
-                }
-            }
-            Ok(None) => {
-                if let Some(value) = absent {
-                    out.push(Place {
-                        knob,
-                        value,
-                        site: site(key),
-                        present: false,
-                    });
-                }
-            }
-            Err(_) => {}
-        };
-        match f.role {
-            Role::Training | Role::PythonModule => {
-                for knob in Knob::ALL {
-                    // The first spelling holding a usable value (`max_seq_len:
-                    // ${variables.max_seq_len}` is an interpolation, not a value).
-                    let keys = frameworks::recipe_keys(knob, cmd);
-                    if let Some(k) = keys.iter().find(|k| {
-                        matches!(f.doc.get(k), Ok(Some(s)) if scalar_to_value(knob, &s).is_some())
-                    }) {
-                        add(knob, k, None);
-                    }
-                }
-                // Settings of another kind written inline (GPT-NeoX's ZeRO keys).
-                for (when, keys) in frameworks::inline_keys() {
-                    if matches!(f.doc.get(when), Ok(Some(_))) {
-                        for k in keys {
-                            add(k.knob, k.key, k.absent.map(AbsentValue::value));
-                        }
-                    }
-                }
-            }
-            Role::Kind(kind) => {
-                if (kind.applies)(&f.doc) {
-                    for k in kind.keys {
+            // Settings of another kind written inline (ZeRO keys in a training YAML).
+            for (when, keys) in frameworks::inline_keys() {
+                if matches!(f.doc.get(when), Ok(Some(_))) {
+                    for k in keys {
                         add(k.knob, k.key, k.absent.map(AbsentValue::value));
                     }
                 }
             }
-            Role::User => {}
         }
+        Role::Kind(kind) => {
+            if (kind.applies)(&f.doc) {
+                for k in kind.keys {
+                    add(k.knob, k.key, k.absent.map(AbsentValue::value));
+                }
+            }
+        }
+        Role::User => {}
     }
-    // A knob found twice in one file under different spellings: keep the first.
-    let mut seen: Vec<(Knob, Site)> = Vec::new();
-    out.retain(|p| {
-        let dup = seen.iter().any(|(k, s)| *k == p.knob && *s == p.site);
-        seen.push((p.knob, p.site.clone()));
-        !dup
-    });
-    out
 }
 
 /// An override value read the way Hydra / OmegaConf read it.

@@ -106,94 +106,9 @@ pub fn discover(
 
     // 1. What the user told us wins.
     for (knob, ub) in user {
-        let bound = match ub {
-            UserBinding::Flag { flag, default } => {
-                match bind_flag(*knob, occs, &[flag.as_str()])? {
-                    Some(b) => b,
-                    None => {
-                        let given = match default {
-                            Some(d) => {
-                                let occ = Occurrence {
-                                    name: flag.clone(),
-                                    index: 0,
-                                    form: FlagForm::Equals,
-                                    value: Some(d.clone()),
-                                };
-                                Some(parse_value(*knob, &occ).map_err(|(value, expected)| {
-                                    KnobError::BadValue {
-                                        knob: *knob,
-                                        flag: flag.clone(),
-                                        value,
-                                        expected,
-                                    }
-                                })?)
-                            }
-                            None => default_for(*knob),
-                        };
-                        match given {
-                            Some(value) => {
-                                notes.push(format!(
-                                    "{knob}: {flag} is not in the command; it will be added when {knob} changes (assumed {value} now)"
-                                ));
-                                Bound {
-                                    value,
-                                    binding: Binding::AddFlag { flag: flag.clone() },
-                                    mirrors: Vec::new(),
-                                }
-                            }
-                            None => {
-                                return Err(KnobError::FlagNotInCommand {
-                                    knob: *knob,
-                                    flag: flag.clone(),
-                                });
-                            }
-                        }
-                    }
-                }
-            }
-            UserBinding::File { .. }
-            | UserBinding::Override(_)
-            | UserBinding::AddOverride { .. } => continue,
-            UserBinding::Env(var) => {
-                let raw = env(var);
-                let value = match (&raw, default_for(*knob)) {
-                    (None, Some(d)) => d,
-                    (None, None) => {
-                        return Err(KnobError::EnvUnset {
-                            knob: *knob,
-                            var: var.clone(),
-                        });
-                    }
-                    (Some(v), _) => {
-                        let s = v.to_string_lossy().trim().to_string();
-                        let parsed = if knob.is_bool() {
-                            parse_bool(&s).map(Value::Bool)
-                        } else {
-                            s.parse::<u64>().ok().filter(|n| *n > 0).map(Value::Int)
-                        };
-                        parsed.ok_or_else(|| KnobError::BadEnvValue {
-                            knob: *knob,
-                            var: var.clone(),
-                            value: s.clone(),
-                            expected: if knob.is_bool() {
-                                "true or false"
-                            } else {
-                                "a positive whole number"
-                            },
-                        })?
-                    }
-                };
-                Bound {
-                    value,
-                    binding: Binding::Env {
-                        var: var.clone(),
-                        present: raw.is_some(),
-                    },
-                    mirrors: Vec::new(),
-                }
-            }
-        };
-        knobs.insert(*knob, bound);
+        if let Some(bound) = user_bound(*knob, ub, occs, env, &mut notes)? {
+            knobs.insert(*knob, bound);
+        }
     }
 
     // 2. Known spellings (the families' flags for this command).
@@ -201,70 +116,16 @@ pub fn discover(
         if knobs.contains_key(&knob) {
             continue;
         }
-        let spellings = frameworks::flag_spellings(knob, cmd);
-        let spellings: Vec<&str> = spellings.iter().map(String::as_str).collect();
-        let spellings = &spellings[..];
-        if knob == Knob::SeqLen {
-            let mut found: Vec<&str> = occs
-                .iter()
-                .map(|o| o.name.as_str())
-                .filter(|n| spellings.contains(n))
-                .collect();
-            found.dedup();
-            found.sort_unstable();
-            found.dedup();
-            if found.len() > 1 {
-                notes.push(format!(
-                    "seq_len: several sequence-length flags ({}); not guessed. Bind the one to shorten with --knob seq_len=FLAG",
-                    found.join(", ")
-                ));
-                continue;
-            }
-        }
-        let found = match bind_flag(knob, occs, spellings) {
-            Ok(b) => b,
-            // Found on its own (not named by --knob): a value that is not a
-            // number (`$ZERO_STAGE`, `auto`) leaves the knob unbound, with a note.
-            Err(KnobError::BadValue {
-                flag,
-                value,
-                expected,
-                ..
-            }) => {
-                notes.push(format!(
-                    "{knob}: {flag} {value:?} is not {expected}, so oomguard leaves it alone (a shell variable the shell did not expand?). Give it a value, or bind {knob} elsewhere with --knob"
-                ));
-                None
-            }
-            Err(e) => return Err(e),
-        };
-        if let Some(b) = found {
+        if let Some(b) = spelled(cmd, knob, &mut notes)? {
             knobs.insert(knob, b);
         }
     }
 
-    // DeepSpeed-Chat: `--actor_gradient_checkpointing --critic_gradient_checkpointing`,
-    // one knob in several flags.
-    if let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(Knob::GradCheckpointing) {
-        let mut prefixed = occs.iter().filter(|o| {
-            o.name.starts_with("--")
-                && (o.name.ends_with("_gradient_checkpointing")
-                    || o.name.ends_with("-gradient-checkpointing"))
-        });
-        if let Some(first) = prefixed.next()
-            && let Ok(Some(mut b)) =
-                bind_flag(Knob::GradCheckpointing, occs, &[first.name.as_str()])
-        {
-            for o in prefixed {
-                if let Ok(Some(m)) = bind_flag(Knob::GradCheckpointing, occs, &[o.name.as_str()])
-                    && !b.mirrors.contains(&m.binding)
-                    && m.binding != b.binding
-                {
-                    b.mirrors.push(m.binding);
-                }
-            }
-            e.insert(b);
-        }
+    // One knob in several role-prefixed flags.
+    if let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(Knob::GradCheckpointing)
+        && let Some(b) = role_prefixed_checkpointing(occs)
+    {
+        e.insert(b);
     }
 
     // A family whose commands take missing knobs as flags (the Hugging Face
@@ -344,6 +205,169 @@ pub fn discover(
         ambiguous_batch,
         config: Default::default(),
     })
+}
+
+/// A knob the user bound to a flag or an environment variable (files and
+/// overrides are bound elsewhere: `None`).
+fn user_bound(
+    knob: Knob,
+    ub: &UserBinding,
+    occs: &[Occurrence],
+    env: &dyn Fn(&str) -> Option<OsString>,
+    notes: &mut Vec<String>,
+) -> Result<Option<Bound>, KnobError> {
+    let bound = match ub {
+        UserBinding::Flag { flag, default } => match bind_flag(knob, occs, &[flag.as_str()])? {
+            Some(b) => b,
+            None => {
+                let given = match default {
+                    Some(d) => {
+                        let occ = Occurrence {
+                            name: flag.clone(),
+                            index: 0,
+                            form: FlagForm::Equals,
+                            value: Some(d.clone()),
+                        };
+                        Some(parse_value(knob, &occ).map_err(|(value, expected)| {
+                            KnobError::BadValue {
+                                knob,
+                                flag: flag.clone(),
+                                value,
+                                expected,
+                            }
+                        })?)
+                    }
+                    None => default_for(knob),
+                };
+                match given {
+                    Some(value) => {
+                        notes.push(format!(
+                                    "{knob}: {flag} is not in the command; it will be added when {knob} changes (assumed {value} now)"
+                                ));
+                        Bound {
+                            value,
+                            binding: Binding::AddFlag { flag: flag.clone() },
+                            mirrors: Vec::new(),
+                        }
+                    }
+                    None => {
+                        return Err(KnobError::FlagNotInCommand {
+                            knob,
+                            flag: flag.clone(),
+                        });
+                    }
+                }
+            }
+        },
+        UserBinding::File { .. } | UserBinding::Override(_) | UserBinding::AddOverride { .. } => {
+            return Ok(None);
+        }
+        UserBinding::Env(var) => {
+            let raw = env(var);
+            let value = match (&raw, default_for(knob)) {
+                (None, Some(d)) => d,
+                (None, None) => {
+                    return Err(KnobError::EnvUnset {
+                        knob,
+                        var: var.clone(),
+                    });
+                }
+                (Some(v), _) => {
+                    let s = v.to_string_lossy().trim().to_string();
+                    let parsed = if knob.is_bool() {
+                        parse_bool(&s).map(Value::Bool)
+                    } else {
+                        s.parse::<u64>().ok().filter(|n| *n > 0).map(Value::Int)
+                    };
+                    parsed.ok_or_else(|| KnobError::BadEnvValue {
+                        knob,
+                        var: var.clone(),
+                        value: s.clone(),
+                        expected: if knob.is_bool() {
+                            "true or false"
+                        } else {
+                            "a positive whole number"
+                        },
+                    })?
+                }
+            };
+            Bound {
+                value,
+                binding: Binding::Env {
+                    var: var.clone(),
+                    present: raw.is_some(),
+                },
+                mirrors: Vec::new(),
+            }
+        }
+    };
+    Ok(Some(bound))
+}
+
+/// A knob bound by one of the spellings the families know for this command.
+/// Several sequence-length flags, or a value that is not a number, leave it
+/// unbound with a note.
+fn spelled(cmd: &Command, knob: Knob, notes: &mut Vec<String>) -> Result<Option<Bound>, KnobError> {
+    let occs = &cmd.flags[..];
+    let spellings = frameworks::flag_spellings(knob, cmd);
+    let spellings: Vec<&str> = spellings.iter().map(String::as_str).collect();
+    let spellings = &spellings[..];
+    if knob == Knob::SeqLen {
+        let mut found: Vec<&str> = occs
+            .iter()
+            .map(|o| o.name.as_str())
+            .filter(|n| spellings.contains(n))
+            .collect();
+        found.dedup();
+        found.sort_unstable();
+        found.dedup();
+        if found.len() > 1 {
+            notes.push(format!(
+                    "seq_len: several sequence-length flags ({}); not guessed. Bind the one to shorten with --knob seq_len=FLAG",
+                    found.join(", ")
+                ));
+            return Ok(None);
+        }
+    }
+    let found = match bind_flag(knob, occs, spellings) {
+        Ok(b) => b,
+        // Found on its own (not named by --knob): a value that is not a
+        // number (`$ZERO_STAGE`, `auto`) leaves the knob unbound, with a note.
+        Err(KnobError::BadValue {
+            flag,
+            value,
+            expected,
+            ..
+        }) => {
+            notes.push(format!(
+                    "{knob}: {flag} {value:?} is not {expected}, so oomguard leaves it alone (a shell variable the shell did not expand?). Give it a value, or bind {knob} elsewhere with --knob"
+                ));
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(found)
+}
+
+/// Checkpointing in role-prefixed flags (`--actor_gradient_checkpointing
+/// --critic_gradient_checkpointing`): one knob, every flag a mirror.
+fn role_prefixed_checkpointing(occs: &[Occurrence]) -> Option<Bound> {
+    let mut prefixed = occs.iter().filter(|o| {
+        o.name.starts_with("--")
+            && (o.name.ends_with("_gradient_checkpointing")
+                || o.name.ends_with("-gradient-checkpointing"))
+    });
+    let first = prefixed.next()?;
+    let mut b = bind_flag(Knob::GradCheckpointing, occs, &[first.name.as_str()]).ok()??;
+    for o in prefixed {
+        if let Ok(Some(m)) = bind_flag(Knob::GradCheckpointing, occs, &[o.name.as_str()])
+            && !b.mirrors.contains(&m.binding)
+            && m.binding != b.binding
+        {
+            b.mirrors.push(m.binding);
+        }
+    }
+    Some(b)
 }
 
 /// Render a value the way the user wrote the old one (`True` vs `true`).

@@ -309,7 +309,6 @@ pub fn discover(
     if cmd.argv.is_empty() {
         return Err(KnobError::NoCommand);
     }
-    let argv = &cmd.argv[..];
     let mut found = config::find(cmd, env, resolve)?;
     let recipe_value = |key: &str| {
         found
@@ -328,52 +327,8 @@ pub fn discover(
     let mut d = flags::discover(cmd, user, env, world)?;
 
     // What the user bound to files and overrides.
-    let mut user_places: Vec<config::Place> = Vec::new();
-    let mut add_overrides: Vec<(Knob, Value, String, String)> = Vec::new();
-    for (knob, ub) in user {
-        match ub {
-            UserBinding::File { path, key } => {
-                let place = config::user_file(&mut found, argv, path, key, *knob, resolve)?;
-                user_places.push(place);
-            }
-            UserBinding::AddOverride {
-                prefix,
-                key,
-                default,
-            } => {
-                let value = config::scalar_to_value(*knob, &config::yaml_like(default))
-                    .ok_or_else(|| KnobError::BadSpec(format!("{knob}={prefix}{key}={default}")))?;
-                add_overrides.push((*knob, value, key.clone(), prefix.clone()));
-            }
-            UserBinding::Override(key) => {
-                let place = cmd.overrides.iter().find_map(|o| {
-                    if o.key != *key {
-                        return None;
-                    }
-                    Some(config::Place {
-                        knob: *knob,
-                        value: config::scalar_to_value(*knob, &config::yaml_like(&o.value))?,
-                        site: config::Site::Override {
-                            key: o.key.clone(),
-                            index: o.index,
-                            prefix: o.prefix.clone(),
-                        },
-                        present: true,
-                    })
-                });
-                match place {
-                    Some(p) => user_places.push(p),
-                    None => {
-                        return Err(KnobError::OverrideNotInCommand {
-                            knob: *knob,
-                            key: key.clone(),
-                        });
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
+    let (user_places, add_overrides) =
+        user_file_and_override_places(cmd, user, &mut found, resolve)?;
 
     if d.world.uncertain
         && let Some((n, source)) = found.file_world.clone()
@@ -385,182 +340,22 @@ pub fn discover(
         };
     }
 
-    let to_binding = |p: &config::Place| -> Binding {
-        match &p.site {
-            config::Site::File { file, key } => Binding::Config {
-                file: *file,
-                shown: found.files[*file].shown.clone(),
-                role: found.files[*file].role.label(),
-                key: key.clone(),
-            },
-            config::Site::Override { key, index, prefix } => Binding::Override {
-                key: key.clone(),
-                index: *index,
-                prefix: prefix.clone(),
-            },
-            config::Site::AddOverride { file, key } => Binding::AddOverride {
-                key: key.clone(),
-                prefix: String::new(),
-                from: Some(found.files[*file].shown.clone()),
-            },
-        }
+    let rank = Ranking {
+        cmd,
+        found: &found,
+        user,
+        user_places: &user_places,
+        add_overrides: &add_overrides,
     };
-
     for knob in Knob::ALL {
-        let by_user = user.iter().any(|(k, _)| *k == knob);
         let flag = d.knobs.remove(&knob);
-        let adds = flag
-            .as_ref()
-            .is_some_and(|b| matches!(b.binding, Binding::AddFlag { .. }));
-        // Most authoritative first: the user's word, overrides, flags, files, defaults.
-        let mut cands: Vec<(Value, Binding, bool)> = Vec::new();
-        for p in user_places.iter().filter(|p| p.knob == knob) {
-            cands.push((p.value.clone(), to_binding(p), true));
-        }
-        for (_, value, key, prefix) in add_overrides.iter().filter(|a| a.0 == knob) {
-            // Already on the command line: change it there.
-            let existing = cmd.overrides.iter().find(|o| o.key == *key);
-            let existing = existing.and_then(|o| {
-                let value = config::scalar_to_value(knob, &config::yaml_like(&o.value))?;
-                Some((value, o.index, o.prefix.clone()))
-            });
-            match existing {
-                Some((value, index, prefix)) => cands.push((
-                    value,
-                    Binding::Override {
-                        key: key.clone(),
-                        index,
-                        prefix,
-                    },
-                    true,
-                )),
-                None => cands.push((
-                    value.clone(),
-                    Binding::AddOverride {
-                        key: key.clone(),
-                        prefix: prefix.clone(),
-                        from: None,
-                    },
-                    true,
-                )),
-            }
-        }
-        if let (true, Some(b)) = (by_user && !adds, &flag) {
-            cands.push((b.value.clone(), b.binding.clone(), true));
-            cands.extend(b.mirrors.iter().map(|m| (b.value.clone(), m.clone(), true)));
-        }
-        let is_override = |p: &&config::Place| matches!(p.site, config::Site::Override { .. });
-        for p in found
-            .places
-            .iter()
-            .filter(|p| p.knob == knob)
-            .filter(is_override)
-        {
-            cands.push((p.value.clone(), to_binding(p), true));
-        }
-        if let (false, Some(b)) = (by_user || adds, &flag) {
-            cands.push((b.value.clone(), b.binding.clone(), true));
-            cands.extend(b.mirrors.iter().map(|m| (b.value.clone(), m.clone(), true)));
-        }
-        for p in found
-            .places
-            .iter()
-            .filter(|p| p.knob == knob && !is_override(p))
-        {
-            cands.push((p.value.clone(), to_binding(p), p.present));
-        }
-        if let (true, Some(b)) = (adds, &flag) {
-            cands.push((b.value.clone(), b.binding.clone(), false));
-        }
-        cands.dedup_by(|a, b| a.1 == b.1);
-        // A value written somewhere beats a default.
-        if let Some(first_present) = cands.iter().position(|c| c.2) {
-            let c = cands.remove(first_present);
-            cands.insert(0, c);
-        }
-        let mut it = cands.into_iter();
-        let Some((value, binding, _)) = it.next() else {
-            continue;
-        };
-        let mut mirrors = Vec::new();
-        for (v, b, present) in it {
-            if matches!(b, Binding::AddFlag { .. }) {
-                continue;
-            }
-            if present && v != value {
-                d.warnings.push(format!(
-                    "{knob} has two values: {binding} says {value}, {b} says {v}. oomguard takes {value} and writes the same new value to both when {knob} changes; if the trainer checks them against each other (the Hugging Face DeepSpeed integration does), make them agree before the run"
-                ));
-            }
-            if present || matches!(b, Binding::Config { .. }) {
-                mirrors.push(b);
-            }
-        }
-        d.knobs.insert(
-            knob,
-            Bound {
-                value,
-                binding,
-                mirrors,
-            },
-        );
-    }
-
-    // Accumulation that follows from a global batch written in a config file
-    // (DeepSpeed's numeric train_batch_size, a recipe's global batch key).
-    if !d.knobs.contains_key(&Knob::GradAccum)
-        && let Some(micro) = d
-            .knobs
-            .get(&Knob::MicroBatch)
-            .and_then(|b| b.value.as_int())
-        && let Some((shown, global)) = global_batch(cmd, &found)
-    {
-        let per_step = micro.saturating_mul(d.world.size);
-        if per_step > 0 && global.is_multiple_of(per_step) {
-            d.knobs.insert(
-                Knob::GradAccum,
-                Bound {
-                    value: Value::Int(global / per_step),
-                    binding: Binding::DerivedFromGlobalBatch {
-                        flag: shown.clone(),
-                        global,
-                    },
-                    mirrors: Vec::new(),
-                },
-            );
-            d.notes.push(format!(
-                "grad_accum: derived from {shown} {global} (global batch) / micro-batch {micro} / world size {}; the global batch is left as it is",
-                d.world.size
-            ));
-        } else {
-            d.notes.push(format!(
-                "grad_accum: {shown} {global} is not a multiple of micro-batch {micro} × world size {}; cannot derive accumulation",
-                d.world.size
-            ));
+        let cands = rank.candidates(knob, flag.as_ref());
+        if let Some(bound) = choose(knob, cands, &mut d.warnings) {
+            d.knobs.insert(knob, bound);
         }
     }
 
-    // Accumulation that counts all ranks together: the global batch is micro × accum.
-    if d.knobs.contains_key(&Knob::GradAccum) && frameworks::accum_covers_world(cmd) {
-        d.accum_covers_world = true;
-        if let Some(a) = d.knobs[&Knob::GradAccum].value.as_int()
-            && d.world.size > 1
-        {
-            d.notes.push(if a.is_multiple_of(d.world.size) {
-                format!(
-                    "grad_accum: {a} counts all {} ranks ({} each), so the global batch is micro-batch × {a}",
-                    d.world.size,
-                    a / d.world.size
-                )
-            } else {
-                format!(
-                    "grad_accum: {a} is not a multiple of the world size {}: the script will stop at its assert",
-                    d.world.size
-                )
-            });
-        }
-    }
-
+    derive_accumulation(cmd, &found, &mut d);
     d.families = frameworks::recognised(cmd).map(|f| f.name).collect();
     d.notes.extend(found.notes.iter().cloned());
     if d.ambiguous_batch.is_none() {
@@ -717,57 +512,7 @@ pub fn materialize(
         flags::apply_resume(&mut out, &mut inserts, &mut append, r);
     }
 
-    // Changed files become copies in `dir`; what names them points at the copy.
-    // Children come after their parents in `files`, so go from the end.
-    let mut derived = Vec::new();
-    let mut used: Vec<PathBuf> = Vec::new();
-    let mut default_ref: Option<(&str, usize, PathBuf)> = None;
-    for i in (0..docs.len()).rev() {
-        if !docs[i].changed() {
-            continue;
-        }
-        let f = &disc.config.files[i];
-        let name = Path::new(&f.shown)
-            .file_name()
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(format!("config-{i}")));
-        let mut dest = dir.join(&name);
-        if used.contains(&dest) {
-            dest = dir.join(format!("{i}")).join(&name);
-        }
-        used.push(dest.clone());
-        let dest_abs = std::path::absolute(&dest).unwrap_or_else(|_| dest.clone());
-        match &f.reference {
-            config::Ref::Argv { index, prefix } => {
-                let mut v = OsString::from(prefix);
-                v.push(&dest_abs);
-                out[*index] = v;
-            }
-            config::Ref::InFile { parent, key } => {
-                docs[*parent].set(key, &Scalar::Str(dest_abs.display().to_string()))?;
-            }
-            config::Ref::Default { flag, at } => default_ref = Some((*flag, *at, dest_abs.clone())),
-            config::Ref::Env { var } => env.push((var.clone(), dest_abs.display().to_string())),
-            // Only bound with --edit-in-place (see Discovery::unnamed_files).
-            config::Ref::Unnamed => dest = docs[i].path().to_path_buf(),
-            // Never changed: its knobs are set with overrides.
-            config::Ref::Packaged => continue,
-        }
-        derived.push(Derived {
-            in_place: f.reference == config::Ref::Unnamed,
-            shown: f.shown.clone(),
-            original: docs[i].path().to_path_buf(),
-            diff: files::unified_diff(
-                &f.shown,
-                &dest.display().to_string(),
-                docs[i].original(),
-                docs[i].text(),
-            ),
-            text: docs[i].text().to_string(),
-            dest,
-        });
-    }
-    derived.reverse();
+    let (derived, default_ref) = copies(disc, &mut docs, dir, &mut out, &mut env)?;
 
     inserts.sort_by_key(|i| std::cmp::Reverse(i.0));
     for (idx, v) in inserts {
@@ -835,6 +580,329 @@ pub fn layout(
         recipe_value: &recipe_value,
     };
     frameworks::layout(cmd, &ctx)
+}
+
+/// A knob to add as `{prefix}{key}=N` when it changes: (knob, its current value, key, prefix).
+type AddedOverride = (Knob, Value, String, String);
+
+/// The places the user bound with `--knob NAME=FILE:KEY`, `=KEY` and `=+KEY=N`.
+fn user_file_and_override_places(
+    cmd: &Command,
+    user: &[(Knob, UserBinding)],
+    found: &mut config::Found,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<(Vec<config::Place>, Vec<AddedOverride>), KnobError> {
+    let argv = &cmd.argv[..];
+    let mut user_places: Vec<config::Place> = Vec::new();
+    let mut add_overrides: Vec<(Knob, Value, String, String)> = Vec::new();
+    for (knob, ub) in user {
+        match ub {
+            UserBinding::File { path, key } => {
+                let place = config::user_file(found, argv, path, key, *knob, resolve)?;
+                user_places.push(place);
+            }
+            UserBinding::AddOverride {
+                prefix,
+                key,
+                default,
+            } => {
+                let value = config::scalar_to_value(*knob, &config::yaml_like(default))
+                    .ok_or_else(|| KnobError::BadSpec(format!("{knob}={prefix}{key}={default}")))?;
+                add_overrides.push((*knob, value, key.clone(), prefix.clone()));
+            }
+            UserBinding::Override(key) => {
+                let place = cmd.overrides.iter().find_map(|o| {
+                    if o.key != *key {
+                        return None;
+                    }
+                    Some(config::Place {
+                        knob: *knob,
+                        value: config::scalar_to_value(*knob, &config::yaml_like(&o.value))?,
+                        site: config::Site::Override {
+                            key: o.key.clone(),
+                            index: o.index,
+                            prefix: o.prefix.clone(),
+                        },
+                        present: true,
+                    })
+                });
+                match place {
+                    Some(p) => user_places.push(p),
+                    None => {
+                        return Err(KnobError::OverrideNotInCommand {
+                            knob: *knob,
+                            key: key.clone(),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    Ok((user_places, add_overrides))
+}
+
+/// Accumulation that follows from a global batch (a config file's or a flag's),
+/// and accumulation that counts all ranks together.
+fn derive_accumulation(cmd: &Command, found: &config::Found, d: &mut Discovery) {
+    // Accumulation that follows from a global batch written in a config file
+    // (DeepSpeed's numeric train_batch_size, a recipe's global batch key).
+    if !d.knobs.contains_key(&Knob::GradAccum)
+        && let Some(micro) = d
+            .knobs
+            .get(&Knob::MicroBatch)
+            .and_then(|b| b.value.as_int())
+        && let Some((shown, global)) = global_batch(cmd, found)
+    {
+        let per_step = micro.saturating_mul(d.world.size);
+        if per_step > 0 && global.is_multiple_of(per_step) {
+            d.knobs.insert(
+                Knob::GradAccum,
+                Bound {
+                    value: Value::Int(global / per_step),
+                    binding: Binding::DerivedFromGlobalBatch {
+                        flag: shown.clone(),
+                        global,
+                    },
+                    mirrors: Vec::new(),
+                },
+            );
+            d.notes.push(format!(
+                "grad_accum: derived from {shown} {global} (global batch) / micro-batch {micro} / world size {}; the global batch is left as it is",
+                d.world.size
+            ));
+        } else {
+            d.notes.push(format!(
+                "grad_accum: {shown} {global} is not a multiple of micro-batch {micro} × world size {}; cannot derive accumulation",
+                d.world.size
+            ));
+        }
+    }
+
+    // Accumulation that counts all ranks together: the global batch is micro × accum.
+    if d.knobs.contains_key(&Knob::GradAccum) && frameworks::accum_covers_world(cmd) {
+        d.accum_covers_world = true;
+        if let Some(a) = d.knobs[&Knob::GradAccum].value.as_int()
+            && d.world.size > 1
+        {
+            d.notes.push(if a.is_multiple_of(d.world.size) {
+                format!(
+                    "grad_accum: {a} counts all {} ranks ({} each), so the global batch is micro-batch × {a}",
+                    d.world.size,
+                    a / d.world.size
+                )
+            } else {
+                format!(
+                    "grad_accum: {a} is not a multiple of the world size {}: the script will stop at its assert",
+                    d.world.size
+                )
+            });
+        }
+    }
+}
+
+/// Where a changed copy of a tool's default config is passed: (flag, argv index, copy).
+type DefaultRef = (&'static str, usize, PathBuf);
+
+/// Changed files become copies in `dir`; what names them (an argv element, a
+/// key of the parent file, an environment variable) points at the copy.
+/// Children come after their parents in `files`, so go from the end.
+fn copies(
+    disc: &Discovery,
+    docs: &mut [files::Doc],
+    dir: &Path,
+    out: &mut [OsString],
+    env: &mut Vec<(String, String)>,
+) -> Result<(Vec<Derived>, Option<DefaultRef>), KnobError> {
+    let mut derived = Vec::new();
+    let mut used: Vec<PathBuf> = Vec::new();
+    let mut default_ref: Option<DefaultRef> = None;
+    for i in (0..docs.len()).rev() {
+        if !docs[i].changed() {
+            continue;
+        }
+        let f = &disc.config.files[i];
+        let name = Path::new(&f.shown)
+            .file_name()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(format!("config-{i}")));
+        let mut dest = dir.join(&name);
+        if used.contains(&dest) {
+            dest = dir.join(format!("{i}")).join(&name);
+        }
+        used.push(dest.clone());
+        let dest_abs = std::path::absolute(&dest).unwrap_or_else(|_| dest.clone());
+        match &f.reference {
+            config::Ref::Argv { index, prefix } => {
+                let mut v = OsString::from(prefix);
+                v.push(&dest_abs);
+                out[*index] = v;
+            }
+            config::Ref::InFile { parent, key } => {
+                docs[*parent].set(key, &files::Scalar::Str(dest_abs.display().to_string()))?;
+            }
+            config::Ref::Default { flag, at } => default_ref = Some((*flag, *at, dest_abs.clone())),
+            config::Ref::Env { var } => env.push((var.clone(), dest_abs.display().to_string())),
+            // Only bound with --edit-in-place (see Discovery::unnamed_files).
+            config::Ref::Unnamed => dest = docs[i].path().to_path_buf(),
+            // Never changed: its knobs are set with overrides.
+            config::Ref::Packaged => continue,
+        }
+        derived.push(Derived {
+            in_place: f.reference == config::Ref::Unnamed,
+            shown: f.shown.clone(),
+            original: docs[i].path().to_path_buf(),
+            diff: files::unified_diff(
+                &f.shown,
+                &dest.display().to_string(),
+                docs[i].original(),
+                docs[i].text(),
+            ),
+            text: docs[i].text().to_string(),
+            dest,
+        });
+    }
+    derived.reverse();
+
+    Ok((derived, default_ref))
+}
+
+/// One place a knob's value could come from: (value, binding, written there).
+type Candidate = (Value, Binding, bool);
+
+/// What ranks the places of one knob: the user's bindings and what discovery found.
+struct Ranking<'a> {
+    cmd: &'a Command,
+    found: &'a config::Found,
+    user: &'a [(Knob, UserBinding)],
+    user_places: &'a [config::Place],
+    add_overrides: &'a [AddedOverride],
+}
+
+impl Ranking<'_> {
+    fn binding_of(&self, p: &config::Place) -> Binding {
+        match &p.site {
+            config::Site::File { file, key } => Binding::Config {
+                file: *file,
+                shown: self.found.files[*file].shown.clone(),
+                role: self.found.files[*file].role.label(),
+                key: key.clone(),
+            },
+            config::Site::Override { key, index, prefix } => Binding::Override {
+                key: key.clone(),
+                index: *index,
+                prefix: prefix.clone(),
+            },
+            config::Site::AddOverride { file, key } => Binding::AddOverride {
+                key: key.clone(),
+                prefix: String::new(),
+                from: Some(self.found.files[*file].shown.clone()),
+            },
+        }
+    }
+
+    /// Every place of `knob`, most authoritative first: the user's word,
+    /// overrides, flags, files, defaults. `flag` is what flag discovery bound.
+    fn candidates(&self, knob: Knob, flag: Option<&Bound>) -> Vec<Candidate> {
+        let by_user = self.user.iter().any(|(k, _)| *k == knob);
+        let adds = flag.is_some_and(|b| matches!(b.binding, Binding::AddFlag { .. }));
+        // Most authoritative first: the user's word, overrides, flags, files, defaults.
+        let mut cands: Vec<(Value, Binding, bool)> = Vec::new();
+        for p in self.user_places.iter().filter(|p| p.knob == knob) {
+            cands.push((p.value.clone(), self.binding_of(p), true));
+        }
+        for (_, value, key, prefix) in self.add_overrides.iter().filter(|a| a.0 == knob) {
+            // Already on the command line: change it there.
+            let existing = self.cmd.overrides.iter().find(|o| o.key == *key);
+            let existing = existing.and_then(|o| {
+                let value = config::scalar_to_value(knob, &config::yaml_like(&o.value))?;
+                Some((value, o.index, o.prefix.clone()))
+            });
+            match existing {
+                Some((value, index, prefix)) => cands.push((
+                    value,
+                    Binding::Override {
+                        key: key.clone(),
+                        index,
+                        prefix,
+                    },
+                    true,
+                )),
+                None => cands.push((
+                    value.clone(),
+                    Binding::AddOverride {
+                        key: key.clone(),
+                        prefix: prefix.clone(),
+                        from: None,
+                    },
+                    true,
+                )),
+            }
+        }
+        if let (true, Some(b)) = (by_user && !adds, flag) {
+            cands.push((b.value.clone(), b.binding.clone(), true));
+            cands.extend(b.mirrors.iter().map(|m| (b.value.clone(), m.clone(), true)));
+        }
+        let is_override = |p: &&config::Place| matches!(p.site, config::Site::Override { .. });
+        for p in self
+            .found
+            .places
+            .iter()
+            .filter(|p| p.knob == knob)
+            .filter(is_override)
+        {
+            cands.push((p.value.clone(), self.binding_of(p), true));
+        }
+        if let (false, Some(b)) = (by_user || adds, flag) {
+            cands.push((b.value.clone(), b.binding.clone(), true));
+            cands.extend(b.mirrors.iter().map(|m| (b.value.clone(), m.clone(), true)));
+        }
+        for p in self
+            .found
+            .places
+            .iter()
+            .filter(|p| p.knob == knob && !is_override(p))
+        {
+            cands.push((p.value.clone(), self.binding_of(p), p.present));
+        }
+        if let (true, Some(b)) = (adds, flag) {
+            cands.push((b.value.clone(), b.binding.clone(), false));
+        }
+        cands
+    }
+}
+
+/// The knob's binding (the first place with a written value) and its mirrors;
+/// two written values that differ are a warning.
+fn choose(knob: Knob, mut cands: Vec<Candidate>, warnings: &mut Vec<String>) -> Option<Bound> {
+    cands.dedup_by(|a, b| a.1 == b.1);
+    // A value written somewhere beats a default.
+    if let Some(first_present) = cands.iter().position(|c| c.2) {
+        let c = cands.remove(first_present);
+        cands.insert(0, c);
+    }
+    let mut it = cands.into_iter();
+    let (value, binding, _) = it.next()?;
+    let mut mirrors = Vec::new();
+    for (v, b, present) in it {
+        if matches!(b, Binding::AddFlag { .. }) {
+            continue;
+        }
+        if present && v != value {
+            warnings.push(format!(
+                "{knob} has two values: {binding} says {value}, {b} says {v}. oomguard takes {value} and writes the same new value to both when {knob} changes; if the trainer checks them against each other (the Hugging Face DeepSpeed integration does), make them agree before the run"
+                ));
+        }
+        if present || matches!(b, Binding::Config { .. }) {
+            mirrors.push(b);
+        }
+    }
+    Some(Bound {
+        value,
+        binding,
+        mirrors,
+    })
 }
 
 #[cfg(test)]
