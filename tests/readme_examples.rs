@@ -796,3 +796,58 @@ fn litgpt_halving_keeps_the_global_batch_and_writes_no_accumulation_key() {
     );
     assert!(!strings(&rung["argv"]).iter().any(|a| a.contains("accum")));
 }
+
+/// One setting with different values in a recipe YAML and its DeepSpeed JSON is a
+/// warning in `plan` and on every run (not only with -v).
+#[test]
+fn one_setting_with_two_values_is_a_warning_on_every_run() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path();
+    fs::write(
+        d.join("recipe.yaml"),
+        "per_device_train_batch_size: 4\ngradient_accumulation_steps: 2\ndeepspeed: ds.json\noutput_dir: out\n",
+    )
+    .unwrap();
+    fs::write(
+        d.join("ds.json"),
+        r#"{"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}"#,
+    )
+    .unwrap();
+    fs::write(d.join("sft.py"), "print('trained')\n").unwrap();
+    let plan = Command::new(BIN)
+        .current_dir(d)
+        .args([
+            "plan",
+            "--json",
+            "python3",
+            "sft.py",
+            "--config",
+            "recipe.yaml",
+        ])
+        .output()
+        .unwrap();
+    let v: J = serde_json::from_slice(&plan.stdout).unwrap_or(J::Null);
+    let warnings = v["warnings"].to_string();
+    assert!(
+        warnings.contains("micro_batch has two values") && warnings.contains("ds.json"),
+        "{v}"
+    );
+    let run = Command::new(BIN)
+        .current_dir(d)
+        .args([
+            "--run-dir",
+            "run",
+            "python3",
+            "sft.py",
+            "--config",
+            "recipe.yaml",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("oomguard: warning: micro_batch has two values"),
+        "{err}"
+    );
+}
