@@ -469,6 +469,28 @@ impl Command {
         self.positionals().find(|(_, a)| a.ends_with(".py"))
     }
 
+    /// Where the command names a value for which `is` holds — a flag's value, a
+    /// positional argument, an override's value: (argv index, the text before the
+    /// value in that element: `--x=`, `key=`, or nothing).
+    pub fn find_value(&self, is: impl Fn(&str) -> bool) -> Option<(usize, String)> {
+        for f in &self.flags {
+            match (f.form, f.value.as_deref()) {
+                (FlagForm::Space, Some(v)) if is(v) => return Some((f.index + 1, String::new())),
+                (FlagForm::Equals, Some(v)) if is(v) => {
+                    return Some((f.index, format!("{}=", f.name)));
+                }
+                _ => {}
+            }
+        }
+        if let Some((i, _)) = self.positionals().find(|(_, a)| is(a)) {
+            return Some((i, String::new()));
+        }
+        self.overrides
+            .iter()
+            .find(|o| is(&o.value))
+            .map(|o| (o.index, format!("{}{}=", o.prefix, o.key)))
+    }
+
     /// The last value of any of `names` among the flags at `region` indices.
     pub fn value_in(&self, region: Range<usize>, names: &[&str]) -> Option<&str> {
         self.flags

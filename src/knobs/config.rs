@@ -16,7 +16,6 @@
 //! attempt's folder under its own name and the reference to it (the argv
 //! element, or the key in the file that names it) points at the copy.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::{Knob, Offload, Value};
@@ -165,10 +164,6 @@ pub struct Found {
     pub ambiguous_overrides: Vec<String>,
 }
 
-fn os(a: &OsString) -> &str {
-    a.to_str().unwrap_or("")
-}
-
 /// `--name P` or `--name=P` occurrences before argv index `end`: (index of the
 /// path, prefix to keep, path).
 fn flag_paths(cmd: &Command, names: &[&str], end: usize) -> Vec<(usize, String, String)> {
@@ -292,9 +287,8 @@ fn recipe_files(
                         || resolve(Path::new(p)).is_file())
             })
             .collect();
-    for (i, a) in argv.iter().enumerate().skip(script.max(1)) {
-        let s = os(a);
-        if s.starts_with('-') || training.iter().any(|(j, _, _)| *j == i) {
+    for (i, s) in cmd.positionals() {
+        if training.iter().any(|(j, _, _)| *j == i) {
             continue;
         }
         if [".yaml", ".yml", ".toml"].iter().any(|x| s.ends_with(x)) {
@@ -570,7 +564,7 @@ pub fn override_text(v: &Value, old: &str) -> String {
 /// Read a file the user named with `--knob NAME=FILE:KEY`.
 pub fn user_file(
     found: &mut Found,
-    argv: &[OsString],
+    cmd: &Command,
     path: &str,
     key: &str,
     knob: Knob,
@@ -585,26 +579,9 @@ pub fn user_file(
         Some(i) => i,
         None => {
             let doc = Doc::load(&real)?;
-            let reference = argv
-                .iter()
-                .enumerate()
-                .skip(1)
-                .find_map(|(i, a)| {
-                    let s = os(a);
-                    if s == path || Path::new(s) == real {
-                        Some(Ref::Argv {
-                            index: i,
-                            prefix: String::new(),
-                        })
-                    } else {
-                        s.split_once('=')
-                            .filter(|(_, v)| *v == path)
-                            .map(|(f, _)| Ref::Argv {
-                                index: i,
-                                prefix: format!("{f}="),
-                            })
-                    }
-                })
+            let reference = cmd
+                .find_value(|v| v == path || Path::new(v) == real)
+                .map(|(index, prefix)| Ref::Argv { index, prefix })
                 .unwrap_or(Ref::Unnamed);
             found.files.push(ConfigFile {
                 role: Role::User,

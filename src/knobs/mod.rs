@@ -592,13 +592,12 @@ fn user_file_and_override_places(
     found: &mut config::Found,
     resolve: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<(Vec<config::Place>, Vec<AddedOverride>), KnobError> {
-    let argv = &cmd.argv[..];
     let mut user_places: Vec<config::Place> = Vec::new();
     let mut add_overrides: Vec<(Knob, Value, String, String)> = Vec::new();
     for (knob, ub) in user {
         match ub {
             UserBinding::File { path, key } => {
-                let place = config::user_file(found, argv, path, key, *knob, resolve)?;
+                let place = config::user_file(found, cmd, path, key, *knob, resolve)?;
                 user_places.push(place);
             }
             UserBinding::AddOverride {
