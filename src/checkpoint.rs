@@ -350,127 +350,34 @@ fn lightning_candidates(root: &Path) -> Vec<Checkpoint> {
 /// Candidates newest first, each with its completeness check.
 type Check = Box<dyn Fn(&Path) -> Result<(), String>>;
 
+/// The layout's candidates newest first, their check, and the newer ones
+/// already ruled out by the framework's own "latest" marker.
 fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
     let root = &layout.root;
-    let mut pre = Vec::new();
     match &layout.kind {
         Kind::HuggingFace => (
             numbered_dirs(root, "checkpoint-", ""),
             Box::new(hf_complete),
-            pre,
+            Vec::new(),
         ),
         Kind::DeepSpeed => {
-            // `latest` names the newest tag; older global_stepN folders are fallbacks.
-            let mut c = numbered_dirs(root, "global_step", "");
-            if let Ok(tag) = fs::read_to_string(root.join("latest")) {
-                let tag = tag.trim().to_string();
-                if let Some(pos) = c
-                    .iter()
-                    .position(|x| x.path.file_name().is_some_and(|n| n == tag.as_str()))
-                {
-                    let newer: Vec<Checkpoint> = c.drain(..pos).collect();
-                    for n in newer {
-                        pre.push(Skipped {
-                            path: n.path,
-                            why: format!("newer than `latest` ({tag}): not finished"),
-                        });
-                    }
-                }
-            }
-            (c, Box::new(|p: &Path| ds_tag_complete(p)), pre)
+            let (c, pre) = deepspeed_candidates(root);
+            (c, Box::new(ds_tag_complete), pre)
         }
         Kind::Megatron => {
-            let mut c = numbered_dirs(root, "iter_", "");
-            c.extend(numbered_dirs(root, "global_step", ""));
-            c.sort_by_key(|c| std::cmp::Reverse(c.step));
-            if let Ok(t) = fs::read_to_string(root.join("latest_checkpointed_iteration.txt"))
-                && let Ok(it) = t.trim().parse::<u64>()
-            {
-                let newer: Vec<Checkpoint> = c.iter().filter(|x| x.step > it).cloned().collect();
-                c.retain(|x| x.step <= it);
-                for n in newer {
-                    pre.push(Skipped {
-                        path: n.path,
-                        why: format!(
-                            "newer than latest_checkpointed_iteration.txt ({it}): not finished"
-                        ),
-                    });
-                }
-            }
-            (
-                c,
-                Box::new(|p: &Path| {
-                    let mut any = false;
-                    for e in fs::read_dir(p).into_iter().flatten().flatten() {
-                        let sub = e.path();
-                        if sub.is_dir() {
-                            if let Some(f) = fs::read_dir(&sub)
-                                .into_iter()
-                                .flatten()
-                                .flatten()
-                                .find(|f| f.path().extension().is_some_and(|x| x == "pt"))
-                            {
-                                zip_complete(&f.path())
-                                    .map_err(|w| format!("{} {w}", f.path().display()))?;
-                                any = true;
-                            }
-                        } else if sub.extension().is_some_and(|x| x == "pt") {
-                            nonempty(&sub)?;
-                            any = true;
-                        }
-                    }
-                    if any {
-                        no_temporaries(p)
-                    } else {
-                        Err("holds no .pt files".into())
-                    }
-                }),
-                pre,
-            )
+            let (c, pre) = megatron_candidates(root);
+            (c, Box::new(megatron_complete), pre)
         }
-        Kind::Lightning => (lightning_candidates(root), Box::new(zip_complete), pre),
-        Kind::NanoGpt => {
-            let ckpt = root.join("ckpt.pt");
-            let c = if ckpt.exists() {
-                vec![Checkpoint {
-                    path: ckpt,
-                    step: 0,
-                }]
-            } else {
-                Vec::new()
-            };
-            (c, Box::new(zip_complete), pre)
-        }
+        Kind::Lightning => (
+            lightning_candidates(root),
+            Box::new(zip_complete),
+            Vec::new(),
+        ),
+        Kind::NanoGpt => (nanogpt_candidates(root), Box::new(zip_complete), Vec::new()),
         Kind::Torchtune => {
-            let mut c = numbered_dirs(root, "epoch_", "");
-            c.extend(numbered_dirs(root, "step_", ""));
-            c.sort_by_key(|c| std::cmp::Reverse(c.step));
             let root2 = root.clone();
-            let check: Check = Box::new(move |p: &Path| {
-                let rs = [
-                    root2.join("recipe_state").join("recipe_state.pt"),
-                    root2.join("recipe_state.pt"),
-                    p.join("recipe_state.pt"),
-                ];
-                let Some(r) = rs.iter().find(|r| r.exists()) else {
-                    return Err(
-                        "no recipe_state.pt (the recipe writes it with every checkpoint)".into(),
-                    );
-                };
-                zip_complete(r).map_err(|w| format!("recipe_state.pt {w}"))?;
-                no_temporaries(p)?;
-                let has_weights = fs::read_dir(p).into_iter().flatten().flatten().any(|e| {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    (n.ends_with(".safetensors") || n.ends_with(".pt") || n.ends_with(".bin"))
-                        && e.metadata().map(|m| m.len() > 0).unwrap_or(false)
-                });
-                if has_weights {
-                    Ok(())
-                } else {
-                    Err("no model weights".into())
-                }
-            });
-            (c, check, pre)
+            let check: Check = Box::new(move |p: &Path| torchtune_complete(&root2, p));
+            (torchtune_candidates(root), check, Vec::new())
         }
         Kind::Custom(spec) => {
             let (pre_s, post_s) = spec
@@ -478,15 +385,139 @@ fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
                 .split_once("{step}")
                 .unwrap_or((&spec.pattern, ""));
             let markers = spec.complete_when.clone();
-            let check: Check = Box::new(move |p: &Path| {
-                for m in &markers {
-                    nonempty(&p.join(m))?;
-                }
-                no_temporaries(p)
-            });
-            (numbered_dirs(root, pre_s, post_s), check, pre)
+            let check: Check = Box::new(move |p: &Path| custom_complete(&markers, p));
+            (numbered_dirs(root, pre_s, post_s), check, Vec::new())
         }
     }
+}
+
+/// DeepSpeed's global_stepN folders, newest first, and those newer than the
+/// tag `latest` names (not finished).
+fn deepspeed_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
+    let mut pre = Vec::new();
+    // `latest` names the newest tag; older global_stepN folders are fallbacks.
+    let mut c = numbered_dirs(root, "global_step", "");
+    if let Ok(tag) = fs::read_to_string(root.join("latest")) {
+        let tag = tag.trim().to_string();
+        if let Some(pos) = c
+            .iter()
+            .position(|x| x.path.file_name().is_some_and(|n| n == tag.as_str()))
+        {
+            let newer: Vec<Checkpoint> = c.drain(..pos).collect();
+            for n in newer {
+                pre.push(Skipped {
+                    path: n.path,
+                    why: format!("newer than `latest` ({tag}): not finished"),
+                });
+            }
+        }
+    }
+    (c, pre)
+}
+
+/// Megatron's iter_N (and global_stepN) folders, newest first, and those newer
+/// than latest_checkpointed_iteration.txt (not finished).
+fn megatron_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
+    let mut pre = Vec::new();
+    let mut c = numbered_dirs(root, "iter_", "");
+    c.extend(numbered_dirs(root, "global_step", ""));
+    c.sort_by_key(|c| std::cmp::Reverse(c.step));
+    if let Ok(t) = fs::read_to_string(root.join("latest_checkpointed_iteration.txt"))
+        && let Ok(it) = t.trim().parse::<u64>()
+    {
+        let newer: Vec<Checkpoint> = c.iter().filter(|x| x.step > it).cloned().collect();
+        c.retain(|x| x.step <= it);
+        for n in newer {
+            pre.push(Skipped {
+                path: n.path,
+                why: format!("newer than latest_checkpointed_iteration.txt ({it}): not finished"),
+            });
+        }
+    }
+    (c, pre)
+}
+
+/// Why a Megatron iteration folder is not complete, or Ok: it holds `.pt`
+/// files (loose, or the first of each subfolder), loose ones non-empty, a
+/// subfolder's ending with a zip directory, and no temporary names.
+fn megatron_complete(p: &Path) -> Result<(), String> {
+    let mut any = false;
+    for e in fs::read_dir(p).into_iter().flatten().flatten() {
+        let sub = e.path();
+        if sub.is_dir() {
+            if let Some(f) = fs::read_dir(&sub)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .find(|f| f.path().extension().is_some_and(|x| x == "pt"))
+            {
+                zip_complete(&f.path()).map_err(|w| format!("{} {w}", f.path().display()))?;
+                any = true;
+            }
+        } else if sub.extension().is_some_and(|x| x == "pt") {
+            nonempty(&sub)?;
+            any = true;
+        }
+    }
+    if any {
+        no_temporaries(p)
+    } else {
+        Err("holds no .pt files".into())
+    }
+}
+
+/// nanoGPT's single `ckpt.pt`, if there is one.
+fn nanogpt_candidates(root: &Path) -> Vec<Checkpoint> {
+    let ckpt = root.join("ckpt.pt");
+    if ckpt.exists() {
+        vec![Checkpoint {
+            path: ckpt,
+            step: 0,
+        }]
+    } else {
+        Vec::new()
+    }
+}
+
+/// torchtune's epoch_N and step_N folders, newest first.
+fn torchtune_candidates(root: &Path) -> Vec<Checkpoint> {
+    let mut c = numbered_dirs(root, "epoch_", "");
+    c.extend(numbered_dirs(root, "step_", ""));
+    c.sort_by_key(|c| std::cmp::Reverse(c.step));
+    c
+}
+
+/// Why torchtune's folder `p` (under `root`) is not complete, or Ok: a
+/// complete recipe_state.pt, no temporaries, and non-empty model weights.
+fn torchtune_complete(root: &Path, p: &Path) -> Result<(), String> {
+    let rs = [
+        root.join("recipe_state").join("recipe_state.pt"),
+        root.join("recipe_state.pt"),
+        p.join("recipe_state.pt"),
+    ];
+    let Some(r) = rs.iter().find(|r| r.exists()) else {
+        return Err("no recipe_state.pt (the recipe writes it with every checkpoint)".into());
+    };
+    zip_complete(r).map_err(|w| format!("recipe_state.pt {w}"))?;
+    no_temporaries(p)?;
+    let has_weights = fs::read_dir(p).into_iter().flatten().flatten().any(|e| {
+        let n = e.file_name().to_string_lossy().into_owned();
+        (n.ends_with(".safetensors") || n.ends_with(".pt") || n.ends_with(".bin"))
+            && e.metadata().map(|m| m.len() > 0).unwrap_or(false)
+    });
+    if has_weights {
+        Ok(())
+    } else {
+        Err("no model weights".into())
+    }
+}
+
+/// Why a folder is not complete by a policy's `complete_when` markers, or Ok.
+fn custom_complete(markers: &[String], p: &Path) -> Result<(), String> {
+    for m in markers {
+        nonempty(&p.join(m))?;
+    }
+    no_temporaries(p)
 }
 
 /// The newest complete checkpoint. `settle` is how long to watch a candidate

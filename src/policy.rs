@@ -154,185 +154,28 @@ impl Policy {
     }
 
     pub fn parse(name: &str, file: &Path, text: &str) -> Result<Policy, PolicyError> {
-        let invalid = |offset: usize, key: &str, message: String| PolicyError::Invalid {
-            file: file.to_path_buf(),
-            line: line_of(text, offset),
-            key: key.to_string(),
-            message,
-        };
-        let raw: RawPolicy = toml::from_str(text).map_err(|e| {
-            let offset = e.span().map(|s| s.start).unwrap_or(0);
-            // The key is the last `word =` before the error on its line, if any.
-            let line_start = text[..offset.min(text.len())]
-                .rfind('\n')
-                .map_or(0, |p| p + 1);
-            let line_text = text[line_start..].lines().next().unwrap_or("");
-            let key = line_text
-                .split_once('=')
-                .map(|(k, _)| k)
-                .unwrap_or(line_text)
-                .trim()
-                .trim_matches(|c| c == '[' || c == ']')
-                .to_string();
-            invalid(offset, &key, e.message().trim().to_string())
-        })?;
-
-        let mut steps = Vec::new();
-        for (i, s) in raw.steps.iter().enumerate() {
-            let kind = *s.kind.get_ref();
-            let key = |k: &str| format!("step[{i}].{k}");
-            let not_for = |field: &str, sp: std::ops::Range<usize>| {
-                invalid(
-                    sp.start,
-                    &key(field),
-                    format!("{kind} does not take {field}"),
-                )
-            };
-            let mut step = Step {
-                kind,
-                min: 1,
-                factor: 0.5,
-                multiple_of: 1,
-                max: 3,
-                nvme_path: None,
-            };
-            match kind {
-                StepKind::HalveMicroBatch => {
-                    if let Some(f) = &s.factor {
-                        return Err(not_for("factor", f.span()));
-                    }
-                    if let Some(m) = &s.max {
-                        return Err(not_for("max", m.span()));
-                    }
-                    if let Some(m) = &s.min {
-                        if *m.get_ref() == 0 {
-                            return Err(invalid(
-                                m.span().start,
-                                &key("min"),
-                                "the smallest micro-batch is 1".into(),
-                            ));
-                        }
-                        step.min = *m.get_ref();
-                    }
-                }
-                StepKind::ShortenSeq => {
-                    if let Some(m) = &s.max {
-                        return Err(not_for("max", m.span()));
-                    }
-                    if let Some(f) = &s.factor {
-                        let v = *f.get_ref();
-                        if !(v > 0.0 && v < 1.0) {
-                            return Err(invalid(
-                                f.span().start,
-                                &key("factor"),
-                                format!("must be between 0 and 1 (exclusive), found {v}"),
-                            ));
-                        }
-                        step.factor = v;
-                    }
-                    step.min = s.min.as_ref().map_or(128, |m| *m.get_ref()).max(1);
-                    step.multiple_of = s.multiple_of.as_ref().map_or(8, |m| *m.get_ref()).max(1);
-                }
-                StepKind::RaiseZeroStage => {
-                    if let Some(m) = &s.max {
-                        let v = *m.get_ref();
-                        if !(1..=3).contains(&v) {
-                            return Err(invalid(
-                                m.span().start,
-                                &key("max"),
-                                format!("ZeRO stages are 1 to 3, found {v}"),
-                            ));
-                        }
-                        step.max = v;
-                    }
-                }
-                StepKind::EnableGradCheckpointing
-                | StepKind::OffloadOptimizer
-                | StepKind::OffloadParam => {
-                    if let Some(p) = &s.nvme_path {
-                        if kind == StepKind::EnableGradCheckpointing {
-                            return Err(not_for("nvme_path", p.span()));
-                        }
-                        if !p.get_ref().starts_with('/') {
-                            return Err(invalid(
-                                p.span().start,
-                                &key("nvme_path"),
-                                format!("{:?} is not an absolute path", p.get_ref()),
-                            ));
-                        }
-                        step.nvme_path = Some(p.get_ref().clone());
-                    }
-                    for (field, sp) in [
-                        ("min", s.min.as_ref().map(|x| x.span())),
-                        ("factor", s.factor.as_ref().map(|x| x.span())),
-                        ("max", s.max.as_ref().map(|x| x.span())),
-                    ] {
-                        if let Some(sp) = sp {
-                            return Err(not_for(field, sp));
-                        }
-                    }
-                }
-            }
-            if kind != StepKind::ShortenSeq
-                && let Some(m) = &s.multiple_of
-            {
-                return Err(not_for("multiple_of", m.span()));
-            }
-            steps.push(step);
-        }
+        let src = PolicyText { file, text };
+        let raw: RawPolicy = toml::from_str(text).map_err(|e| src.toml_error(&e))?;
+        let steps = raw
+            .steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| src.step(i, s))
+            .collect::<Result<Vec<_>, _>>()?;
         if steps.is_empty() {
-            return Err(invalid(
+            return Err(src.invalid(
                 0,
                 "step",
                 "the policy has no [[step]] tables; add at least one, e.g. [[step]] kind = \"halve_micro_batch\"".into(),
             ));
         }
         if let Some(r) = &raw.resume {
-            let at = text.find("[resume]").unwrap_or(0);
-            if !r.pattern.contains("{step}") {
-                return Err(invalid(
-                    at,
-                    "resume.pattern",
-                    format!(
-                        "{:?} has no {{step}}: write the folder name with the step number as {{step}}, e.g. \"step_{{step}}\"",
-                        r.pattern
-                    ),
-                ));
-            }
-            if r.dir.is_none() && r.dir_flag.is_none() {
-                return Err(invalid(
-                    at,
-                    "resume.dir",
-                    "say where the checkpoints are: dir = \"outputs/run\" or dir_flag = \"--output_dir\"".into(),
-                ));
-            }
+            src.check_resume(r)?;
         }
-        // A policy may only set the variables that tune memory and threading: a
-        // shared or downloaded policy must not be able to make the command load
-        // code (LD_PRELOAD, PYTHONPATH, PATH, BASH_ENV ...).
-        for name in raw.env.keys() {
-            if !env_allowed(name) {
-                let at = text
-                    .lines()
-                    .scan(0usize, |off, l| {
-                        let start = *off;
-                        *off += l.len() + 1;
-                        Some((start, l))
-                    })
-                    .find(|(_, l)| l.trim_start().starts_with(name.as_str()))
-                    .map_or(0, |(o, _)| o);
-                return Err(invalid(
-                    at,
-                    &format!("env.{name}"),
-                    format!(
-                        "a policy may set only {ENV_ALLOWED_DESC}; set {name} yourself in the environment if you mean it"
-                    ),
-                ));
-            }
-        }
+        src.check_env(&raw.env)?;
         let max_attempts = match &raw.max_attempts {
             Some(m) if *m.get_ref() == 0 => {
-                return Err(invalid(
+                return Err(src.invalid(
                     m.span().start,
                     "max_attempts",
                     "must be at least 1".into(),
@@ -350,6 +193,243 @@ impl Policy {
             steps,
             resume: raw.resume,
         })
+    }
+}
+
+/// A policy file being validated: errors name the file, the line and the key.
+struct PolicyText<'a> {
+    file: &'a Path,
+    text: &'a str,
+}
+
+impl PolicyText<'_> {
+    /// The error for `key`, on the line of byte `offset`.
+    fn invalid(&self, offset: usize, key: &str, message: String) -> PolicyError {
+        PolicyError::Invalid {
+            file: self.file.to_path_buf(),
+            line: line_of(self.text, offset),
+            key: key.to_string(),
+            message,
+        }
+    }
+
+    /// A TOML syntax or type error, located.
+    fn toml_error(&self, e: &toml::de::Error) -> PolicyError {
+        let text = self.text;
+        let offset = e.span().map(|s| s.start).unwrap_or(0);
+        // The key is the last `word =` before the error on its line, if any.
+        let line_start = text[..offset.min(text.len())]
+            .rfind('\n')
+            .map_or(0, |p| p + 1);
+        let line_text = text[line_start..].lines().next().unwrap_or("");
+        let key = line_text
+            .split_once('=')
+            .map(|(k, _)| k)
+            .unwrap_or(line_text)
+            .trim()
+            .trim_matches(|c| c == '[' || c == ']')
+            .to_string();
+        self.invalid(offset, &key, e.message().trim().to_string())
+    }
+
+    /// The `i`-th `[[step]]` table, validated: each kind takes only its own
+    /// fields, within their ranges; the others get their defaults.
+    fn step(&self, i: usize, s: &RawStep) -> Result<Step, PolicyError> {
+        let kind = *s.kind.get_ref();
+        let at = StepText {
+            src: self,
+            i,
+            kind,
+            raw: s,
+        };
+        let mut step = Step {
+            kind,
+            min: 1,
+            factor: 0.5,
+            multiple_of: 1,
+            max: 3,
+            nvme_path: None,
+        };
+        match kind {
+            StepKind::HalveMicroBatch => at.halve_micro_batch(&mut step)?,
+            StepKind::ShortenSeq => at.shorten_seq(&mut step)?,
+            StepKind::RaiseZeroStage => at.raise_zero_stage(&mut step)?,
+            StepKind::EnableGradCheckpointing
+            | StepKind::OffloadOptimizer
+            | StepKind::OffloadParam => at.switch(&mut step)?,
+        }
+        if kind != StepKind::ShortenSeq
+            && let Some(m) = &s.multiple_of
+        {
+            return Err(at.not_for("multiple_of", m.span()));
+        }
+        Ok(step)
+    }
+
+    /// The `[resume]` table: a pattern with `{step}`, and where the checkpoints are.
+    fn check_resume(&self, r: &crate::checkpoint::CustomSpec) -> Result<(), PolicyError> {
+        let at = self.text.find("[resume]").unwrap_or(0);
+        if !r.pattern.contains("{step}") {
+            return Err(self.invalid(
+                at,
+                "resume.pattern",
+                format!(
+                    "{:?} has no {{step}}: write the folder name with the step number as {{step}}, e.g. \"step_{{step}}\"",
+                    r.pattern
+                ),
+            ));
+        }
+        if r.dir.is_none() && r.dir_flag.is_none() {
+            return Err(self.invalid(
+                at,
+                "resume.dir",
+                "say where the checkpoints are: dir = \"outputs/run\" or dir_flag = \"--output_dir\"".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A policy may only set the variables that tune memory and threading: a
+    /// shared or downloaded policy must not be able to make the command load
+    /// code (LD_PRELOAD, PYTHONPATH, PATH, BASH_ENV ...).
+    fn check_env(&self, env: &BTreeMap<String, String>) -> Result<(), PolicyError> {
+        for name in env.keys() {
+            if !env_allowed(name) {
+                let at = self
+                    .text
+                    .lines()
+                    .scan(0usize, |off, l| {
+                        let start = *off;
+                        *off += l.len() + 1;
+                        Some((start, l))
+                    })
+                    .find(|(_, l)| l.trim_start().starts_with(name.as_str()))
+                    .map_or(0, |(o, _)| o);
+                return Err(self.invalid(
+                    at,
+                    &format!("env.{name}"),
+                    format!(
+                        "a policy may set only {ENV_ALLOWED_DESC}; set {name} yourself in the environment if you mean it"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One `[[step]]` table being validated: errors name its key as `step[i].field`.
+struct StepText<'a> {
+    src: &'a PolicyText<'a>,
+    i: usize,
+    kind: StepKind,
+    raw: &'a RawStep,
+}
+
+impl StepText<'_> {
+    /// The error for this step's `field`, on the line of byte `offset`.
+    fn invalid(&self, offset: usize, field: &str, message: String) -> PolicyError {
+        self.src
+            .invalid(offset, &format!("step[{}].{field}", self.i), message)
+    }
+
+    /// `field` was given to a kind that does not take it.
+    fn not_for(&self, field: &str, sp: std::ops::Range<usize>) -> PolicyError {
+        self.invalid(
+            sp.start,
+            field,
+            format!("{} does not take {field}", self.kind),
+        )
+    }
+
+    /// halve_micro_batch: `min` (at least 1).
+    fn halve_micro_batch(&self, step: &mut Step) -> Result<(), PolicyError> {
+        let s = self.raw;
+        if let Some(f) = &s.factor {
+            return Err(self.not_for("factor", f.span()));
+        }
+        if let Some(m) = &s.max {
+            return Err(self.not_for("max", m.span()));
+        }
+        if let Some(m) = &s.min {
+            if *m.get_ref() == 0 {
+                return Err(self.invalid(
+                    m.span().start,
+                    "min",
+                    "the smallest micro-batch is 1".into(),
+                ));
+            }
+            step.min = *m.get_ref();
+        }
+        Ok(())
+    }
+
+    /// shorten_seq: `factor` (between 0 and 1), `min` (default 128) and
+    /// `multiple_of` (default 8).
+    fn shorten_seq(&self, step: &mut Step) -> Result<(), PolicyError> {
+        let s = self.raw;
+        if let Some(m) = &s.max {
+            return Err(self.not_for("max", m.span()));
+        }
+        if let Some(f) = &s.factor {
+            let v = *f.get_ref();
+            if !(v > 0.0 && v < 1.0) {
+                return Err(self.invalid(
+                    f.span().start,
+                    "factor",
+                    format!("must be between 0 and 1 (exclusive), found {v}"),
+                ));
+            }
+            step.factor = v;
+        }
+        step.min = s.min.as_ref().map_or(128, |m| *m.get_ref()).max(1);
+        step.multiple_of = s.multiple_of.as_ref().map_or(8, |m| *m.get_ref()).max(1);
+        Ok(())
+    }
+
+    /// raise_zero_stage: `max` (a stage, 1 to 3).
+    fn raise_zero_stage(&self, step: &mut Step) -> Result<(), PolicyError> {
+        if let Some(m) = &self.raw.max {
+            let v = *m.get_ref();
+            if !(1..=3).contains(&v) {
+                return Err(self.invalid(
+                    m.span().start,
+                    "max",
+                    format!("ZeRO stages are 1 to 3, found {v}"),
+                ));
+            }
+            step.max = v;
+        }
+        Ok(())
+    }
+
+    /// enable_grad_checkpointing, offload_optimizer, offload_param: no numbers;
+    /// the offloads may take an absolute `nvme_path`.
+    fn switch(&self, step: &mut Step) -> Result<(), PolicyError> {
+        let s = self.raw;
+        if let Some(p) = &s.nvme_path {
+            if self.kind == StepKind::EnableGradCheckpointing {
+                return Err(self.not_for("nvme_path", p.span()));
+            }
+            if !p.get_ref().starts_with('/') {
+                return Err(self.invalid(
+                    p.span().start,
+                    "nvme_path",
+                    format!("{:?} is not an absolute path", p.get_ref()),
+                ));
+            }
+            step.nvme_path = Some(p.get_ref().clone());
+        }
+        for (field, sp) in [
+            ("min", s.min.as_ref().map(|x| x.span())),
+            ("factor", s.factor.as_ref().map(|x| x.span())),
+            ("max", s.max.as_ref().map(|x| x.span())),
+        ] {
+            if let Some(sp) = sp {
+                return Err(self.not_for(field, sp));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -449,127 +529,155 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
 
 /// Apply one step to `cur`; `None` when it cannot change anything (unbound or at its floor).
 fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, String)> {
-    let mut next = cur.clone();
     match step.kind {
-        StepKind::HalveMicroBatch => {
-            let micro = cur.int(Knob::MicroBatch)?;
-            let accum = cur.int(Knob::GradAccum);
-            if micro <= step.min {
+        StepKind::HalveMicroBatch => halve_micro_batch(step, policy.keep_global_batch, cur),
+        StepKind::EnableGradCheckpointing => enable_grad_checkpointing(cur),
+        StepKind::ShortenSeq => shorten_seq(step, cur),
+        StepKind::RaiseZeroStage => raise_zero_stage(step, cur),
+        StepKind::OffloadOptimizer => offload_optimizer(step, cur),
+        StepKind::OffloadParam => offload_param(step, cur),
+    }
+}
+
+/// Halve the micro-batch down to the step's floor; with `keep_global_batch`,
+/// only to a divisor of micro × accum, raising the accumulation to match.
+fn halve_micro_batch(
+    step: &Step,
+    keep_global_batch: bool,
+    cur: &Settings,
+) -> Option<(Settings, String)> {
+    let mut next = cur.clone();
+    let micro = cur.int(Knob::MicroBatch)?;
+    let accum = cur.int(Knob::GradAccum);
+    if micro <= step.min {
+        return None;
+    }
+    let target = (micro / 2).max(step.min);
+    match accum {
+        Some(accum) if keep_global_batch => {
+            // Keep micro × accum exactly: the new micro-batch divides the product.
+            let product = micro.checked_mul(accum)?;
+            let m = largest_divisor_at_most(product, target);
+            if m < step.min || m >= micro {
                 return None;
             }
-            let target = (micro / 2).max(step.min);
-            match accum {
-                Some(accum) if policy.keep_global_batch => {
-                    // Keep micro × accum exactly: the new micro-batch divides the product.
-                    let product = micro.checked_mul(accum)?;
-                    let m = largest_divisor_at_most(product, target);
-                    if m < step.min || m >= micro {
-                        return None;
-                    }
-                    next.knobs.insert(Knob::MicroBatch, Value::Int(m));
-                    next.knobs.insert(Knob::GradAccum, Value::Int(product / m));
-                    let gb = next
-                        .global_batch()
-                        .map(|g| format!(", global batch {g} kept"))
-                        .unwrap_or_default();
-                    Some((
-                        next,
-                        format!(
-                            "micro-batch {micro} → {m}, accumulation {accum} → {}{gb}",
-                            product / m
-                        ),
-                    ))
-                }
-                None if policy.keep_global_batch => None,
-                _ => {
-                    next.knobs.insert(Knob::MicroBatch, Value::Int(target));
-                    Some((
-                        next,
-                        format!(
-                            "micro-batch {micro} → {target} (global batch not kept: keep_global_batch = false)"
-                        ),
-                    ))
-                }
-            }
-        }
-        StepKind::EnableGradCheckpointing => {
-            if cur.bool(Knob::GradCheckpointing)? {
-                return None;
-            }
-            next.knobs
-                .insert(Knob::GradCheckpointing, Value::Bool(true));
-            Some((
-                next,
-                "gradient checkpointing on: activations recomputed in backward instead of stored"
-                    .into(),
-            ))
-        }
-        StepKind::ShortenSeq => {
-            let seq = cur.int(Knob::SeqLen)?;
-            if seq <= step.min {
-                return None;
-            }
-            let raw = ((seq as f64) * step.factor).floor() as u64;
-            let rounded = raw / step.multiple_of * step.multiple_of;
-            let new = rounded.max(step.min);
-            if new >= seq {
-                return None;
-            }
-            next.knobs.insert(Knob::SeqLen, Value::Int(new));
-            Some((
-                next,
-                format!("sequence length {seq} → {new} (this changes what the model sees)"),
-            ))
-        }
-        StepKind::RaiseZeroStage => {
-            let stage = cur.int(Knob::ZeroStage)?;
-            if stage >= step.max {
-                return None;
-            }
-            // 0 and 1 shard little; the next useful stage is 2, then 3.
-            let new = if stage < 2 {
-                2.min(step.max)
-            } else {
-                stage + 1
-            };
-            if new <= stage {
-                return None;
-            }
-            next.knobs.insert(Knob::ZeroStage, Value::Int(new));
+            next.knobs.insert(Knob::MicroBatch, Value::Int(m));
+            next.knobs.insert(Knob::GradAccum, Value::Int(product / m));
+            let gb = next
+                .global_batch()
+                .map(|g| format!(", global batch {g} kept"))
+                .unwrap_or_default();
             Some((
                 next,
                 format!(
-                    "ZeRO stage {stage} → {new}: {}",
-                    if new == 3 {
-                        "parameters sharded across ranks too"
-                    } else {
-                        "gradients and optimizer states sharded across ranks"
-                    }
+                    "micro-batch {micro} → {m}, accumulation {accum} → {}{gb}",
+                    product / m
                 ),
             ))
         }
-        StepKind::OffloadOptimizer => {
-            let dev = cur.knobs.get(&Knob::OffloadOptimizer)?.as_offload()?;
-            if *dev != Offload::None || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
-                return None;
-            }
-            let (v, to) = offload_target(step);
-            next.knobs.insert(Knob::OffloadOptimizer, v);
+        None if keep_global_batch => None,
+        _ => {
+            next.knobs.insert(Knob::MicroBatch, Value::Int(target));
             Some((
                 next,
-                format!("optimizer states offloaded to {to} (slower steps, much less GPU memory)"),
+                format!(
+                    "micro-batch {micro} → {target} (global batch not kept: keep_global_batch = false)"
+                ),
             ))
         }
-        StepKind::OffloadParam => {
-            let dev = cur.knobs.get(&Knob::OffloadParam)?.as_offload()?;
-            if *dev != Offload::None || cur.int(Knob::ZeroStage) != Some(3) {
-                return None;
-            }
-            let (v, to) = offload_target(step);
-            next.knobs.insert(Knob::OffloadParam, v);
-            Some((next, format!("parameters offloaded to {to} (ZeRO-3 only)")))
-        }
     }
+}
+
+/// Turn gradient checkpointing on, if it is off.
+fn enable_grad_checkpointing(cur: &Settings) -> Option<(Settings, String)> {
+    let mut next = cur.clone();
+    if cur.bool(Knob::GradCheckpointing)? {
+        return None;
+    }
+    next.knobs
+        .insert(Knob::GradCheckpointing, Value::Bool(true));
+    Some((
+        next,
+        "gradient checkpointing on: activations recomputed in backward instead of stored".into(),
+    ))
+}
+
+/// Multiply the sequence length by the step's factor, rounded down to its
+/// multiple, not below its floor.
+fn shorten_seq(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
+    let mut next = cur.clone();
+    let seq = cur.int(Knob::SeqLen)?;
+    if seq <= step.min {
+        return None;
+    }
+    let raw = ((seq as f64) * step.factor).floor() as u64;
+    let rounded = raw / step.multiple_of * step.multiple_of;
+    let new = rounded.max(step.min);
+    if new >= seq {
+        return None;
+    }
+    next.knobs.insert(Knob::SeqLen, Value::Int(new));
+    Some((
+        next,
+        format!("sequence length {seq} → {new} (this changes what the model sees)"),
+    ))
+}
+
+/// Raise the ZeRO stage by one useful step, up to the step's highest stage.
+fn raise_zero_stage(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
+    let mut next = cur.clone();
+    let stage = cur.int(Knob::ZeroStage)?;
+    if stage >= step.max {
+        return None;
+    }
+    // 0 and 1 shard little; the next useful stage is 2, then 3.
+    let new = if stage < 2 {
+        2.min(step.max)
+    } else {
+        stage + 1
+    };
+    if new <= stage {
+        return None;
+    }
+    next.knobs.insert(Knob::ZeroStage, Value::Int(new));
+    Some((
+        next,
+        format!(
+            "ZeRO stage {stage} → {new}: {}",
+            if new == 3 {
+                "parameters sharded across ranks too"
+            } else {
+                "gradients and optimizer states sharded across ranks"
+            }
+        ),
+    ))
+}
+
+/// Offload the optimizer states (ZeRO stage 1 or higher), if not offloaded yet.
+fn offload_optimizer(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
+    let mut next = cur.clone();
+    let dev = cur.knobs.get(&Knob::OffloadOptimizer)?.as_offload()?;
+    if *dev != Offload::None || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
+        return None;
+    }
+    let (v, to) = offload_target(step);
+    next.knobs.insert(Knob::OffloadOptimizer, v);
+    Some((
+        next,
+        format!("optimizer states offloaded to {to} (slower steps, much less GPU memory)"),
+    ))
+}
+
+/// Offload the parameters (ZeRO stage 3 only), if not offloaded yet.
+fn offload_param(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
+    let mut next = cur.clone();
+    let dev = cur.knobs.get(&Knob::OffloadParam)?.as_offload()?;
+    if *dev != Offload::None || cur.int(Knob::ZeroStage) != Some(3) {
+        return None;
+    }
+    let (v, to) = offload_target(step);
+    next.knobs.insert(Knob::OffloadParam, v);
+    Some((next, format!("parameters offloaded to {to} (ZeRO-3 only)")))
 }
 
 /// CPU, or NVMe when the step names an NVMe path (materialize writes the

@@ -42,6 +42,8 @@ fn err(text: &str, at: usize, msg: impl Into<String>) -> ParseErr {
     }
 }
 
+/// The tokens of `text`: blanks, comments and line continuations dropped, a
+/// `Newline` at the end of each logical line; brackets must balance.
 fn tokenize(text: &str) -> Result<Vec<Token>, ParseErr> {
     let b = text.as_bytes();
     let mut toks: Vec<Token> = Vec::new();
@@ -99,76 +101,8 @@ fn tokenize(text: &str) -> Result<Vec<Token>, ParseErr> {
         let top = at_line_start && line_col0;
         at_line_start = false;
         let start = i;
-        let tok = if c == b'"' || c == b'\'' {
-            let (tok, end) = string(text, i, "")?;
-            i = end;
-            tok
-        } else if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 {
-            let mut j = i;
-            while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] >= 0x80) {
-                j += 1;
-            }
-            let word = &text[i..j];
-            if j < b.len()
-                && (b[j] == b'"' || b[j] == b'\'')
-                && word.len() <= 2
-                && word.chars().all(|c| "rRbBuUfF".contains(c))
-            {
-                let (tok, end) = string(text, j, word)?;
-                i = end;
-                tok
-            } else {
-                i = j;
-                Tok::Name(word.to_string())
-            }
-        } else if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit))
-        {
-            let mut j = i;
-            while j < b.len() {
-                let d = b[j];
-                let sign_of_exponent = (d == b'-' || d == b'+')
-                    && matches!(b[j - 1], b'e' | b'E')
-                    && !text[i..j].starts_with("0x")
-                    && !text[i..j].starts_with("0X");
-                if d.is_ascii_alphanumeric() || d == b'_' || d == b'.' || sign_of_exponent {
-                    j += 1;
-                } else {
-                    break;
-                }
-            }
-            i = j;
-            Tok::Num
-        } else {
-            match c {
-                b'(' | b'[' | b'{' => brackets.push((c, i)),
-                b')' | b']' | b'}' => {
-                    let want = match c {
-                        b')' => b'(',
-                        b']' => b'[',
-                        _ => b'{',
-                    };
-                    match brackets.pop() {
-                        Some((open, _)) if open == want => {}
-                        Some((open, at)) => {
-                            let (l, _) = line_col(text, at);
-                            return Err(err(
-                                text,
-                                i,
-                                format!(
-                                    "`{}` does not close the `{}` opened on line {l}",
-                                    c as char, open as char
-                                ),
-                            ));
-                        }
-                        None => return Err(err(text, i, format!("unmatched `{}`", c as char))),
-                    }
-                }
-                _ => {}
-            }
-            let ch = text[i..].chars().next().unwrap_or('?');
-            i += ch.len_utf8();
-            Tok::Op(ch)
-        };
+        let (tok, end) = token(text, i, &mut brackets)?;
+        i = end;
         toks.push(Token {
             tok,
             start,
@@ -186,6 +120,91 @@ fn tokenize(text: &str) -> Result<Vec<Token>, ParseErr> {
         top: false,
     });
     Ok(toks)
+}
+
+/// The token starting at `i` (not a blank, comment or line break) and where it
+/// ends; brackets are pushed on and popped off `brackets` (open bracket, offset).
+fn token(text: &str, i: usize, brackets: &mut Vec<(u8, usize)>) -> Result<(Tok, usize), ParseErr> {
+    let b = text.as_bytes();
+    let c = b[i];
+    if c == b'"' || c == b'\'' {
+        string(text, i, "")
+    } else if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 {
+        name_or_prefixed_string(text, i)
+    } else if c.is_ascii_digit() || (c == b'.' && b.get(i + 1).is_some_and(u8::is_ascii_digit)) {
+        Ok((Tok::Num, number_end(text, i)))
+    } else {
+        match c {
+            b'(' | b'[' | b'{' => brackets.push((c, i)),
+            b')' | b']' | b'}' => close_bracket(text, i, brackets)?,
+            _ => {}
+        }
+        let ch = text[i..].chars().next().unwrap_or('?');
+        Ok((Tok::Op(ch), i + ch.len_utf8()))
+    }
+}
+
+/// A name starting at `i`, or a string literal with a prefix (`f"…"`, `rb'…'`).
+fn name_or_prefixed_string(text: &str, i: usize) -> Result<(Tok, usize), ParseErr> {
+    let b = text.as_bytes();
+    let mut j = i;
+    while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_' || b[j] >= 0x80) {
+        j += 1;
+    }
+    let word = &text[i..j];
+    if j < b.len()
+        && (b[j] == b'"' || b[j] == b'\'')
+        && word.len() <= 2
+        && word.chars().all(|c| "rRbBuUfF".contains(c))
+    {
+        string(text, j, word)
+    } else {
+        Ok((Tok::Name(word.to_string()), j))
+    }
+}
+
+/// Where the number starting at `i` ends (`1_000`, `0x1F`, `3e-4`, `2.5j`).
+fn number_end(text: &str, i: usize) -> usize {
+    let b = text.as_bytes();
+    let mut j = i;
+    while j < b.len() {
+        let d = b[j];
+        let sign_of_exponent = (d == b'-' || d == b'+')
+            && matches!(b[j - 1], b'e' | b'E')
+            && !text[i..j].starts_with("0x")
+            && !text[i..j].starts_with("0X");
+        if d.is_ascii_alphanumeric() || d == b'_' || d == b'.' || sign_of_exponent {
+            j += 1;
+        } else {
+            break;
+        }
+    }
+    j
+}
+
+/// The closing bracket at `i` must close the innermost open one.
+fn close_bracket(text: &str, i: usize, brackets: &mut Vec<(u8, usize)>) -> Result<(), ParseErr> {
+    let c = text.as_bytes()[i];
+    let want = match c {
+        b')' => b'(',
+        b']' => b'[',
+        _ => b'{',
+    };
+    match brackets.pop() {
+        Some((open, _)) if open == want => Ok(()),
+        Some((open, at)) => {
+            let (l, _) = line_col(text, at);
+            Err(err(
+                text,
+                i,
+                format!(
+                    "`{}` does not close the `{}` opened on line {l}",
+                    c as char, open as char
+                ),
+            ))
+        }
+        None => Err(err(text, i, format!("unmatched `{}`", c as char))),
+    }
 }
 
 /// A string literal starting at `i` (the quote); `prefix` are its letters.
@@ -278,6 +297,102 @@ fn number(raw: &str) -> Option<Scalar> {
         return lower.parse::<i64>().ok().map(Scalar::Int);
     }
     lower.parse::<f64>().ok().map(Scalar::Float)
+}
+
+/// A symbol of constant integer arithmetic: a number or an operator/bracket.
+#[derive(Clone, Copy, PartialEq)]
+enum Sym {
+    N(i64),
+    Op(&'static str),
+}
+
+/// Evaluates constant integer arithmetic over symbols: None on overflow or
+/// when the symbols are not one whole expression.
+///
+/// Recursive descent: sum := term (('+'|'-') term)*; term := unary (('*'|'//'|'%') unary)*;
+/// unary := '-' unary | power; power := atom ('**' unary)?; atom := N | '(' sum ')'.
+struct Arith<'a> {
+    s: &'a [Sym],
+    p: usize,
+}
+
+impl<'a> Arith<'a> {
+    /// The value of all of `syms`, or None.
+    fn eval(syms: &'a [Sym]) -> Option<i64> {
+        let mut r = Arith { s: syms, p: 0 };
+        let v = r.sum()?;
+        (r.p == syms.len()).then_some(v)
+    }
+
+    fn peek(&self) -> Option<Sym> {
+        self.s.get(self.p).copied()
+    }
+
+    fn eat(&mut self, op: &'static str) -> bool {
+        let hit = self.peek() == Some(Sym::Op(op));
+        if hit {
+            self.p += 1;
+        }
+        hit
+    }
+
+    fn sum(&mut self) -> Option<i64> {
+        let mut v = self.term()?;
+        loop {
+            if self.eat("+") {
+                v = v.checked_add(self.term()?)?;
+            } else if self.eat("-") {
+                v = v.checked_sub(self.term()?)?;
+            } else {
+                return Some(v);
+            }
+        }
+    }
+
+    fn term(&mut self) -> Option<i64> {
+        let mut v = self.unary()?;
+        loop {
+            if self.eat("*") {
+                v = v.checked_mul(self.unary()?)?;
+            } else if self.eat("//") {
+                v = v.checked_div_euclid(self.unary()?)?;
+            } else if self.eat("%") {
+                v = v.checked_rem_euclid(self.unary()?)?;
+            } else {
+                return Some(v);
+            }
+        }
+    }
+
+    fn unary(&mut self) -> Option<i64> {
+        if self.eat("-") {
+            return self.unary()?.checked_neg();
+        }
+        if self.eat("+") {
+            return self.unary();
+        }
+        let base = self.atom()?;
+        if self.eat("**") {
+            let e = u32::try_from(self.unary()?).ok()?;
+            return base.checked_pow(e);
+        }
+        Some(base)
+    }
+
+    fn atom(&mut self) -> Option<i64> {
+        match self.peek()? {
+            Sym::N(n) => {
+                self.p += 1;
+                Some(n)
+            }
+            Sym::Op("(") => {
+                self.p += 1;
+                let v = self.sum()?;
+                self.eat(")").then_some(v)
+            }
+            Sym::Op(_) => None,
+        }
+    }
 }
 
 struct P<'a> {
@@ -399,12 +514,16 @@ impl P<'_> {
     /// Constant integer arithmetic (`5 * 8`, `2**10`, `(4 + 4) // 2`) over
     /// tokens `lo..hi`; None for anything else (names, calls, `/`).
     fn arithmetic(&self, lo: usize, hi: usize) -> Option<i64> {
-        // Flatten to symbols: numbers, operators (`**` and `//` joined), brackets.
-        #[derive(Clone, Copy, PartialEq)]
-        enum Sym {
-            N(i64),
-            Op(&'static str),
+        let syms = self.symbols(lo, hi)?;
+        if !syms.iter().any(|s| matches!(s, Sym::Op(_))) {
+            return None;
         }
+        Arith::eval(&syms)
+    }
+
+    /// Tokens `lo..hi` flattened to symbols: numbers, operators (`**` and `//`
+    /// joined), brackets; None at a token that is none of these.
+    fn symbols(&self, lo: usize, hi: usize) -> Option<Vec<Sym>> {
         let mut syms = Vec::new();
         let mut i = lo;
         while i < hi {
@@ -438,84 +557,7 @@ impl P<'_> {
             }
             i += 1;
         }
-        if !syms.iter().any(|s| matches!(s, Sym::Op(_))) {
-            return None;
-        }
-        // Recursive descent: sum := term (('+'|'-') term)*; term := unary (('*'|'//'|'%') unary)*;
-        // unary := '-' unary | power; power := atom ('**' unary)?; atom := N | '(' sum ')'.
-        struct R<'a> {
-            s: &'a [Sym],
-            p: usize,
-        }
-        impl R<'_> {
-            fn peek(&self) -> Option<Sym> {
-                self.s.get(self.p).copied()
-            }
-            fn eat(&mut self, op: &'static str) -> bool {
-                let hit = self.peek() == Some(Sym::Op(op));
-                if hit {
-                    self.p += 1;
-                }
-                hit
-            }
-            fn sum(&mut self) -> Option<i64> {
-                let mut v = self.term()?;
-                loop {
-                    if self.eat("+") {
-                        v = v.checked_add(self.term()?)?;
-                    } else if self.eat("-") {
-                        v = v.checked_sub(self.term()?)?;
-                    } else {
-                        return Some(v);
-                    }
-                }
-            }
-            fn term(&mut self) -> Option<i64> {
-                let mut v = self.unary()?;
-                loop {
-                    if self.eat("*") {
-                        v = v.checked_mul(self.unary()?)?;
-                    } else if self.eat("//") {
-                        v = v.checked_div_euclid(self.unary()?)?;
-                    } else if self.eat("%") {
-                        v = v.checked_rem_euclid(self.unary()?)?;
-                    } else {
-                        return Some(v);
-                    }
-                }
-            }
-            fn unary(&mut self) -> Option<i64> {
-                if self.eat("-") {
-                    return self.unary()?.checked_neg();
-                }
-                if self.eat("+") {
-                    return self.unary();
-                }
-                let base = self.atom()?;
-                if self.eat("**") {
-                    let e = u32::try_from(self.unary()?).ok()?;
-                    return base.checked_pow(e);
-                }
-                Some(base)
-            }
-            fn atom(&mut self) -> Option<i64> {
-                match self.peek()? {
-                    Sym::N(n) => {
-                        self.p += 1;
-                        Some(n)
-                    }
-                    Sym::Op("(") => {
-                        self.p += 1;
-                        let v = self.sum()?;
-                        self.eat(")").then_some(v)
-                    }
-                    Sym::Op(_) => None,
-                }
-            }
-        }
-        let mut r = R { s: &syms, p: 0 };
-        let v = r.sum()?;
-        (r.p == syms.len()).then_some(v)
+        Some(syms)
     }
 
     /// A dict literal `{ "k": v, ... }` at token `lo`, if it is one.

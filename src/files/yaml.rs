@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use regex::Regex;
-use saphyr_parser::{Event, Parser, ScalarStyle};
+use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
 use super::{
     Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style, indent_at,
@@ -105,28 +105,63 @@ impl Frame {
 }
 
 pub(crate) fn parse(text: &str) -> Result<Node, ParseErr> {
-    // Character index -> byte offset (the parser counts characters).
-    let mut byte_of: Vec<usize> = text.char_indices().map(|(b, _)| b).collect();
-    byte_of.push(text.len());
-    let at = |ci: usize| byte_of[ci.min(byte_of.len() - 1)];
-
-    let mut stack: Vec<Frame> = Vec::new();
-    let mut root: Option<Node> = None;
-    let mut anchors: HashMap<usize, Option<Scalar>> = HashMap::new();
-    let mut docs = 0;
-
+    let mut tree = TreeBuilder::new(text);
     for item in Parser::new_from_str(text) {
         let (ev, span) = item.map_err(|e| ParseErr {
             line: e.marker().line(),
             col: e.marker().col() + 1,
             message: e.info().to_string(),
         })?;
-        let start = at(span.start.index());
-        let in_anchor = stack.iter().any(Frame::anchored);
+        if let Some(node) = tree.event(ev, span)? {
+            tree.attach(node);
+        }
+    }
+    Ok(tree.root.unwrap_or(Node {
+        start: 0,
+        end: 0,
+        kind: Kind::Map(Map::default()),
+    }))
+}
+
+/// Builds the located tree from the parser's events: open collections wait
+/// on a stack of frames, and each finished node is handed to its parent.
+struct TreeBuilder<'t> {
+    text: &'t str,
+    /// Character index -> byte offset (the parser counts characters).
+    byte_of: Vec<usize>,
+    stack: Vec<Frame>,
+    root: Option<Node>,
+    /// Anchor id -> the scalar it names (None for a mapping or list).
+    anchors: HashMap<usize, Option<Scalar>>,
+    docs: usize,
+}
+
+impl<'t> TreeBuilder<'t> {
+    fn new(text: &'t str) -> Self {
+        let mut byte_of: Vec<usize> = text.char_indices().map(|(b, _)| b).collect();
+        byte_of.push(text.len());
+        TreeBuilder {
+            text,
+            byte_of,
+            stack: Vec::new(),
+            root: None,
+            anchors: HashMap::new(),
+            docs: 0,
+        }
+    }
+
+    /// The byte offset of character index `ci`.
+    fn at(&self, ci: usize) -> usize {
+        self.byte_of[ci.min(self.byte_of.len() - 1)]
+    }
+
+    /// The node `ev` finishes, if any (a collection's start only opens a frame).
+    fn event(&mut self, ev: Event<'_>, span: Span) -> Result<Option<Node>, ParseErr> {
+        let start = self.at(span.start.index());
         let node = match ev {
             Event::DocumentStart(_) => {
-                docs += 1;
-                if docs > 1 {
+                self.docs += 1;
+                if self.docs > 1 {
                     return Err(ParseErr {
                         line: span.start.line(),
                         col: span.start.col() + 1,
@@ -134,150 +169,191 @@ pub(crate) fn parse(text: &str) -> Result<Node, ParseErr> {
                             .into(),
                     });
                 }
-                continue;
+                return Ok(None);
             }
             Event::MappingStart(anchor, _) => {
-                let flow = text[start..].starts_with('{');
-                stack.push(Frame::Map {
-                    start,
-                    map: Map {
-                        open: flow.then_some(start),
-                        ..Map::default()
-                    },
-                    key: None,
-                    max_end: start,
-                    anchored: anchor > 0,
-                });
-                if anchor > 0 {
-                    anchors.insert(anchor, None);
-                }
-                continue;
+                self.open_map(start, anchor);
+                return Ok(None);
             }
             Event::SequenceStart(anchor, _) => {
-                let flow = text[start..].starts_with('[');
-                stack.push(Frame::Seq {
-                    start,
-                    flow,
-                    max_end: start,
-                    anchored: anchor > 0,
-                });
-                if anchor > 0 {
-                    anchors.insert(anchor, None);
-                }
-                continue;
+                self.open_seq(start, anchor);
+                return Ok(None);
             }
-            Event::MappingEnd => {
-                let Some(Frame::Map {
-                    start,
-                    mut map,
-                    max_end,
-                    ..
-                }) = stack.pop()
-                else {
-                    unreachable!("parser emits balanced events")
-                };
-                let end = if map.open.is_some() {
-                    map.close = Some(start_of_close(text, start, at(span.start.index()), '}'));
-                    map.close.map_or(max_end, |c| c + 1)
-                } else {
-                    max_end
-                };
-                Node {
-                    start,
-                    end,
-                    kind: Kind::Map(map),
-                }
-            }
-            Event::SequenceEnd => {
-                let Some(Frame::Seq {
-                    start,
-                    flow,
-                    max_end,
-                    ..
-                }) = stack.pop()
-                else {
-                    unreachable!("parser emits balanced events")
-                };
-                let end = if flow {
-                    start_of_close(text, start, at(span.start.index()), ']') + 1
-                } else {
-                    max_end
-                };
-                Node {
-                    start,
-                    end,
-                    kind: Kind::Seq,
-                }
-            }
+            Event::MappingEnd => self.close_map(span),
+            Event::SequenceEnd => self.close_seq(span),
             Event::Scalar(value, style, anchor, tag) => {
-                let (sstyle, end, v) = match style {
-                    ScalarStyle::Plain => (Style::Plain, at(span.end.index()), resolve(&value)),
-                    ScalarStyle::SingleQuoted => (
-                        Style::Single,
-                        quoted_end(text, start, '\''),
-                        Scalar::Str(value.to_string()),
-                    ),
-                    ScalarStyle::DoubleQuoted => (
-                        Style::Double,
-                        quoted_end(text, start, '"'),
-                        Scalar::Str(value.to_string()),
-                    ),
-                    _ => (
-                        Style::Plain,
-                        at(span.end.index()).max(start),
-                        Scalar::Str(value.to_string()),
-                    ),
-                };
-                let locked = if matches!(style, ScalarStyle::Literal | ScalarStyle::Folded) {
-                    Some("the value is a block scalar (| or >); edit it by hand".to_string())
-                } else if anchor > 0 {
-                    Some("the value carries an anchor (&) that other keys may alias; edit it by hand".to_string())
-                } else if tag.is_some() {
-                    Some("the value carries a tag (!!type); edit it by hand".to_string())
-                } else if in_anchor {
-                    Some("the value is inside an anchored (&) block that other keys may alias; edit it by hand".to_string())
-                } else {
-                    None
-                };
-                if anchor > 0 {
-                    anchors.insert(anchor, Some(v.clone()));
-                }
-                Node {
-                    start,
-                    end,
-                    kind: Kind::Scalar(ScalarNode {
-                        value: v,
-                        style: sstyle,
-                        locked,
-                        raw: value.to_string(),
-                    }),
-                }
+                self.scalar(start, span, &value, style, anchor, tag.is_some())
             }
-            Event::Alias(id) => {
-                let end = at(span.end.index()).max(start);
-                match anchors.get(&id) {
-                    Some(Some(v)) => Node {
-                        start,
-                        end,
-                        kind: Kind::Scalar(ScalarNode {
-                            value: v.clone(),
-                            style: Style::Plain,
-                            locked: Some("the value is an alias (*name) of another value; edit the anchored value".into()),
-                            raw: String::new(),
-                        }),
-                    },
-                    _ => Node {
-                        start,
-                        end,
-                        kind: Kind::Opaque("the value is an alias (*name) of a mapping or list".into()),
-                    },
-                }
+            Event::Alias(id) => self.alias(start, span, id),
+            Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {
+                return Ok(None);
             }
-            Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => continue,
         };
-        // Hand the finished node to its parent.
-        match stack.last_mut() {
-            None => root = Some(node),
+        Ok(Some(node))
+    }
+
+    /// A mapping starts: push its frame (a flow mapping remembers its `{`).
+    fn open_map(&mut self, start: usize, anchor: usize) {
+        let flow = self.text[start..].starts_with('{');
+        self.stack.push(Frame::Map {
+            start,
+            map: Map {
+                open: flow.then_some(start),
+                ..Map::default()
+            },
+            key: None,
+            max_end: start,
+            anchored: anchor > 0,
+        });
+        if anchor > 0 {
+            self.anchors.insert(anchor, None);
+        }
+    }
+
+    /// A list starts: push its frame.
+    fn open_seq(&mut self, start: usize, anchor: usize) {
+        let flow = self.text[start..].starts_with('[');
+        self.stack.push(Frame::Seq {
+            start,
+            flow,
+            max_end: start,
+            anchored: anchor > 0,
+        });
+        if anchor > 0 {
+            self.anchors.insert(anchor, None);
+        }
+    }
+
+    /// A mapping ends: its node runs to the closing `}` (flow) or to the end
+    /// of its last value (block).
+    fn close_map(&mut self, span: Span) -> Node {
+        let Some(Frame::Map {
+            start,
+            mut map,
+            max_end,
+            ..
+        }) = self.stack.pop()
+        else {
+            unreachable!("parser emits balanced events")
+        };
+        let end = if map.open.is_some() {
+            map.close = Some(start_of_close(
+                self.text,
+                start,
+                self.at(span.start.index()),
+                '}',
+            ));
+            map.close.map_or(max_end, |c| c + 1)
+        } else {
+            max_end
+        };
+        Node {
+            start,
+            end,
+            kind: Kind::Map(map),
+        }
+    }
+
+    /// A list ends: its node runs to the closing `]` (flow) or to the end of
+    /// its last item (block).
+    fn close_seq(&mut self, span: Span) -> Node {
+        let Some(Frame::Seq {
+            start,
+            flow,
+            max_end,
+            ..
+        }) = self.stack.pop()
+        else {
+            unreachable!("parser emits balanced events")
+        };
+        let end = if flow {
+            start_of_close(self.text, start, self.at(span.start.index()), ']') + 1
+        } else {
+            max_end
+        };
+        Node {
+            start,
+            end,
+            kind: Kind::Seq,
+        }
+    }
+
+    /// A scalar's node: its value (plain ones resolved as PyYAML does), where
+    /// its text ends, and why it must be edited by hand, if it must.
+    fn scalar(
+        &mut self,
+        start: usize,
+        span: Span,
+        value: &str,
+        style: ScalarStyle,
+        anchor: usize,
+        tagged: bool,
+    ) -> Node {
+        let (sstyle, end, v) = match style {
+            ScalarStyle::Plain => (Style::Plain, self.at(span.end.index()), resolve(value)),
+            ScalarStyle::SingleQuoted => (
+                Style::Single,
+                quoted_end(self.text, start, '\''),
+                Scalar::Str(value.to_string()),
+            ),
+            ScalarStyle::DoubleQuoted => (
+                Style::Double,
+                quoted_end(self.text, start, '"'),
+                Scalar::Str(value.to_string()),
+            ),
+            _ => (
+                Style::Plain,
+                self.at(span.end.index()).max(start),
+                Scalar::Str(value.to_string()),
+            ),
+        };
+        let in_anchor = self.stack.iter().any(Frame::anchored);
+        let locked = scalar_lock(style, anchor, tagged, in_anchor);
+        if anchor > 0 {
+            self.anchors.insert(anchor, Some(v.clone()));
+        }
+        Node {
+            start,
+            end,
+            kind: Kind::Scalar(ScalarNode {
+                value: v,
+                style: sstyle,
+                locked,
+                raw: value.to_string(),
+            }),
+        }
+    }
+
+    /// An alias: a locked copy of the anchored scalar, or opaque when it
+    /// names a mapping or list.
+    fn alias(&self, start: usize, span: Span, id: usize) -> Node {
+        let end = self.at(span.end.index()).max(start);
+        match self.anchors.get(&id) {
+            Some(Some(v)) => Node {
+                start,
+                end,
+                kind: Kind::Scalar(ScalarNode {
+                    value: v.clone(),
+                    style: Style::Plain,
+                    locked: Some(
+                        "the value is an alias (*name) of another value; edit the anchored value"
+                            .into(),
+                    ),
+                    raw: String::new(),
+                }),
+            },
+            _ => Node {
+                start,
+                end,
+                kind: Kind::Opaque("the value is an alias (*name) of a mapping or list".into()),
+            },
+        }
+    }
+
+    /// Hand the finished node to its parent.
+    fn attach(&mut self, node: Node) {
+        match self.stack.last_mut() {
+            None => self.root = Some(node),
             Some(Frame::Seq { max_end, .. }) => *max_end = (*max_end).max(node.end),
             Some(Frame::Map {
                 map, key, max_end, ..
@@ -285,17 +361,7 @@ pub(crate) fn parse(text: &str) -> Result<Node, ParseErr> {
                 *max_end = (*max_end).max(node.end);
                 match key.take() {
                     None => {
-                        let (k, q) = match &node.kind {
-                            Kind::Scalar(s) => (
-                                s.raw.clone(),
-                                match s.style {
-                                    Style::Single => Some('\''),
-                                    Style::Double => Some('"'),
-                                    Style::Plain => None,
-                                },
-                            ),
-                            _ => ("<complex key>".to_string(), None),
-                        };
+                        let (k, q) = key_text(&node);
                         *key = Some((k, node.start, q));
                     }
                     Some((k, key_start, key_quote)) => map.entries.push(Entry {
@@ -308,11 +374,42 @@ pub(crate) fn parse(text: &str) -> Result<Node, ParseErr> {
             }
         }
     }
-    Ok(root.unwrap_or(Node {
-        start: 0,
-        end: 0,
-        kind: Kind::Map(Map::default()),
-    }))
+}
+
+/// Why a scalar must not be edited in place, or None.
+fn scalar_lock(style: ScalarStyle, anchor: usize, tagged: bool, in_anchor: bool) -> Option<String> {
+    if matches!(style, ScalarStyle::Literal | ScalarStyle::Folded) {
+        Some("the value is a block scalar (| or >); edit it by hand".to_string())
+    } else if anchor > 0 {
+        Some(
+            "the value carries an anchor (&) that other keys may alias; edit it by hand"
+                .to_string(),
+        )
+    } else if tagged {
+        Some("the value carries a tag (!!type); edit it by hand".to_string())
+    } else if in_anchor {
+        Some(
+            "the value is inside an anchored (&) block that other keys may alias; edit it by hand"
+                .to_string(),
+        )
+    } else {
+        None
+    }
+}
+
+/// A mapping key node's text and its quote character.
+fn key_text(node: &Node) -> (String, Option<char>) {
+    match &node.kind {
+        Kind::Scalar(s) => (
+            s.raw.clone(),
+            match s.style {
+                Style::Single => Some('\''),
+                Style::Double => Some('"'),
+                Style::Plain => None,
+            },
+        ),
+        _ => ("<complex key>".to_string(), None),
+    }
 }
 
 /// The offset of the closing bracket of a flow collection: the parser's end

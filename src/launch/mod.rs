@@ -213,14 +213,7 @@ pub(crate) fn run_with(
             "empty command",
         )));
     };
-    let path_var = spec
-        .env_set
-        .iter()
-        .rev()
-        .find(|(k, _)| k == "PATH")
-        .map(|(_, v)| v.clone())
-        .or_else(|| std::env::var_os("PATH"));
-    let resolved = spawn::resolve(program, path_var.as_deref())?;
+    let resolved = spawn::resolve(program, search_path(spec).as_deref())?;
 
     let mut warnings = Vec::new();
     let wiring = if spec.tty {
@@ -248,27 +241,7 @@ pub(crate) fn run_with(
         stdin_fwd: None,
     };
 
-    let mut streams: Vec<StreamFd> = Vec::new();
-    let mut master: Option<OwnedFd> = None;
-    match wiring {
-        spawn::Wiring::Pipes => {
-            if let Some(o) = attempt.child.stdout.take() {
-                streams.push(StreamFd::new(OwnedFd::from(o), detect::Stream::Out));
-            }
-            if let Some(e) = attempt.child.stderr.take() {
-                streams.push(StreamFd::new(OwnedFd::from(e), detect::Stream::Err));
-            }
-        }
-        spawn::Wiring::Pty(pty) => {
-            drop(pty.slave); // only the child holds the slave now: EOF when it is done
-            master = Some(pty.master.try_clone()?);
-            streams.push(StreamFd::new(pty.master, detect::Stream::Out));
-        }
-    }
-    for s in &streams {
-        output::set_nonblocking(&s.fd)?;
-        output::grow_pipe(&s.fd);
-    }
+    let (mut streams, master) = output_streams(&mut attempt.child, wiring)?;
     match guard::Guardian::start(pid, &attempt.marker) {
         Ok(g) => attempt.guardian = Some(g),
         Err(e) => {
@@ -286,36 +259,12 @@ pub(crate) fn run_with(
         }
     }
 
-    let mut w = Watch {
-        spec,
-        start,
-        out: Sink::new(out),
-        err: Sink::new(err),
-        log: spec
-            .log
-            .as_ref()
-            .map(|p| Log::open(p, spec.log_head_bytes, spec.log_tail_bytes)),
-        scanner: detect::Scanner::new(),
-        oom_at: None,
-        last_output: Instant::now(),
-    };
+    let mut w = Watch::new(spec, start, out, err);
     let outcome = supervise(&mut attempt, &mut streams, &mut w, signals, master.as_ref())?;
     drop(streams);
     attempt.finish();
 
-    w.scanner.finish();
-    if let Some(log) = w.log.as_mut() {
-        log.finish();
-        warnings.extend(log.warning.take());
-    }
-    for (name, sink) in [("stdout", &mut w.out.error), ("stderr", &mut w.err.error)] {
-        if let Some(e) = sink.take() {
-            warnings.push(format!(
-                "could not write the command's output to our {name} ({e}); \
-                 kept reading, scanning and logging it"
-            ));
-        }
-    }
+    w.finish(&mut warnings);
     warnings.extend(outcome.warnings);
     Ok(Report {
         pid: pid as u32,
@@ -327,6 +276,47 @@ pub(crate) fn run_with(
         oom_at: w.oom_at,
         warnings,
     })
+}
+
+/// The PATH argv[0] is looked up in: the last one `env_set` sets, else ours.
+fn search_path(spec: &Spec) -> Option<OsString> {
+    spec.env_set
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .or_else(|| std::env::var_os("PATH"))
+}
+
+/// The child's output, ready for the poll loop (non-blocking, pipes grown): its
+/// stdout and stderr pipes, or the pty master; and in tty mode a second handle
+/// on the master, for stdin and window sizes.
+fn output_streams(
+    child: &mut Child,
+    wiring: spawn::Wiring,
+) -> io::Result<(Vec<StreamFd>, Option<OwnedFd>)> {
+    let mut streams: Vec<StreamFd> = Vec::new();
+    let mut master: Option<OwnedFd> = None;
+    match wiring {
+        spawn::Wiring::Pipes => {
+            if let Some(o) = child.stdout.take() {
+                streams.push(StreamFd::new(OwnedFd::from(o), detect::Stream::Out));
+            }
+            if let Some(e) = child.stderr.take() {
+                streams.push(StreamFd::new(OwnedFd::from(e), detect::Stream::Err));
+            }
+        }
+        spawn::Wiring::Pty(pty) => {
+            drop(pty.slave); // only the child holds the slave now: EOF when it is done
+            master = Some(pty.master.try_clone()?);
+            streams.push(StreamFd::new(pty.master, detect::Stream::Out));
+        }
+    }
+    for s in &streams {
+        output::set_nonblocking(&s.fd)?;
+        output::grow_pipe(&s.fd);
+    }
+    Ok((streams, master))
 }
 
 fn new_marker() -> String {
@@ -371,7 +361,44 @@ struct Watch<'a> {
     last_output: Instant,
 }
 
-impl Watch<'_> {
+impl<'a> Watch<'a> {
+    fn new(spec: &'a Spec, start: Instant, out: &'a mut dyn Write, err: &'a mut dyn Write) -> Self {
+        Watch {
+            spec,
+            start,
+            out: Sink::new(out),
+            err: Sink::new(err),
+            log: spec
+                .log
+                .as_ref()
+                .map(|p| Log::open(p, spec.log_head_bytes, spec.log_tail_bytes)),
+            scanner: detect::Scanner::new(),
+            oom_at: None,
+            last_output: Instant::now(),
+        }
+    }
+
+    /// The output is over: let the scanner and the log finish, and turn what
+    /// could not be written into warnings.
+    fn finish(&mut self, warnings: &mut Vec<String>) {
+        self.scanner.finish();
+        if let Some(log) = self.log.as_mut() {
+            log.finish();
+            warnings.extend(log.warning.take());
+        }
+        for (name, sink) in [
+            ("stdout", &mut self.out.error),
+            ("stderr", &mut self.err.error),
+        ] {
+            if let Some(e) = sink.take() {
+                warnings.push(format!(
+                    "could not write the command's output to our {name} ({e}); \
+                     kept reading, scanning and logging it"
+                ));
+            }
+        }
+    }
+
     /// Our stream first (live), then the scanner, then the log.
     fn dispatch(&mut self, kind: detect::Stream, chunk: &[u8]) {
         match kind {
@@ -444,99 +471,134 @@ fn supervise(
     signals: &Signals,
     master: Option<&OwnedFd>,
 ) -> Result<Outcome, Error> {
-    let pgid = attempt.pid;
-    let grace = w.spec.grace;
-    let tty = w.spec.tty;
     let mut buf = vec![0u8; output::READ_BUF];
-    let mut warnings = Vec::new();
-
-    let mut exited: Option<Exit> = None;
-    let mut term_at: Option<Instant> = None;
-    let mut kill_at: Option<Instant> = None;
-    let mut gone_at: Option<Instant> = None;
-    let mut hung = false;
-    let mut interrupted: Option<i32> = None;
-    let mut sigints = 0usize;
-    let mut stopped = false;
-    // try_wait costs a system call: only after a SIGCHLD, at end of output, or
-    // every 500 ms as a backstop (keeps pass-through CPU near `cat`'s).
-    let mut last_wait = Instant::now();
+    let mut st = LoopState::new();
 
     loop {
-        let now = Instant::now();
         // ---- how long may poll sleep?
+        let timeout = st.poll_timeout(w);
+
+        // ---- wait for output or a signal
+        let (wake_ready, ready) = wait_ready(streams, signals, timeout)?;
+
+        // ---- signals
+        if wake_ready {
+            signals.drain_wake();
+        }
+        let mut child_signal = st.handle_signals(signals, attempt, w, master);
+
+        // ---- output
+        if read_output(streams, &ready, &mut buf, w, &mut st.warnings) {
+            child_signal = true; // EOF: the child has likely exited
+        }
+
+        // ---- the direct child
+        st.reap(attempt, streams, child_signal)?;
+
+        let now = Instant::now();
+        st.escalate(attempt, w, now);
+
+        // ---- done?
+        if let (Some(exit), Some(gone)) = (st.exited, st.gone_at) {
+            let all_eof = streams.iter().all(|s| !s.open);
+            if all_eof || now >= gone + EOF_WAIT {
+                drain_rest(streams, &mut buf, w);
+                return Ok(Outcome {
+                    exit,
+                    interrupted: st.interrupted,
+                    hung: st.hung,
+                    warnings: st.warnings,
+                });
+            }
+        }
+    }
+}
+
+/// What the poll loop knows between turns: how the direct child ended, how
+/// far the termination of the rest has gone, and the user's signals so far.
+struct LoopState {
+    exited: Option<Exit>,
+    term_at: Option<Instant>,
+    kill_at: Option<Instant>,
+    gone_at: Option<Instant>,
+    hung: bool,
+    interrupted: Option<i32>,
+    sigints: usize,
+    stopped: bool,
+    /// try_wait costs a system call: only after a SIGCHLD, at end of output, or
+    /// every 500 ms as a backstop (keeps pass-through CPU near `cat`'s).
+    last_wait: Instant,
+    warnings: Vec<String>,
+}
+
+impl LoopState {
+    fn new() -> Self {
+        LoopState {
+            exited: None,
+            term_at: None,
+            kill_at: None,
+            gone_at: None,
+            hung: false,
+            interrupted: None,
+            sigints: 0,
+            stopped: false,
+            last_wait: Instant::now(),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// How long poll may sleep: until the nearest deadline (a backstop, the
+    /// hang timeout, the end of the grace period, the wait for end of file).
+    fn poll_timeout(&self, w: &Watch<'_>) -> Duration {
+        let now = Instant::now();
         let mut deadline: Option<Instant> = None;
         let mut at = |t: Instant| deadline = Some(deadline.map_or(t, |d: Instant| d.min(t)));
-        if exited.is_none() {
+        if self.exited.is_none() {
             // Backstop for a SIGCHLD we could not see (e.g. reaped by a wait elsewhere).
             at(now + Duration::from_millis(500));
-            if w.oom_at.is_some() && term_at.is_none() && !stopped {
+            if w.oom_at.is_some() && self.term_at.is_none() && !self.stopped {
                 at(w.last_output + w.spec.hang_timeout);
             }
         } else {
             // Cleanup: watch the group closely (each look scans /proc).
             at(now + Duration::from_millis(50));
         }
-        if let (Some(t), None) = (term_at, kill_at) {
-            at(t + grace);
+        if let (Some(t), None) = (self.term_at, self.kill_at) {
+            at(t + w.spec.grace);
         }
-        if let Some(g) = gone_at {
+        if let Some(g) = self.gone_at {
             at(g + EOF_WAIT);
         }
-        let timeout = deadline
+        deadline
             .map(|d| d.saturating_duration_since(now))
-            .unwrap_or(Duration::from_millis(500));
+            .unwrap_or(Duration::from_millis(500))
+    }
 
-        // ---- wait for output or a signal
-        // At most two streams (stdout and stderr, or the pty master): fixed arrays
-        // keep allocation off this per-chunk path.
-        debug_assert!(streams.len() <= 2);
-        let mut ready = [false; 2];
-        let mut wake_ready = false;
-        {
-            let mut fds = Vec::with_capacity(3);
-            fds.push(PollFd::new(signals.wake_fd(), PollFlags::POLLIN));
-            let (mut open, mut n_open) = ([0usize; 2], 0);
-            for (i, st) in streams.iter().enumerate().filter(|(_, st)| st.open) {
-                fds.push(PollFd::new(st.fd.as_fd(), PollFlags::POLLIN));
-                open[n_open] = i;
-                n_open += 1;
-            }
-            let open = &open[..n_open];
-            // Round up: rounding down would spin on poll(0) for the last
-            // fraction of a millisecond before every deadline.
-            let ms = timeout.as_micros().div_ceil(1000).clamp(0, 60_000) as u16;
-            match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
-                Ok(_) => {
-                    wake_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-                    for (slot, &i) in open.iter().enumerate() {
-                        ready[i] = fds[slot + 1].revents().is_some_and(|r| !r.is_empty());
-                    }
-                }
-                Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => return Err(Error::Io(e.into())),
-            }
-        }
-
-        // ---- signals
-        if wake_ready {
-            signals.drain_wake();
-        }
+    /// Forwards the signals we received to the group (a second Ctrl-C kills
+    /// it); true when one of them was SIGCHLD.
+    fn handle_signals(
+        &mut self,
+        signals: &Signals,
+        attempt: &Attempt,
+        w: &mut Watch<'_>,
+        master: Option<&OwnedFd>,
+    ) -> bool {
+        let pgid = attempt.pid;
         let mut child_signal = false;
         for (sig, n) in signals.take_new() {
             let now = Instant::now();
             match sig {
                 libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT => {
-                    interrupted.get_or_insert(sig);
+                    self.interrupted.get_or_insert(sig);
                     if sig == libc::SIGINT {
-                        sigints += n;
+                        self.sigints += n;
                     }
-                    if sig == libc::SIGINT && sigints >= 2 {
+                    if sig == libc::SIGINT && self.sigints >= 2 {
                         tracing::info!("second interrupt: killing process group {pgid}");
                         tree::kill_group(pgid, libc::SIGKILL);
                         tree::kill_marked(&attempt.marker, libc::SIGKILL);
-                        term_at.get_or_insert(now);
-                        kill_at.get_or_insert(now);
+                        self.term_at.get_or_insert(now);
+                        self.kill_at.get_or_insert(now);
                     } else {
                         tree::kill_group(pgid, sig);
                     }
@@ -547,9 +609,13 @@ fn supervise(
                 libc::SIGTSTP => {
                     // In tty mode the child's group is orphaned (its parent is in another
                     // session), and the kernel discards SIGTSTP sent to an orphaned group.
-                    let stop = if tty { libc::SIGSTOP } else { libc::SIGTSTP };
+                    let stop = if w.spec.tty {
+                        libc::SIGSTOP
+                    } else {
+                        libc::SIGTSTP
+                    };
                     tree::kill_group(pgid, stop);
-                    stopped = true;
+                    self.stopped = true;
                     // SAFETY: stopping ourselves; we continue here on SIGCONT.
                     unsafe {
                         libc::kill(libc::getpid(), libc::SIGSTOP);
@@ -557,7 +623,7 @@ fn supervise(
                 }
                 libc::SIGCONT => {
                     tree::kill_group(pgid, libc::SIGCONT);
-                    stopped = false;
+                    self.stopped = false;
                     w.last_output = now; // time spent stopped is not a hang
                 }
                 libc::SIGWINCH => {
@@ -565,120 +631,179 @@ fn supervise(
                         spawn::set_winsize(m.as_raw_fd(), &ws);
                     }
                 }
-                _ => child_signal = true, // SIGCHLD: the try_wait below
+                _ => child_signal = true, // SIGCHLD: the try_wait in `reap`
             }
         }
+        child_signal
+    }
 
-        // ---- output
-        for (i, s) in streams.iter_mut().enumerate() {
-            if !ready[i] || !s.open {
-                continue;
-            }
-            // Drain what is there (bounded, so the other stream and signals
-            // get their turn): fewer polls per byte.
-            for _ in 0..8 {
-                match output::read_some(s.fd.as_raw_fd(), &mut buf) {
-                    Ok(Some(0)) => {
-                        s.open = false;
-                        child_signal = true; // EOF: the child has likely exited
-                        break;
-                    }
-                    Ok(Some(n)) => {
-                        w.dispatch(s.kind, &buf[..n]);
-                        if n < buf.len() {
-                            break; // the pipe is empty for now
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        warnings.push(format!("reading the command's output failed: {e}"));
-                        s.open = false;
-                        break;
-                    }
-                }
-            }
-        }
-
-        // ---- the direct child
-        let backstop = last_wait.elapsed() >= Duration::from_millis(500);
-        if exited.is_none() && (child_signal || backstop || streams.iter().all(|s| !s.open)) {
-            last_wait = Instant::now();
+    /// Reaps the direct child if it has exited (see `last_wait` for when we look).
+    fn reap(
+        &mut self,
+        attempt: &mut Attempt,
+        streams: &[StreamFd],
+        child_signal: bool,
+    ) -> Result<(), Error> {
+        let backstop = self.last_wait.elapsed() >= Duration::from_millis(500);
+        if self.exited.is_none() && (child_signal || backstop || streams.iter().all(|s| !s.open)) {
+            self.last_wait = Instant::now();
             match attempt.child.try_wait() {
-                Ok(Some(status)) => exited = Some(Exit::from_status(status)),
+                Ok(Some(status)) => self.exited = Some(Exit::from_status(status)),
                 Ok(None) => {}
                 Err(e) => return Err(Error::Io(e)),
             }
         }
+        Ok(())
+    }
 
-        let now = Instant::now();
-        if exited.is_none() {
+    /// The next step towards nothing of the attempt being alive: SIGTERM on a
+    /// hang after an OOM or once the direct child has exited, SIGKILL when the
+    /// grace period is over, and noting when the group is gone.
+    fn escalate(&mut self, attempt: &Attempt, w: &Watch<'_>, now: Instant) {
+        let pgid = attempt.pid;
+        if self.exited.is_none() {
             if w.oom_at.is_some()
-                && term_at.is_none()
-                && !stopped
+                && self.term_at.is_none()
+                && !self.stopped
                 && now.duration_since(w.last_output) >= w.spec.hang_timeout
             {
                 tracing::info!(
                     "no output for {:?} after an OOM: terminating process group {pgid}",
                     w.spec.hang_timeout
                 );
-                hung = true;
+                self.hung = true;
                 tree::kill_group(pgid, libc::SIGTERM);
                 tree::kill_marked(&attempt.marker, libc::SIGTERM);
-                term_at = Some(now);
+                self.term_at = Some(now);
             }
-        } else if gone_at.is_none() {
-            let alive = tree::group_alive(pgid) || !tree::marked_pids(&attempt.marker).is_empty();
-            if !alive {
-                gone_at = Some(now);
-            } else if term_at.is_none() {
-                tracing::debug!("child exited; terminating the rest of group {pgid}");
-                tree::kill_group(pgid, libc::SIGTERM);
-                tree::kill_marked(&attempt.marker, libc::SIGTERM);
-                term_at = Some(now);
-            } else if let Some(k) = kill_at
-                && now >= k + KILL_WAIT
-            {
-                let msg = format!(
-                    "processes of group {pgid} were still present {:?} after SIGKILL",
-                    KILL_WAIT
-                );
-                tracing::warn!("{msg}");
-                warnings.push(msg);
-                gone_at = Some(now);
-            }
+        } else if self.gone_at.is_none() {
+            self.clean_up_after_exit(attempt, now);
         }
-        if let (Some(t), None) = (term_at, kill_at)
-            && now >= t + grace
+        if let (Some(t), None) = (self.term_at, self.kill_at)
+            && now >= t + w.spec.grace
         {
             tracing::info!("grace period over: killing process group {pgid}");
             tree::kill_group(pgid, libc::SIGKILL);
             tree::kill_marked(&attempt.marker, libc::SIGKILL);
-            kill_at = Some(now);
+            self.kill_at = Some(now);
         }
+    }
 
-        // ---- done?
-        if let (Some(exit), Some(gone)) = (exited, gone_at) {
-            let all_eof = streams.iter().all(|s| !s.open);
-            if all_eof || now >= gone + EOF_WAIT {
-                // What is already in the pipes is output too: take it, boundedly (a process
-                // that left the group could write for ever).
-                for s in streams.iter_mut().filter(|s| s.open) {
-                    for _ in 0..64 {
-                        match output::read_some(s.fd.as_raw_fd(), &mut buf) {
-                            Ok(Some(n)) if n > 0 => w.dispatch(s.kind, &buf[..n]),
-                            _ => break,
-                        }
-                    }
-                    s.open = false;
-                }
-                return Ok(Outcome {
-                    exit,
-                    interrupted,
-                    hung,
-                    warnings,
-                });
+    /// The direct child has exited: terminate the rest of the attempt, or note
+    /// that it is gone (or that it outlived SIGKILL, which we stop waiting for).
+    fn clean_up_after_exit(&mut self, attempt: &Attempt, now: Instant) {
+        let pgid = attempt.pid;
+        let alive = tree::group_alive(pgid) || !tree::marked_pids(&attempt.marker).is_empty();
+        if !alive {
+            self.gone_at = Some(now);
+        } else if self.term_at.is_none() {
+            tracing::debug!("child exited; terminating the rest of group {pgid}");
+            tree::kill_group(pgid, libc::SIGTERM);
+            tree::kill_marked(&attempt.marker, libc::SIGTERM);
+            self.term_at = Some(now);
+        } else if let Some(k) = self.kill_at
+            && now >= k + KILL_WAIT
+        {
+            let msg = format!(
+                "processes of group {pgid} were still present {:?} after SIGKILL",
+                KILL_WAIT
+            );
+            tracing::warn!("{msg}");
+            self.warnings.push(msg);
+            self.gone_at = Some(now);
+        }
+    }
+}
+
+/// Polls our wake fd and the open streams for at most `timeout`: whether the
+/// wake fd is ready, and which streams are.
+fn wait_ready(
+    streams: &[StreamFd],
+    signals: &Signals,
+    timeout: Duration,
+) -> Result<(bool, [bool; 2]), Error> {
+    // At most two streams (stdout and stderr, or the pty master): fixed arrays
+    // keep allocation off this per-chunk path.
+    debug_assert!(streams.len() <= 2);
+    let mut ready = [false; 2];
+    let mut wake_ready = false;
+    let mut fds = Vec::with_capacity(3);
+    fds.push(PollFd::new(signals.wake_fd(), PollFlags::POLLIN));
+    let (mut open, mut n_open) = ([0usize; 2], 0);
+    for (i, st) in streams.iter().enumerate().filter(|(_, st)| st.open) {
+        fds.push(PollFd::new(st.fd.as_fd(), PollFlags::POLLIN));
+        open[n_open] = i;
+        n_open += 1;
+    }
+    let open = &open[..n_open];
+    // Round up: rounding down would spin on poll(0) for the last
+    // fraction of a millisecond before every deadline.
+    let ms = timeout.as_micros().div_ceil(1000).clamp(0, 60_000) as u16;
+    match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(_) => {
+            wake_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+            for (slot, &i) in open.iter().enumerate() {
+                ready[i] = fds[slot + 1].revents().is_some_and(|r| !r.is_empty());
             }
         }
+        Err(nix::errno::Errno::EINTR) => {}
+        Err(e) => return Err(Error::Io(e.into())),
+    }
+    Ok((wake_ready, ready))
+}
+
+/// Reads the ready streams and dispatches what they hold; true when one
+/// reached end of file.
+fn read_output(
+    streams: &mut [StreamFd],
+    ready: &[bool; 2],
+    buf: &mut [u8],
+    w: &mut Watch<'_>,
+    warnings: &mut Vec<String>,
+) -> bool {
+    let mut eof = false;
+    for (i, s) in streams.iter_mut().enumerate() {
+        if !ready[i] || !s.open {
+            continue;
+        }
+        // Drain what is there (bounded, so the other stream and signals
+        // get their turn): fewer polls per byte.
+        for _ in 0..8 {
+            match output::read_some(s.fd.as_raw_fd(), buf) {
+                Ok(Some(0)) => {
+                    s.open = false;
+                    eof = true;
+                    break;
+                }
+                Ok(Some(n)) => {
+                    w.dispatch(s.kind, &buf[..n]);
+                    if n < buf.len() {
+                        break; // the pipe is empty for now
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    warnings.push(format!("reading the command's output failed: {e}"));
+                    s.open = false;
+                    break;
+                }
+            }
+        }
+    }
+    eof
+}
+
+/// What is already in the pipes is output too: take it, boundedly (a process
+/// that left the group could write for ever).
+fn drain_rest(streams: &mut [StreamFd], buf: &mut [u8], w: &mut Watch<'_>) {
+    for s in streams.iter_mut().filter(|s| s.open) {
+        for _ in 0..64 {
+            match output::read_some(s.fd.as_raw_fd(), buf) {
+                Ok(Some(n)) if n > 0 => w.dispatch(s.kind, &buf[..n]),
+                _ => break,
+            }
+        }
+        s.open = false;
     }
 }
 
