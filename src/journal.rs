@@ -4,12 +4,200 @@
 //! Writing the journal must never stop a healthy training: every write error
 //! becomes one warning on stderr and supervision goes on.
 
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use serde_json::{Value as Json, json};
+use serde::{Serialize, Serializer};
+use serde_json::Value as Json;
+
+use crate::detect::{Finding, Kind, ProcessUse};
+use crate::envmerge::EnvSet;
+use crate::evidence::OutcomeKind;
+use crate::gpu::{PeakReport, Tenant};
+use crate::gpuwatch::BeforeAttempt;
+use crate::knobs::Settings;
+use crate::policy::StepKind;
+
+/// One journal line. Written as a JSON object with the event's name under
+/// `"event"`, the time under `"time"`, and the fields below; serde_json's map
+/// keeps the keys sorted, as the journal has always had them.
+#[derive(Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event<'a> {
+    /// The run, before its first attempt.
+    RunStart {
+        #[serde(serialize_with = "lossy")]
+        argv: &'a [OsString],
+        policy: &'a str,
+        max_attempts: u32,
+        #[serde(serialize_with = "knob_values")]
+        settings: &'a Settings,
+        world_size: u64,
+        world_source: &'a str,
+        global_batch: Option<u64>,
+        /// The environment oomguard adds to the user's.
+        env: &'a [EnvSet],
+        notes: &'a [String],
+        warnings: &'a [String],
+        tty: bool,
+    },
+    /// One attempt, as launched.
+    AttemptStart {
+        attempt: u32,
+        /// `null` without a GPU probe.
+        gpu: Option<&'a BeforeAttempt>,
+        #[serde(serialize_with = "lossy")]
+        argv: &'a [OsString],
+        /// The variables the knobs set.
+        env: BTreeMap<&'a str, &'a str>,
+        #[serde(serialize_with = "knob_values")]
+        settings: &'a Settings,
+        global_batch: Option<u64>,
+        resume: Option<&'a Path>,
+        files: Vec<FileCopy<'a>>,
+    },
+    /// The OOM line that decided how the attempt ended.
+    Oom {
+        attempt: u32,
+        finding: OomRecord<'a>,
+        /// Seconds from launch to the OOM line.
+        after_s: Option<f64>,
+    },
+    AttemptEnd {
+        attempt: u32,
+        /// The exit code, or 128+N for death by signal N.
+        status: i32,
+        /// "exit code 1", "signal 9 (SIGKILL)".
+        exit: String,
+        outcome: OutcomeKind,
+        duration_s: f64,
+        error_line: Option<&'a str>,
+        gpu_peak: Option<&'a PeakReport>,
+    },
+    /// The command could not be started (an `attempt_end` line).
+    #[serde(rename = "attempt_end")]
+    CannotExecute {
+        attempt: u32,
+        /// Always [`OutcomeKind::CannotExecute`].
+        outcome: OutcomeKind,
+        error: String,
+        status: i32,
+    },
+    /// A sign that the trainer ignores a changed setting.
+    Suspect { attempt: u32, why: &'static str },
+    /// The OOM was caused by another tenant's memory.
+    ForeignOom { attempt: u32, tenants: &'a [Tenant] },
+    /// A newer checkpoint that the next attempt will not resume from.
+    CheckpointSkipped {
+        attempt: u32,
+        path: &'a Path,
+        why: &'a str,
+    },
+    /// The training an OOM cost.
+    WorkLost {
+        attempt: u32,
+        step_reached: Option<u64>,
+        started_from_step: Option<u64>,
+        resume_from_step: Option<u64>,
+        steps_lost: Option<u64>,
+        seconds_lost: f64,
+    },
+    /// The policy's step after an OOM.
+    Decision {
+        attempt: u32,
+        step: StepKind,
+        #[serde(serialize_with = "knob_values")]
+        before: &'a Settings,
+        #[serde(serialize_with = "knob_values")]
+        after: &'a Settings,
+        global_batch_before: Option<u64>,
+        global_batch_after: Option<u64>,
+        reason: &'a str,
+        resume: Option<&'a Path>,
+        resume_step: Option<u64>,
+    },
+    /// Another tenant held the memory and let it go: the same settings again
+    /// (a `decision` line).
+    #[serde(rename = "decision")]
+    RetrySameSettings {
+        attempt: u32,
+        step: SameSettings,
+        #[serde(serialize_with = "knob_values")]
+        before: &'a Settings,
+        #[serde(serialize_with = "knob_values")]
+        after: &'a Settings,
+        reason: String,
+        resume: Option<&'a Path>,
+    },
+    RunEnd {
+        exit_code: i32,
+        attempts: u32,
+        lost_s: f64,
+        #[serde(serialize_with = "knob_values")]
+        settings: &'a Settings,
+    },
+}
+
+/// The step of a decision that keeps the settings.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SameSettings {
+    RetrySameSettings,
+}
+
+/// A changed config file: the user's original and the copy the attempt reads.
+#[derive(Debug, Serialize)]
+pub struct FileCopy<'a> {
+    pub original: &'a Path,
+    pub copy: &'a Path,
+}
+
+/// The journal's record of an OOM line: the finding and its numbers, flat.
+#[derive(Debug, Serialize)]
+pub struct OomRecord<'a> {
+    kind: Kind,
+    line: &'a str,
+    line_no: u64,
+    device: Option<u32>,
+    tried_to_allocate_bytes: Option<u64>,
+    total_bytes: Option<u64>,
+    free_bytes: Option<u64>,
+    allocated_bytes: Option<u64>,
+    reserved_unallocated_bytes: Option<u64>,
+    other_processes: &'a [ProcessUse],
+}
+
+impl<'a> From<&'a Finding> for OomRecord<'a> {
+    fn from(f: &'a Finding) -> OomRecord<'a> {
+        let n = &f.numbers;
+        OomRecord {
+            kind: f.kind,
+            line: &f.line,
+            line_no: f.line_no,
+            device: n.device,
+            tried_to_allocate_bytes: n.tried_to_allocate_bytes,
+            total_bytes: n.total_bytes,
+            free_bytes: n.free_bytes,
+            allocated_bytes: n.allocated_bytes,
+            reserved_unallocated_bytes: n.reserved_unallocated_bytes,
+            other_processes: &n.other_processes,
+        }
+    }
+}
+
+/// An argv as strings (lossy: the journal is text).
+fn lossy<S: Serializer>(argv: &&[OsString], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(argv.iter().map(|a| a.to_string_lossy()))
+}
+
+/// Settings as `{"knob": value}` (the world size has its own field).
+fn knob_values<S: Serializer>(settings: &&Settings, s: S) -> Result<S::Ok, S::Error> {
+    settings.knobs.serialize(s)
+}
 
 pub struct Journal {
     dir: Option<PathBuf>,
@@ -96,19 +284,27 @@ impl Journal {
     }
 
     /// Append one event: `{"event": name, "time": ..., ...fields}`.
-    pub fn event(&mut self, name: &str, fields: Json) {
-        let Some(file) = self.file.as_mut() else {
+    pub fn record(&mut self, event: &Event) {
+        if self.file.is_none() {
             return;
+        }
+        let mut obj = match serde_json::to_value(event) {
+            Ok(v) => v,
+            Err(e) => {
+                // A path that is not UTF-8: say so once, keep supervising.
+                self.warn(&format!("cannot write a journal event: {e}"));
+                return;
+            }
         };
-        let mut obj = json!({
-            "event": name,
-            "time": chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, false),
-        });
-        if let (Some(o), Json::Object(f)) = (obj.as_object_mut(), fields) {
-            o.extend(f);
+        if let Json::Object(o) = &mut obj {
+            let now = chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, false);
+            o.insert("time".into(), Json::String(now));
         }
         let mut line = obj.to_string();
         line.push('\n');
+        let Some(file) = self.file.as_mut() else {
+            return;
+        };
         if let Err(e) = file.write_all(line.as_bytes()).and_then(|()| file.flush()) {
             self.warn(&format!("cannot write the journal: {e}"));
         }
@@ -160,8 +356,19 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("runs/x");
         let mut j = Journal::open(dir.clone());
-        j.event("attempt_start", json!({"attempt": 1}));
-        j.event("attempt_end", json!({"attempt": 1, "outcome": "success"}));
+        j.record(&Event::Suspect {
+            attempt: 1,
+            why: "a test",
+        });
+        j.record(&Event::AttemptEnd {
+            attempt: 1,
+            status: 0,
+            exit: "exit code 0".into(),
+            outcome: OutcomeKind::Success,
+            duration_s: 1.5,
+            error_line: None,
+            gpu_peak: None,
+        });
         let text = fs::read_to_string(dir.join("journal.jsonl")).unwrap();
         let lines: Vec<Json> = text
             .lines()
@@ -169,7 +376,24 @@ mod tests {
             .collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["outcome"], "success");
-        assert_eq!(lines[0]["event"], "attempt_start");
+        assert_eq!(lines[0]["event"], "suspect");
+        assert_eq!(lines[1]["event"], "attempt_end");
+        // Every key of today's line, sorted, with "time" among them.
+        let keys: Vec<&String> = lines[1].as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "attempt",
+                "duration_s",
+                "error_line",
+                "event",
+                "exit",
+                "gpu_peak",
+                "outcome",
+                "status",
+                "time"
+            ]
+        );
         let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
         let mode = fs::metadata(dir.join("journal.jsonl"))
@@ -183,7 +407,10 @@ mod tests {
     #[test]
     fn unwritable_folder_is_a_warning_not_an_error() {
         let mut j = Journal::open(PathBuf::from("/proc/oomguard-cannot-write"));
-        j.event("x", json!({}));
+        j.record(&Event::Suspect {
+            attempt: 1,
+            why: "x",
+        });
         assert!(j.path().is_none());
         assert!(j.attempt_dir(1).is_none());
     }

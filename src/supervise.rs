@@ -16,7 +16,7 @@
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value as Json, json};
@@ -24,13 +24,12 @@ use serde_json::{Value as Json, json};
 use crate::checkpoint;
 use crate::cli::RunArgs;
 use crate::command::Command;
-use crate::detect::Finding;
 use crate::envmerge::{self, EnvSet};
-use crate::evidence::{self, Evidence, Outcome};
+use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
 use crate::gpuwatch::{GpuOptions, GpuWatch, TENANT_RETRIES};
 use crate::inplace::InPlace;
-use crate::journal::{self, Journal, Row};
+use crate::journal::{self, Event, FileCopy, Journal, Row, SameSettings};
 use crate::knobs::{self, Discovery, Knob, Settings};
 use crate::launch;
 use crate::policy::{self, Decision, NotApplicable, Policy};
@@ -513,24 +512,6 @@ impl Log {
     }
 }
 
-fn finding_json(f: Option<&Finding>) -> Json {
-    match f {
-        None => Json::Null,
-        Some(f) => json!({
-            "kind": f.kind,
-            "line": f.line,
-            "line_no": f.line_no,
-            "device": f.numbers.device,
-            "tried_to_allocate_bytes": f.numbers.tried_to_allocate_bytes,
-            "total_bytes": f.numbers.total_bytes,
-            "free_bytes": f.numbers.free_bytes,
-            "allocated_bytes": f.numbers.allocated_bytes,
-            "reserved_unallocated_bytes": f.numbers.reserved_unallocated_bytes,
-            "other_processes": f.numbers.other_processes,
-        }),
-    }
-}
-
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
 pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let mut gw = cfg.gpu.take().expect("from_args opened the GPU watch");
@@ -553,22 +534,19 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let tty = std::io::stdout().is_terminal();
     let first = cfg.disc.settings();
 
-    j.event(
-        "run_start",
-        json!({
-            "argv": argv_json(&cfg.argv),
-            "policy": cfg.policy.name,
-            "max_attempts": cfg.max_attempts,
-            "settings": settings_json(&first),
-            "world_size": first.world_size,
-            "world_source": cfg.disc.world.source,
-            "global_batch": first.global_batch(),
-            "env": env_defaults,
-            "notes": cfg.disc.notes,
-            "warnings": cfg.disc.warnings,
-            "tty": tty,
-        }),
-    );
+    j.record(&Event::RunStart {
+        argv: &cfg.argv,
+        policy: &cfg.policy.name,
+        max_attempts: cfg.max_attempts,
+        settings: &first,
+        world_size: first.world_size,
+        world_source: &cfg.disc.world.source,
+        global_batch: first.global_batch(),
+        env: &env_defaults,
+        notes: &cfg.disc.notes,
+        warnings: &cfg.disc.warnings,
+        tty,
+    });
     for w in &cfg.disc.warnings {
         eprintln!("oomguard: warning: {w}");
     }
@@ -628,19 +606,27 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         {
             log.info(&format!("GPUs before attempt {attempts}: {}", g.summary));
         }
-        j.event(
-            "attempt_start",
-            json!({
-                "gpu": gpu_state,
-                "attempt": attempts,
-                "argv": argv_json(&m.argv),
-                "env": m.env.iter().cloned().collect::<std::collections::BTreeMap<_,_>>(),
-                "settings": settings_json(&settings),
-                "global_batch": settings.global_batch(),
-                "resume": resume.as_ref().map(|r| PathBuf::from(&r.path)),
-                "files": m.files.iter().map(|f| json!({"original": f.original, "copy": f.dest})).collect::<Vec<_>>(),
-            }),
-        );
+        j.record(&Event::AttemptStart {
+            attempt: attempts,
+            gpu: gpu_state.as_ref(),
+            argv: &m.argv,
+            env: m
+                .env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
+            settings: &settings,
+            global_batch: settings.global_batch(),
+            resume: resume.as_ref().map(|r| Path::new(&r.path)),
+            files: m
+                .files
+                .iter()
+                .map(|f| FileCopy {
+                    original: &f.original,
+                    copy: &f.dest,
+                })
+                .collect(),
+        });
         let attempt_started = std::time::SystemTime::now();
         if attempts > 1 {
             log.info(&format!(
@@ -675,10 +661,12 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                     launch::Error::Io(_) => exit::CANNOT_EXECUTE,
                 };
                 eprintln!("oomguard: error: {e}");
-                j.event(
-                    "attempt_end",
-                    json!({"attempt": attempts, "outcome": evidence::OutcomeKind::CannotExecute, "error": e.to_string(), "status": code}),
-                );
+                j.record(&Event::CannotExecute {
+                    attempt: attempts,
+                    outcome: OutcomeKind::CannotExecute,
+                    error: e.to_string(),
+                    status: code,
+                });
                 break code;
             }
         };
@@ -687,23 +675,21 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         }
         let outcome = evidence::classify(&report);
         if let Some(f) = outcome.finding() {
-            j.event(
-                "oom",
-                json!({"attempt": attempts, "finding": finding_json(Some(f)), "after_s": report.oom_at.map(|d| d.as_secs_f64())}),
-            );
+            j.record(&Event::Oom {
+                attempt: attempts,
+                finding: f.into(),
+                after_s: report.oom_at.map(|d| d.as_secs_f64()),
+            });
         }
-        j.event(
-            "attempt_end",
-            json!({
-                "attempt": attempts,
-                "status": report.exit.status_code(),
-                "exit": report.exit.to_string(),
-                "outcome": outcome.kind(),
-                "duration_s": report.duration.as_secs_f64(),
-                "error_line": report.scanner.error_line(),
-                "gpu_peak": peak,
-            }),
-        );
+        j.record(&Event::AttemptEnd {
+            attempt: attempts,
+            status: report.exit.status_code(),
+            exit: report.exit.to_string(),
+            outcome: outcome.kind(),
+            duration_s: report.duration.as_secs_f64(),
+            error_line: report.scanner.error_line(),
+            gpu_peak: peak.as_ref(),
+        });
         prev_pid = Some(report.pid);
         if !matches!(outcome, Outcome::Success) {
             lost += report.duration;
@@ -757,10 +743,10 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                     eprintln!(
                         "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
                     );
-                    j.event(
-                        "suspect",
-                        json!({"attempt": attempts, "why": "same allocation size after halving the micro-batch"}),
-                    );
+                    j.record(&Event::Suspect {
+                        attempt: attempts,
+                        why: "same allocation size after halving the micro-batch",
+                    });
                 }
                 // Another tenant's memory, not the run's: wait for it and retry the
                 // same settings instead of shrinking (bounded; then the policy applies).
@@ -775,10 +761,10 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                         "oomguard: this OOM is not the run's own: {}",
                         who.join("; ")
                     );
-                    j.event(
-                        "foreign_oom",
-                        json!({"attempt": attempts, "tenants": tenants}),
-                    );
+                    j.record(&Event::ForeignOom {
+                        attempt: attempts,
+                        tenants: &tenants,
+                    });
                     let freed = tenant_retries < TENANT_RETRIES && gw.wait_for_tenant(report.pid);
                     if freed {
                         tenant_retries += 1;
@@ -792,17 +778,14 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                             resumed_step = res.chosen.as_ref().and_then(checkpoint::step_for);
                         }
                         log.info("memory is free again: retrying the same settings");
-                        j.event(
-                            "decision",
-                            json!({
-                                "attempt": attempts,
-                                "step": "retry_same_settings",
-                                "before": settings_json(&settings),
-                                "after": settings_json(&settings),
-                                "reason": format!("another tenant held the memory: {}", who.join("; ")),
-                                "resume": res.chosen.as_ref().map(|c| &c.path),
-                            }),
-                        );
+                        j.record(&Event::RetrySameSettings {
+                            attempt: attempts,
+                            step: SameSettings::RetrySameSettings,
+                            before: &settings,
+                            after: &settings,
+                            reason: format!("another tenant held the memory: {}", who.join("; ")),
+                            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+                        });
                         continue;
                     }
                     eprintln!(
@@ -838,10 +821,11 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 if let Some(f) = &res.found {
                     for s in &f.skipped {
                         log.info(&format!("skipped {}: {}", s.path.display(), s.why));
-                        j.event(
-                            "checkpoint_skipped",
-                            json!({"attempt": attempts, "path": s.path, "why": s.why}),
-                        );
+                        j.record(&Event::CheckpointSkipped {
+                            attempt: attempts,
+                            path: &s.path,
+                            why: &s.why,
+                        });
                     }
                 }
                 let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
@@ -856,17 +840,14 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                     attempt_started,
                     oom_after,
                 );
-                j.event(
-                    "work_lost",
-                    json!({
-                        "attempt": attempts,
-                        "step_reached": reached,
-                        "started_from_step": resumed_step,
-                        "resume_from_step": new_step,
-                        "steps_lost": loss.steps,
-                        "seconds_lost": loss.seconds,
-                    }),
-                );
+                j.record(&Event::WorkLost {
+                    attempt: attempts,
+                    step_reached: reached,
+                    started_from_step: resumed_step,
+                    resume_from_step: new_step,
+                    steps_lost: loss.steps,
+                    seconds_lost: loss.seconds,
+                });
                 oom_losses.push(loss);
                 resume = res.arg.clone();
                 if res.arg.is_some() {
@@ -874,20 +855,17 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 }
                 log.info(&format!("decision: {} — {}", d.step, d.reason));
                 log.info(&res.why);
-                j.event(
-                    "decision",
-                    json!({
-                        "attempt": attempts,
-                        "step": d.step.name(),
-                        "before": settings_json(&d.before),
-                        "after": settings_json(&d.after),
-                        "global_batch_before": d.before.global_batch(),
-                        "global_batch_after": d.after.global_batch(),
-                        "reason": d.reason,
-                        "resume": res.chosen.as_ref().map(|c| &c.path),
-                        "resume_step": new_step,
-                    }),
-                );
+                j.record(&Event::Decision {
+                    attempt: attempts,
+                    step: d.step,
+                    before: &d.before,
+                    after: &d.after,
+                    global_batch_before: d.before.global_batch(),
+                    global_batch_after: d.after.global_batch(),
+                    reason: &d.reason,
+                    resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+                    resume_step: new_step,
+                });
                 last_tried = tried.map(|t| (t, d.step == policy::StepKind::HalveMicroBatch));
                 settings = d.after.clone();
                 decisions.push((attempts, cause, d));
@@ -895,15 +873,12 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         }
     };
 
-    j.event(
-        "run_end",
-        json!({
-            "exit_code": code,
-            "attempts": attempts,
-            "lost_s": lost.as_secs_f64(),
-            "settings": settings_json(&settings),
-        }),
-    );
+    j.record(&Event::RunEnd {
+        exit_code: code,
+        attempts,
+        lost_s: lost.as_secs_f64(),
+        settings: &settings,
+    });
     for l in inplace.restore() {
         eprintln!("oomguard: {l}");
     }
