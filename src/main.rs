@@ -18,6 +18,7 @@ mod knobs;
 mod launch;
 mod policy;
 mod progress;
+mod run_config;
 mod supervise;
 
 use std::ffi::OsString;
@@ -55,14 +56,14 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Restore { run_dir }) => inplace::restore_main(&run_dir),
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
-            match supervise::RunConfig::from_args(run) {
+            match run_config::RunConfig::from_args(run) {
                 Ok(cfg) => supervise::plan(&cfg, json),
                 Err(e) => usage_error(&e),
             }
         }
         None => {
             init_tracing(cli.run.verbose, cli.run.quiet);
-            let cfg = match supervise::RunConfig::from_args(cli.run) {
+            let cfg = match run_config::RunConfig::from_args(cli.run) {
                 Ok(cfg) => cfg,
                 Err(e) => return usage_error(&e),
             };
