@@ -190,12 +190,12 @@ impl<'a> From<&'a Finding> for OomRecord<'a> {
 }
 
 /// An argv as strings (lossy: the journal is text).
-fn lossy<S: Serializer>(argv: &&[OsString], s: S) -> Result<S::Ok, S::Error> {
+pub fn lossy<S: Serializer>(argv: &&[OsString], s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(argv.iter().map(|a| a.to_string_lossy()))
 }
 
 /// Settings as `{"knob": value}` (the world size has its own field).
-fn knob_values<S: Serializer>(settings: &&Settings, s: S) -> Result<S::Ok, S::Error> {
+pub fn knob_values<S: Serializer>(settings: &&Settings, s: S) -> Result<S::Ok, S::Error> {
     settings.knobs.serialize(s)
 }
 

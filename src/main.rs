@@ -16,6 +16,7 @@ mod inplace;
 mod journal;
 mod knobs;
 mod launch;
+mod plan;
 mod policy;
 mod progress;
 mod run_config;
@@ -57,7 +58,7 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
             match run_config::RunConfig::from_args(run) {
-                Ok(cfg) => supervise::plan(&cfg, json),
+                Ok(cfg) => plan::plan(&cfg, json),
                 Err(e) => usage_error(&e),
             }
         }

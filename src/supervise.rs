@@ -19,8 +19,6 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value as Json, json};
-
 use crate::checkpoint;
 use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
@@ -29,277 +27,10 @@ use crate::inplace::InPlace;
 use crate::journal::{self, Event, FileCopy, Journal, Row, SameSettings};
 use crate::knobs::{self, Knob, Settings};
 use crate::launch;
+use crate::plan;
 use crate::policy::{self, Decision, NotApplicable};
 use crate::progress;
 use crate::run_config::RunConfig;
-
-/// Quote an argv for display the way a POSIX shell would read it back.
-pub fn shell_quote(argv: &[OsString]) -> String {
-    argv.iter()
-        .map(|a| {
-            let s = a.to_string_lossy();
-            if !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-            {
-                s.into_owned()
-            } else {
-                format!("'{}'", s.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn settings_json(s: &Settings) -> Json {
-    let mut m = serde_json::Map::new();
-    for (k, v) in &s.knobs {
-        m.insert(k.name().into(), json!(v));
-    }
-    Json::Object(m)
-}
-
-fn settings_line(s: &Settings) -> String {
-    s.knobs
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn argv_json(argv: &[OsString]) -> Json {
-    json!(
-        argv.iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-    )
-}
-
-/// One rung of the ladder: the settings an attempt would run with.
-struct Rung {
-    step: Option<Decision>,
-    settings: Settings,
-    m: knobs::Materialized,
-}
-
-/// Every rung the policy can reach, materialized (files in memory only).
-fn ladder(
-    cfg: &RunConfig,
-    resume: Option<&knobs::ResumeArg>,
-) -> Result<Vec<Rung>, knobs::KnobError> {
-    let mut rungs = Vec::new();
-    let mut s = cfg.disc.settings();
-    rungs.push(Rung {
-        step: None,
-        settings: s.clone(),
-        m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
-    });
-    while (rungs.len() as u32) < cfg.max_attempts {
-        let Some(d) = policy::next(&cfg.policy, &s, &Evidence::assumed()) else {
-            break;
-        };
-        s = d.after.clone();
-        let dir = cfg.attempt_dir(rungs.len() + 1);
-        rungs.push(Rung {
-            step: Some(d),
-            settings: s.clone(),
-            m: knobs::materialize(&cfg.argv, &cfg.disc, &s, resume, &dir)?,
-        });
-    }
-    Ok(rungs)
-}
-
-/// `oomguard plan`: print what would be done; run nothing.
-pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
-    let env = cfg.env_defaults();
-    let res = cfg.resume(Duration::ZERO);
-    let rungs = match ladder(cfg, res.arg.as_ref()) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("oomguard: error: {e}");
-            return exit::USAGE;
-        }
-    };
-    let na = policy::not_applicable(&cfg.policy, &cfg.disc);
-    let settings = cfg.disc.settings();
-
-    if as_json {
-        let mut knobs_obj = serde_json::Map::new();
-        for (k, b) in &cfg.disc.knobs {
-            knobs_obj.insert(
-                k.name().into(),
-                json!({"value": b.value, "binding": b.describe()}),
-            );
-        }
-        let resume = res.found.as_ref().map(|f| {
-            json!({
-                "layout": f.layout,
-                "dir": cfg.layout.as_ref().map(|l| &l.root),
-                "how": cfg.layout.as_ref().map(|l| &l.how),
-                "checkpoint": res.chosen.as_ref().map(|c| &c.path),
-                "skipped": f.skipped,
-                "why": res.why,
-            })
-        });
-        let out = json!({
-            "command": argv_json(&cfg.argv),
-            "policy": {"name": cfg.policy.name, "description": cfg.policy.description},
-            "max_attempts": cfg.max_attempts,
-            "knobs": knobs_obj,
-            "world_size": cfg.disc.world.size,
-            "world_source": cfg.disc.world.source,
-            "world_uncertain": cfg.disc.world.uncertain,
-            "hf_style": cfg.disc.hf_style,
-            "global_batch": settings.global_batch(),
-            "env": env.iter().map(|e| (e.name.clone(), json!(e.value))).collect::<serde_json::Map<_,_>>(),
-            "resume": resume.unwrap_or(Json::Null),
-            "notes": cfg.disc.notes,
-            "warnings": cfg.disc.warnings,
-            "not_applicable": na,
-            "ladder": rungs.iter().map(|r| json!({
-                "step": r.step.as_ref().map(|d| d.step.name()).unwrap_or("as_given"),
-                "settings": settings_json(&r.settings),
-                "global_batch": r.settings.global_batch(),
-                "argv": argv_json(&r.m.argv),
-                "env": r.m.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_,_>>(),
-                "files": r.m.files.iter().map(|f| json!({"original": f.original, "copy": f.dest, "diff": f.diff})).collect::<Vec<_>>(),
-                "reason": r.step.as_ref().map(|d| d.reason.clone()),
-            })).collect::<Vec<_>>(),
-        });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).expect("plan serializes")
-        );
-        return exit::SUCCESS;
-    }
-
-    let mut o = String::new();
-    o.push_str("oomguard plan: nothing is run\n\n");
-    o.push_str(&format!("command:      {}\n", shell_quote(&cfg.argv)));
-    o.push_str(&format!(
-        "policy:       {} ({}), at most {} attempts\n",
-        cfg.policy.name, cfg.policy.description, cfg.max_attempts
-    ));
-    o.push_str(&format!(
-        "world size:   {} ({})\n",
-        cfg.disc.world.size, cfg.disc.world.source
-    ));
-    match (
-        settings.int(Knob::MicroBatch),
-        settings.int(Knob::GradAccum),
-        settings.global_batch(),
-    ) {
-        (Some(m), Some(a), Some(g)) if settings.accum_covers_world => o.push_str(&format!(
-            "global batch: {g} = micro-batch {m} × accumulation {a} (the accumulation counts all {} ranks)\n",
-            settings.world_size
-        )),
-        (Some(m), Some(a), Some(g)) => o.push_str(&format!(
-            "global batch: {g} = micro-batch {m} × accumulation {a} × world size {}\n",
-            settings.world_size
-        )),
-        _ => o.push_str("global batch: unknown (micro-batch or accumulation not bound)\n"),
-    }
-    o.push_str("\nknobs:\n");
-    let w = Knob::ALL.iter().map(|k| k.name().len()).max().unwrap_or(0);
-    for k in Knob::ALL {
-        match cfg.disc.knobs.get(&k) {
-            Some(b) => o.push_str(&format!(
-                "  {:w$}  {:<6}  {}\n",
-                k.name(),
-                b.value.to_string(),
-                b.describe()
-            )),
-            None => o.push_str(&format!("  {:w$}  {:<6}  not found\n", k.name(), "-")),
-        }
-    }
-    o.push_str("\nenvironment added to yours:\n");
-    if env.is_empty() {
-        o.push_str(if cfg.no_env {
-            "  none (--no-env)\n"
-        } else {
-            "  none (you set them all)\n"
-        });
-    }
-    for e in &env {
-        o.push_str(&format!("  {}={}  ({})\n", e.name, e.value, e.how));
-    }
-    o.push_str("\nresume:\n");
-    if let Some(f) = &res.found {
-        if let Some(l) = &cfg.layout {
-            o.push_str(&format!("  layout: {} in {}\n", f.layout, l.root.display()));
-        }
-        for s in &f.skipped {
-            o.push_str(&format!("  skipped {}: {}\n", s.path.display(), s.why));
-        }
-    }
-    o.push_str(&format!("  {}\n", res.why));
-    if !cfg.disc.warnings.is_empty() {
-        o.push_str("\nwarnings:\n");
-        for w in &cfg.disc.warnings {
-            o.push_str(&format!("  - {w}\n"));
-        }
-    }
-    if !cfg.disc.notes.is_empty() {
-        o.push_str("\nnotes:\n");
-        for n in &cfg.disc.notes {
-            o.push_str(&format!("  - {n}\n"));
-        }
-    }
-    if !na.is_empty() {
-        o.push_str("\nnot applicable:\n");
-        for n in &na {
-            o.push_str(&format!("  - {}: {}\n", n.step, n.why));
-        }
-    }
-    o.push_str("\nladder (attempt 1 runs as given; each OOM moves one rung down):\n");
-    for (i, r) in rungs.iter().enumerate() {
-        let step = r.step.as_ref().map(|d| d.step.name()).unwrap_or("as given");
-        o.push_str(&format!(
-            "  {}. {step}: {}\n",
-            i + 1,
-            settings_line(&r.settings)
-        ));
-        if let Some(d) = &r.step {
-            o.push_str(&format!("     why:  {}\n", d.reason));
-        }
-        for (k, v) in &r.m.env {
-            o.push_str(&format!("     env:  {k}={v}\n"));
-        }
-        o.push_str(&format!("     argv: {}\n", shell_quote(&r.m.argv)));
-        for f in &r.m.files {
-            if f.in_place {
-                o.push_str(&format!(
-                    "     file: {} (edited in place, restored at the end)\n",
-                    f.dest.display()
-                ));
-            } else {
-                o.push_str(&format!(
-                    "     file: {} (copy of {})\n",
-                    f.dest.display(),
-                    f.shown
-                ));
-            }
-            for line in f.diff.lines() {
-                o.push_str(&format!("       {line}\n"));
-            }
-        }
-    }
-    if (rungs.len() as u32) < cfg.max_attempts {
-        o.push_str(&format!(
-            "  after rung {}: no step left; oomguard stops with exit {}\n",
-            rungs.len(),
-            exit::EXHAUSTED
-        ));
-    } else {
-        o.push_str(&format!(
-            "  after attempt {}: --max-attempts reached; oomguard stops with exit {}\n",
-            cfg.max_attempts,
-            exit::EXHAUSTED
-        ));
-    }
-    print!("{o}");
-    exit::SUCCESS
-}
 
 struct Log {
     quiet: bool,
@@ -325,7 +56,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let log = Log { quiet: cfg.quiet };
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
-    if let Err(e) = ladder(cfg, None) {
+    if let Err(e) = plan::ladder(cfg, None) {
         eprintln!("oomguard: error: {e}");
         return exit::USAGE;
     }
@@ -433,10 +164,10 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
             log.info(&format!(
                 "attempt {attempts}/{}: {}",
                 cfg.max_attempts,
-                shell_quote(&m.argv)
+                plan::shell_quote(&m.argv)
             ));
         } else if cfg.verbose > 0 {
-            log.info(&format!("attempt 1: {}", shell_quote(&m.argv)));
+            log.info(&format!("attempt 1: {}", plan::shell_quote(&m.argv)));
         }
 
         let log_path = adir.map(|d| d.join("output.log"));
@@ -608,8 +339,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                     let na: Vec<NotApplicable> = policy::not_applicable(&cfg.policy, &cfg.disc);
                     eprintln!(
                         "oomguard: the policy '{}' has no step left; the run still does not fit at {}",
-                        cfg.policy.name,
-                        settings_line(&settings)
+                        cfg.policy.name, settings
                     );
                     for n in na {
                         eprintln!("oomguard:   {} not applicable: {}", n.step, n.why);
@@ -861,21 +591,4 @@ fn summary(
         out.push_str(&format!("oomguard: journal: {}\n", p.display()));
     }
     eprint!("{out}");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shell_quote_round_trips_awkward_arguments() {
-        let argv: Vec<OsString> = ["python", "a b", "it's", "--x=1", "$(rm -rf /)"]
-            .iter()
-            .map(OsString::from)
-            .collect();
-        assert_eq!(
-            shell_quote(&argv),
-            r#"python 'a b' 'it'\''s' --x=1 '$(rm -rf /)'"#
-        );
-    }
 }

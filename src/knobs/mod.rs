@@ -275,6 +275,19 @@ pub struct Settings {
     pub accum_covers_world: bool,
 }
 
+/// "micro_batch=4 grad_accum=8 seq_len=1024", as `plan` and the messages show it.
+impl fmt::Display for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (k, v)) in self.knobs.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{k}={v}")?;
+        }
+        Ok(())
+    }
+}
+
 impl Settings {
     pub fn int(&self, k: Knob) -> Option<u64> {
         self.knobs.get(&k).and_then(Value::as_int)
