@@ -1,5 +1,5 @@
-//! The run's record: a folder with `journal.jsonl` (one JSON object a line) and
-//! one folder per attempt, plus the end-of-run summary table.
+//! The run's record: a folder with `journal.jsonl` (one typed [`Event`] a line)
+//! and one folder per attempt, plus the end-of-run summary table.
 //!
 //! Writing the journal must never stop a healthy training: every write error
 //! becomes one warning on stderr and supervision goes on.
@@ -10,17 +10,20 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Serialize, Serializer};
 use serde_json::Value as Json;
 
 use crate::detect::{Finding, Kind, ProcessUse};
 use crate::envmerge::EnvSet;
-use crate::evidence::OutcomeKind;
+use crate::evidence::{Evidence, OutcomeKind};
+use crate::exit;
 use crate::gpu::{PeakReport, Tenant};
 use crate::gpuwatch::BeforeAttempt;
-use crate::knobs::Settings;
-use crate::policy::StepKind;
+use crate::knobs::{Knob, Materialized, Settings};
+use crate::policy::{Decision, StepKind};
+use crate::progress::Loss;
 
 /// One journal line. Written as a JSON object with the event's name under
 /// `"event"`, the time under `"time"`, and the fields below; serde_json's map
@@ -140,6 +143,39 @@ pub enum Event<'a> {
         #[serde(serialize_with = "knob_values")]
         settings: &'a Settings,
     },
+}
+
+impl<'a> Event<'a> {
+    /// `attempt_start` for the attempt `m` materializes.
+    pub fn attempt_start(
+        attempt: u32,
+        gpu: Option<&'a BeforeAttempt>,
+        m: &'a Materialized,
+        settings: &'a Settings,
+        resume: Option<&'a Path>,
+    ) -> Event<'a> {
+        Event::AttemptStart {
+            attempt,
+            gpu,
+            argv: &m.argv,
+            env: m
+                .env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
+            settings,
+            global_batch: settings.global_batch(),
+            resume,
+            files: m
+                .files
+                .iter()
+                .map(|f| FileCopy {
+                    original: &f.original,
+                    copy: &f.dest,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The step of a decision that keeps the settings.
@@ -344,6 +380,164 @@ pub fn table(rows: &[Row]) -> String {
         ));
     }
     out
+}
+
+/// What followed an attempt.
+pub enum Next {
+    /// Nothing: the run ended with it.
+    Stop,
+    /// Another tenant's memory came back: the same settings again.
+    Retry,
+    /// The policy's step, and the work the OOM cost.
+    Decided { decision: Decision, loss: Loss },
+}
+
+/// One attempt that ran (was launched), and what followed it: the run's
+/// record in memory, from which the end of the run is told.
+pub struct AttemptRecord {
+    pub n: u32,
+    pub pid: u32,
+    pub outcome: OutcomeKind,
+    pub duration: Duration,
+    /// What its OOM showed (GPU OOMs only).
+    pub evidence: Option<Evidence>,
+    /// Whose memory caused the OOM, when another tenant's did.
+    pub foreign: Option<String>,
+    pub next: Next,
+}
+
+/// Time lost to attempts that did not succeed.
+pub fn lost(attempts: &[AttemptRecord]) -> Duration {
+    attempts
+        .iter()
+        .filter(|a| a.outcome != OutcomeKind::Success)
+        .map(|a| a.duration)
+        .sum()
+}
+
+/// How the run ended, for the summary.
+pub struct End<'a> {
+    /// The settings of the first attempt and of the last.
+    pub first: &'a Settings,
+    pub last: &'a Settings,
+    pub attempts: &'a [AttemptRecord],
+    /// Attempts begun (one that could not be started counts).
+    pub begun: u32,
+    pub code: i32,
+    pub journal: Option<&'a Path>,
+}
+
+impl End<'_> {
+    /// (attempt, what its OOM showed, the policy's step after it).
+    fn decisions(&self) -> Vec<(u32, &Evidence, &Decision)> {
+        self.attempts
+            .iter()
+            .filter_map(|a| match (&a.evidence, &a.next) {
+                (Some(ev), Next::Decided { decision, .. }) => Some((a.n, ev, decision)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The work each OOM that led to a decision cost.
+    pub fn losses(&self) -> Vec<Loss> {
+        self.attempts
+            .iter()
+            .filter_map(|a| match &a.next {
+                Next::Decided { loss, .. } => Some(*loss),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The end-of-run summary for stderr: how the run ended, the table of
+    /// changed knobs (knob, before, after, why), each decision's cause, the
+    /// journal, and the OOMs other tenants caused.
+    pub fn summary(&self) -> String {
+        let (attempts, code) = (self.begun, self.code);
+        let decisions = self.decisions();
+        let rows = self.rows(&decisions);
+        let status = match code {
+            0 => "finished".to_string(),
+            exit::EXHAUSTED => "gave up: the run still does not fit".to_string(),
+            c => format!("stopped (exit {c})"),
+        };
+        let mut out = format!(
+            "\noomguard: {status} after {attempts} attempt{}; {:.1} s lost to failed attempts\n",
+            if attempts == 1 { "" } else { "s" },
+            lost(self.attempts).as_secs_f64()
+        );
+        if rows.is_empty() {
+            out.push_str("oomguard: no setting was changed\n");
+        } else {
+            out.push_str(&table(&rows));
+        }
+        for (n, cause, d) in decisions {
+            out.push_str(&format!("  attempt {n}: {cause} → {}\n", d.step));
+        }
+        if let Some(p) = self.journal {
+            out.push_str(&format!("oomguard: journal: {}\n", p.display()));
+        }
+        for a in self.attempts {
+            let Some(who) = &a.foreign else {
+                continue;
+            };
+            let n = a.n;
+            out.push_str(&if matches!(a.next, Next::Retry) {
+                format!(
+                    "oomguard: attempt {n}: OOM caused by another tenant ({who}); waited and retried the same settings\n"
+                )
+            } else {
+                format!(
+                    "oomguard: attempt {n}: another tenant ({who}) held the memory past --wait-timeout; the policy applied\n"
+                )
+            });
+        }
+        out
+    }
+
+    /// The table's rows: each knob that changed, and why.
+    fn rows(&self, decisions: &[(u32, &Evidence, &Decision)]) -> Vec<Row> {
+        let (first, last) = (self.first, self.last);
+        let mut rows = Vec::new();
+        for (k, v0) in &first.knobs {
+            let Some(v1) = last.knobs.get(k) else {
+                continue;
+            };
+            if v0 == v1 {
+                continue;
+            }
+            let changed: Vec<&(u32, &Evidence, &Decision)> = decisions
+                .iter()
+                .filter(|(_, _, d)| d.before.knobs.get(k) != d.after.knobs.get(k))
+                .collect();
+            let at: Vec<String> = changed.iter().map(|(n, _, _)| n.to_string()).collect();
+            let plural = if at.len() == 1 { "" } else { "s" };
+            let why = match changed.first() {
+                Some((_, _, d)) if *k == Knob::GradAccum && d.step == StepKind::HalveMicroBatch => {
+                    match last.global_batch() {
+                        Some(g) => {
+                            format!("keeps the global batch at {g} as the micro-batch shrank")
+                        }
+                        None => "keeps micro-batch × accumulation as the micro-batch shrank".into(),
+                    }
+                }
+                Some((_, _, d)) => format!(
+                    "{} after the OOM in attempt{plural} {}",
+                    d.step,
+                    at.join(", ")
+                ),
+                None => String::new(),
+            };
+            rows.push(Row {
+                knob: k.name().into(),
+                before: v0.to_string(),
+                after: v1.to_string(),
+                why,
+            });
+        }
+        rows
+    }
 }
 
 #[cfg(test)]
