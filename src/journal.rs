@@ -622,4 +622,145 @@ mod tests {
             "  knob         before  after  why\n  micro_batch  16      4      OOM\n"
         );
     }
+
+    fn settings(micro: u64, accum: u64) -> Settings {
+        use crate::knobs::Value;
+        Settings {
+            knobs: [
+                (Knob::MicroBatch, Value::Int(micro)),
+                (Knob::GradAccum, Value::Int(accum)),
+            ]
+            .into_iter()
+            .collect(),
+            world_size: 2,
+            accum_covers_world: false,
+        }
+    }
+
+    fn keys(e: &Event) -> Vec<String> {
+        let v = serde_json::to_value(e).unwrap();
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    #[test]
+    fn both_decision_lines_keep_their_keys() {
+        let (before, after) = (settings(8, 1), settings(4, 2));
+        let d = Event::Decision {
+            attempt: 1,
+            step: StepKind::HalveMicroBatch,
+            before: &before,
+            after: &after,
+            global_batch_before: before.global_batch(),
+            global_batch_after: None,
+            reason: "OOM: micro-batch 8 → 4",
+            resume: None,
+            resume_step: None,
+        };
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(v["event"], "decision");
+        assert_eq!(v["step"], "halve_micro_batch");
+        assert_eq!(v["before"]["micro_batch"], 8);
+        assert!(v["global_batch_after"].is_null() && v["resume"].is_null());
+        assert_eq!(
+            keys(&d),
+            [
+                "after",
+                "attempt",
+                "before",
+                "event",
+                "global_batch_after",
+                "global_batch_before",
+                "reason",
+                "resume",
+                "resume_step",
+                "step"
+            ]
+        );
+        let r = Event::RetrySameSettings {
+            attempt: 2,
+            step: SameSettings::RetrySameSettings,
+            before: &before,
+            after: &before,
+            reason: "another tenant held the memory: bob".into(),
+            resume: Some(Path::new("out/checkpoint-5")),
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["event"], "decision");
+        assert_eq!(v["step"], "retry_same_settings");
+        assert_eq!(v["resume"], "out/checkpoint-5");
+        assert_eq!(
+            keys(&r),
+            [
+                "after", "attempt", "before", "event", "reason", "resume", "step"
+            ]
+        );
+        let c = Event::CannotExecute {
+            attempt: 1,
+            outcome: OutcomeKind::CannotExecute,
+            error: "x: command not found".into(),
+            status: 127,
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            (&v["event"], &v["outcome"]),
+            (&"attempt_end".into(), &"cannot_execute".into())
+        );
+    }
+
+    #[test]
+    fn the_summary_is_told_from_the_records() {
+        let (first, last) = (settings(8, 1), settings(4, 2));
+        let oom = Evidence::gpu_oom(None, false, Some(7));
+        let decision = Decision {
+            step: StepKind::HalveMicroBatch,
+            before: first.clone(),
+            after: last.clone(),
+            reason: "OOM: micro-batch 8 → 4".into(),
+        };
+        let record = |n, outcome, next, foreign: Option<&str>| AttemptRecord {
+            n,
+            pid: 100 + n,
+            outcome,
+            duration: Duration::from_secs(2),
+            evidence: Some(oom.clone()),
+            foreign: foreign.map(String::from),
+            next,
+        };
+        let loss = Loss {
+            steps: Some(2),
+            seconds: 1.0,
+        };
+        let attempts = [
+            record(1, OutcomeKind::CudaOom, Next::Retry, Some("pid 9 (bob)")),
+            record(
+                2,
+                OutcomeKind::CudaOom,
+                Next::Decided { decision, loss },
+                Some("pid 9 (bob)"),
+            ),
+            record(3, OutcomeKind::Success, Next::Stop, None),
+        ];
+        let end = End {
+            first: &first,
+            last: &last,
+            attempts: &attempts,
+            begun: 3,
+            code: 0,
+            journal: Some(Path::new("run/journal.jsonl")),
+        };
+        assert_eq!(lost(&attempts), Duration::from_secs(4));
+        assert_eq!(end.losses().len(), 1);
+        let text = end.summary();
+        assert_eq!(
+            text,
+            "\noomguard: finished after 3 attempts; 4.0 s lost to failed attempts\n\
+             \x20 knob         before  after  why\n\
+             \x20 micro_batch  8       4      halve_micro_batch after the OOM in attempt 2\n\
+             \x20 grad_accum   1       2      keeps the global batch at 16 as the micro-batch shrank\n\
+             \x20 attempt 2: OOM → halve_micro_batch\n\
+             oomguard: journal: run/journal.jsonl\n\
+             oomguard: attempt 1: OOM caused by another tenant (pid 9 (bob)); waited and retried the same settings\n\
+             oomguard: attempt 2: another tenant (pid 9 (bob)) held the memory past --wait-timeout; the policy applied\n"
+        );
+    }
 }
