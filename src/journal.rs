@@ -60,6 +60,7 @@ pub enum Event<'a> {
         #[serde(serialize_with = "knob_values")]
         settings: &'a Settings,
         global_batch: Option<u64>,
+        #[serde(serialize_with = "lossy_opt_path")]
         resume: Option<&'a Path>,
         files: Vec<FileCopy<'a>>,
     },
@@ -97,6 +98,7 @@ pub enum Event<'a> {
     /// A newer checkpoint that the next attempt will not resume from.
     CheckpointSkipped {
         attempt: u32,
+        #[serde(serialize_with = "lossy_path")]
         path: &'a Path,
         why: &'a str,
     },
@@ -120,6 +122,7 @@ pub enum Event<'a> {
         global_batch_before: Option<u64>,
         global_batch_after: Option<u64>,
         reason: &'a str,
+        #[serde(serialize_with = "lossy_opt_path")]
         resume: Option<&'a Path>,
         resume_step: Option<u64>,
     },
@@ -134,6 +137,7 @@ pub enum Event<'a> {
         #[serde(serialize_with = "knob_values")]
         after: &'a Settings,
         reason: String,
+        #[serde(serialize_with = "lossy_opt_path")]
         resume: Option<&'a Path>,
     },
     RunEnd {
@@ -188,7 +192,9 @@ pub enum SameSettings {
 /// A changed config file: the user's original and the copy the attempt reads.
 #[derive(Debug, Serialize)]
 pub struct FileCopy<'a> {
+    #[serde(serialize_with = "lossy_path")]
     pub original: &'a Path,
+    #[serde(serialize_with = "lossy_path")]
     pub copy: &'a Path,
 }
 
@@ -228,6 +234,19 @@ impl<'a> From<&'a Finding> for OomRecord<'a> {
 /// An argv as strings (lossy: the journal is text).
 pub fn lossy<S: Serializer>(argv: &&[OsString], s: S) -> Result<S::Ok, S::Error> {
     s.collect_seq(argv.iter().map(|a| a.to_string_lossy()))
+}
+
+/// A path as a string, lossy: an event must not be lost (nor oomguard stop)
+/// over a file name that is not UTF-8.
+fn lossy_path<S: Serializer>(path: &&Path, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&path.display())
+}
+
+fn lossy_opt_path<S: Serializer>(path: &Option<&Path>, s: S) -> Result<S::Ok, S::Error> {
+    match path {
+        Some(p) => lossy_path(p, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// Settings as `{"knob": value}` (the world size has its own field).
@@ -327,7 +346,8 @@ impl Journal {
         let mut obj = match serde_json::to_value(event) {
             Ok(v) => v,
             Err(e) => {
-                // A path that is not UTF-8: say so once, keep supervising.
+                // Paths and argv are written lossily, so this is a field type
+                // added later that cannot be JSON: say so once, keep supervising.
                 self.warn(&format!("cannot write a journal event: {e}"));
                 return;
             }
@@ -705,6 +725,19 @@ mod tests {
             (&v["event"], &v["outcome"]),
             (&"attempt_end".into(), &"cannot_execute".into())
         );
+    }
+
+    #[test]
+    fn a_path_that_is_not_utf8_is_written_lossily() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = Path::new(std::ffi::OsStr::from_bytes(b"out/ckpt-\xff"));
+        let e = Event::CheckpointSkipped {
+            attempt: 1,
+            path: odd,
+            why: "incomplete",
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["path"], "out/ckpt-\u{fffd}");
     }
 
     #[test]
