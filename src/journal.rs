@@ -1,5 +1,10 @@
 //! The run's record: a folder with `journal.jsonl` (one typed [`Event`] a line)
-//! and one folder per attempt, plus the end-of-run summary table.
+//! and one folder per attempt; in memory, one [`AttemptRecord`] per attempt,
+//! from which the end-of-run summary ([`End`]) is told.
+//!
+//! Every line the journal has is a variant of [`Event`]: adding one is a
+//! variant here and a `record` call where it happens. Users and tests read
+//! these keys, so a field's name and JSON type are an interface.
 //!
 //! Writing the journal must never stop a healthy training: every write error
 //! becomes one warning on stderr and supervision goes on.

@@ -43,6 +43,7 @@ use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss};
 use crate::run_config::{ResumeInfo, RunConfig};
 
+/// oomguard's own messages on stderr (`--quiet` silences them).
 struct Log {
     quiet: bool,
 }
