@@ -89,26 +89,38 @@ pub enum Offload {
     Nvme {
         path: Option<String>,
     },
+    /// A device DeepSpeed does not know, as a config file has it (lowercased):
+    /// shown as written, never chosen by a policy.
+    Other(String),
 }
 
 impl Offload {
     /// The device as DeepSpeed spells it: `none`, `cpu` or `nvme`.
-    pub fn device(&self) -> &'static str {
+    pub fn device(&self) -> &str {
         match self {
             Offload::None => "none",
             Offload::Cpu => "cpu",
             Offload::Nvme { .. } => "nvme",
+            Offload::Other(d) => d,
         }
     }
 
-    /// A device name as found in a command or a config file (any case);
-    /// `None` for anything DeepSpeed would not accept.
+    /// A device name given on the command line (any case); `None` for
+    /// anything but `none`, `cpu` and `nvme`.
     pub fn parse(device: &str) -> Option<Offload> {
+        match Offload::read(device) {
+            Offload::Other(_) => None,
+            o => Some(o),
+        }
+    }
+
+    /// A device name as a config file has it (any case).
+    pub fn read(device: &str) -> Offload {
         match device.to_ascii_lowercase().as_str() {
-            "none" => Some(Offload::None),
-            "cpu" => Some(Offload::Cpu),
-            "nvme" => Some(Offload::Nvme { path: None }),
-            _ => None,
+            "none" => Offload::None,
+            "cpu" => Offload::Cpu,
+            "nvme" => Offload::Nvme { path: None },
+            other => Offload::Other(other.to_string()),
         }
     }
 }
@@ -1009,6 +1021,8 @@ mod tests {
         assert_eq!(Offload::parse("none"), Some(Offload::None));
         assert_eq!(Offload::parse("nvme"), Some(Offload::Nvme { path: None }));
         assert_eq!(Offload::parse("auto"), None);
+        assert_eq!(Offload::read("GPU"), Offload::Other("gpu".into()));
+        assert_eq!(Offload::read("GPU").to_string(), "gpu");
         let nvme = Value::Offload(Offload::Nvme {
             path: Some("/local_nvme".into()),
         });
