@@ -1,6 +1,6 @@
 //! Command-line definitions (clap derive) — the raw, unvalidated form.
 //!
-//! The rest of the program sees the validated `supervise::RunConfig`
+//! The rest of the program sees the validated `run_config::RunConfig`
 //! built from these once parsing is done.
 
 use std::ffi::OsString;

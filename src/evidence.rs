@@ -140,16 +140,17 @@ impl Evidence {
         }
     }
 
-    /// The evidence of a GPU OOM outcome (`None` for any other outcome).
-    pub fn of(outcome: &Outcome, step_reached: Option<u64>) -> Option<Evidence> {
-        let Outcome::GpuOom { finding, .. } = outcome else {
-            return None;
-        };
-        Some(Evidence {
-            outcome: outcome.kind(),
-            oom: finding.as_ref().map(|f| f.numbers.clone()),
+    /// The evidence of an [`Outcome::GpuOom`].
+    pub fn gpu_oom(finding: Option<&Finding>, hung: bool, step_reached: Option<u64>) -> Evidence {
+        Evidence {
+            outcome: if hung {
+                OutcomeKind::HungAfterOom
+            } else {
+                OutcomeKind::CudaOom
+            },
+            oom: finding.map(|f| f.numbers.clone()),
             step_reached,
-        })
+        }
     }
 
     /// The attempt hung (its peers waiting in NCCL) after printing the OOM.

@@ -8,6 +8,9 @@
 //! exit path it can (normal end, failure, interrupt, panic: a `Drop` guard).
 //! After a hard kill, `oomguard restore RUN_DIR` puts it back. A file the user
 //! changed meanwhile is never overwritten: restore says so and leaves it.
+//!
+//! [`InPlace::write_derived`] writes an attempt's changed files: the copies in the
+//! attempt's folder (private), and through this guard the files edited in place.
 
 use std::fs;
 use std::io;
@@ -77,6 +80,24 @@ impl InPlace {
     fn save_manifest(&self) -> io::Result<()> {
         let json = serde_json::to_vec_pretty(&self.entries).expect("manifest serializes");
         write_private(&manifest(&self.dir), &json)
+    }
+
+    /// Write an attempt's changed config copies, readable by the user only
+    /// (and, with --edit-in-place, the edited originals, kept and restored).
+    pub fn write_derived(&mut self, files: &[crate::knobs::Derived]) -> Result<(), String> {
+        for f in files {
+            if f.in_place {
+                self.write(&f.dest, &f.text)
+                    .map_err(|e| format!("{} (edit in place): {e}", f.dest.display()))?;
+                continue;
+            }
+            if let Some(parent) = f.dest.parent() {
+                create_private_dir(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+            }
+            write_private(&f.dest, f.text.as_bytes())
+                .map_err(|e| format!("{}: {e}", f.dest.display()))?;
+        }
+        Ok(())
     }
 
     /// Put every original back. Returns one line per file for the user.

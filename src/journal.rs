@@ -1,15 +1,263 @@
-//! The run's record: a folder with `journal.jsonl` (one JSON object a line) and
-//! one folder per attempt, plus the end-of-run summary table.
+//! The run's record: a folder with `journal.jsonl` (one typed [`Event`] a line)
+//! and one folder per attempt; in memory, one [`AttemptRecord`] per attempt,
+//! from which the end-of-run summary ([`End`]) is told.
+//!
+//! Every line the journal has is a variant of [`Event`]: adding one is a
+//! variant here and a `record` call where it happens. Users and tests read
+//! these keys, so a field's name and JSON type are an interface.
 //!
 //! Writing the journal must never stop a healthy training: every write error
 //! becomes one warning on stderr and supervision goes on.
 
+use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use serde_json::{Value as Json, json};
+use serde::{Serialize, Serializer};
+use serde_json::Value as Json;
+
+use crate::detect::{Finding, Kind, ProcessUse};
+use crate::envmerge::EnvSet;
+use crate::evidence::{Evidence, OutcomeKind};
+use crate::exit;
+use crate::gpu::{PeakReport, Tenant};
+use crate::gpuwatch::BeforeAttempt;
+use crate::knobs::{Knob, Materialized, Settings};
+use crate::policy::{Decision, StepKind};
+use crate::progress::Loss;
+
+/// One journal line. Written as a JSON object with the event's name under
+/// `"event"`, the time under `"time"`, and the fields below; serde_json's map
+/// keeps the keys sorted, as the journal has always had them.
+#[derive(Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event<'a> {
+    /// The run, before its first attempt.
+    RunStart {
+        #[serde(serialize_with = "lossy")]
+        argv: &'a [OsString],
+        policy: &'a str,
+        max_attempts: u32,
+        #[serde(serialize_with = "knob_values")]
+        settings: &'a Settings,
+        world_size: u64,
+        world_source: &'a str,
+        global_batch: Option<u64>,
+        /// The environment oomguard adds to the user's.
+        env: &'a [EnvSet],
+        notes: &'a [String],
+        warnings: &'a [String],
+        tty: bool,
+    },
+    /// One attempt, as launched.
+    AttemptStart {
+        attempt: u32,
+        /// `null` without a GPU probe.
+        gpu: Option<&'a BeforeAttempt>,
+        #[serde(serialize_with = "lossy")]
+        argv: &'a [OsString],
+        /// The variables the knobs set.
+        env: BTreeMap<&'a str, &'a str>,
+        #[serde(serialize_with = "knob_values")]
+        settings: &'a Settings,
+        global_batch: Option<u64>,
+        #[serde(serialize_with = "lossy_opt_path")]
+        resume: Option<&'a Path>,
+        files: Vec<FileCopy<'a>>,
+    },
+    /// The OOM line that decided how the attempt ended.
+    Oom {
+        attempt: u32,
+        finding: OomRecord<'a>,
+        /// Seconds from launch to the OOM line.
+        after_s: Option<f64>,
+    },
+    AttemptEnd {
+        attempt: u32,
+        /// The exit code, or 128+N for death by signal N.
+        status: i32,
+        /// "exit code 1", "signal 9 (SIGKILL)".
+        exit: String,
+        outcome: OutcomeKind,
+        duration_s: f64,
+        error_line: Option<&'a str>,
+        gpu_peak: Option<&'a PeakReport>,
+    },
+    /// The command could not be started (an `attempt_end` line).
+    #[serde(rename = "attempt_end")]
+    CannotExecute {
+        attempt: u32,
+        /// Always [`OutcomeKind::CannotExecute`].
+        outcome: OutcomeKind,
+        error: String,
+        status: i32,
+    },
+    /// A sign that the trainer ignores a changed setting.
+    Suspect { attempt: u32, why: &'static str },
+    /// The OOM was caused by another tenant's memory.
+    ForeignOom { attempt: u32, tenants: &'a [Tenant] },
+    /// A newer checkpoint that the next attempt will not resume from.
+    CheckpointSkipped {
+        attempt: u32,
+        #[serde(serialize_with = "lossy_path")]
+        path: &'a Path,
+        why: &'a str,
+    },
+    /// The training an OOM cost.
+    WorkLost {
+        attempt: u32,
+        step_reached: Option<u64>,
+        started_from_step: Option<u64>,
+        resume_from_step: Option<u64>,
+        steps_lost: Option<u64>,
+        seconds_lost: f64,
+    },
+    /// The policy's step after an OOM.
+    Decision {
+        attempt: u32,
+        step: StepKind,
+        #[serde(serialize_with = "knob_values")]
+        before: &'a Settings,
+        #[serde(serialize_with = "knob_values")]
+        after: &'a Settings,
+        global_batch_before: Option<u64>,
+        global_batch_after: Option<u64>,
+        reason: &'a str,
+        #[serde(serialize_with = "lossy_opt_path")]
+        resume: Option<&'a Path>,
+        resume_step: Option<u64>,
+    },
+    /// Another tenant held the memory and let it go: the same settings again
+    /// (a `decision` line).
+    #[serde(rename = "decision")]
+    RetrySameSettings {
+        attempt: u32,
+        step: SameSettings,
+        #[serde(serialize_with = "knob_values")]
+        before: &'a Settings,
+        #[serde(serialize_with = "knob_values")]
+        after: &'a Settings,
+        reason: String,
+        #[serde(serialize_with = "lossy_opt_path")]
+        resume: Option<&'a Path>,
+    },
+    RunEnd {
+        exit_code: i32,
+        attempts: u32,
+        lost_s: f64,
+        #[serde(serialize_with = "knob_values")]
+        settings: &'a Settings,
+    },
+}
+
+impl<'a> Event<'a> {
+    /// `attempt_start` for the attempt `m` materializes.
+    pub fn attempt_start(
+        attempt: u32,
+        gpu: Option<&'a BeforeAttempt>,
+        m: &'a Materialized,
+        settings: &'a Settings,
+        resume: Option<&'a Path>,
+    ) -> Event<'a> {
+        Event::AttemptStart {
+            attempt,
+            gpu,
+            argv: &m.argv,
+            env: m
+                .env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
+            settings,
+            global_batch: settings.global_batch(),
+            resume,
+            files: m
+                .files
+                .iter()
+                .map(|f| FileCopy {
+                    original: &f.original,
+                    copy: &f.dest,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The step of a decision that keeps the settings.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SameSettings {
+    RetrySameSettings,
+}
+
+/// A changed config file: the user's original and the copy the attempt reads.
+#[derive(Debug, Serialize)]
+pub struct FileCopy<'a> {
+    #[serde(serialize_with = "lossy_path")]
+    pub original: &'a Path,
+    #[serde(serialize_with = "lossy_path")]
+    pub copy: &'a Path,
+}
+
+/// The journal's record of an OOM line: the finding and its numbers, flat.
+#[derive(Debug, Serialize)]
+pub struct OomRecord<'a> {
+    kind: Kind,
+    line: &'a str,
+    line_no: u64,
+    device: Option<u32>,
+    tried_to_allocate_bytes: Option<u64>,
+    total_bytes: Option<u64>,
+    free_bytes: Option<u64>,
+    allocated_bytes: Option<u64>,
+    reserved_unallocated_bytes: Option<u64>,
+    other_processes: &'a [ProcessUse],
+}
+
+impl<'a> From<&'a Finding> for OomRecord<'a> {
+    fn from(f: &'a Finding) -> OomRecord<'a> {
+        let n = &f.numbers;
+        OomRecord {
+            kind: f.kind,
+            line: &f.line,
+            line_no: f.line_no,
+            device: n.device,
+            tried_to_allocate_bytes: n.tried_to_allocate_bytes,
+            total_bytes: n.total_bytes,
+            free_bytes: n.free_bytes,
+            allocated_bytes: n.allocated_bytes,
+            reserved_unallocated_bytes: n.reserved_unallocated_bytes,
+            other_processes: &n.other_processes,
+        }
+    }
+}
+
+/// An argv as strings (lossy: the journal is text).
+pub fn lossy<S: Serializer>(argv: &&[OsString], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(argv.iter().map(|a| a.to_string_lossy()))
+}
+
+/// A path as a string, lossy: an event must not be lost (nor oomguard stop)
+/// over a file name that is not UTF-8.
+fn lossy_path<S: Serializer>(path: &&Path, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&path.display())
+}
+
+fn lossy_opt_path<S: Serializer>(path: &Option<&Path>, s: S) -> Result<S::Ok, S::Error> {
+    match path {
+        Some(p) => lossy_path(p, s),
+        None => s.serialize_none(),
+    }
+}
+
+/// Settings as `{"knob": value}` (the world size has its own field).
+pub fn knob_values<S: Serializer>(settings: &&Settings, s: S) -> Result<S::Ok, S::Error> {
+    settings.knobs.serialize(s)
+}
 
 pub struct Journal {
     dir: Option<PathBuf>,
@@ -96,19 +344,28 @@ impl Journal {
     }
 
     /// Append one event: `{"event": name, "time": ..., ...fields}`.
-    pub fn event(&mut self, name: &str, fields: Json) {
-        let Some(file) = self.file.as_mut() else {
+    pub fn record(&mut self, event: &Event) {
+        if self.file.is_none() {
             return;
+        }
+        let mut obj = match serde_json::to_value(event) {
+            Ok(v) => v,
+            Err(e) => {
+                // Paths and argv are written lossily, so this is a field type
+                // added later that cannot be JSON: say so once, keep supervising.
+                self.warn(&format!("cannot write a journal event: {e}"));
+                return;
+            }
         };
-        let mut obj = json!({
-            "event": name,
-            "time": chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, false),
-        });
-        if let (Some(o), Json::Object(f)) = (obj.as_object_mut(), fields) {
-            o.extend(f);
+        if let Json::Object(o) = &mut obj {
+            let now = chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, false);
+            o.insert("time".into(), Json::String(now));
         }
         let mut line = obj.to_string();
         line.push('\n');
+        let Some(file) = self.file.as_mut() else {
+            return;
+        };
         if let Err(e) = file.write_all(line.as_bytes()).and_then(|()| file.flush()) {
             self.warn(&format!("cannot write the journal: {e}"));
         }
@@ -150,6 +407,164 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
+/// What followed an attempt.
+pub enum Next {
+    /// Nothing: the run ended with it.
+    Stop,
+    /// Another tenant's memory came back: the same settings again.
+    Retry,
+    /// The policy's step, and the work the OOM cost.
+    Decided { decision: Decision, loss: Loss },
+}
+
+/// One attempt that ran (was launched), and what followed it: the run's
+/// record in memory, from which the end of the run is told.
+pub struct AttemptRecord {
+    pub n: u32,
+    pub pid: u32,
+    pub outcome: OutcomeKind,
+    pub duration: Duration,
+    /// What its OOM showed (GPU OOMs only).
+    pub evidence: Option<Evidence>,
+    /// Whose memory caused the OOM, when another tenant's did.
+    pub foreign: Option<String>,
+    pub next: Next,
+}
+
+/// Time lost to attempts that did not succeed.
+pub fn lost(attempts: &[AttemptRecord]) -> Duration {
+    attempts
+        .iter()
+        .filter(|a| a.outcome != OutcomeKind::Success)
+        .map(|a| a.duration)
+        .sum()
+}
+
+/// How the run ended, for the summary.
+pub struct End<'a> {
+    /// The settings of the first attempt and of the last.
+    pub first: &'a Settings,
+    pub last: &'a Settings,
+    pub attempts: &'a [AttemptRecord],
+    /// Attempts begun (one that could not be started counts).
+    pub begun: u32,
+    pub code: i32,
+    pub journal: Option<&'a Path>,
+}
+
+impl End<'_> {
+    /// (attempt, what its OOM showed, the policy's step after it).
+    fn decisions(&self) -> Vec<(u32, &Evidence, &Decision)> {
+        self.attempts
+            .iter()
+            .filter_map(|a| match (&a.evidence, &a.next) {
+                (Some(ev), Next::Decided { decision, .. }) => Some((a.n, ev, decision)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The work each OOM that led to a decision cost.
+    pub fn losses(&self) -> Vec<Loss> {
+        self.attempts
+            .iter()
+            .filter_map(|a| match &a.next {
+                Next::Decided { loss, .. } => Some(*loss),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The end-of-run summary for stderr: how the run ended, the table of
+    /// changed knobs (knob, before, after, why), each decision's cause, the
+    /// journal, and the OOMs other tenants caused.
+    pub fn summary(&self) -> String {
+        let (attempts, code) = (self.begun, self.code);
+        let decisions = self.decisions();
+        let rows = self.rows(&decisions);
+        let status = match code {
+            0 => "finished".to_string(),
+            exit::EXHAUSTED => "gave up: the run still does not fit".to_string(),
+            c => format!("stopped (exit {c})"),
+        };
+        let mut out = format!(
+            "\noomguard: {status} after {attempts} attempt{}; {:.1} s lost to failed attempts\n",
+            if attempts == 1 { "" } else { "s" },
+            lost(self.attempts).as_secs_f64()
+        );
+        if rows.is_empty() {
+            out.push_str("oomguard: no setting was changed\n");
+        } else {
+            out.push_str(&table(&rows));
+        }
+        for (n, cause, d) in decisions {
+            out.push_str(&format!("  attempt {n}: {cause} → {}\n", d.step));
+        }
+        if let Some(p) = self.journal {
+            out.push_str(&format!("oomguard: journal: {}\n", p.display()));
+        }
+        for a in self.attempts {
+            let Some(who) = &a.foreign else {
+                continue;
+            };
+            let n = a.n;
+            out.push_str(&if matches!(a.next, Next::Retry) {
+                format!(
+                    "oomguard: attempt {n}: OOM caused by another tenant ({who}); waited and retried the same settings\n"
+                )
+            } else {
+                format!(
+                    "oomguard: attempt {n}: another tenant ({who}) held the memory past --wait-timeout; the policy applied\n"
+                )
+            });
+        }
+        out
+    }
+
+    /// The table's rows: each knob that changed, and why.
+    fn rows(&self, decisions: &[(u32, &Evidence, &Decision)]) -> Vec<Row> {
+        let (first, last) = (self.first, self.last);
+        let mut rows = Vec::new();
+        for (k, v0) in &first.knobs {
+            let Some(v1) = last.knobs.get(k) else {
+                continue;
+            };
+            if v0 == v1 {
+                continue;
+            }
+            let changed: Vec<&(u32, &Evidence, &Decision)> = decisions
+                .iter()
+                .filter(|(_, _, d)| d.before.knobs.get(k) != d.after.knobs.get(k))
+                .collect();
+            let at: Vec<String> = changed.iter().map(|(n, _, _)| n.to_string()).collect();
+            let plural = if at.len() == 1 { "" } else { "s" };
+            let why = match changed.first() {
+                Some((_, _, d)) if *k == Knob::GradAccum && d.step == StepKind::HalveMicroBatch => {
+                    match last.global_batch() {
+                        Some(g) => {
+                            format!("keeps the global batch at {g} as the micro-batch shrank")
+                        }
+                        None => "keeps micro-batch × accumulation as the micro-batch shrank".into(),
+                    }
+                }
+                Some((_, _, d)) => format!(
+                    "{} after the OOM in attempt{plural} {}",
+                    d.step,
+                    at.join(", ")
+                ),
+                None => String::new(),
+            };
+            rows.push(Row {
+                knob: k.name().into(),
+                before: v0.to_string(),
+                after: v1.to_string(),
+                why,
+            });
+        }
+        rows
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,8 +575,19 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("runs/x");
         let mut j = Journal::open(dir.clone());
-        j.event("attempt_start", json!({"attempt": 1}));
-        j.event("attempt_end", json!({"attempt": 1, "outcome": "success"}));
+        j.record(&Event::Suspect {
+            attempt: 1,
+            why: "a test",
+        });
+        j.record(&Event::AttemptEnd {
+            attempt: 1,
+            status: 0,
+            exit: "exit code 0".into(),
+            outcome: OutcomeKind::Success,
+            duration_s: 1.5,
+            error_line: None,
+            gpu_peak: None,
+        });
         let text = fs::read_to_string(dir.join("journal.jsonl")).unwrap();
         let lines: Vec<Json> = text
             .lines()
@@ -169,7 +595,24 @@ mod tests {
             .collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["outcome"], "success");
-        assert_eq!(lines[0]["event"], "attempt_start");
+        assert_eq!(lines[0]["event"], "suspect");
+        assert_eq!(lines[1]["event"], "attempt_end");
+        // Every key of today's line, sorted, with "time" among them.
+        let keys: Vec<&String> = lines[1].as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            [
+                "attempt",
+                "duration_s",
+                "error_line",
+                "event",
+                "exit",
+                "gpu_peak",
+                "outcome",
+                "status",
+                "time"
+            ]
+        );
         let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
         let mode = fs::metadata(dir.join("journal.jsonl"))
@@ -183,7 +626,10 @@ mod tests {
     #[test]
     fn unwritable_folder_is_a_warning_not_an_error() {
         let mut j = Journal::open(PathBuf::from("/proc/oomguard-cannot-write"));
-        j.event("x", json!({}));
+        j.record(&Event::Suspect {
+            attempt: 1,
+            why: "x",
+        });
         assert!(j.path().is_none());
         assert!(j.attempt_dir(1).is_none());
     }
@@ -199,6 +645,160 @@ mod tests {
         assert_eq!(
             t,
             "  knob         before  after  why\n  micro_batch  16      4      OOM\n"
+        );
+    }
+
+    fn settings(micro: u64, accum: u64) -> Settings {
+        use crate::knobs::Value;
+        Settings {
+            knobs: [
+                (Knob::MicroBatch, Value::Int(micro)),
+                (Knob::GradAccum, Value::Int(accum)),
+            ]
+            .into_iter()
+            .collect(),
+            world_size: 2,
+            accum_covers_world: false,
+        }
+    }
+
+    fn keys(e: &Event) -> Vec<String> {
+        let v = serde_json::to_value(e).unwrap();
+        v.as_object().unwrap().keys().cloned().collect()
+    }
+
+    #[test]
+    fn both_decision_lines_keep_their_keys() {
+        let (before, after) = (settings(8, 1), settings(4, 2));
+        let d = Event::Decision {
+            attempt: 1,
+            step: StepKind::HalveMicroBatch,
+            before: &before,
+            after: &after,
+            global_batch_before: before.global_batch(),
+            global_batch_after: None,
+            reason: "OOM: micro-batch 8 → 4",
+            resume: None,
+            resume_step: None,
+        };
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(v["event"], "decision");
+        assert_eq!(v["step"], "halve_micro_batch");
+        assert_eq!(v["before"]["micro_batch"], 8);
+        assert!(v["global_batch_after"].is_null() && v["resume"].is_null());
+        assert_eq!(
+            keys(&d),
+            [
+                "after",
+                "attempt",
+                "before",
+                "event",
+                "global_batch_after",
+                "global_batch_before",
+                "reason",
+                "resume",
+                "resume_step",
+                "step"
+            ]
+        );
+        let r = Event::RetrySameSettings {
+            attempt: 2,
+            step: SameSettings::RetrySameSettings,
+            before: &before,
+            after: &before,
+            reason: "another tenant held the memory: bob".into(),
+            resume: Some(Path::new("out/checkpoint-5")),
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["event"], "decision");
+        assert_eq!(v["step"], "retry_same_settings");
+        assert_eq!(v["resume"], "out/checkpoint-5");
+        assert_eq!(
+            keys(&r),
+            [
+                "after", "attempt", "before", "event", "reason", "resume", "step"
+            ]
+        );
+        let c = Event::CannotExecute {
+            attempt: 1,
+            outcome: OutcomeKind::CannotExecute,
+            error: "x: command not found".into(),
+            status: 127,
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            (&v["event"], &v["outcome"]),
+            (&"attempt_end".into(), &"cannot_execute".into())
+        );
+    }
+
+    #[test]
+    fn a_path_that_is_not_utf8_is_written_lossily() {
+        use std::os::unix::ffi::OsStrExt;
+        let odd = Path::new(std::ffi::OsStr::from_bytes(b"out/ckpt-\xff"));
+        let e = Event::CheckpointSkipped {
+            attempt: 1,
+            path: odd,
+            why: "incomplete",
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["path"], "out/ckpt-\u{fffd}");
+    }
+
+    #[test]
+    fn the_summary_is_told_from_the_records() {
+        let (first, last) = (settings(8, 1), settings(4, 2));
+        let oom = Evidence::gpu_oom(None, false, Some(7));
+        let decision = Decision {
+            step: StepKind::HalveMicroBatch,
+            before: first.clone(),
+            after: last.clone(),
+            reason: "OOM: micro-batch 8 → 4".into(),
+        };
+        let record = |n, outcome, next, foreign: Option<&str>| AttemptRecord {
+            n,
+            pid: 100 + n,
+            outcome,
+            duration: Duration::from_secs(2),
+            evidence: Some(oom.clone()),
+            foreign: foreign.map(String::from),
+            next,
+        };
+        let loss = Loss {
+            steps: Some(2),
+            seconds: 1.0,
+        };
+        let attempts = [
+            record(1, OutcomeKind::CudaOom, Next::Retry, Some("pid 9 (bob)")),
+            record(
+                2,
+                OutcomeKind::CudaOom,
+                Next::Decided { decision, loss },
+                Some("pid 9 (bob)"),
+            ),
+            record(3, OutcomeKind::Success, Next::Stop, None),
+        ];
+        let end = End {
+            first: &first,
+            last: &last,
+            attempts: &attempts,
+            begun: 3,
+            code: 0,
+            journal: Some(Path::new("run/journal.jsonl")),
+        };
+        assert_eq!(lost(&attempts), Duration::from_secs(4));
+        assert_eq!(end.losses().len(), 1);
+        let text = end.summary();
+        assert_eq!(
+            text,
+            "\noomguard: finished after 3 attempts; 4.0 s lost to failed attempts\n\
+             \x20 knob         before  after  why\n\
+             \x20 micro_batch  8       4      halve_micro_batch after the OOM in attempt 2\n\
+             \x20 grad_accum   1       2      keeps the global batch at 16 as the micro-batch shrank\n\
+             \x20 attempt 2: OOM → halve_micro_batch\n\
+             oomguard: journal: run/journal.jsonl\n\
+             oomguard: attempt 1: OOM caused by another tenant (pid 9 (bob)); waited and retried the same settings\n\
+             oomguard: attempt 2: another tenant (pid 9 (bob)) held the memory past --wait-timeout; the policy applied\n"
         );
     }
 }

@@ -18,8 +18,10 @@ mod inplace;
 mod journal;
 mod knobs;
 mod launch;
+mod plan;
 mod policy;
 mod progress;
+mod run_config;
 mod settings;
 mod supervise;
 
@@ -58,14 +60,14 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Restore { run_dir }) => inplace::restore_main(&run_dir),
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
-            match supervise::RunConfig::from_args(run) {
-                Ok(cfg) => supervise::plan(&cfg, json),
+            match run_config::RunConfig::from_args(run) {
+                Ok(cfg) => plan::plan(&cfg, json),
                 Err(e) => usage_error(&e),
             }
         }
         None => {
             init_tracing(cli.run.verbose, cli.run.quiet);
-            let cfg = match supervise::RunConfig::from_args(cli.run) {
+            let cfg = match run_config::RunConfig::from_args(cli.run) {
                 Ok(cfg) => cfg,
                 Err(e) => return usage_error(&e),
             };

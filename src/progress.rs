@@ -1,9 +1,11 @@
-//! The training step an attempt reached, read from the tail of its saved output.
+//! The training step an attempt reached, read from the tail of its saved output,
+//! and the work an OOM cost (the steps redone since the checkpoint resumed from).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::LazyLock;
+use std::time::{Duration, SystemTime};
 
 use regex::bytes::Regex;
 
@@ -38,6 +40,76 @@ pub fn last_step(buf: &[u8]) -> Option<u64> {
         let m = c.get(1).or_else(|| c.get(2)).or_else(|| c.get(3))?;
         std::str::from_utf8(m.as_bytes()).ok()?.parse().ok()
     })
+}
+
+/// The work one OOM cost: steps redone and the seconds they took.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Loss {
+    pub steps: Option<u64>,
+    pub seconds: f64,
+}
+
+impl Loss {
+    /// `reached`: last step printed; `from`: the step this attempt started from;
+    /// `back_to`: the step the next attempt resumes from.
+    pub fn measure(
+        reached: Option<u64>,
+        from: Option<u64>,
+        back_to: Option<u64>,
+        ckpt_written: Option<SystemTime>,
+        attempt_started: SystemTime,
+        oom_after: Duration,
+    ) -> Loss {
+        let base = back_to.or(from).unwrap_or(0);
+        let steps = reached.map(|r| r.saturating_sub(base));
+        // Seconds: from the checkpoint resumed from (if this attempt wrote it)
+        // to the OOM; otherwise the whole attempt up to the OOM.
+        let oom_time = attempt_started + oom_after;
+        let seconds = match ckpt_written {
+            Some(w) if w > attempt_started => {
+                oom_time.duration_since(w).unwrap_or_default().as_secs_f64()
+            }
+            _ => oom_after.as_secs_f64(),
+        };
+        Loss { steps, seconds }
+    }
+}
+
+/// Say when the save interval costs more than the OOMs themselves, and what
+/// interval would bound the loss.
+pub fn save_interval_advice(
+    losses: &[Loss],
+    layout: Option<&crate::checkpoint::Layout>,
+    total_lost: Duration,
+) -> Option<String> {
+    if losses.is_empty() {
+        return None;
+    }
+    let steps: u64 = losses.iter().filter_map(|l| l.steps).sum();
+    let secs: f64 = losses.iter().map(|l| l.seconds).sum();
+    let mut out = format!(
+        "oomguard: work lost to {} OOM{}: {} of redone training ({:.1} s)\n",
+        losses.len(),
+        if losses.len() == 1 { "" } else { "s" },
+        if losses.iter().any(|l| l.steps.is_some()) {
+            format!("{steps} steps")
+        } else {
+            "an unknown number of steps".into()
+        },
+        secs
+    );
+    if layout.is_none() {
+        out.push_str("oomguard: no checkpoints: every OOM restarted training from the beginning\n");
+    }
+    let relaunch = total_lost.as_secs_f64() - secs;
+    let per_oom = steps.div_ceil(losses.len() as u64);
+    if secs > relaunch.max(0.0) && per_oom >= 4 {
+        let bound = (per_oom / 4).max(1);
+        out.push_str(&format!(
+            "oomguard: the save interval costs more than the OOMs: each lost about {per_oom} steps; saving every {bound} steps would bound each loss to {bound} steps\n"
+        ));
+    }
+    Some(out)
 }
 
 #[cfg(test)]

@@ -74,26 +74,38 @@ pub enum Offload {
     Nvme {
         path: Option<String>,
     },
+    /// A device DeepSpeed does not know, as a config file has it (lowercased):
+    /// shown as written, never chosen by a policy.
+    Other(String),
 }
 
 impl Offload {
     /// The device as DeepSpeed spells it: `none`, `cpu` or `nvme`.
-    pub fn device(&self) -> &'static str {
+    pub fn device(&self) -> &str {
         match self {
             Offload::None => "none",
             Offload::Cpu => "cpu",
             Offload::Nvme { .. } => "nvme",
+            Offload::Other(d) => d,
         }
     }
 
-    /// A device name as found in a command or a config file (any case);
-    /// `None` for anything DeepSpeed would not accept.
+    /// A device name given on the command line (any case); `None` for
+    /// anything but `none`, `cpu` and `nvme`.
     pub fn parse(device: &str) -> Option<Offload> {
+        match Offload::read(device) {
+            Offload::Other(_) => None,
+            o => Some(o),
+        }
+    }
+
+    /// A device name as a config file has it (any case).
+    pub fn read(device: &str) -> Offload {
         match device.to_ascii_lowercase().as_str() {
-            "none" => Some(Offload::None),
-            "cpu" => Some(Offload::Cpu),
-            "nvme" => Some(Offload::Nvme { path: None }),
-            _ => None,
+            "none" => Offload::None,
+            "cpu" => Offload::Cpu,
+            "nvme" => Offload::Nvme { path: None },
+            other => Offload::Other(other.to_string()),
         }
     }
 }
@@ -166,6 +178,19 @@ pub struct Settings {
     /// global batch is micro × accum.
     #[serde(skip)]
     pub accum_covers_world: bool,
+}
+
+/// "micro_batch=4 grad_accum=8 seq_len=1024", as `plan` and the messages show it.
+impl fmt::Display for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (k, v)) in self.knobs.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{k}={v}")?;
+        }
+        Ok(())
+    }
 }
 
 impl Settings {

@@ -13,489 +13,37 @@
 //! failure of any other kind is not fixed by shrinking, so oomguard stops and
 //! exits with the command's own status; a user's signal is never followed by a
 //! relaunch.
+//!
+//! The loop's state is one [`Run`]: the settings and resume point of the next
+//! attempt, and an [`AttemptRecord`] per attempt that ran (its outcome, its
+//! evidence, and what followed it). Everything else the end of the run reports
+//! (time lost, the table, tenant retries, work lost) is read from the records.
+//! One attempt goes through phases, one function each: prepare (materialize,
+//! journal), launch, ended (classify, journal), then after an OOM: a suspect
+//! allocation, another tenant's memory, the policy's decision.
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::path::PathBuf;
-use std::time::Duration;
-
-use serde_json::{Value as Json, json};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use crate::checkpoint;
-use crate::cli::RunArgs;
-use crate::command::Command;
 use crate::detect::Finding;
-use crate::envmerge::{self, EnvSet};
-use crate::evidence::{self, Evidence, Outcome};
+use crate::envmerge::EnvSet;
+use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
-use crate::gpuwatch::{GpuOptions, GpuWatch, TENANT_RETRIES};
+use crate::gpu::PeakReport;
+use crate::gpuwatch::{GpuWatch, TENANT_RETRIES};
 use crate::inplace::InPlace;
-use crate::journal::{self, Journal, Row};
-use crate::knobs::{self, Discovery, Knob, Settings};
+use crate::journal::{self, AttemptRecord, Event, Journal, Next, SameSettings};
+use crate::knobs::{self, Settings};
 use crate::launch;
-use crate::policy::{self, Decision, NotApplicable, Policy};
-use crate::progress;
+use crate::plan;
+use crate::policy::{self, Decision, StepKind};
+use crate::progress::{self, Loss};
+use crate::run_config::{ResumeInfo, RunConfig};
 
-/// Validated options for `run` and `plan`.
-pub struct RunConfig {
-    pub argv: Vec<OsString>,
-    pub policy: Policy,
-    pub max_attempts: u32,
-    pub run_dir: PathBuf,
-    pub no_env: bool,
-    pub hang_timeout: Duration,
-    pub grace: Duration,
-    pub verbose: u8,
-    pub quiet: bool,
-    pub disc: Discovery,
-    pub layout: Option<checkpoint::Layout>,
-    /// GPUs: picking, memory waits, peaks, other tenants (inert without NVML).
-    pub gpu: Option<GpuWatch>,
-    /// `CUDA_VISIBLE_DEVICES` chosen by `--gpus auto:N`.
-    pub cuda_visible: Option<String>,
-}
-
-/// A usage error: printed and mapped to exit 2 by main.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error(transparent)]
-    Policy(#[from] policy::PolicyError),
-    #[error(transparent)]
-    Knob(#[from] knobs::KnobError),
-    #[error("{0}")]
-    Gpu(String),
-    #[error("--{flag} {value}: {why}")]
-    BadNumber {
-        flag: &'static str,
-        value: f64,
-        why: &'static str,
-    },
-}
-
-fn real_env(name: &str) -> Option<OsString> {
-    std::env::var_os(name)
-}
-
-fn secs(flag: &'static str, v: f64, min: f64) -> Result<Duration, ConfigError> {
-    if !v.is_finite() || v < min {
-        return Err(ConfigError::BadNumber {
-            flag,
-            value: v,
-            why: if min > 0.0 {
-                "must be a positive number of seconds"
-            } else {
-                "must be zero or a positive number of seconds"
-            },
-        });
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
-impl RunConfig {
-    pub fn from_args(args: RunArgs) -> Result<RunConfig, ConfigError> {
-        let policy = Policy::load(&args.policy)?;
-        let user = knobs::parse_user_bindings(&args.knob)?;
-        let gpu_opts = GpuOptions::parse(
-            args.wait_for_memory.as_deref(),
-            args.wait_timeout,
-            args.wait_status_every,
-            args.gpus.as_deref(),
-        )
-        .map_err(ConfigError::Gpu)?;
-        let gpu = GpuWatch::open(gpu_opts, &args.command).map_err(ConfigError::Gpu)?;
-        // `--gpus auto:N` sets CUDA_VISIBLE_DEVICES, and the world size follows it.
-        let picked = gpu.cuda_visible.clone();
-        let env = move |name: &str| match (&picked, name) {
-            (Some(v), "CUDA_VISIBLE_DEVICES") => Some(OsString::from(v)),
-            _ => real_env(name),
-        };
-        let cmd = Command::parse(&args.command);
-        let mut disc = knobs::discover(&cmd, &user, &env, &|p| p.to_path_buf())?;
-        for (knob, file) in disc.unnamed_files() {
-            if args.edit_in_place {
-                disc.notes.push(format!(
-                    "{knob}: {file} is not named on the command line, so it will be edited in place (--edit-in-place); the original is kept in the run folder and restored when the run ends, or with `oomguard restore RUN_DIR` after a hard kill"
-                ));
-            } else {
-                disc.knobs.remove(&knob);
-                disc.notes.push(format!(
-                    "{knob}: {file} is not named on the command line (the script imports it), so oomguard cannot point the command at a changed copy, and it never edits your files unasked. Add --edit-in-place to let it edit {file} in place (the original is kept in the run folder and restored when the run ends; `oomguard restore RUN_DIR` after a hard kill)"
-                ));
-            }
-        }
-        let layout = knobs::layout(&cmd, &disc, policy.resume.as_ref());
-        Ok(RunConfig {
-            layout,
-            max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
-            policy,
-            run_dir: args.run_dir.unwrap_or_else(journal::default_run_dir),
-            no_env: args.no_env,
-            hang_timeout: secs("hang-timeout", args.hang_timeout, 0.001)?,
-            grace: secs("grace", args.grace, 0.0)?,
-            verbose: args.verbose,
-            quiet: args.quiet,
-            argv: args.command,
-            disc,
-            cuda_visible: gpu.cuda_visible.clone(),
-            gpu: Some(gpu),
-        })
-    }
-
-    fn env_defaults(&self) -> Vec<EnvSet> {
-        let mut out = Vec::new();
-        if let Some(cvd) = self.cuda_visible.clone() {
-            out.push(EnvSet {
-                name: "CUDA_VISIBLE_DEVICES".into(),
-                value: cvd,
-                how: "--gpus",
-            });
-            if real_env("CUDA_DEVICE_ORDER").is_none() {
-                // NVML numbers GPUs by PCI bus; make CUDA agree.
-                out.push(EnvSet {
-                    name: "CUDA_DEVICE_ORDER".into(),
-                    value: "PCI_BUS_ID".into(),
-                    how: "--gpus",
-                });
-            }
-        }
-        if !self.no_env {
-            out.extend(envmerge::merge(&self.policy.env, &real_env));
-        }
-        out
-    }
-
-    /// The checkpoint to resume from now: the newest complete one, and only when
-    /// it is newer than a resume path the user gave.
-    fn resume(&self, settle: Duration) -> ResumeInfo {
-        let Some(layout) = &self.layout else {
-            return ResumeInfo {
-                found: None,
-                chosen: None,
-                arg: None,
-                why: format!(
-                    "no checkpoint folder in the command (looked for {}): each attempt starts from the beginning; a policy's [resume] table describes a custom layout",
-                    crate::frameworks::output_hints()
-                ),
-            };
-        };
-        let found = checkpoint::find(layout, settle);
-        let chosen = match (&found.latest, &layout.user_resume) {
-            (None, _) => None,
-            (Some(c), Some(u)) => match checkpoint::step_of(u) {
-                Some(us) if us >= c.step => None,
-                _ => Some(c.clone()),
-            },
-            (Some(c), None) => Some(c.clone()),
-        };
-        let why = match (&chosen, &found.latest, &layout.user_resume) {
-            (Some(c), _, _) if layout.how == checkpoint::ResumeHow::Automatic => format!(
-                "{} is the newest complete checkpoint; the command resumes from its folder by itself",
-                c.path.display()
-            ),
-            (Some(c), _, _) => format!("resume from {}", c.path.display()),
-            (None, Some(_), Some(u)) => format!(
-                "keep your resume argument {} (no newer complete checkpoint)",
-                u.display()
-            ),
-            _ => format!(
-                "no complete checkpoint under {} yet: start fresh",
-                layout.root.display()
-            ),
-        };
-        ResumeInfo {
-            arg: chosen.as_ref().map(|c| knobs::ResumeArg {
-                how: layout.how.clone(),
-                path: c.path.clone().into_os_string(),
-            }),
-            found: Some(found),
-            chosen,
-            why,
-        }
-    }
-}
-
-struct ResumeInfo {
-    found: Option<checkpoint::Found>,
-    chosen: Option<checkpoint::Checkpoint>,
-    arg: Option<knobs::ResumeArg>,
-    why: String,
-}
-
-/// Quote an argv for display the way a POSIX shell would read it back.
-pub fn shell_quote(argv: &[OsString]) -> String {
-    argv.iter()
-        .map(|a| {
-            let s = a.to_string_lossy();
-            if !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-            {
-                s.into_owned()
-            } else {
-                format!("'{}'", s.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn settings_json(s: &Settings) -> Json {
-    let mut m = serde_json::Map::new();
-    for (k, v) in &s.knobs {
-        m.insert(k.name().into(), json!(v));
-    }
-    Json::Object(m)
-}
-
-fn settings_line(s: &Settings) -> String {
-    s.knobs
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn argv_json(argv: &[OsString]) -> Json {
-    json!(
-        argv.iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-    )
-}
-
-/// One rung of the ladder: the settings an attempt would run with.
-struct Rung {
-    step: Option<Decision>,
-    settings: Settings,
-    m: knobs::Materialized,
-}
-
-impl RunConfig {
-    fn attempt_dir(&self, n: usize) -> PathBuf {
-        self.run_dir.join(format!("attempt-{n}"))
-    }
-}
-
-/// Every rung the policy can reach, materialized (files in memory only).
-fn ladder(
-    cfg: &RunConfig,
-    resume: Option<&knobs::ResumeArg>,
-) -> Result<Vec<Rung>, knobs::KnobError> {
-    let mut rungs = Vec::new();
-    let mut s = cfg.disc.settings();
-    rungs.push(Rung {
-        step: None,
-        settings: s.clone(),
-        m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
-    });
-    while (rungs.len() as u32) < cfg.max_attempts {
-        let Some(d) = policy::next(&cfg.policy, &s, &Evidence::assumed()) else {
-            break;
-        };
-        s = d.after.clone();
-        let dir = cfg.attempt_dir(rungs.len() + 1);
-        rungs.push(Rung {
-            step: Some(d),
-            settings: s.clone(),
-            m: knobs::materialize(&cfg.argv, &cfg.disc, &s, resume, &dir)?,
-        });
-    }
-    Ok(rungs)
-}
-
-/// `oomguard plan`: print what would be done; run nothing.
-pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
-    let env = cfg.env_defaults();
-    let res = cfg.resume(Duration::ZERO);
-    let rungs = match ladder(cfg, res.arg.as_ref()) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("oomguard: error: {e}");
-            return exit::USAGE;
-        }
-    };
-    let na = policy::not_applicable(&cfg.policy, &cfg.disc);
-    let settings = cfg.disc.settings();
-
-    if as_json {
-        let mut knobs_obj = serde_json::Map::new();
-        for (k, b) in &cfg.disc.knobs {
-            knobs_obj.insert(
-                k.name().into(),
-                json!({"value": b.value, "binding": b.describe()}),
-            );
-        }
-        let resume = res.found.as_ref().map(|f| {
-            json!({
-                "layout": f.layout,
-                "dir": cfg.layout.as_ref().map(|l| &l.root),
-                "how": cfg.layout.as_ref().map(|l| &l.how),
-                "checkpoint": res.chosen.as_ref().map(|c| &c.path),
-                "skipped": f.skipped,
-                "why": res.why,
-            })
-        });
-        let out = json!({
-            "command": argv_json(&cfg.argv),
-            "policy": {"name": cfg.policy.name, "description": cfg.policy.description},
-            "max_attempts": cfg.max_attempts,
-            "knobs": knobs_obj,
-            "world_size": cfg.disc.world.size,
-            "world_source": cfg.disc.world.source,
-            "world_uncertain": cfg.disc.world.uncertain,
-            "hf_style": cfg.disc.hf_style,
-            "families": cfg.disc.families,
-            "global_batch": settings.global_batch(),
-            "env": env.iter().map(|e| (e.name.clone(), json!(e.value))).collect::<serde_json::Map<_,_>>(),
-            "resume": resume.unwrap_or(Json::Null),
-            "notes": cfg.disc.notes,
-            "warnings": cfg.disc.warnings,
-            "not_applicable": na,
-            "ladder": rungs.iter().map(|r| json!({
-                "step": r.step.as_ref().map(|d| d.step.name()).unwrap_or("as_given"),
-                "settings": settings_json(&r.settings),
-                "global_batch": r.settings.global_batch(),
-                "argv": argv_json(&r.m.argv),
-                "env": r.m.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_,_>>(),
-                "files": r.m.files.iter().map(|f| json!({"original": f.original, "copy": f.dest, "diff": f.diff})).collect::<Vec<_>>(),
-                "reason": r.step.as_ref().map(|d| d.reason.clone()),
-            })).collect::<Vec<_>>(),
-        });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).expect("plan serializes")
-        );
-        return exit::SUCCESS;
-    }
-
-    let mut o = String::new();
-    o.push_str("oomguard plan: nothing is run\n\n");
-    o.push_str(&format!("command:      {}\n", shell_quote(&cfg.argv)));
-    o.push_str(&format!(
-        "policy:       {} ({}), at most {} attempts\n",
-        cfg.policy.name, cfg.policy.description, cfg.max_attempts
-    ));
-    o.push_str(&format!(
-        "world size:   {} ({})\n",
-        cfg.disc.world.size, cfg.disc.world.source
-    ));
-    match (
-        settings.int(Knob::MicroBatch),
-        settings.int(Knob::GradAccum),
-        settings.global_batch(),
-    ) {
-        (Some(m), Some(a), Some(g)) if settings.accum_covers_world => o.push_str(&format!(
-            "global batch: {g} = micro-batch {m} × accumulation {a} (the accumulation counts all {} ranks)\n",
-            settings.world_size
-        )),
-        (Some(m), Some(a), Some(g)) => o.push_str(&format!(
-            "global batch: {g} = micro-batch {m} × accumulation {a} × world size {}\n",
-            settings.world_size
-        )),
-        _ => o.push_str("global batch: unknown (micro-batch or accumulation not bound)\n"),
-    }
-    o.push_str("\nknobs:\n");
-    let w = Knob::ALL.iter().map(|k| k.name().len()).max().unwrap_or(0);
-    for k in Knob::ALL {
-        match cfg.disc.knobs.get(&k) {
-            Some(b) => o.push_str(&format!(
-                "  {:w$}  {:<6}  {}\n",
-                k.name(),
-                b.value.to_string(),
-                b.describe()
-            )),
-            None => o.push_str(&format!("  {:w$}  {:<6}  not found\n", k.name(), "-")),
-        }
-    }
-    o.push_str("\nenvironment added to yours:\n");
-    if env.is_empty() {
-        o.push_str(if cfg.no_env {
-            "  none (--no-env)\n"
-        } else {
-            "  none (you set them all)\n"
-        });
-    }
-    for e in &env {
-        o.push_str(&format!("  {}={}  ({})\n", e.name, e.value, e.how));
-    }
-    o.push_str("\nresume:\n");
-    if let Some(f) = &res.found {
-        if let Some(l) = &cfg.layout {
-            o.push_str(&format!("  layout: {} in {}\n", f.layout, l.root.display()));
-        }
-        for s in &f.skipped {
-            o.push_str(&format!("  skipped {}: {}\n", s.path.display(), s.why));
-        }
-    }
-    o.push_str(&format!("  {}\n", res.why));
-    if !cfg.disc.warnings.is_empty() {
-        o.push_str("\nwarnings:\n");
-        for w in &cfg.disc.warnings {
-            o.push_str(&format!("  - {w}\n"));
-        }
-    }
-    if !cfg.disc.notes.is_empty() {
-        o.push_str("\nnotes:\n");
-        for n in &cfg.disc.notes {
-            o.push_str(&format!("  - {n}\n"));
-        }
-    }
-    if !na.is_empty() {
-        o.push_str("\nnot applicable:\n");
-        for n in &na {
-            o.push_str(&format!("  - {}: {}\n", n.step, n.why));
-        }
-    }
-    o.push_str("\nladder (attempt 1 runs as given; each OOM moves one rung down):\n");
-    for (i, r) in rungs.iter().enumerate() {
-        let step = r.step.as_ref().map(|d| d.step.name()).unwrap_or("as given");
-        o.push_str(&format!(
-            "  {}. {step}: {}\n",
-            i + 1,
-            settings_line(&r.settings)
-        ));
-        if let Some(d) = &r.step {
-            o.push_str(&format!("     why:  {}\n", d.reason));
-        }
-        for (k, v) in &r.m.env {
-            o.push_str(&format!("     env:  {k}={v}\n"));
-        }
-        o.push_str(&format!("     argv: {}\n", shell_quote(&r.m.argv)));
-        for f in &r.m.files {
-            if f.in_place {
-                o.push_str(&format!(
-                    "     file: {} (edited in place, restored at the end)\n",
-                    f.dest.display()
-                ));
-            } else {
-                o.push_str(&format!(
-                    "     file: {} (copy of {})\n",
-                    f.dest.display(),
-                    f.shown
-                ));
-            }
-            for line in f.diff.lines() {
-                o.push_str(&format!("       {line}\n"));
-            }
-        }
-    }
-    if (rungs.len() as u32) < cfg.max_attempts {
-        o.push_str(&format!(
-            "  after rung {}: no step left; oomguard stops with exit {}\n",
-            rungs.len(),
-            exit::EXHAUSTED
-        ));
-    } else {
-        o.push_str(&format!(
-            "  after attempt {}: --max-attempts reached; oomguard stops with exit {}\n",
-            cfg.max_attempts,
-            exit::EXHAUSTED
-        ));
-    }
-    print!("{o}");
-    exit::SUCCESS
-}
-
+/// oomguard's own messages on stderr (`--quiet` silences them).
 struct Log {
     quiet: bool,
 }
@@ -508,161 +56,217 @@ impl Log {
     }
 }
 
-fn finding_json(f: Option<&Finding>) -> Json {
-    match f {
-        None => Json::Null,
-        Some(f) => json!({
-            "kind": f.kind,
-            "line": f.line,
-            "line_no": f.line_no,
-            "device": f.numbers.device,
-            "tried_to_allocate_bytes": f.numbers.tried_to_allocate_bytes,
-            "total_bytes": f.numbers.total_bytes,
-            "free_bytes": f.numbers.free_bytes,
-            "allocated_bytes": f.numbers.allocated_bytes,
-            "reserved_unallocated_bytes": f.numbers.reserved_unallocated_bytes,
-            "other_processes": f.numbers.other_processes,
-        }),
-    }
+/// What the loop does after a phase.
+enum Flow {
+    /// Launch the next attempt.
+    Again,
+    /// The run is over, with this exit code.
+    Stop(i32),
+}
+
+/// The run between attempts.
+struct Run<'c> {
+    cfg: &'c RunConfig,
+    gw: GpuWatch,
+    j: Journal,
+    inplace: InPlace,
+    log: Log,
+    /// Added to every attempt's environment.
+    env_defaults: Vec<EnvSet>,
+    tty: bool,
+    /// The settings of the first attempt (the command as written).
+    first: Settings,
+    /// The settings of the next attempt.
+    settings: Settings,
+    /// Where the next attempt resumes from. The first attempt runs the command
+    /// as given: a resume argument the user wrote stays theirs. Later attempts
+    /// resume from the newest complete checkpoint.
+    resume: Option<knobs::ResumeArg>,
+    /// The step of that checkpoint.
+    resumed_step: Option<u64>,
+    /// Attempts begun, counting one that could not be prepared or launched.
+    begun: u32,
+    attempts: Vec<AttemptRecord>,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
 pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
-    let mut gw = cfg.gpu.take().expect("from_args opened the GPU watch");
-    let cfg = &cfg;
-    let mut prev_pid: Option<u32> = None;
-    let mut tenant_retries = 0u32;
-    let mut tenant_notes: Vec<String> = Vec::new();
-    // (tried_to_allocate of the last OOM, whether the step after it halved the micro-batch)
-    let mut last_tried: Option<(u64, bool)> = None;
-    let log = Log { quiet: cfg.quiet };
+    let gw = cfg.gpu.take().expect("from_args opened the GPU watch");
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
-    if let Err(e) = ladder(cfg, None) {
+    if let Err(e) = plan::ladder(&cfg, None) {
         eprintln!("oomguard: error: {e}");
         return exit::USAGE;
     }
-    let mut j = Journal::open(cfg.run_dir.clone());
-    let mut inplace = InPlace::new(&cfg.run_dir);
-    let env_defaults = cfg.env_defaults();
-    let tty = std::io::stdout().is_terminal();
-    let first = cfg.disc.settings();
-
-    j.event(
-        "run_start",
-        json!({
-            "argv": argv_json(&cfg.argv),
-            "policy": cfg.policy.name,
-            "max_attempts": cfg.max_attempts,
-            "settings": settings_json(&first),
-            "world_size": first.world_size,
-            "world_source": cfg.disc.world.source,
-            "global_batch": first.global_batch(),
-            "env": env_defaults,
-            "notes": cfg.disc.notes,
-            "warnings": cfg.disc.warnings,
-            "tty": tty,
-        }),
-    );
-    for w in &cfg.disc.warnings {
-        eprintln!("oomguard: warning: {w}");
-    }
-    if cfg.verbose > 0 {
-        for n in &cfg.disc.notes {
-            log.info(&format!("note: {n}"));
-        }
-    }
-
-    let mut settings = first.clone();
-    let mut decisions: Vec<(u32, Evidence, Decision)> = Vec::new();
-    let mut lost = Duration::ZERO;
-    let mut attempts = 0u32;
-    // The first attempt runs the command as given: a resume argument the user
-    // wrote stays theirs. Later attempts resume from the newest complete checkpoint.
-    let mut resume: Option<knobs::ResumeArg> = None;
-    let mut resumed_step: Option<u64> = None;
-    let mut oom_losses: Vec<Loss> = Vec::new();
-
+    let mut run = Run::start(&cfg, gw);
     let code = loop {
         if let Some(sig) = signals.pending() {
             break exit::SIGNAL_BASE + sig;
         }
-        attempts += 1;
-        let adir = j.attempt_dir(attempts);
+        match run.attempt(signals) {
+            Flow::Again => {}
+            Flow::Stop(code) => break code,
+        }
+    };
+    run.finish(code)
+}
+
+impl<'c> Run<'c> {
+    fn start(cfg: &'c RunConfig, gw: GpuWatch) -> Run<'c> {
+        let mut j = Journal::open(cfg.run_dir.clone());
+        let env_defaults = cfg.env_defaults();
+        let tty = std::io::stdout().is_terminal();
+        let first = cfg.disc.settings();
+        j.record(&Event::RunStart {
+            argv: &cfg.argv,
+            policy: &cfg.policy.name,
+            max_attempts: cfg.max_attempts,
+            settings: &first,
+            world_size: first.world_size,
+            world_source: &cfg.disc.world.source,
+            global_batch: first.global_batch(),
+            env: &env_defaults,
+            notes: &cfg.disc.notes,
+            warnings: &cfg.disc.warnings,
+            tty,
+        });
+        let log = Log { quiet: cfg.quiet };
+        for w in &cfg.disc.warnings {
+            eprintln!("oomguard: warning: {w}");
+        }
+        if cfg.verbose > 0 {
+            for n in &cfg.disc.notes {
+                log.info(&format!("note: {n}"));
+            }
+        }
+        Run {
+            cfg,
+            gw,
+            inplace: InPlace::new(&cfg.run_dir),
+            j,
+            log,
+            env_defaults,
+            tty,
+            settings: first.clone(),
+            first,
+            resume: None,
+            resumed_step: None,
+            begun: 0,
+            attempts: Vec::new(),
+        }
+    }
+
+    /// One attempt, from preparing it to what follows it.
+    fn attempt(&mut self, signals: &launch::Signals) -> Flow {
+        self.begun += 1;
+        let n = self.begun;
+        let (spec, started) = match self.prepare(n) {
+            Ok(p) => p,
+            Err(code) => return Flow::Stop(code),
+        };
+        let (report, peak) = match self.launch(n, &spec, signals) {
+            Ok(r) => r,
+            Err(code) => return Flow::Stop(code),
+        };
+        let outcome = self.ended(n, &report, peak.as_ref());
+        let mut rec = AttemptRecord {
+            n,
+            pid: report.pid,
+            outcome: outcome.kind(),
+            duration: report.duration,
+            evidence: None,
+            foreign: None,
+            next: Next::Stop,
+        };
+        let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
+        self.attempts.push(rec);
+        flow
+    }
+
+    /// Materialize the settings (writing changed config copies), journal the
+    /// attempt, and build what to launch. `Err`: the exit code.
+    fn prepare(&mut self, n: u32) -> Result<(launch::Spec, SystemTime), i32> {
+        let cfg = self.cfg;
+        let adir = self.j.attempt_dir(n);
         // Derived config files go in the attempt's folder; if the run folder
         // cannot be written, in a private temporary one (a relaunch must not
         // depend on the journal).
         let files_dir = adir.clone().unwrap_or_else(|| {
             std::env::temp_dir()
                 .join(format!("oomguard-{}", std::process::id()))
-                .join(format!("attempt-{attempts}"))
+                .join(format!("attempt-{n}"))
         });
-        let m =
-            match knobs::materialize(&cfg.argv, &cfg.disc, &settings, resume.as_ref(), &files_dir)
-                .map_err(|e| e.to_string())
-                .and_then(|m| write_derived(&m.files, &mut inplace).map(|()| m))
-            {
-                Ok(m) => m,
-                Err(e) => {
-                    eprintln!("oomguard: error: cannot prepare attempt {attempts}: {e}");
-                    break exit::EXHAUSTED;
-                }
-            };
-        let mut env_set: Vec<(OsString, OsString)> = env_defaults
+        let m = knobs::materialize(
+            &cfg.argv,
+            &cfg.disc,
+            &self.settings,
+            self.resume.as_ref(),
+            &files_dir,
+        )
+        .map_err(|e| e.to_string())
+        .and_then(|m| self.inplace.write_derived(&m.files).map(|()| m))
+        .map_err(|e| {
+            eprintln!("oomguard: error: cannot prepare attempt {n}: {e}");
+            exit::EXHAUSTED
+        })?;
+        let env_set: Vec<(OsString, OsString)> = self
+            .env_defaults
             .iter()
             .map(|e| (OsString::from(&e.name), OsString::from(&e.value)))
+            .chain(
+                m.env
+                    .iter()
+                    .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+            )
             .collect();
-        env_set.extend(
-            m.env
-                .iter()
-                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
-        );
-        let gpu_state = gw.before_attempt(attempts, prev_pid);
-        if let Some(g) = &gpu_state
+        let prev_pid = self.attempts.last().map(|a| a.pid);
+        let gpu = self.gw.before_attempt(n, prev_pid);
+        if let Some(g) = &gpu
             && cfg.verbose > 0
         {
-            log.info(&format!("GPUs before attempt {attempts}: {}", g.summary));
+            self.log
+                .info(&format!("GPUs before attempt {n}: {}", g.summary));
         }
-        j.event(
-            "attempt_start",
-            json!({
-                "gpu": gpu_state,
-                "attempt": attempts,
-                "argv": argv_json(&m.argv),
-                "env": m.env.iter().cloned().collect::<std::collections::BTreeMap<_,_>>(),
-                "settings": settings_json(&settings),
-                "global_batch": settings.global_batch(),
-                "resume": resume.as_ref().map(|r| PathBuf::from(&r.path)),
-                "files": m.files.iter().map(|f| json!({"original": f.original, "copy": f.dest})).collect::<Vec<_>>(),
-            }),
-        );
-        let attempt_started = std::time::SystemTime::now();
-        if attempts > 1 {
-            log.info(&format!(
-                "attempt {attempts}/{}: {}",
+        let resume = self.resume.as_ref().map(|r| Path::new(&r.path));
+        let start = Event::attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
+        self.j.record(&start);
+        let started = SystemTime::now();
+        if n > 1 {
+            self.log.info(&format!(
+                "attempt {n}/{}: {}",
                 cfg.max_attempts,
-                shell_quote(&m.argv)
+                plan::shell_quote(&m.argv)
             ));
         } else if cfg.verbose > 0 {
-            log.info(&format!("attempt 1: {}", shell_quote(&m.argv)));
+            self.log
+                .info(&format!("attempt 1: {}", plan::shell_quote(&m.argv)));
         }
-
-        let log_path = adir.map(|d| d.join("output.log"));
         let spec = launch::Spec {
-            argv: m.argv.clone(),
+            argv: m.argv,
             env_set,
-            tty,
-            log: log_path.clone(),
+            tty: self.tty,
+            log: adir.map(|d| d.join("output.log")),
             log_head_bytes: 8 << 20,
             log_tail_bytes: 4 << 20,
             hang_timeout: cfg.hang_timeout,
             grace: cfg.grace,
         };
-        gw.start_sampling();
-        let launched = launch::run(&spec, signals);
-        let peak = gw.stop_sampling().cloned();
-        let report = match launched {
-            Ok(r) => r,
+        Ok((spec, started))
+    }
+
+    /// Run the attempt, sampling the GPUs' peak. `Err`: the command could not
+    /// be started, with its exit code (journaled).
+    fn launch(
+        &mut self,
+        n: u32,
+        spec: &launch::Spec,
+        signals: &launch::Signals,
+    ) -> Result<(launch::Report, Option<PeakReport>), i32> {
+        self.gw.start_sampling();
+        let launched = launch::run(spec, signals);
+        let peak = self.gw.stop_sampling().cloned();
+        match launched {
+            Ok(r) => Ok((r, peak)),
             Err(e) => {
                 let code = match &e {
                     launch::Error::NotFound { .. } => exit::NOT_FOUND,
@@ -670,51 +274,70 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                     launch::Error::Io(_) => exit::CANNOT_EXECUTE,
                 };
                 eprintln!("oomguard: error: {e}");
-                j.event(
-                    "attempt_end",
-                    json!({"attempt": attempts, "outcome": evidence::OutcomeKind::CannotExecute, "error": e.to_string(), "status": code}),
-                );
-                break code;
+                self.j.record(&Event::CannotExecute {
+                    attempt: n,
+                    outcome: OutcomeKind::CannotExecute,
+                    error: e.to_string(),
+                    status: code,
+                });
+                Err(code)
             }
-        };
+        }
+    }
+
+    /// Classify how the attempt ended and journal it.
+    fn ended(&mut self, n: u32, report: &launch::Report, peak: Option<&PeakReport>) -> Outcome {
         for w in &report.warnings {
             eprintln!("oomguard: warning: {w}");
         }
-        let outcome = evidence::classify(&report);
+        let outcome = evidence::classify(report);
         if let Some(f) = outcome.finding() {
-            j.event(
-                "oom",
-                json!({"attempt": attempts, "finding": finding_json(Some(f)), "after_s": report.oom_at.map(|d| d.as_secs_f64())}),
-            );
+            self.j.record(&Event::Oom {
+                attempt: n,
+                finding: f.into(),
+                after_s: report.oom_at.map(|d| d.as_secs_f64()),
+            });
         }
-        j.event(
-            "attempt_end",
-            json!({
-                "attempt": attempts,
-                "status": report.exit.status_code(),
-                "exit": report.exit.to_string(),
-                "outcome": outcome.kind(),
-                "duration_s": report.duration.as_secs_f64(),
-                "error_line": report.scanner.error_line(),
-                "gpu_peak": peak,
-            }),
-        );
-        prev_pid = Some(report.pid);
-        if !matches!(outcome, Outcome::Success) {
-            lost += report.duration;
-        }
+        self.j.record(&Event::AttemptEnd {
+            attempt: n,
+            status: report.exit.status_code(),
+            exit: report.exit.to_string(),
+            outcome: outcome.kind(),
+            duration_s: report.duration.as_secs_f64(),
+            error_line: report.scanner.error_line(),
+            gpu_peak: peak,
+        });
+        outcome
+    }
 
-        match outcome {
+    /// What follows an attempt: every outcome but a GPU OOM ends the run (with
+    /// a message saying why, for a failure).
+    fn after(
+        &mut self,
+        rec: &mut AttemptRecord,
+        outcome: Outcome,
+        report: &launch::Report,
+        log: Option<&Path>,
+        started: SystemTime,
+    ) -> Flow {
+        let code = match outcome {
+            Outcome::GpuOom { finding, hung } => {
+                let reached = log.and_then(progress::step_reached);
+                let ev = Evidence::gpu_oom(finding.as_ref(), hung, reached);
+                let flow = self.after_oom(rec, &ev, finding.as_ref(), report, started);
+                rec.evidence = Some(ev);
+                return flow;
+            }
             Outcome::Success => {
-                gw.record_success();
-                break exit::SUCCESS;
+                self.gw.record_success();
+                exit::SUCCESS
             }
             Outcome::Interrupted { signal } => {
-                log.info(&format!(
+                self.log.info(&format!(
                     "interrupted by {}; not relaunching",
                     signal_name(signal)
                 ));
-                break exit::SIGNAL_BASE + signal;
+                exit::SIGNAL_BASE + signal
             }
             Outcome::Other { code, exit } => {
                 let line = report
@@ -725,7 +348,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 eprintln!(
                     "oomguard: the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
                 );
-                break code;
+                code
             }
             Outcome::HostOom { finding, code } => {
                 let line = finding
@@ -735,417 +358,229 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
                 eprintln!(
                     "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; reduce DataLoader workers or host-side buffers. Stopping with status {code}"
                 );
-                break code;
+                code
             }
-            Outcome::GpuOom { ref finding, .. } => {
-                let reached = log_path.as_deref().and_then(progress::step_reached);
-                let cause = Evidence::of(&outcome, reached).expect("a GPU OOM is evidence");
-                log.info(&format!("attempt {attempts}: {cause}"));
-                // The same allocation failing again right after the micro-batch was
-                // halved: the trainer may not be using the new value (transformers
-                // 4.36 to early 5.x restored train_batch_size from the checkpoint's
-                // trainer_state.json on resume).
-                let tried = cause.tried_to_allocate();
-                if let (Some(t), Some((prev_t, true))) = (tried, last_tried)
-                    && t == prev_t
-                {
-                    eprintln!(
-                        "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
-                    );
-                    j.event(
-                        "suspect",
-                        json!({"attempt": attempts, "why": "same allocation size after halving the micro-batch"}),
-                    );
-                }
-                // Another tenant's memory, not the run's: wait for it and retry the
-                // same settings instead of shrinking (bounded; then the policy applies).
-                let tenants = if cause.hung() {
-                    Vec::new()
-                } else {
-                    gw.tenants(finding.as_ref())
-                };
-                if !tenants.is_empty() && attempts < cfg.max_attempts {
-                    let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
-                    eprintln!(
-                        "oomguard: this OOM is not the run's own: {}",
-                        who.join("; ")
-                    );
-                    j.event(
-                        "foreign_oom",
-                        json!({"attempt": attempts, "tenants": tenants}),
-                    );
-                    let freed = tenant_retries < TENANT_RETRIES && gw.wait_for_tenant(report.pid);
-                    if freed {
-                        tenant_retries += 1;
-                        tenant_notes.push(format!(
-                            "attempt {attempts}: OOM caused by another tenant ({}); waited and retried the same settings",
-                            who.join("; ")
-                        ));
-                        let res = cfg.resume(Duration::from_millis(200));
-                        resume = res.arg.clone();
-                        if res.arg.is_some() {
-                            resumed_step = res.chosen.as_ref().and_then(checkpoint::step_for);
-                        }
-                        log.info("memory is free again: retrying the same settings");
-                        j.event(
-                            "decision",
-                            json!({
-                                "attempt": attempts,
-                                "step": "retry_same_settings",
-                                "before": settings_json(&settings),
-                                "after": settings_json(&settings),
-                                "reason": format!("another tenant held the memory: {}", who.join("; ")),
-                                "resume": res.chosen.as_ref().map(|c| &c.path),
-                            }),
-                        );
-                        continue;
-                    }
-                    eprintln!(
-                        "oomguard: the memory did not come back in time (--wait-timeout); falling back to the policy"
-                    );
-                    tenant_notes.push(format!(
-                        "attempt {attempts}: another tenant ({}) held the memory past --wait-timeout; the policy applied",
-                        who.join("; ")
-                    ));
-                }
-                if attempts >= cfg.max_attempts {
-                    eprintln!(
-                        "oomguard: {attempts} attempts made (--max-attempts {}); the run still does not fit",
-                        cfg.max_attempts
-                    );
-                    break exit::EXHAUSTED;
-                }
-                let Some(d) = policy::next(&cfg.policy, &settings, &cause) else {
-                    let na: Vec<NotApplicable> = policy::not_applicable(&cfg.policy, &cfg.disc);
-                    eprintln!(
-                        "oomguard: the policy '{}' has no step left; the run still does not fit at {}",
-                        cfg.policy.name,
-                        settings_line(&settings)
-                    );
-                    for n in na {
-                        eprintln!("oomguard:   {} not applicable: {}", n.step, n.why);
-                    }
-                    break exit::EXHAUSTED;
-                };
-                // The previous attempt's group is gone (launch waits for it), so a
-                // checkpoint it was writing is as complete as it will ever be.
-                let res = cfg.resume(Duration::from_millis(200));
-                if let Some(f) = &res.found {
-                    for s in &f.skipped {
-                        log.info(&format!("skipped {}: {}", s.path.display(), s.why));
-                        j.event(
-                            "checkpoint_skipped",
-                            json!({"attempt": attempts, "path": s.path, "why": s.why}),
-                        );
-                    }
-                }
-                let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
-                let oom_after = report.oom_at.unwrap_or(report.duration);
-                let loss = Loss::measure(
-                    reached,
-                    resumed_step,
-                    new_step,
-                    res.chosen
-                        .as_ref()
-                        .and_then(|c| checkpoint::written_at(&c.path)),
-                    attempt_started,
-                    oom_after,
-                );
-                j.event(
-                    "work_lost",
-                    json!({
-                        "attempt": attempts,
-                        "step_reached": reached,
-                        "started_from_step": resumed_step,
-                        "resume_from_step": new_step,
-                        "steps_lost": loss.steps,
-                        "seconds_lost": loss.seconds,
-                    }),
-                );
-                oom_losses.push(loss);
-                resume = res.arg.clone();
-                if res.arg.is_some() {
-                    resumed_step = new_step;
-                }
-                log.info(&format!("decision: {} — {}", d.step, d.reason));
-                log.info(&res.why);
-                j.event(
-                    "decision",
-                    json!({
-                        "attempt": attempts,
-                        "step": d.step.name(),
-                        "before": settings_json(&d.before),
-                        "after": settings_json(&d.after),
-                        "global_batch_before": d.before.global_batch(),
-                        "global_batch_after": d.after.global_batch(),
-                        "reason": d.reason,
-                        "resume": res.chosen.as_ref().map(|c| &c.path),
-                        "resume_step": new_step,
-                    }),
-                );
-                last_tried = tried.map(|t| (t, d.step == policy::StepKind::HalveMicroBatch));
-                settings = d.after.clone();
-                decisions.push((attempts, cause, d));
-            }
-        }
-    };
+        };
+        Flow::Stop(code)
+    }
 
-    j.event(
-        "run_end",
-        json!({
-            "exit_code": code,
-            "attempts": attempts,
-            "lost_s": lost.as_secs_f64(),
-            "settings": settings_json(&settings),
-        }),
-    );
-    for l in inplace.restore() {
-        eprintln!("oomguard: {l}");
+    /// After a GPU OOM: another tenant's memory is waited for; otherwise the
+    /// policy decides, within --max-attempts.
+    fn after_oom(
+        &mut self,
+        rec: &mut AttemptRecord,
+        ev: &Evidence,
+        finding: Option<&Finding>,
+        report: &launch::Report,
+        started: SystemTime,
+    ) -> Flow {
+        let (n, max) = (rec.n, self.cfg.max_attempts);
+        self.log.info(&format!("attempt {n}: {ev}"));
+        self.suspect(n, ev);
+        if !ev.hung()
+            && n < max
+            && let Some(flow) = self.foreign_oom(rec, finding, report.pid)
+        {
+            return flow;
+        }
+        if n >= max {
+            eprintln!(
+                "oomguard: {n} attempts made (--max-attempts {max}); the run still does not fit"
+            );
+            return Flow::Stop(exit::EXHAUSTED);
+        }
+        let Some(d) = policy::next(&self.cfg.policy, &self.settings, ev) else {
+            eprintln!(
+                "oomguard: the policy '{}' has no step left; the run still does not fit at {}",
+                self.cfg.policy.name, self.settings
+            );
+            for na in policy::not_applicable(&self.cfg.policy, &self.cfg.disc) {
+                eprintln!("oomguard:   {} not applicable: {}", na.step, na.why);
+            }
+            return Flow::Stop(exit::EXHAUSTED);
+        };
+        let oom_after = report.oom_at.unwrap_or(report.duration);
+        rec.next = self.decide(n, ev, d, started, oom_after);
+        Flow::Again
     }
-    summary(&first, &settings, &decisions, attempts, lost, code, &j);
-    for n in &tenant_notes {
-        eprintln!("oomguard: {n}");
+
+    /// The same allocation failing again right after the micro-batch was
+    /// halved: the trainer may not be using the new value (transformers 4.36 to
+    /// early 5.x restored train_batch_size from the checkpoint's
+    /// trainer_state.json on resume).
+    fn suspect(&mut self, n: u32, ev: &Evidence) {
+        let last = self.attempts.iter().rev().find_map(|a| match &a.next {
+            Next::Decided { decision, .. } => Some((a, decision.step)),
+            _ => None,
+        });
+        let Some((prev, StepKind::HalveMicroBatch)) = last else {
+            return;
+        };
+        let before = prev.evidence.as_ref().and_then(Evidence::tried_to_allocate);
+        if before.is_some() && before == ev.tried_to_allocate() {
+            eprintln!(
+                "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
+            );
+            self.j.record(&Event::Suspect {
+                attempt: n,
+                why: "same allocation size after halving the micro-batch",
+            });
+        }
     }
-    if let Some(p) = gw.peak_summary() {
-        eprintln!("oomguard: GPU memory of the last attempt: {p}");
+
+    /// Another tenant's memory, not the run's: wait for it and retry the same
+    /// settings instead of shrinking (bounded; then the policy applies).
+    /// `None`: not another tenant's, or it did not leave in time.
+    fn foreign_oom(
+        &mut self,
+        rec: &mut AttemptRecord,
+        finding: Option<&Finding>,
+        pid: u32,
+    ) -> Option<Flow> {
+        let tenants = self.gw.tenants(finding);
+        if tenants.is_empty() {
+            return None;
+        }
+        let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+        let who = who.join("; ");
+        eprintln!("oomguard: this OOM is not the run's own: {who}");
+        self.j.record(&Event::ForeignOom {
+            attempt: rec.n,
+            tenants: &tenants,
+        });
+        rec.foreign = Some(who.clone());
+        let retries = self
+            .attempts
+            .iter()
+            .filter(|a| matches!(a.next, Next::Retry))
+            .count();
+        if retries >= TENANT_RETRIES as usize || !self.gw.wait_for_tenant(pid) {
+            eprintln!(
+                "oomguard: the memory did not come back in time (--wait-timeout); falling back to the policy"
+            );
+            return None;
+        }
+        let res = self.cfg.resume(Duration::from_millis(200));
+        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
+        self.log
+            .info("memory is free again: retrying the same settings");
+        self.j.record(&Event::RetrySameSettings {
+            attempt: rec.n,
+            step: SameSettings::RetrySameSettings,
+            before: &self.settings,
+            after: &self.settings,
+            reason: format!("another tenant held the memory: {who}"),
+            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+        });
+        rec.next = Next::Retry;
+        Some(Flow::Again)
     }
-    if let Some(line) = save_interval_advice(&oom_losses, cfg.layout.as_ref(), lost) {
-        eprint!("{line}");
+
+    /// Take the policy's decision: find the checkpoint to resume from, measure
+    /// the work lost, journal both, and move to the new settings.
+    fn decide(
+        &mut self,
+        n: u32,
+        ev: &Evidence,
+        d: Decision,
+        started: SystemTime,
+        oom_after: Duration,
+    ) -> Next {
+        // The previous attempt's group is gone (launch waits for it), so a
+        // checkpoint it was writing is as complete as it will ever be.
+        let res = self.cfg.resume(Duration::from_millis(200));
+        for s in res.found.iter().flat_map(|f| &f.skipped) {
+            self.log
+                .info(&format!("skipped {}: {}", s.path.display(), s.why));
+            self.j.record(&Event::CheckpointSkipped {
+                attempt: n,
+                path: &s.path,
+                why: &s.why,
+            });
+        }
+        let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
+        let loss = Loss::measure(
+            ev.step_reached,
+            self.resumed_step,
+            new_step,
+            res.chosen
+                .as_ref()
+                .and_then(|c| checkpoint::written_at(&c.path)),
+            started,
+            oom_after,
+        );
+        self.j.record(&Event::WorkLost {
+            attempt: n,
+            step_reached: ev.step_reached,
+            started_from_step: self.resumed_step,
+            resume_from_step: new_step,
+            steps_lost: loss.steps,
+            seconds_lost: loss.seconds,
+        });
+        self.resume_from(&res, new_step);
+        self.log
+            .info(&format!("decision: {} — {}", d.step, d.reason));
+        self.log.info(&res.why);
+        self.j.record(&Event::Decision {
+            attempt: n,
+            step: d.step,
+            before: &d.before,
+            after: &d.after,
+            global_batch_before: d.before.global_batch(),
+            global_batch_after: d.after.global_batch(),
+            reason: &d.reason,
+            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+            resume_step: new_step,
+        });
+        self.settings = d.after.clone();
+        Next::Decided { decision: d, loss }
     }
-    code
+
+    /// The next attempt resumes where `res` says (and `step` is its step);
+    /// without a checkpoint to resume from, the step resumed from stays.
+    fn resume_from(&mut self, res: &ResumeInfo, step: Option<u64>) {
+        self.resume = res.arg.clone();
+        if res.arg.is_some() {
+            self.resumed_step = step;
+        }
+    }
+
+    /// Journal the end, restore files edited in place, and print the summary.
+    fn finish(mut self, code: i32) -> i32 {
+        let lost = journal::lost(&self.attempts);
+        self.j.record(&Event::RunEnd {
+            exit_code: code,
+            attempts: self.begun,
+            lost_s: lost.as_secs_f64(),
+            settings: &self.settings,
+        });
+        for l in self.inplace.restore() {
+            eprintln!("oomguard: {l}");
+        }
+        let path = self.j.path();
+        let end = journal::End {
+            first: &self.first,
+            last: &self.settings,
+            attempts: &self.attempts,
+            begun: self.begun,
+            code,
+            journal: path.as_deref(),
+        };
+        eprint!("{}", end.summary());
+        if let Some(p) = self.gw.peak_summary() {
+            eprintln!("oomguard: GPU memory of the last attempt: {p}");
+        }
+        if let Some(line) =
+            progress::save_interval_advice(&end.losses(), self.cfg.layout.as_ref(), lost)
+        {
+            eprint!("{line}");
+        }
+        code
+    }
 }
 
 fn signal_name(sig: i32) -> String {
     nix::sys::signal::Signal::try_from(sig)
         .map(|s| s.as_str().to_string())
         .unwrap_or_else(|_| format!("signal {sig}"))
-}
-
-/// Write the changed config copies, readable by the user only (and, with
-/// --edit-in-place, the edited originals, kept and restored by `inplace`).
-fn write_derived(files: &[knobs::Derived], inplace: &mut InPlace) -> Result<(), String> {
-    for f in files {
-        if f.in_place {
-            inplace
-                .write(&f.dest, &f.text)
-                .map_err(|e| format!("{} (edit in place): {e}", f.dest.display()))?;
-            continue;
-        }
-        if let Some(parent) = f.dest.parent() {
-            journal::create_private_dir(parent)
-                .map_err(|e| format!("{}: {e}", parent.display()))?;
-        }
-        journal::write_private(&f.dest, f.text.as_bytes())
-            .map_err(|e| format!("{}: {e}", f.dest.display()))?;
-    }
-    Ok(())
-}
-
-/// The work one OOM cost: steps redone and the seconds they took.
-#[derive(Debug, Clone, Copy, Default)]
-struct Loss {
-    steps: Option<u64>,
-    seconds: f64,
-}
-
-impl Loss {
-    /// `reached`: last step printed; `from`: the step this attempt started from;
-    /// `back_to`: the step the next attempt resumes from.
-    fn measure(
-        reached: Option<u64>,
-        from: Option<u64>,
-        back_to: Option<u64>,
-        ckpt_written: Option<std::time::SystemTime>,
-        attempt_started: std::time::SystemTime,
-        oom_after: Duration,
-    ) -> Loss {
-        let base = back_to.or(from).unwrap_or(0);
-        let steps = reached.map(|r| r.saturating_sub(base));
-        // Seconds: from the checkpoint resumed from (if this attempt wrote it)
-        // to the OOM; otherwise the whole attempt up to the OOM.
-        let oom_time = attempt_started + oom_after;
-        let seconds = match ckpt_written {
-            Some(w) if w > attempt_started => {
-                oom_time.duration_since(w).unwrap_or_default().as_secs_f64()
-            }
-            _ => oom_after.as_secs_f64(),
-        };
-        Loss { steps, seconds }
-    }
-}
-
-/// Say when the save interval costs more than the OOMs themselves, and what
-/// interval would bound the loss.
-fn save_interval_advice(
-    losses: &[Loss],
-    layout: Option<&checkpoint::Layout>,
-    total_lost: Duration,
-) -> Option<String> {
-    if losses.is_empty() {
-        return None;
-    }
-    let steps: u64 = losses.iter().filter_map(|l| l.steps).sum();
-    let secs: f64 = losses.iter().map(|l| l.seconds).sum();
-    let mut out = format!(
-        "oomguard: work lost to {} OOM{}: {} of redone training ({:.1} s)\n",
-        losses.len(),
-        if losses.len() == 1 { "" } else { "s" },
-        if losses.iter().any(|l| l.steps.is_some()) {
-            n_steps(steps)
-        } else {
-            "an unknown number of steps".into()
-        },
-        secs
-    );
-    if layout.is_none() {
-        out.push_str("oomguard: no checkpoints: every OOM restarted training from the beginning\n");
-    }
-    let relaunch = total_lost.as_secs_f64() - secs;
-    let per_oom = steps.div_ceil(losses.len() as u64);
-    if secs > relaunch.max(0.0) && per_oom >= 4 {
-        let bound = (per_oom / 4).max(1);
-        let every = if bound == 1 {
-            "step".to_string()
-        } else {
-            n_steps(bound)
-        };
-        out.push_str(&format!(
-            "oomguard: the save interval costs more than the OOMs: each lost about {}; saving every {every} would bound each loss to {}\n",
-            n_steps(per_oom),
-            n_steps(bound)
-        ));
-    }
-    Some(out)
-}
-
-/// "1 step", "4 steps".
-fn n_steps(n: u64) -> String {
-    format!("{n} step{}", if n == 1 { "" } else { "s" })
-}
-
-/// The end-of-run table on stderr: knob, before, after, why.
-fn summary(
-    first: &Settings,
-    last: &Settings,
-    decisions: &[(u32, Evidence, Decision)],
-    attempts: u32,
-    lost: Duration,
-    code: i32,
-    j: &Journal,
-) {
-    let mut rows = Vec::new();
-    for (k, v0) in &first.knobs {
-        let Some(v1) = last.knobs.get(k) else {
-            continue;
-        };
-        if v0 == v1 {
-            continue;
-        }
-        let changed: Vec<&(u32, Evidence, Decision)> = decisions
-            .iter()
-            .filter(|(_, _, d)| d.before.knobs.get(k) != d.after.knobs.get(k))
-            .collect();
-        let at: Vec<String> = changed.iter().map(|(n, _, _)| n.to_string()).collect();
-        let plural = if at.len() == 1 { "" } else { "s" };
-        let why = match changed.first() {
-            Some((_, _, d))
-                if *k == Knob::GradAccum && d.step == policy::StepKind::HalveMicroBatch =>
-            {
-                match last.global_batch() {
-                    Some(g) => format!("keeps the global batch at {g} as the micro-batch shrank"),
-                    None => "keeps micro-batch × accumulation as the micro-batch shrank".into(),
-                }
-            }
-            Some((_, _, d)) => format!(
-                "{} after the OOM in attempt{plural} {}",
-                d.step,
-                at.join(", ")
-            ),
-            None => String::new(),
-        };
-        rows.push(Row {
-            knob: k.name().into(),
-            before: v0.to_string(),
-            after: v1.to_string(),
-            why,
-        });
-    }
-    let status = match code {
-        0 => "finished".to_string(),
-        exit::EXHAUSTED => "gave up: the run still does not fit".to_string(),
-        c => format!("stopped (exit {c})"),
-    };
-    let mut out = format!(
-        "\noomguard: {status} after {attempts} attempt{}; {:.1} s lost to failed attempts\n",
-        if attempts == 1 { "" } else { "s" },
-        lost.as_secs_f64()
-    );
-    if rows.is_empty() {
-        out.push_str("oomguard: no setting was changed\n");
-    } else {
-        out.push_str(&journal::table(&rows));
-    }
-    for (n, cause, d) in decisions {
-        out.push_str(&format!("  attempt {n}: {cause} → {}\n", d.step));
-    }
-    if let Some(p) = j.path() {
-        out.push_str(&format!("oomguard: journal: {}\n", p.display()));
-    }
-    eprint!("{out}");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn loss(steps: u64, seconds: f64) -> Loss {
-        Loss {
-            steps: Some(steps),
-            seconds,
-        }
-    }
-
-    #[test]
-    fn save_interval_advice_says_1_step_not_1_steps() {
-        // One OOM that lost 1 step: "1 step of redone training".
-        let one =
-            save_interval_advice(&[loss(1, 0.1)], None, Duration::from_secs_f64(0.1)).unwrap();
-        assert!(
-            one.contains("work lost to 1 OOM: 1 step of redone training"),
-            "{one}"
-        );
-        // Losses of 5 steps an OOM, all the lost time redone training: the interval that
-        // bounds the loss is every step.
-        let five = save_interval_advice(
-            &[loss(5, 10.0), loss(5, 10.0)],
-            None,
-            Duration::from_secs(20),
-        )
-        .unwrap();
-        assert!(five.contains("10 steps of redone training"), "{five}");
-        assert!(
-            five.contains(
-                "each lost about 5 steps; saving every step would bound each loss to 1 step\n"
-            ),
-            "{five}"
-        );
-        assert!(!five.contains(" 1 steps"), "{five}");
-        let many = save_interval_advice(&[loss(40, 10.0)], None, Duration::from_secs(10)).unwrap();
-        assert!(
-            many.contains("saving every 10 steps would bound each loss to 10 steps"),
-            "{many}"
-        );
-    }
-
-    #[test]
-    fn shell_quote_round_trips_awkward_arguments() {
-        let argv: Vec<OsString> = ["python", "a b", "it's", "--x=1", "$(rm -rf /)"]
-            .iter()
-            .map(OsString::from)
-            .collect();
-        assert_eq!(
-            shell_quote(&argv),
-            r#"python 'a b' 'it'\''s' --x=1 '$(rm -rf /)'"#
-        );
-    }
 }

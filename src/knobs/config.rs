@@ -128,7 +128,7 @@ pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
             _ => None,
         },
         Knob::OffloadOptimizer | Knob::OffloadParam => match s {
-            Scalar::Str(x) => Offload::parse(x).map(Value::Offload),
+            Scalar::Str(x) if x != "auto" => Some(Value::Offload(Offload::read(x))),
             Scalar::Null => Some(Value::Offload(Offload::None)),
             _ => None,
         },

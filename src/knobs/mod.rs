@@ -914,6 +914,8 @@ mod tests {
         assert_eq!(Offload::parse("none"), Some(Offload::None));
         assert_eq!(Offload::parse("nvme"), Some(Offload::Nvme { path: None }));
         assert_eq!(Offload::parse("auto"), None);
+        assert_eq!(Offload::read("GPU"), Offload::Other("gpu".into()));
+        assert_eq!(Offload::read("GPU").to_string(), "gpu");
         let nvme = Value::Offload(Offload::Nvme {
             path: Some("/local_nvme".into()),
         });

@@ -1,0 +1,432 @@
+//! `oomguard plan`: the run's pipeline with launch replaced by "assume OOM",
+//! rendered as text or JSON. Nothing runs and nothing is written.
+//!
+//! The ladder built here is also what `run` checks before its first attempt,
+//! so a config value that cannot be written fails at once, not at 3 a.m.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::checkpoint::{ResumeHow, Skipped};
+use crate::envmerge::EnvSet;
+use crate::evidence::Evidence;
+use crate::exit;
+use crate::journal::{knob_values, lossy};
+use crate::knobs::{self, Knob, Settings, Value};
+use crate::policy::{self, Decision, NotApplicable};
+use crate::run_config::{ResumeInfo, RunConfig};
+
+/// Quote an argv for display the way a POSIX shell would read it back.
+pub fn shell_quote(argv: &[OsString]) -> String {
+    argv.iter()
+        .map(|a| {
+            let s = a.to_string_lossy();
+            if !s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+            {
+                s.into_owned()
+            } else {
+                format!("'{}'", s.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// One rung of the ladder: the settings an attempt would run with.
+pub struct Rung {
+    /// `None` for the first attempt, which runs as given.
+    pub step: Option<Decision>,
+    pub settings: Settings,
+    pub m: knobs::Materialized,
+}
+
+/// Every rung the policy can reach, materialized (files in memory only).
+pub fn ladder(
+    cfg: &RunConfig,
+    resume: Option<&knobs::ResumeArg>,
+) -> Result<Vec<Rung>, knobs::KnobError> {
+    let mut rungs = Vec::new();
+    let mut s = cfg.disc.settings();
+    rungs.push(Rung {
+        step: None,
+        settings: s.clone(),
+        m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
+    });
+    while (rungs.len() as u32) < cfg.max_attempts {
+        let Some(d) = policy::next(&cfg.policy, &s, &Evidence::assumed()) else {
+            break;
+        };
+        s = d.after.clone();
+        let dir = cfg.attempt_dir(rungs.len() + 1);
+        rungs.push(Rung {
+            step: Some(d),
+            settings: s.clone(),
+            m: knobs::materialize(&cfg.argv, &cfg.disc, &s, resume, &dir)?,
+        });
+    }
+    Ok(rungs)
+}
+
+/// Everything `plan` shows, computed once for both renderings.
+struct Plan<'a> {
+    cfg: &'a RunConfig,
+    env: Vec<EnvSet>,
+    res: ResumeInfo,
+    rungs: Vec<Rung>,
+    na: Vec<NotApplicable>,
+    settings: Settings,
+}
+
+/// `oomguard plan`: print what would be done; run nothing.
+pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
+    let res = cfg.resume(Duration::ZERO);
+    let rungs = match ladder(cfg, res.arg.as_ref()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("oomguard: error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let p = Plan {
+        env: cfg.env_defaults(),
+        res,
+        rungs,
+        na: policy::not_applicable(&cfg.policy, &cfg.disc),
+        settings: cfg.disc.settings(),
+        cfg,
+    };
+    if as_json {
+        println!("{}", p.json());
+    } else {
+        print!("{}", p.text());
+    }
+    exit::SUCCESS
+}
+
+/// `plan --json`: the keys are an interface (scripts read them).
+#[derive(Serialize)]
+struct PlanJson<'a> {
+    #[serde(serialize_with = "lossy")]
+    command: &'a [OsString],
+    policy: PolicyJson<'a>,
+    max_attempts: u32,
+    knobs: BTreeMap<&'static str, KnobJson<'a>>,
+    world_size: u64,
+    world_source: &'a str,
+    world_uncertain: bool,
+    hf_style: bool,
+    families: &'a [&'static str],
+    global_batch: Option<u64>,
+    env: BTreeMap<&'a str, &'a str>,
+    resume: Option<ResumeJson<'a>>,
+    notes: &'a [String],
+    warnings: &'a [String],
+    not_applicable: &'a [NotApplicable],
+    ladder: Vec<RungJson<'a>>,
+}
+
+#[derive(Serialize)]
+struct PolicyJson<'a> {
+    name: &'a str,
+    description: &'a str,
+}
+
+#[derive(Serialize)]
+struct KnobJson<'a> {
+    value: &'a Value,
+    binding: String,
+}
+
+#[derive(Serialize)]
+struct ResumeJson<'a> {
+    layout: &'a str,
+    dir: Option<&'a Path>,
+    how: Option<&'a ResumeHow>,
+    checkpoint: Option<&'a Path>,
+    skipped: &'a [Skipped],
+    why: &'a str,
+}
+
+#[derive(Serialize)]
+struct RungJson<'a> {
+    step: &'static str,
+    #[serde(serialize_with = "knob_values")]
+    settings: &'a Settings,
+    global_batch: Option<u64>,
+    #[serde(serialize_with = "lossy")]
+    argv: &'a [OsString],
+    env: BTreeMap<&'a str, &'a str>,
+    files: Vec<FileJson<'a>>,
+    reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct FileJson<'a> {
+    original: &'a Path,
+    copy: &'a Path,
+    diff: &'a str,
+}
+
+impl Plan<'_> {
+    fn json(&self) -> String {
+        let (cfg, res) = (self.cfg, &self.res);
+        let out = PlanJson {
+            command: &cfg.argv,
+            policy: PolicyJson {
+                name: &cfg.policy.name,
+                description: &cfg.policy.description,
+            },
+            max_attempts: cfg.max_attempts,
+            knobs: cfg
+                .disc
+                .knobs
+                .iter()
+                .map(|(k, b)| {
+                    let binding = b.describe();
+                    (
+                        k.name(),
+                        KnobJson {
+                            value: &b.value,
+                            binding,
+                        },
+                    )
+                })
+                .collect(),
+            world_size: cfg.disc.world.size,
+            world_source: &cfg.disc.world.source,
+            world_uncertain: cfg.disc.world.uncertain,
+            hf_style: cfg.disc.hf_style,
+            families: &cfg.disc.families,
+            global_batch: self.settings.global_batch(),
+            env: self
+                .env
+                .iter()
+                .map(|e| (e.name.as_str(), e.value.as_str()))
+                .collect(),
+            resume: res.found.as_ref().map(|f| ResumeJson {
+                layout: &f.layout,
+                dir: cfg.layout.as_ref().map(|l| l.root.as_path()),
+                how: cfg.layout.as_ref().map(|l| &l.how),
+                checkpoint: res.chosen.as_ref().map(|c| c.path.as_path()),
+                skipped: &f.skipped,
+                why: &res.why,
+            }),
+            notes: &cfg.disc.notes,
+            warnings: &cfg.disc.warnings,
+            not_applicable: &self.na,
+            ladder: self.rungs.iter().map(rung_json).collect(),
+        };
+        // Through a `serde_json::Value`: its map sorts the keys, as `plan --json`
+        // has always printed them.
+        let value = serde_json::to_value(&out).expect("plan serializes");
+        serde_json::to_string_pretty(&value).expect("plan serializes")
+    }
+
+    fn text(&self) -> String {
+        let mut o = String::new();
+        self.header(&mut o);
+        self.knobs(&mut o);
+        self.environment(&mut o);
+        self.resume(&mut o);
+        self.lists(&mut o);
+        self.ladder(&mut o);
+        o
+    }
+
+    fn header(&self, o: &mut String) {
+        let (cfg, settings) = (self.cfg, &self.settings);
+        o.push_str("oomguard plan: nothing is run\n\n");
+        let _ = writeln!(o, "command:      {}", shell_quote(&cfg.argv));
+        let _ = writeln!(
+            o,
+            "policy:       {} ({}), at most {} attempts",
+            cfg.policy.name, cfg.policy.description, cfg.max_attempts
+        );
+        let _ = writeln!(
+            o,
+            "world size:   {} ({})",
+            cfg.disc.world.size, cfg.disc.world.source
+        );
+        let _ = match (
+            settings.int(Knob::MicroBatch),
+            settings.int(Knob::GradAccum),
+            settings.global_batch(),
+        ) {
+            (Some(m), Some(a), Some(g)) if settings.accum_covers_world => writeln!(
+                o,
+                "global batch: {g} = micro-batch {m} × accumulation {a} (the accumulation counts all {} ranks)",
+                settings.world_size
+            ),
+            (Some(m), Some(a), Some(g)) => writeln!(
+                o,
+                "global batch: {g} = micro-batch {m} × accumulation {a} × world size {}",
+                settings.world_size
+            ),
+            _ => writeln!(
+                o,
+                "global batch: unknown (micro-batch or accumulation not bound)"
+            ),
+        };
+    }
+
+    fn knobs(&self, o: &mut String) {
+        o.push_str("\nknobs:\n");
+        let w = Knob::ALL.iter().map(|k| k.name().len()).max().unwrap_or(0);
+        for k in Knob::ALL {
+            let _ = match self.cfg.disc.knobs.get(&k) {
+                Some(b) => writeln!(
+                    o,
+                    "  {:w$}  {:<6}  {}",
+                    k.name(),
+                    b.value.to_string(),
+                    b.describe()
+                ),
+                None => writeln!(o, "  {:w$}  {:<6}  not found", k.name(), "-"),
+            };
+        }
+    }
+
+    fn environment(&self, o: &mut String) {
+        o.push_str("\nenvironment added to yours:\n");
+        if self.env.is_empty() {
+            o.push_str(if self.cfg.no_env {
+                "  none (--no-env)\n"
+            } else {
+                "  none (you set them all)\n"
+            });
+        }
+        for e in &self.env {
+            let _ = writeln!(o, "  {}={}  ({})", e.name, e.value, e.how);
+        }
+    }
+
+    fn resume(&self, o: &mut String) {
+        o.push_str("\nresume:\n");
+        if let Some(f) = &self.res.found {
+            if let Some(l) = &self.cfg.layout {
+                let _ = writeln!(o, "  layout: {} in {}", f.layout, l.root.display());
+            }
+            for s in &f.skipped {
+                let _ = writeln!(o, "  skipped {}: {}", s.path.display(), s.why);
+            }
+        }
+        let _ = writeln!(o, "  {}", self.res.why);
+    }
+
+    /// Warnings, notes, and the steps that cannot apply.
+    fn lists(&self, o: &mut String) {
+        let disc = &self.cfg.disc;
+        for (title, items) in [("warnings", &disc.warnings), ("notes", &disc.notes)] {
+            if !items.is_empty() {
+                let _ = writeln!(o, "\n{title}:");
+                for i in items {
+                    let _ = writeln!(o, "  - {i}");
+                }
+            }
+        }
+        if !self.na.is_empty() {
+            o.push_str("\nnot applicable:\n");
+            for n in &self.na {
+                let _ = writeln!(o, "  - {}: {}", n.step, n.why);
+            }
+        }
+    }
+
+    fn ladder(&self, o: &mut String) {
+        o.push_str("\nladder (attempt 1 runs as given; each OOM moves one rung down):\n");
+        for (i, r) in self.rungs.iter().enumerate() {
+            rung_text(o, i + 1, r);
+        }
+        let max = self.cfg.max_attempts;
+        let _ = if (self.rungs.len() as u32) < max {
+            writeln!(
+                o,
+                "  after rung {}: no step left; oomguard stops with exit {}",
+                self.rungs.len(),
+                exit::EXHAUSTED
+            )
+        } else {
+            writeln!(
+                o,
+                "  after attempt {max}: --max-attempts reached; oomguard stops with exit {}",
+                exit::EXHAUSTED
+            )
+        };
+    }
+}
+
+fn rung_json(r: &Rung) -> RungJson<'_> {
+    RungJson {
+        step: r.step.as_ref().map(|d| d.step.name()).unwrap_or("as_given"),
+        settings: &r.settings,
+        global_batch: r.settings.global_batch(),
+        argv: &r.m.argv,
+        env: r
+            .m
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect(),
+        files: r
+            .m
+            .files
+            .iter()
+            .map(|f| FileJson {
+                original: &f.original,
+                copy: &f.dest,
+                diff: &f.diff,
+            })
+            .collect(),
+        reason: r.step.as_ref().map(|d| d.reason.as_str()),
+    }
+}
+
+fn rung_text(o: &mut String, n: usize, r: &Rung) {
+    let step = r.step.as_ref().map(|d| d.step.name()).unwrap_or("as given");
+    let _ = writeln!(o, "  {n}. {step}: {}", r.settings);
+    if let Some(d) = &r.step {
+        let _ = writeln!(o, "     why:  {}", d.reason);
+    }
+    for (k, v) in &r.m.env {
+        let _ = writeln!(o, "     env:  {k}={v}");
+    }
+    let _ = writeln!(o, "     argv: {}", shell_quote(&r.m.argv));
+    for f in &r.m.files {
+        let _ = if f.in_place {
+            writeln!(
+                o,
+                "     file: {} (edited in place, restored at the end)",
+                f.dest.display()
+            )
+        } else {
+            writeln!(o, "     file: {} (copy of {})", f.dest.display(), f.shown)
+        };
+        for line in f.diff.lines() {
+            let _ = writeln!(o, "       {line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quote_round_trips_awkward_arguments() {
+        let argv: Vec<OsString> = ["python", "a b", "it's", "--x=1", "$(rm -rf /)"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(
+            shell_quote(&argv),
+            r#"python 'a b' 'it'\''s' --x=1 '$(rm -rf /)'"#
+        );
+    }
+}

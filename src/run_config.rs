@@ -1,0 +1,214 @@
+//! The validated options of `run` and `plan`: the second stage of
+//! configuration, built once from the raw clap struct (`cli::RunArgs`); the
+//! rest of the program sees only this. Discovery runs here, so a knob that
+//! cannot be bound is a usage error before anything runs.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::checkpoint;
+use crate::cli::RunArgs;
+use crate::command::Command;
+use crate::envmerge::{self, EnvSet};
+use crate::gpuwatch::{GpuOptions, GpuWatch};
+use crate::journal;
+use crate::knobs::{self, Discovery};
+use crate::policy::{self, Policy};
+
+/// Validated options for `run` and `plan`.
+pub struct RunConfig {
+    pub argv: Vec<OsString>,
+    pub policy: Policy,
+    pub max_attempts: u32,
+    pub run_dir: PathBuf,
+    pub no_env: bool,
+    pub hang_timeout: Duration,
+    pub grace: Duration,
+    pub verbose: u8,
+    pub quiet: bool,
+    pub disc: Discovery,
+    pub layout: Option<checkpoint::Layout>,
+    /// GPUs: picking, memory waits, peaks, other tenants (inert without NVML).
+    pub gpu: Option<GpuWatch>,
+    /// `CUDA_VISIBLE_DEVICES` chosen by `--gpus auto:N`.
+    pub cuda_visible: Option<String>,
+}
+
+/// A usage error: printed and mapped to exit 2 by main.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    #[error(transparent)]
+    Knob(#[from] knobs::KnobError),
+    #[error("{0}")]
+    Gpu(String),
+    #[error("--{flag} {value}: {why}")]
+    BadNumber {
+        flag: &'static str,
+        value: f64,
+        why: &'static str,
+    },
+}
+
+fn real_env(name: &str) -> Option<OsString> {
+    std::env::var_os(name)
+}
+
+fn secs(flag: &'static str, v: f64, min: f64) -> Result<Duration, ConfigError> {
+    if !v.is_finite() || v < min {
+        return Err(ConfigError::BadNumber {
+            flag,
+            value: v,
+            why: if min > 0.0 {
+                "must be a positive number of seconds"
+            } else {
+                "must be zero or a positive number of seconds"
+            },
+        });
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl RunConfig {
+    pub fn from_args(args: RunArgs) -> Result<RunConfig, ConfigError> {
+        let policy = Policy::load(&args.policy)?;
+        let user = knobs::parse_user_bindings(&args.knob)?;
+        let gpu_opts = GpuOptions::parse(
+            args.wait_for_memory.as_deref(),
+            args.wait_timeout,
+            args.wait_status_every,
+            args.gpus.as_deref(),
+        )
+        .map_err(ConfigError::Gpu)?;
+        let gpu = GpuWatch::open(gpu_opts, &args.command).map_err(ConfigError::Gpu)?;
+        // `--gpus auto:N` sets CUDA_VISIBLE_DEVICES, and the world size follows it.
+        let picked = gpu.cuda_visible.clone();
+        let env = move |name: &str| match (&picked, name) {
+            (Some(v), "CUDA_VISIBLE_DEVICES") => Some(OsString::from(v)),
+            _ => real_env(name),
+        };
+        let cmd = Command::parse(&args.command);
+        let mut disc = knobs::discover(&cmd, &user, &env, &|p| p.to_path_buf())?;
+        for (knob, file) in disc.unnamed_files() {
+            if args.edit_in_place {
+                disc.notes.push(format!(
+                    "{knob}: {file} is not named on the command line, so it will be edited in place (--edit-in-place); the original is kept in the run folder and restored when the run ends, or with `oomguard restore RUN_DIR` after a hard kill"
+                ));
+            } else {
+                disc.knobs.remove(&knob);
+                disc.notes.push(format!(
+                    "{knob}: {file} is not named on the command line (the script imports it), so oomguard cannot point the command at a changed copy, and it never edits your files unasked. Add --edit-in-place to let it edit {file} in place (the original is kept in the run folder and restored when the run ends; `oomguard restore RUN_DIR` after a hard kill)"
+                ));
+            }
+        }
+        let layout = knobs::layout(&cmd, &disc, policy.resume.as_ref());
+        Ok(RunConfig {
+            layout,
+            max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
+            policy,
+            run_dir: args.run_dir.unwrap_or_else(journal::default_run_dir),
+            no_env: args.no_env,
+            hang_timeout: secs("hang-timeout", args.hang_timeout, 0.001)?,
+            grace: secs("grace", args.grace, 0.0)?,
+            verbose: args.verbose,
+            quiet: args.quiet,
+            argv: args.command,
+            disc,
+            cuda_visible: gpu.cuda_visible.clone(),
+            gpu: Some(gpu),
+        })
+    }
+
+    /// The environment oomguard adds to the user's (`--gpus`, the policy's defaults).
+    pub fn env_defaults(&self) -> Vec<EnvSet> {
+        let mut out = Vec::new();
+        if let Some(cvd) = self.cuda_visible.clone() {
+            out.push(EnvSet {
+                name: "CUDA_VISIBLE_DEVICES".into(),
+                value: cvd,
+                how: "--gpus",
+            });
+            if real_env("CUDA_DEVICE_ORDER").is_none() {
+                // NVML numbers GPUs by PCI bus; make CUDA agree.
+                out.push(EnvSet {
+                    name: "CUDA_DEVICE_ORDER".into(),
+                    value: "PCI_BUS_ID".into(),
+                    how: "--gpus",
+                });
+            }
+        }
+        if !self.no_env {
+            out.extend(envmerge::merge(&self.policy.env, &real_env));
+        }
+        out
+    }
+
+    /// The checkpoint to resume from now: the newest complete one, and only when
+    /// it is newer than a resume path the user gave.
+    pub fn resume(&self, settle: Duration) -> ResumeInfo {
+        let Some(layout) = &self.layout else {
+            return ResumeInfo {
+                found: None,
+                chosen: None,
+                arg: None,
+                why: format!(
+                    "no checkpoint folder in the command (looked for {}): each attempt starts from the beginning; a policy's [resume] table describes a custom layout",
+                    crate::frameworks::output_hints()
+                ),
+            };
+        };
+        let found = checkpoint::find(layout, settle);
+        let chosen = match (&found.latest, &layout.user_resume) {
+            (None, _) => None,
+            (Some(c), Some(u)) => match checkpoint::step_of(u) {
+                Some(us) if us >= c.step => None,
+                _ => Some(c.clone()),
+            },
+            (Some(c), None) => Some(c.clone()),
+        };
+        let why = match (&chosen, &found.latest, &layout.user_resume) {
+            (Some(c), _, _) if layout.how == checkpoint::ResumeHow::Automatic => format!(
+                "{} is the newest complete checkpoint; the command resumes from its folder by itself",
+                c.path.display()
+            ),
+            (Some(c), _, _) => format!("resume from {}", c.path.display()),
+            (None, Some(_), Some(u)) => format!(
+                "keep your resume argument {} (no newer complete checkpoint)",
+                u.display()
+            ),
+            _ => format!(
+                "no complete checkpoint under {} yet: start fresh",
+                layout.root.display()
+            ),
+        };
+        ResumeInfo {
+            arg: chosen.as_ref().map(|c| knobs::ResumeArg {
+                how: layout.how.clone(),
+                path: c.path.clone().into_os_string(),
+            }),
+            found: Some(found),
+            chosen,
+            why,
+        }
+    }
+}
+
+/// Where the next attempt resumes from, and why.
+pub struct ResumeInfo {
+    /// What the search found (`None`: no checkpoint layout in the command).
+    pub found: Option<checkpoint::Found>,
+    /// The checkpoint chosen, if any.
+    pub chosen: Option<checkpoint::Checkpoint>,
+    /// How the command is told (`None`: run it as the user wrote it).
+    pub arg: Option<knobs::ResumeArg>,
+    pub why: String,
+}
+
+impl RunConfig {
+    /// The folder of attempt `n` (what `plan` shows; `run` creates it through the journal).
+    pub fn attempt_dir(&self, n: usize) -> PathBuf {
+        self.run_dir.join(format!("attempt-{n}"))
+    }
+}
