@@ -557,7 +557,8 @@ pub fn override_text(v: &Value, old: &str) -> String {
                 s.into()
             }
         }
-        Value::Offload(o) => o.to_string(),
+        // The device only: an NVMe path has no place in an override.
+        Value::Offload(o) => o.device().to_string(),
     }
 }
 

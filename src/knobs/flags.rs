@@ -274,20 +274,18 @@ fn user_bound(
                 }
                 (Some(v), _) => {
                     let s = v.to_string_lossy().trim().to_string();
-                    let parsed = if knob.is_bool() {
-                        parse_bool(&s).map(Value::Bool)
-                    } else {
-                        s.parse::<u64>().ok().filter(|n| *n > 0).map(Value::Int)
+                    // Read as a flag's value would be (a number, a boolean, an offload device).
+                    let occ = Occurrence {
+                        name: var.clone(),
+                        index: 0,
+                        form: FlagForm::Equals,
+                        value: Some(s.clone()),
                     };
-                    parsed.ok_or_else(|| KnobError::BadEnvValue {
+                    parse_value(knob, &occ).map_err(|(value, expected)| KnobError::BadEnvValue {
                         knob,
                         var: var.clone(),
-                        value: s.clone(),
-                        expected: if knob.is_bool() {
-                            "true or false"
-                        } else {
-                            "a positive whole number"
-                        },
+                        value,
+                        expected,
                     })?
                 }
             };
@@ -502,15 +500,16 @@ pub(super) fn apply_binding(
                     append.push(flag.into());
                     append.push(n.to_string().into());
                 }
+                // The device only: an NVMe path has no place in a flag.
                 Value::Offload(o) => {
                     append.push(flag.into());
-                    append.push(o.to_string().into());
+                    append.push(o.device().into());
                 }
             }
             true
         }
         Binding::Env { var, .. } => {
-            env.push((var.clone(), new.to_string()));
+            env.push((var.clone(), render(new, None)));
             true
         }
         Binding::DerivedFromGlobalBatch { .. } => true,
@@ -860,6 +859,55 @@ mod tests {
         assert_eq!(
             strs(&mat(&a, &d, &s, None).argv),
             "python src/train.py ++data.batch_size=8"
+        );
+    }
+
+    #[test]
+    fn an_nvme_path_never_leaks_into_a_flag_env_or_override_value() {
+        let nvme = Value::Offload(Offload::Nvme {
+            path: Some("/local_nvme".into()),
+        });
+        // An environment variable bound by the user.
+        let a = argv("python t.py");
+        let env = |k: &str| (k == "OFFLOAD").then(|| OsString::from("cpu"));
+        let d = discover_all(
+            &a,
+            &parse_user_bindings_ok("offload_optimizer=env:OFFLOAD"),
+            &env,
+        )
+        .unwrap();
+        let mut s = d.settings();
+        s.knobs.insert(Knob::OffloadOptimizer, nvme.clone());
+        assert_eq!(
+            mat(&a, &d, &s, None).env,
+            vec![("OFFLOAD".to_string(), "nvme".to_string())]
+        );
+        // A flag added when absent.
+        let d = discover_all(
+            &a,
+            &parse_user_bindings_ok("offload_optimizer=--offload_device=none"),
+            &no_env,
+        )
+        .unwrap();
+        let mut s = d.settings();
+        s.knobs.insert(Knob::OffloadOptimizer, nvme.clone());
+        assert_eq!(
+            strs(&mat(&a, &d, &s, None).argv),
+            "python t.py --offload_device nvme"
+        );
+        // An override.
+        let a = argv("python t.py ds.offload_optimizer_device=cpu");
+        let d = discover_all(
+            &a,
+            &parse_user_bindings_ok("offload_optimizer=ds.offload_optimizer_device"),
+            &no_env,
+        )
+        .unwrap();
+        let mut s = d.settings();
+        s.knobs.insert(Knob::OffloadOptimizer, nvme);
+        assert_eq!(
+            strs(&mat(&a, &d, &s, None).argv),
+            "python t.py ds.offload_optimizer_device=nvme"
         );
     }
 }

@@ -148,7 +148,6 @@ pub fn signal_name(sig: i32) -> &'static str {
 #[derive(Debug)]
 pub struct Report {
     /// The direct child's pid (also its process group id).
-    #[allow(dead_code)] // contract field; nothing reads it yet
     pub pid: u32,
     pub exit: Exit,
     /// The user signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT) received and forwarded during this
