@@ -11,9 +11,8 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use crate::evidence::{Evidence, OutcomeKind};
 use crate::exit;
 use crate::gpu::{PeakReport, Tenant};
 use crate::gpuwatch::BeforeAttempt;
+use crate::knobs::drift::KnobEdit;
 use crate::knobs::{Knob, Materialized, Settings};
 use crate::policy::{Decision, StepKind};
 use crate::progress::Loss;
@@ -95,6 +95,15 @@ pub enum Event<'a> {
         outcome: OutcomeKind,
         error: String,
         status: i32,
+    },
+    /// A config file the command names changed since the run started (the
+    /// user edited it): the relaunch is made from the text read at start.
+    ConfigChanged {
+        attempt: u32,
+        #[serde(serialize_with = "lossy_path")]
+        path: &'a Path,
+        /// The knobs bound in the file whose value the edit changed.
+        knobs: &'a [KnobEdit],
     },
     /// A sign that the trainer ignores a changed setting.
     Suspect { attempt: u32, why: &'static str },
@@ -265,48 +274,22 @@ pub struct Journal {
     warned: bool,
 }
 
-/// Create `dir` and its parents readable by the user only (configs can hold tokens).
-pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-}
+pub use crate::runfolder::{create_private_dir, write_private};
 
-/// Write `bytes` to `path` (created or truncated) readable by the user only.
-pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?
-        .write_all(bytes)
-}
-
-/// `.oomguard/runs/<local time>`, with `-2`, `-3`... when two runs start in the same second.
+/// `.oomguard/runs/<local time>`: the name a run folder starts from
+/// (`runfolder::create_run_dir` adds `-2`, `-3`... when another run took it).
 pub fn default_run_dir() -> PathBuf {
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
-    let base = Path::new(".oomguard").join("runs");
-    let mut dir = base.join(&stamp);
-    let mut n = 2;
-    while dir.exists() {
-        dir = base.join(format!("{stamp}-{n}"));
-        n += 1;
-    }
-    dir
+    Path::new(".oomguard").join("runs").join(stamp)
 }
 
 impl Journal {
     /// Open the journal in `dir`. On failure, warn once and run without one.
     pub fn open(dir: PathBuf) -> Journal {
-        let result = create_private_dir(&dir).and_then(|()| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(dir.join("journal.jsonl"))
-        });
+        // Appended to (a run folder given again keeps every run's lines), but
+        // never through a symlink or a link to another file.
+        let result = create_private_dir(&dir)
+            .and_then(|()| crate::runfolder::open_append(&dir.join("journal.jsonl")));
         match result {
             Ok(file) => Journal {
                 dir: Some(dir),
@@ -568,6 +551,7 @@ impl End<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]

@@ -22,6 +22,7 @@ mod plan;
 mod policy;
 mod progress;
 mod run_config;
+mod runfolder;
 mod settings;
 mod supervise;
 

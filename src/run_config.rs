@@ -21,7 +21,11 @@ pub struct RunConfig {
     pub argv: Vec<OsString>,
     pub policy: Policy,
     pub max_attempts: u32,
+    /// The run folder: as `--run-dir` gave it, or `.oomguard/runs/<time>` (the
+    /// name a run starts from; `supervise` creates the folder and sets the one made).
     pub run_dir: PathBuf,
+    /// `--run-dir` named it (an existing private folder of the user's is used).
+    pub run_dir_given: bool,
     pub no_env: bool,
     pub hang_timeout: Duration,
     pub grace: Duration,
@@ -108,6 +112,7 @@ impl RunConfig {
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,
+            run_dir_given: args.run_dir.is_some(),
             run_dir: args.run_dir.unwrap_or_else(journal::default_run_dir),
             no_env: args.no_env,
             hang_timeout: secs("hang-timeout", args.hang_timeout, 0.001)?,

@@ -42,6 +42,7 @@ use crate::plan;
 use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss};
 use crate::run_config::{ResumeInfo, RunConfig};
+use crate::runfolder::{self, RunDirError};
 
 /// oomguard's own messages on stderr (`--quiet` silences them).
 struct Log {
@@ -70,6 +71,13 @@ struct Run<'c> {
     gw: GpuWatch,
     j: Journal,
     inplace: InPlace,
+    /// The content hashes of the config files read at start, and the changes
+    /// to them already reported (path, hash now).
+    start_hashes: Vec<Option<String>>,
+    reported: Vec<(std::path::PathBuf, Option<String>)>,
+    /// Where config copies go when the run folder cannot be written: a fresh
+    /// private temporary folder, made once.
+    scratch: Option<std::path::PathBuf>,
     log: Log,
     /// Added to every attempt's environment.
     env_defaults: Vec<EnvSet>,
@@ -98,7 +106,34 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         eprintln!("oomguard: error: {e}");
         return exit::USAGE;
     }
-    let mut run = Run::start(&cfg, gw);
+    // The run folder is created fresh and private, or refused before anything
+    // runs; so are the files --edit-in-place would edit.
+    let run_dir = match runfolder::create_run_dir(&cfg.run_dir, cfg.run_dir_given) {
+        Ok(d) => Ok(d),
+        Err(RunDirError::Unsafe(e)) => {
+            eprintln!("oomguard: error: {e}");
+            return exit::USAGE;
+        }
+        // The journal warns and the run goes on without one.
+        Err(e @ RunDirError::Unwritable { .. }) => Err(e.to_string()),
+    };
+    if let Ok(d) = &run_dir {
+        cfg.run_dir = d.clone();
+    }
+    let files: Vec<(&Path, &str)> = cfg
+        .disc
+        .in_place_files()
+        .into_iter()
+        .map(|(_, path, text)| (path, text))
+        .collect();
+    let inplace = match InPlace::prepare(run_dir.as_deref().map_err(Clone::clone), &files) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("oomguard: error: {e}");
+            return exit::USAGE;
+        }
+    };
+    let mut run = Run::start(&cfg, gw, inplace);
     let code = loop {
         if let Some(sig) = signals.pending() {
             break exit::SIGNAL_BASE + sig;
@@ -112,7 +147,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
 }
 
 impl<'c> Run<'c> {
-    fn start(cfg: &'c RunConfig, gw: GpuWatch) -> Run<'c> {
+    fn start(cfg: &'c RunConfig, gw: GpuWatch, inplace: InPlace) -> Run<'c> {
         let mut j = Journal::open(cfg.run_dir.clone());
         let env_defaults = cfg.env_defaults();
         let tty = std::io::stdout().is_terminal();
@@ -142,7 +177,10 @@ impl<'c> Run<'c> {
         Run {
             cfg,
             gw,
-            inplace: InPlace::new(&cfg.run_dir),
+            inplace,
+            start_hashes: knobs::drift::start_hashes(&cfg.disc),
+            reported: Vec::new(),
+            scratch: None,
             j,
             log,
             env_defaults,
@@ -189,13 +227,16 @@ impl<'c> Run<'c> {
         let cfg = self.cfg;
         let adir = self.j.attempt_dir(n);
         // Derived config files go in the attempt's folder; if the run folder
-        // cannot be written, in a private temporary one (a relaunch must not
-        // depend on the journal).
-        let files_dir = adir.clone().unwrap_or_else(|| {
-            std::env::temp_dir()
-                .join(format!("oomguard-{}", std::process::id()))
-                .join(format!("attempt-{n}"))
-        });
+        // cannot be written, in a fresh private temporary one (a relaunch must
+        // not depend on the journal, nor write where another user could plant
+        // a link).
+        let files_dir = match &adir {
+            Some(d) => d.clone(),
+            None => self.scratch_dir(n)?,
+        };
+        if n > 1 {
+            self.config_changes(n);
+        }
         let m = knobs::materialize(
             &cfg.argv,
             &cfg.disc,
@@ -203,12 +244,16 @@ impl<'c> Run<'c> {
             self.resume.as_ref(),
             &files_dir,
         )
-        .map_err(|e| e.to_string())
-        .and_then(|m| self.inplace.write_derived(&m.files).map(|()| m))
         .map_err(|e| {
             eprintln!("oomguard: error: cannot prepare attempt {n}: {e}");
             exit::EXHAUSTED
         })?;
+        if let Err(e) = self.inplace.write_derived(&m.files) {
+            eprintln!(
+                "oomguard: error: cannot write attempt {n}'s files: {e}\noomguard: attempt {n} was not launched"
+            );
+            return Err(exit::CANNOT_WRITE);
+        }
         let env_set: Vec<(OsString, OsString)> = self
             .env_defaults
             .iter()
@@ -252,6 +297,43 @@ impl<'c> Run<'c> {
             grace: cfg.grace,
         };
         Ok((spec, started))
+    }
+
+    /// The fresh private folder for attempt `n`'s config copies when the run
+    /// folder cannot be written. `Err`: the exit code.
+    fn scratch_dir(&mut self, n: u32) -> Result<std::path::PathBuf, i32> {
+        if self.scratch.is_none() {
+            match runfolder::fresh_temp_dir() {
+                Ok(d) => self.scratch = Some(d),
+                Err(e) => {
+                    eprintln!(
+                        "oomguard: error: cannot prepare attempt {n}: no run folder, and no private temporary folder: {e}"
+                    );
+                    return Err(exit::CANNOT_WRITE);
+                }
+            }
+        }
+        let dir = self.scratch.as_ref().expect("made above");
+        Ok(dir.join(format!("attempt-{n}")))
+    }
+
+    /// A config file the user edited since the run started is not in the
+    /// relaunch (copies are made from the text read at start): say so, once
+    /// per change, on the terminal and in the journal.
+    fn config_changes(&mut self, n: u32) {
+        for d in knobs::drift::changed(&self.cfg.disc, &self.start_hashes) {
+            let key = (d.path.clone(), d.hash.clone());
+            if self.reported.contains(&key) {
+                continue;
+            }
+            self.reported.push(key);
+            eprintln!("oomguard: {}", d.line(n));
+            self.j.record(&Event::ConfigChanged {
+                attempt: n,
+                path: &d.path,
+                knobs: &d.knobs,
+            });
+        }
     }
 
     /// Run the attempt, sampling the GPUs' peak. `Err`: the command could not

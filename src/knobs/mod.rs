@@ -5,6 +5,7 @@
 //! the global batch) is reported as a note saying how to bind it with `--knob`.
 
 mod config;
+pub mod drift;
 use crate::command::parse_override;
 use crate::files;
 mod flags;
@@ -151,6 +152,30 @@ impl Discovery {
                     Some((*k, shown.clone()))
                 }
                 _ => None,
+            })
+            .collect()
+    }
+
+    /// The files a run may edit in place (`--edit-in-place`): each once, as
+    /// (as the notes show it, path, the text read at start).
+    pub fn in_place_files(&self) -> Vec<(&str, &Path, &str)> {
+        let mut seen: Vec<usize> = Vec::new();
+        for b in self
+            .knobs
+            .values()
+            .flat_map(|b| std::iter::once(&b.binding).chain(&b.mirrors))
+        {
+            if let Binding::Config { file, .. } = b
+                && self.config.files[*file].reference == config::Ref::Unnamed
+                && !seen.contains(file)
+            {
+                seen.push(*file);
+            }
+        }
+        seen.iter()
+            .map(|&i| {
+                let f = &self.config.files[i];
+                (f.shown.as_str(), f.doc.path(), f.doc.original())
             })
             .collect()
     }

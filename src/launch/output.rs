@@ -107,6 +107,8 @@ impl Log {
             .create(true)
             .truncate(true)
             .mode(0o600)
+            // A symlink planted at the log's name is refused, never followed.
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)
             // An existing file keeps its mode on open; the log must not be world-readable.
             // Only a regular file: never chmod a device someone pointed the log at.
