@@ -93,15 +93,17 @@ fn knob_edits(disc: &Discovery, i: usize, path: &Path, text: Option<String>) -> 
                     .flatten()
                     .and_then(|s| config::scalar_to_value(*knob, &s))
             };
-            let start = read(start_doc).unwrap_or_else(|| bound.value.clone());
+            let was = read(start_doc);
             let now = now_doc.as_ref().and_then(read);
-            if now.as_ref() != Some(&start) && !edits.iter().any(|e: &KnobEdit| e.knob == *knob) {
-                edits.push(KnobEdit {
-                    knob: *knob,
-                    start,
-                    now,
-                });
+            // A key absent from both texts (the framework's default) is no edit.
+            if now == was || edits.iter().any(|e: &KnobEdit| e.knob == *knob) {
+                continue;
             }
+            edits.push(KnobEdit {
+                knob: *knob,
+                start: was.unwrap_or_else(|| bound.value.clone()),
+                now,
+            });
         }
     }
     edits
