@@ -32,7 +32,10 @@ use clap::{Args, Parser, Subcommand};
     subcommand_negates_reqs = true,
     after_help = "Exit codes: 0 success; the command's own code when it failed for another reason \
                   (128+N when killed by signal N); 130/143 interrupted by the user; 75 the policy ran \
-                  out of steps and the run still does not fit; 2 usage error; 69 `oomguard gpus` found \
+                  out of steps and the run still does not fit; 74 the next attempt's files (a config copy, \
+                  a file edited in place) or the restore record could not be written (disk full): \
+                  nothing was relaunched; 2 usage error (also: a run folder someone else could \
+                  write, a file --edit-in-place cannot write or another run is editing); 69 `oomguard gpus` found \
                   no GPU information (no NVIDIA driver, NVML failed); 126/127 the command cannot be \
                   executed / was not found."
 )]

@@ -522,8 +522,15 @@ fn read_manifest(run_dir: &Path) -> Result<Option<Vec<Entry>>, String> {
         ));
     }
     let parsed: Manifest = serde_json::from_slice(&text).map_err(|e| {
+        // Older versions wrote a list, without the hashes of what they wrote.
+        let why = match serde_json::from_slice::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Array(_)) => {
+                "it has the form an older oomguard wrote, without the content hashes that tell its own edits".to_string()
+            }
+            _ => e.to_string(),
+        };
         format!(
-            "{} is not a restore record of this oomguard version: {e}; the originals are in {}",
+            "{} is not a restore record of this oomguard version ({why}): nothing restored; the originals are in {}",
             path.display(),
             run_dir.join("originals").display()
         )

@@ -522,22 +522,25 @@ fn a_module_the_script_imports_is_edited_in_place_only_when_asked_and_restored()
     );
     assert!(!t.path().join("run/restore.json").exists());
 
-    // `oomguard restore` after a hard kill (simulated: a manifest left behind).
-    std::fs::write(
-        t.path().join("config/config.py"),
-        "MAX_SEQ_LENGTH = 864  # tokens\n",
-    )
-    .unwrap();
-    std::fs::write(
-        t.path().join("run/originals/0-config.py.written"),
-        "MAX_SEQ_LENGTH = 864  # tokens\n",
-    )
-    .unwrap();
-    let manifest = serde_json::json!([{
-        "original": t.path().join("config/config.py"),
-        "backup": t.path().join("run/originals/0-config.py"),
-        "written": t.path().join("run/originals/0-config.py.written"),
-    }]);
+    // `oomguard restore` after a hard kill (simulated: a record left behind, with the
+    // content hashes of the original and of what the run wrote).
+    let edited = "MAX_SEQ_LENGTH = 864  # tokens\n";
+    std::fs::write(t.path().join("config/config.py"), edited).unwrap();
+    let sha = |b: &str| -> String {
+        <sha2::Sha256 as sha2::Digest>::digest(b.as_bytes())
+            .iter()
+            .map(|x| format!("{x:02x}"))
+            .collect()
+    };
+    let manifest = serde_json::json!({
+        "oomguard_restore": 2,
+        "files": [{
+            "original": t.path().join("config/config.py"),
+            "backup": t.path().join("run/originals/0-config.py"),
+            "original_sha256": sha(original),
+            "written_sha256": [sha(edited)],
+        }],
+    });
     std::fs::write(t.path().join("run/restore.json"), manifest.to_string()).unwrap();
     let r = Run::new(t.path(), ["restore", "run"], &[]);
     r.expect_code(0);
@@ -583,6 +586,7 @@ fn help_lists_every_exit_code() {
         "0 success",
         "130/143",
         "75",
+        "74",
         "2 usage error",
         "69",
         "126/127",

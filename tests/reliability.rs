@@ -108,33 +108,45 @@ impl Og {
     }
 
     fn start_in(dir: tempfile::TempDir, args: &[&str], envs: &[(&str, &str)]) -> Og {
-        Og::start_limited(dir, args, envs, None)
+        Og::start_limited(dir, args, envs, None, None)
     }
 
     /// As `start_in`; `as_limit`: an address-space limit (bytes) for oomguard, so that a
     /// runaway allocation fails fast instead of pushing a shared machine into its OOM killer.
+    /// `file_size`: RLIMIT_FSIZE for oomguard, with SIGXFSZ ignored, so that every write to a
+    /// file past that size fails (EFBIG) as a full disk fails it (ENOSPC); its stdout and
+    /// stderr then come through pipes, copied into the files by the test.
     fn start_limited(
         dir: tempfile::TempDir,
         args: &[&str],
         envs: &[(&str, &str)],
         as_limit: Option<u64>,
+        file_size: Option<u64>,
     ) -> Og {
         let mut cmd = Command::new(BIN);
         if !args.contains(&"--run-dir") {
             cmd.arg("--run-dir").arg(dir.path().join("run"));
         }
         cmd.args(args);
-        if let Some(limit) = as_limit {
+        if as_limit.is_some() || file_size.is_some() {
             use std::os::unix::process::CommandExt;
-            // SAFETY: setrlimit is async-signal-safe and touches only the child.
+            // SAFETY: setrlimit and signal are async-signal-safe and touch only the child.
             unsafe {
                 cmd.pre_exec(move || {
-                    let r = libc::rlimit {
-                        rlim_cur: limit,
-                        rlim_max: limit,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_AS, &r) != 0 {
-                        return Err(std::io::Error::last_os_error());
+                    for (what, limit) in
+                        [(libc::RLIMIT_AS, as_limit), (libc::RLIMIT_FSIZE, file_size)]
+                    {
+                        let Some(limit) = limit else { continue };
+                        let r = libc::rlimit {
+                            rlim_cur: limit,
+                            rlim_max: limit,
+                        };
+                        if libc::setrlimit(what, &r) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    if file_size.is_some() {
+                        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
                     }
                     Ok(())
                 });
@@ -144,13 +156,47 @@ impl Og {
             cmd.env(k, v);
         }
         let shown = format!("{cmd:?}");
-        let child = cmd
+        let (out, err) = if file_size.is_some() {
+            (Stdio::piped(), Stdio::piped())
+        } else {
+            (
+                std::fs::File::create(dir.path().join("stdout"))
+                    .unwrap()
+                    .into(),
+                std::fs::File::create(dir.path().join("stderr"))
+                    .unwrap()
+                    .into(),
+            )
+        };
+        let mut child = cmd
             .current_dir(dir.path())
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(dir.path().join("stdout")).unwrap())
-            .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap())
+            .stdout(out)
+            .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {shown}: {e}"));
+        if file_size.is_some() {
+            for (name, pipe) in [
+                (
+                    "stdout",
+                    child
+                        .stdout
+                        .take()
+                        .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+                ),
+                (
+                    "stderr",
+                    child
+                        .stderr
+                        .take()
+                        .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+                ),
+            ] {
+                let mut pipe = pipe.unwrap();
+                let mut file = std::fs::File::create(dir.path().join(name)).unwrap();
+                std::thread::spawn(move || std::io::copy(&mut pipe, &mut file));
+            }
+        }
         Og {
             child,
             cmd: shown,
@@ -606,70 +652,59 @@ fn an_unwritable_run_folder_is_a_warning_and_training_finishes() {
     }
 }
 
-/// A run folder whose journal and output logs are /dev/full: we cannot mount a small tmpfs
-/// without privileges, and /dev/full accepts open(2) and fails every write(2) with ENOSPC.
-fn full_disk_run_folder(t: &Path) {
-    let run = t.join("run");
-    for d in ["", "attempt-1", "attempt-2"] {
-        std::fs::create_dir_all(run.join(d)).unwrap();
-    }
-    std::os::unix::fs::symlink("/dev/full", run.join("journal.jsonl")).unwrap();
-    for d in ["attempt-1", "attempt-2"] {
-        std::os::unix::fs::symlink("/dev/full", run.join(d).join("output.log")).unwrap();
-    }
-}
+/// A disk that is full for oomguard: every write to a file fails. We cannot mount a small
+/// tmpfs without privileges, and a run folder whose journal and logs are links to /dev/full
+/// is refused (links in a run folder are never followed), so oomguard runs with a file size
+/// limit of 0 bytes: every write(2) to a file fails (EFBIG, "File too large"), the way a
+/// full disk fails it (ENOSPC).
+const FULL_DISK: Option<u64> = Some(0);
 
 fn expect_full_disk_warnings(g: &Og) {
     let err = g.stderr();
     if !(err.contains("cannot write the journal") && err.contains("could not write log")) {
-        g.fail("warnings about the journal and the log (ENOSPC)");
+        g.fail("warnings about the journal and the log (a full disk)");
     }
-    if !err.contains("No space left on device") {
+    if !err.contains("File too large") {
         g.fail("the OS error in the warning");
     }
 }
 
 #[test]
 fn a_full_disk_for_the_journal_and_log_is_a_warning_and_training_finishes() {
-    if !Path::new("/dev/full").exists() {
-        eprintln!("skipped: no /dev/full");
-        return;
-    }
     let t = tmp();
-    full_disk_run_folder(t.path());
     let mut args = vec![
         "python3",
         "-c",
         "print('training output'); print('finished')",
     ];
     args.extend(KNOB_FLAGS);
-    let mut g = Og::start_limited(t, &args, &[], Some(4 << 30));
+    let mut g = Og::start_limited(t, &args, &[], Some(4 << 30), FULL_DISK);
     let status = g.wait_exit(Duration::from_secs(60));
-    if status != 0 || !g.stdout().contains("finished") {
+    if status != 0
+        || !common::wait_until(Duration::from_secs(10), || g.stdout().contains("finished"))
+    {
         g.fail("exit 0, with every journal and log write failing");
     }
     expect_full_disk_warnings(&g);
 }
 
-/// After an OOM, oomguard reads the attempt's log tail for the step reached: when the log
-/// is not a regular file (here /dev/full, which reads as endless zeros; a FIFO would block
-/// for ever) it must not read it (a bug found here: 23 GiB RSS, then SIGKILL). Runs
-/// oomguard with a 4 GiB address-space limit so a regression fails fast.
+/// After an OOM, oomguard reads the attempt's log tail for the step reached: a log that
+/// could not be written must not stop the relaunch. (A log that is not a regular file, such
+/// as /dev/full, which reads as endless zeros, once made oomguard read it for ever: 23 GiB
+/// RSS, then SIGKILL; logs are now opened without following links, and oomguard still runs
+/// with a 4 GiB address-space limit so such a regression fails fast.)
 #[test]
 fn a_full_disk_across_a_relaunch_is_a_warning_and_training_finishes() {
-    if !Path::new("/dev/full").exists() {
-        eprintln!("skipped: no /dev/full");
-        return;
-    }
     let t = tmp();
-    full_disk_run_folder(t.path());
     let flag = t.path().join("flag");
     let code = oom_once(&flag);
     let mut args = vec!["python3", "-c", &code];
     args.extend(KNOB_FLAGS);
-    let mut g = Og::start_limited(t, &args, &[], Some(4 << 30));
+    let mut g = Og::start_limited(t, &args, &[], Some(4 << 30), FULL_DISK);
     let status = g.wait_exit(Duration::from_secs(60));
-    if status != 0 || !g.stdout().contains("finished") {
+    if status != 0
+        || !common::wait_until(Duration::from_secs(10), || g.stdout().contains("finished"))
+    {
         g.fail("exit 0 after the relaunch, with every journal and log write failing");
     }
     expect_full_disk_warnings(&g);
