@@ -24,13 +24,15 @@ fn tmp() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
 
+type Buf = Arc<Mutex<Vec<u8>>>;
+
 /// A running oomguard whose stdout and stderr are collected as they come.
 struct Og {
     child: Child,
     shown: String,
     cwd: PathBuf,
-    out: Arc<Mutex<Vec<u8>>>,
-    err: Arc<Mutex<Vec<u8>>>,
+    out: Buf,
+    err: Buf,
     readers: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -74,7 +76,7 @@ impl Og {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {shown}: {e}"));
-        let (out, err): (Arc<Mutex<Vec<u8>>>, Arc<Mutex<Vec<u8>>>) = Default::default();
+        let (out, err): (Buf, Buf) = Default::default();
         let mut readers = Vec::new();
         for (mut r, buf) in [
             (
@@ -429,7 +431,7 @@ fn module_project(dir: &Path) {
 
 const MODULE: &str = "# model settings\nMAX_SEQ_LENGTH = 1536  # tokens\nLR = 3e-4\n";
 
-fn in_place_args<'a>(run_dir: &'a str, stay: bool) -> Vec<&'a str> {
+fn in_place_args(run_dir: &str, stay: bool) -> Vec<&str> {
     let mut v = vec![
         "--run-dir",
         run_dir,
