@@ -53,6 +53,15 @@ fn zip_bytes() -> Vec<u8> {
     v
 }
 
+/// A safetensors file: header length, JSON header, one tensor's bytes.
+fn safetensors() -> Vec<u8> {
+    let header = r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header.as_bytes());
+    v.extend_from_slice(&[0u8; 8]);
+    v
+}
+
 /// Writes the checkpoint; returns its path relative to the folder.
 fn checkpoint(root: &Path, c: Ckpt) -> String {
     match c {
@@ -60,7 +69,7 @@ fn checkpoint(root: &Path, c: Ckpt) -> String {
             let d = root.join(dir).join("checkpoint-5");
             fs::create_dir_all(&d).unwrap();
             fs::write(d.join("trainer_state.json"), r#"{"global_step": 5}"#).unwrap();
-            fs::write(d.join("model.safetensors"), b"weights").unwrap();
+            fs::write(d.join("model.safetensors"), safetensors()).unwrap();
             format!("{dir}/checkpoint-5")
         }
         Ckpt::Torchtune(dir) => {
