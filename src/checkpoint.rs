@@ -2,8 +2,11 @@
 //!
 //! Theory of operation: a family (`frameworks`) or a policy's `[resume]`
 //! table says where a command keeps its checkpoints — one of the layouts of
-//! [`Kind`] — and how it is told to resume. `find` lists the candidates
-//! newest first and takes the first complete one:
+//! [`Kind`] — and how it is told to resume. When the run starts, a
+//! [`Baseline`] records the candidates already there. `find` lists the
+//! candidates newest first, ignores those this run did not write (there at
+//! the start and unchanged, or last written before it), and takes the first
+//! complete one:
 //!
 //! * every marker file present and non-empty; a Hugging Face
 //!   `trainer_state.json` is an object with a numeric `global_step`;
@@ -40,7 +43,49 @@ pub struct Checkpoint {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Skipped {
     pub path: PathBuf,
+    pub kind: SkipKind,
     pub why: String,
+}
+
+impl Skipped {
+    /// A candidate the layout's checks turned down: unreadable when it could
+    /// not be read, else incomplete.
+    fn failed(path: PathBuf, why: String) -> Skipped {
+        let kind = if why.starts_with("cannot read") {
+            SkipKind::Unreadable
+        } else {
+            SkipKind::Incomplete
+        };
+        Skipped { path, kind, why }
+    }
+}
+
+/// Why a checkpoint was passed over, in one word: what the journal counts.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipKind {
+    /// There when the run started and unchanged since: not this run's.
+    PresentAtStart,
+    /// Last written before the run started: not this run's.
+    WrittenBeforeStart,
+    /// oomguard may not read it.
+    Unreadable,
+    /// Not complete by the layout's checks.
+    Incomplete,
+    /// Its files changed while oomguard watched.
+    BeingWritten,
+}
+
+impl std::fmt::Display for SkipKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SkipKind::PresentAtStart => "present when this run started",
+            SkipKind::WrittenBeforeStart => "written before this run started",
+            SkipKind::Unreadable => "unreadable",
+            SkipKind::Incomplete => "incomplete",
+            SkipKind::BeingWritten => "still being written",
+        })
+    }
 }
 
 /// What a search found.
@@ -48,7 +93,57 @@ pub struct Skipped {
 pub struct Found {
     pub layout: String,
     pub latest: Option<Checkpoint>,
+    /// This run's checkpoints newer than `latest` that are not usable, newest first.
     pub skipped: Vec<Skipped>,
+    /// Checkpoints newer than `latest` that this run did not write, newest first.
+    pub ignored: Vec<Skipped>,
+}
+
+/// How many skipped or ignored checkpoints are named one by one (journal,
+/// stderr, plan's text); the rest are counted, so that ten thousand broken
+/// folders cost one line, not ten thousand, on every relaunch.
+pub const NAMED: usize = 5;
+
+/// The checkpoints in `list` counted by kind.
+pub fn count_kinds(list: &[Skipped]) -> std::collections::BTreeMap<SkipKind, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for s in list {
+        *m.entry(s.kind).or_insert(0) += 1;
+    }
+    m
+}
+
+/// "3 checkpoints this run did not write (3 present when this run started):
+/// out/checkpoint-500, out/checkpoint-400, out/checkpoint-300": the newest
+/// few by path, the rest counted.
+pub fn ignored_text(list: &[Skipped]) -> String {
+    let names: Vec<String> = list
+        .iter()
+        .take(NAMED)
+        .map(|s| s.path.display().to_string())
+        .collect();
+    let more = list.len() - names.len();
+    format!(
+        "{} checkpoint{} this run did not write ({}): {}{}",
+        list.len(),
+        if list.len() == 1 { "" } else { "s" },
+        kinds_text(list),
+        names.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// "9995 incomplete, 2 unreadable".
+pub fn kinds_text(list: &[Skipped]) -> String {
+    count_kinds(list)
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A policy's `[resume]` table, for custom scripts:
@@ -193,6 +288,113 @@ fn fingerprint(p: &Path) -> Option<Print> {
         }
     }
     Some(acc)
+}
+
+// ---------------------------------------------------------------- ownership
+
+/// File systems record times in steps of up to 2 s (FAT; 1 s on ext3 and
+/// HFS+): a checkpoint written in the same step as the run's start must not
+/// look older than the run.
+const GRANULARITY: Duration = Duration::from_secs(2);
+
+/// What a candidate was: its own inode and time, and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    mtime: Option<SystemTime>,
+    print: Option<Print>,
+}
+
+impl Identity {
+    fn of(p: &Path) -> Option<Identity> {
+        use std::os::unix::fs::MetadataExt;
+        let md = fs::metadata(p).ok()?;
+        Some(Identity {
+            dev: md.dev(),
+            ino: md.ino(),
+            mtime: md.modified().ok(),
+            print: fingerprint(p),
+        })
+    }
+
+    /// When it was last written: its newest file, or (empty or unreadable)
+    /// the folder itself.
+    fn written(&self) -> Option<SystemTime> {
+        match self.print {
+            Some((_, newest, n)) if n > 0 => Some(newest),
+            _ => self.mtime,
+        }
+    }
+}
+
+/// The checkpoints present when the run started, so that a relaunch resumes
+/// only from one this run wrote: never from an older experiment's in the same
+/// folder, nor from another run's that was there first.
+///
+/// A candidate is this run's when it was not there at the start, or has
+/// changed since (a trainer that saves over `checkpoint-5` again), and its
+/// newest file is not older than the start. A candidate that appears while
+/// the run goes on is taken as the run's own: two runs writing one folder at
+/// the same time cannot be told apart by the files.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    started: SystemTime,
+    seen: std::collections::HashMap<PathBuf, Option<Identity>>,
+}
+
+impl Default for Baseline {
+    /// Nothing present, started at the epoch: every candidate counts.
+    fn default() -> Baseline {
+        Baseline {
+            started: SystemTime::UNIX_EPOCH,
+            seen: Default::default(),
+        }
+    }
+}
+
+impl Baseline {
+    /// The layout's candidates now, with their identities.
+    pub fn take(layout: Option<&Layout>) -> Baseline {
+        let started = SystemTime::now();
+        let mut seen = std::collections::HashMap::new();
+        if let Some(l) = layout {
+            let (cands, _, pre) = candidates(l);
+            for p in cands
+                .into_iter()
+                .map(|c| c.path)
+                .chain(pre.into_iter().map(|s| s.path))
+            {
+                let id = Identity::of(&p);
+                seen.insert(p, id);
+            }
+        }
+        Baseline { started, seen }
+    }
+
+    /// Why `p` is not this run's checkpoint, or None when this run wrote it.
+    fn not_this_runs(&self, p: &Path) -> Option<(SkipKind, String)> {
+        let now = Identity::of(p);
+        if self.seen.get(p).is_some_and(|then| *then == now) {
+            return Some((
+                SkipKind::PresentAtStart,
+                "present when this run started and unchanged since (an older experiment's or another run's)".into(),
+            ));
+        }
+        let written = now.as_ref().and_then(Identity::written)?;
+        if written + GRANULARITY < self.started {
+            let before = self
+                .started
+                .duration_since(written)
+                .unwrap_or_default()
+                .as_secs();
+            return Some((
+                SkipKind::WrittenBeforeStart,
+                format!("last written {before} s before this run started"),
+            ));
+        }
+        None
+    }
 }
 
 /// `torch.save` writes a zip whose end-of-central-directory record comes last:
@@ -612,6 +814,7 @@ fn deepspeed_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
             for n in newer {
                 pre.push(Skipped {
                     path: n.path,
+                    kind: SkipKind::Incomplete,
                     why: format!("newer than `latest` ({tag}): not finished"),
                 });
             }
@@ -635,6 +838,7 @@ fn megatron_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
         for n in newer {
             pre.push(Skipped {
                 path: n.path,
+                kind: SkipKind::Incomplete,
                 why: format!("newer than latest_checkpointed_iteration.txt ({it}): not finished"),
             });
         }
@@ -732,12 +936,33 @@ fn custom_complete(markers: &[String], p: &Path) -> Result<(), String> {
     no_temporaries(p)
 }
 
-/// The newest complete checkpoint. `settle` is how long to watch a candidate
-/// for changes (zero in `plan`; a short interval between attempts).
-pub fn find(layout: &Layout, settle: Duration) -> Found {
-    let (cands, check, mut skipped) = candidates(layout);
+/// The newest complete checkpoint this run wrote. `settle` is how long to
+/// watch a candidate for changes (zero in `plan`; a short interval between
+/// attempts). Candidates the run did not write (by `baseline`) are ignored
+/// without being checked.
+pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
+    let (cands, check, pre) = candidates(layout);
+    let (mut skipped, mut ignored) = (Vec::new(), Vec::new());
+    for s in pre {
+        match baseline.not_this_runs(&s.path) {
+            Some((kind, why)) => ignored.push(Skipped {
+                path: s.path,
+                kind,
+                why,
+            }),
+            None => skipped.push(s),
+        }
+    }
     let mut latest = None;
     for c in cands {
+        if let Some((kind, why)) = baseline.not_this_runs(&c.path) {
+            ignored.push(Skipped {
+                path: c.path,
+                kind,
+                why,
+            });
+            continue;
+        }
         // A folder that cannot be listed says so, not "no trainer_state.json".
         let readable = if c.path.is_dir() {
             readable(&c.path)
@@ -745,7 +970,7 @@ pub fn find(layout: &Layout, settle: Duration) -> Found {
             Ok(())
         };
         if let Err(why) = readable.and_then(|()| check(&c.path)) {
-            skipped.push(Skipped { path: c.path, why });
+            skipped.push(Skipped::failed(c.path, why));
             continue;
         }
         if !settle.is_zero() {
@@ -754,6 +979,7 @@ pub fn find(layout: &Layout, settle: Duration) -> Found {
             if fingerprint(&c.path) != before {
                 skipped.push(Skipped {
                     path: c.path,
+                    kind: SkipKind::BeingWritten,
                     why: "still being written (files changed while oomguard watched)".into(),
                 });
                 continue;
@@ -766,21 +992,8 @@ pub fn find(layout: &Layout, settle: Duration) -> Found {
         layout: layout.name().to_string(),
         latest,
         skipped,
+        ignored,
     }
-}
-
-/// The step number in a resume path (`.../checkpoint-N`, `global_stepN`, `step_N`, `iter_000N`).
-pub fn step_of(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?;
-    let digits: String = name
-        .chars()
-        .rev()
-        .take_while(|c| c.is_ascii_digit())
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    digits.parse().ok()
 }
 
 /// The global step recorded in a Hugging Face checkpoint's `trainer_state.json`.
@@ -890,7 +1103,7 @@ mod tests {
         fs::create_dir_all(out.join("checkpoint-x")).unwrap();
         let l = layout_for(&format!("python t.py --output_dir {}", out.display()));
         assert_eq!(l.kind, Kind::HuggingFace);
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         let latest = f.latest.unwrap();
         assert_eq!(latest.step, 10);
         assert_eq!(step_for(&latest), Some(10));
@@ -912,7 +1125,7 @@ mod tests {
         fs::write(t.path().join("checkpoint-6/optimizer.pt.tmp"), b"x").unwrap();
         fs::remove_file(t.path().join("checkpoint-7/model.safetensors")).unwrap();
         let l = layout_for(&format!("python t.py --output_dir={}", t.path().display()));
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 5);
         assert!(
             f.skipped[0].why.contains("no model weights"),
@@ -942,7 +1155,7 @@ mod tests {
             "deepspeed t.py --output_dir {}",
             t.path().display()
         ));
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 10);
         assert!(f.skipped[0].why.contains("is empty"), "{:?}", f.skipped);
     }
@@ -970,7 +1183,7 @@ mod tests {
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::Megatron);
         assert_eq!(l.how, ResumeHow::Automatic);
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 500);
         assert!(
             f.skipped
@@ -996,7 +1209,7 @@ mod tests {
         );
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::DeepSpeed);
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 200);
         assert!(f.skipped[0].why.contains("newer than `latest`"));
     }
@@ -1015,7 +1228,7 @@ mod tests {
         );
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::Lightning);
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert!(f.latest.unwrap().path.ends_with("epoch=0-step=100.ckpt"));
         assert!(f.skipped[0].path.ends_with("last.ckpt"));
     }
@@ -1037,9 +1250,17 @@ mod tests {
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::NanoGpt);
         assert_eq!(l.root, out);
-        assert!(find(&l, Duration::ZERO).latest.is_some());
+        assert!(
+            find(&l, &Baseline::default(), Duration::ZERO)
+                .latest
+                .is_some()
+        );
         fs::write(out.join("ckpt.pt"), b"PK\x03\x04half").unwrap();
-        assert!(find(&l, Duration::ZERO).latest.is_none());
+        assert!(
+            find(&l, &Baseline::default(), Duration::ZERO)
+                .latest
+                .is_none()
+        );
     }
 
     #[test]
@@ -1057,10 +1278,20 @@ mod tests {
         );
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::Torchtune);
-        assert!(find(&l, Duration::ZERO).latest.is_none());
+        assert!(
+            find(&l, &Baseline::default(), Duration::ZERO)
+                .latest
+                .is_none()
+        );
         fs::create_dir_all(out.join("recipe_state")).unwrap();
         fs::write(out.join("recipe_state/recipe_state.pt"), zip_bytes()).unwrap();
-        assert_eq!(find(&l, Duration::ZERO).latest.unwrap().step, 1);
+        assert_eq!(
+            find(&l, &Baseline::default(), Duration::ZERO)
+                .latest
+                .unwrap()
+                .step,
+            1
+        );
     }
 
     #[test]
@@ -1084,7 +1315,7 @@ mod tests {
             label: None,
         };
         let l = detect(&argv("python train.py --lr 1e-4"), Some(&spec), None).unwrap();
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 5000);
         assert_eq!(f.skipped[0].why, "no optimizer.pt");
     }
@@ -1106,7 +1337,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
-        let f = find(&l, Duration::from_millis(150));
+        let f = find(&l, &Baseline::default(), Duration::from_millis(150));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         h.join().unwrap();
         assert_eq!(f.latest.unwrap().step, 5);
@@ -1116,7 +1347,7 @@ mod tests {
     #[test]
     fn no_folder_means_no_checkpoint() {
         let l = layout_for("python t.py --output_dir /nonexistent/oomguard");
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert!(f.latest.is_none() && f.skipped.is_empty());
     }
 
@@ -1294,15 +1525,101 @@ mod tests {
         )
         .unwrap();
         let l = layout_for(&format!("python t.py --output_dir {}", out.display()));
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
+        assert_eq!(f.latest.unwrap().path, out.join("checkpoint-20"));
+    }
+
+    /// Set the mtime of every file in `dir` to `t`.
+    fn backdate(dir: &Path, t: SystemTime) {
+        for e in fs::read_dir(dir).unwrap().flatten() {
+            fs::File::options()
+                .write(true)
+                .open(e.path())
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn only_checkpoints_this_run_wrote_are_resumed_from() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path();
+        // An older experiment's, far ahead; and one this run will save over.
+        hf_ckpt(out, 500, Some(r#"{"global_step": 500}"#));
+        hf_ckpt(out, 5, Some(STATE));
+        let l = layout_for(&format!("python t.py --output_dir {}", out.display()));
+        let base = Baseline::take(Some(&l));
+        let f = find(&l, &base, Duration::ZERO);
+        assert!(f.latest.is_none() && f.skipped.is_empty(), "{f:?}");
+        let kinds: Vec<_> = f.ignored.iter().map(|s| (s.path.clone(), s.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (out.join("checkpoint-500"), SkipKind::PresentAtStart),
+                (out.join("checkpoint-5"), SkipKind::PresentAtStart)
+            ]
+        );
+        assert!(f.ignored[0].why.contains("present when this run started"));
+
+        // The run saves checkpoint-5 again (atomically) and a new checkpoint-10.
+        std::thread::sleep(Duration::from_millis(20));
+        fs::write(
+            out.join("checkpoint-5/model.safetensors.tmp"),
+            safetensors(4),
+        )
+        .unwrap();
+        fs::rename(
+            out.join("checkpoint-5/model.safetensors.tmp"),
+            out.join("checkpoint-5/model.safetensors"),
+        )
+        .unwrap();
+        let f = find(&l, &base, Duration::ZERO);
+        assert_eq!(f.latest.unwrap().path, out.join("checkpoint-5"));
+        hf_ckpt(out, 10, Some(r#"{"global_step": 10}"#));
+        let f = find(&l, &base, Duration::ZERO);
+        assert_eq!(f.latest.unwrap().path, out.join("checkpoint-10"));
+        assert_eq!(f.ignored.len(), 1);
+
+        // A folder that appears but was last written well before the start
+        // (copied in with its times) is not this run's; one written within the
+        // file system's time granularity of the start is.
+        hf_ckpt(out, 20, Some(r#"{"global_step": 20}"#));
+        backdate(
+            &out.join("checkpoint-20"),
+            base.started - Duration::from_secs(60),
+        );
+        let f = find(&l, &base, Duration::ZERO);
+        assert_eq!(f.latest.as_ref().unwrap().path, out.join("checkpoint-10"));
+        let c20 = &f.ignored[1];
+        assert_eq!(c20.path, out.join("checkpoint-20"));
+        assert_eq!(c20.kind, SkipKind::WrittenBeforeStart);
+        assert!(c20.why.contains("before this run started"), "{c20:?}");
+        backdate(
+            &out.join("checkpoint-20"),
+            base.started - Duration::from_secs(1),
+        );
+        let f = find(&l, &base, Duration::ZERO);
         assert_eq!(f.latest.unwrap().path, out.join("checkpoint-20"));
     }
 
     #[test]
-    fn step_numbers_from_paths() {
-        assert_eq!(step_of(Path::new("o/checkpoint-500")), Some(500));
-        assert_eq!(step_of(Path::new("o/iter_0001000")), Some(1000));
-        assert_eq!(step_of(Path::new("o/last.ckpt")), None);
+    fn skips_are_counted_by_kind() {
+        let s = |kind| Skipped {
+            path: PathBuf::from("x"),
+            kind,
+            why: String::new(),
+        };
+        let list = [
+            s(SkipKind::Incomplete),
+            s(SkipKind::Unreadable),
+            s(SkipKind::Incomplete),
+        ];
+        assert_eq!(kinds_text(&list), "1 unreadable, 2 incomplete");
+        assert_eq!(
+            Skipped::failed("p".into(), "cannot read: permission denied".into()).kind,
+            SkipKind::Unreadable
+        );
     }
 
     #[test]
