@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import signal
+import struct
 import sys
 import time
 import traceback
@@ -113,19 +114,27 @@ def training_step(args, step, need_gib):
     return 4.0 / (1 + 0.1 * step)
 
 
-def write_atomic(path, text):
+def write_atomic(path, data):
     """Write to a temporary name, then rename, so a reader never sees half a file."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
     os.replace(tmp, path)
+
+
+def safetensors_bytes(step):
+    """A small but real safetensors file: 8-byte little-endian header length,
+    JSON header, tensor bytes (one float32 tensor holding the step)."""
+    header = json.dumps({"__metadata__": {"format": "pt", "step": str(step)},
+                         "w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    return struct.pack("<Q", len(header)) + header + struct.pack("<4f", step, 0, 0, 0)
 
 
 def save_checkpoint(args, step, state, need_gib=0.0):
     """Save like HF: weights first, trainer_state.json last (its presence = complete)."""
     ckpt = os.path.join(args.output_dir, f"checkpoint-{step}")
     os.makedirs(ckpt, exist_ok=True)
-    write_atomic(os.path.join(ckpt, "model.safetensors"), f"sim weights at step {step}\n")
+    write_atomic(os.path.join(ckpt, "model.safetensors"), safetensors_bytes(step))
     if args.oom_while_saving_at == step and need_gib > args.capacity_gib:
         # Gathering the optimizer state for the save needs memory the run lacks.
         raise OutOfMemoryError(oom_message(args, need_gib))

@@ -2,13 +2,22 @@
 //!
 //! Theory of operation: a family (`frameworks`) or a policy's `[resume]`
 //! table says where a command keeps its checkpoints — one of the layouts of
-//! [`Kind`] — and how it is told to resume. `find` lists the candidates
-//! newest first and takes the first complete one:
+//! [`Kind`] — and how it is told to resume. When the run starts, a
+//! [`Baseline`] records the candidates already there. `find` lists the
+//! candidates newest first, ignores those this run did not write (there at
+//! the start and unchanged, or last written before it), and takes the first
+//! complete one:
 //!
-//! * every marker file present and non-empty;
+//! * every marker file present and non-empty; a Hugging Face
+//!   `trainer_state.json` is an object with a numeric `global_step`;
+//! * weights that are what they say: a safetensors file has its header and
+//!   every tensor's bytes, a sharded checkpoint every shard its index lists
+//!   and at least the index's `total_size`;
 //! * no temporary names (`*.tmp`, `tmp-*`, `*.incomplete`, `*.partial`);
 //! * a single-file checkpoint (`.ckpt`, `.pt`) ends with a zip directory, as
 //!   `torch.save` writes it last;
+//! * nothing followed out of the checkpoint folder (a DeepSpeed `latest` tag,
+//!   an index's shard names, a policy's markers are plain names inside it);
 //! * not still being written: sizes and times stable over a short interval.
 //!
 //! Newer candidates that fail are reported with the reason. Checkpoints are
@@ -34,7 +43,49 @@ pub struct Checkpoint {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Skipped {
     pub path: PathBuf,
+    pub kind: SkipKind,
     pub why: String,
+}
+
+impl Skipped {
+    /// A candidate the layout's checks turned down: unreadable when it could
+    /// not be read, else incomplete.
+    fn failed(path: PathBuf, why: String) -> Skipped {
+        let kind = if why.starts_with("cannot read") {
+            SkipKind::Unreadable
+        } else {
+            SkipKind::Incomplete
+        };
+        Skipped { path, kind, why }
+    }
+}
+
+/// Why a checkpoint was passed over, in one word: what the journal counts.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipKind {
+    /// There when the run started and unchanged since: not this run's.
+    PresentAtStart,
+    /// Last written before the run started: not this run's.
+    WrittenBeforeStart,
+    /// oomguard may not read it.
+    Unreadable,
+    /// Not complete by the layout's checks.
+    Incomplete,
+    /// Its files changed while oomguard watched.
+    BeingWritten,
+}
+
+impl std::fmt::Display for SkipKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SkipKind::PresentAtStart => "present when this run started",
+            SkipKind::WrittenBeforeStart => "written before this run started",
+            SkipKind::Unreadable => "unreadable",
+            SkipKind::Incomplete => "incomplete",
+            SkipKind::BeingWritten => "still being written",
+        })
+    }
 }
 
 /// What a search found.
@@ -42,7 +93,57 @@ pub struct Skipped {
 pub struct Found {
     pub layout: String,
     pub latest: Option<Checkpoint>,
+    /// This run's checkpoints newer than `latest` that are not usable, newest first.
     pub skipped: Vec<Skipped>,
+    /// Checkpoints newer than `latest` that this run did not write, newest first.
+    pub ignored: Vec<Skipped>,
+}
+
+/// How many skipped or ignored checkpoints are named one by one (journal,
+/// stderr, plan's text); the rest are counted, so that ten thousand broken
+/// folders cost one line, not ten thousand, on every relaunch.
+pub const NAMED: usize = 5;
+
+/// The checkpoints in `list` counted by kind.
+pub fn count_kinds(list: &[Skipped]) -> std::collections::BTreeMap<SkipKind, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for s in list {
+        *m.entry(s.kind).or_insert(0) += 1;
+    }
+    m
+}
+
+/// "3 checkpoints this run did not write (3 present when this run started):
+/// out/checkpoint-500, out/checkpoint-400, out/checkpoint-300": the newest
+/// few by path, the rest counted.
+pub fn ignored_text(list: &[Skipped]) -> String {
+    let names: Vec<String> = list
+        .iter()
+        .take(NAMED)
+        .map(|s| s.path.display().to_string())
+        .collect();
+    let more = list.len() - names.len();
+    format!(
+        "{} checkpoint{} this run did not write ({}): {}{}",
+        list.len(),
+        if list.len() == 1 { "" } else { "s" },
+        kinds_text(list),
+        names.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// "9995 incomplete, 2 unreadable".
+pub fn kinds_text(list: &[Skipped]) -> String {
+    count_kinds(list)
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A policy's `[resume]` table, for custom scripts:
@@ -189,6 +290,113 @@ fn fingerprint(p: &Path) -> Option<Print> {
     Some(acc)
 }
 
+// ---------------------------------------------------------------- ownership
+
+/// File systems record times in steps of up to 2 s (FAT; 1 s on ext3 and
+/// HFS+): a checkpoint written in the same step as the run's start must not
+/// look older than the run.
+const GRANULARITY: Duration = Duration::from_secs(2);
+
+/// What a candidate was: its own inode and time, and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    mtime: Option<SystemTime>,
+    print: Option<Print>,
+}
+
+impl Identity {
+    fn of(p: &Path) -> Option<Identity> {
+        use std::os::unix::fs::MetadataExt;
+        let md = fs::metadata(p).ok()?;
+        Some(Identity {
+            dev: md.dev(),
+            ino: md.ino(),
+            mtime: md.modified().ok(),
+            print: fingerprint(p),
+        })
+    }
+
+    /// When it was last written: its newest file, or (empty or unreadable)
+    /// the folder itself.
+    fn written(&self) -> Option<SystemTime> {
+        match self.print {
+            Some((_, newest, n)) if n > 0 => Some(newest),
+            _ => self.mtime,
+        }
+    }
+}
+
+/// The checkpoints present when the run started, so that a relaunch resumes
+/// only from one this run wrote: never from an older experiment's in the same
+/// folder, nor from another run's that was there first.
+///
+/// A candidate is this run's when it was not there at the start, or has
+/// changed since (a trainer that saves over `checkpoint-5` again), and its
+/// newest file is not older than the start. A candidate that appears while
+/// the run goes on is taken as the run's own: two runs writing one folder at
+/// the same time cannot be told apart by the files.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    started: SystemTime,
+    seen: std::collections::HashMap<PathBuf, Option<Identity>>,
+}
+
+impl Default for Baseline {
+    /// Nothing present, started at the epoch: every candidate counts.
+    fn default() -> Baseline {
+        Baseline {
+            started: SystemTime::UNIX_EPOCH,
+            seen: Default::default(),
+        }
+    }
+}
+
+impl Baseline {
+    /// The layout's candidates now, with their identities.
+    pub fn take(layout: Option<&Layout>) -> Baseline {
+        let started = SystemTime::now();
+        let mut seen = std::collections::HashMap::new();
+        if let Some(l) = layout {
+            let (cands, _, pre) = candidates(l);
+            for p in cands
+                .into_iter()
+                .map(|c| c.path)
+                .chain(pre.into_iter().map(|s| s.path))
+            {
+                let id = Identity::of(&p);
+                seen.insert(p, id);
+            }
+        }
+        Baseline { started, seen }
+    }
+
+    /// Why `p` is not this run's checkpoint, or None when this run wrote it.
+    fn not_this_runs(&self, p: &Path) -> Option<(SkipKind, String)> {
+        let now = Identity::of(p);
+        if self.seen.get(p).is_some_and(|then| *then == now) {
+            return Some((
+                SkipKind::PresentAtStart,
+                "present when this run started and unchanged since (an older experiment's or another run's)".into(),
+            ));
+        }
+        let written = now.as_ref().and_then(Identity::written)?;
+        if written + GRANULARITY < self.started {
+            let before = self
+                .started
+                .duration_since(written)
+                .unwrap_or_default()
+                .as_secs();
+            return Some((
+                SkipKind::WrittenBeforeStart,
+                format!("last written {before} s before this run started"),
+            ));
+        }
+        None
+    }
+}
+
 /// `torch.save` writes a zip whose end-of-central-directory record comes last:
 /// a file cut mid-write lacks it.
 fn zip_complete(file: &Path) -> Result<(), String> {
@@ -236,58 +444,251 @@ fn no_temporaries(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Why an I/O error kept a file or folder from being read, in words
+/// ("permission denied", not "no such file" when the file is there).
+fn io_why(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        std::io::ErrorKind::NotFound => "not found".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// Ok when `dir` can be listed; else "cannot read: permission denied".
+fn readable(dir: &Path) -> Result<(), String> {
+    fs::read_dir(dir)
+        .map(|_| ())
+        .map_err(|e| format!("cannot read: {}", io_why(&e)))
+}
+
+/// `name` read from `dir`; a missing file is `missing`, another error says why.
+fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, String> {
+    fs::read(dir.join(name)).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => missing.to_string(),
+        _ => format!("cannot read {name}: {}", io_why(&e)),
+    })
+}
+
+/// A file name inside a checkpoint folder, as an index or a `latest` tag
+/// writes it: one plain component, never a way out of the folder.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\\')
+        && !name.contains('\0')
+}
+
+/// The largest safetensors header the format allows (100 MB), so a garbage
+/// length never makes oomguard read gigabytes.
+const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
+
+/// Why a safetensors file is not whole, or Ok: an 8-byte little-endian header
+/// length, that many bytes of JSON header, and every tensor's bytes behind it.
+fn safetensors_complete(file: &Path) -> Result<(), String> {
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let mut f = fs::File::open(file).map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut n = [0u8; 8];
+    if len < 8 || f.read_exact(&mut n).is_err() {
+        return Err(format!(
+            "{name} is {len} bytes, too short for a safetensors header"
+        ));
+    }
+    let n = u64::from_le_bytes(n);
+    if !(2..=SAFETENSORS_MAX_HEADER).contains(&n) {
+        return Err(format!(
+            "{name} is not a safetensors file (header length {n})"
+        ));
+    }
+    if len - 8 < n {
+        return Err(format!(
+            "{name} is cut off in its header ({len} bytes, the header alone needs {})",
+            8 + n
+        ));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header)
+        .map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
+    let Ok(serde_json::Value::Object(tensors)) = serde_json::from_slice(&header) else {
+        return Err(format!(
+            "{name} has a safetensors header that is not a JSON object"
+        ));
+    };
+    let data_end = tensors
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .filter_map(|(_, t)| t.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    if len - 8 - n < data_end {
+        return Err(format!(
+            "{name} is cut off: its tensors need {data_end} bytes of data, {} are there",
+            len - 8 - n
+        ));
+    }
+    Ok(())
+}
+
+/// Why a weights file is not whole, or Ok, by its kind: safetensors by its
+/// header, a `torch.save` file by its zip directory.
+fn weights_complete(file: &Path) -> Result<(), String> {
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    if name.ends_with(".safetensors") {
+        safetensors_complete(file)
+    } else {
+        zip_complete(file).map_err(|w| format!("{name} {w}"))
+    }
+}
+
+/// Why a sharded checkpoint is not whole, or Ok: every shard the index's
+/// `weight_map` lists is in the folder and whole, and together they hold at
+/// least the index's `metadata.total_size` (tensor bytes; files add headers).
+fn index_complete(dir: &Path, index: &str) -> Result<(), String> {
+    let text = read_in(dir, index, &format!("no {index}"))?;
+    let v: serde_json::Value = serde_json::from_slice(&text)
+        .map_err(|_| format!("{index} is not valid JSON (cut off mid-write?)"))?;
+    let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
+        return Err(format!("{index} has no weight_map"));
+    };
+    let mut shards: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
+    shards.sort_unstable();
+    shards.dedup();
+    if shards.is_empty() {
+        return Err(format!("{index} lists no shard files"));
+    }
+    let mut held = 0u64;
+    for shard in shards {
+        if !plain_name(shard) {
+            return Err(format!(
+                "{index} lists {shard:?}, which is not a file name inside the checkpoint folder"
+            ));
+        }
+        let p = dir.join(shard);
+        match fs::metadata(&p) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(format!("{index} lists {shard}, which is missing"));
+            }
+            Err(e) => return Err(format!("cannot read {shard}: {}", io_why(&e))),
+            Ok(m) => held += m.len(),
+        }
+        weights_complete(&p)?;
+    }
+    let total = v
+        .pointer("/metadata/total_size")
+        .and_then(|t| t.as_f64())
+        .unwrap_or(0.0);
+    // "At least, roughly": some writers round total_size for packed dtypes.
+    if (held as f64) < total * 0.99 {
+        return Err(format!(
+            "its shards hold {held} bytes, less than {index}'s total_size {total}"
+        ));
+    }
+    Ok(())
+}
+
+/// The model weights a Hugging Face checkpoint may hold: sharded by an index,
+/// or single files.
+const HF_INDEXES: &[&str] = &[
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors.index.json",
+];
 const HF_WEIGHTS: &[&str] = &[
     "model.safetensors",
     "pytorch_model.bin",
     "adapter_model.safetensors",
     "adapter_model.bin",
-    "model.safetensors.index.json",
-    "pytorch_model.bin.index.json",
 ];
+
+/// Every weights file (or index) present is whole; `Ok(false)` when none is present.
+fn hf_weights(dir: &Path) -> Result<bool, String> {
+    let mut any = false;
+    for index in HF_INDEXES {
+        if fs::symlink_metadata(dir.join(index)).is_ok() {
+            index_complete(dir, index)?;
+            any = true;
+        }
+    }
+    for w in HF_WEIGHTS {
+        if fs::symlink_metadata(dir.join(w)).is_ok() {
+            weights_complete(&dir.join(w))?;
+            any = true;
+        }
+    }
+    Ok(any)
+}
 
 /// Why `dir` is not a complete Hugging Face checkpoint, or Ok.
 fn hf_complete(dir: &Path) -> Result<(), String> {
-    let state = dir.join("trainer_state.json");
-    let text =
-        fs::read(&state).map_err(|_| "no trainer_state.json (the Trainer writes it last)")?;
+    let text = read_in(
+        dir,
+        "trainer_state.json",
+        "no trainer_state.json (the Trainer writes it last)",
+    )?;
     if text.is_empty() {
         return Err("trainer_state.json is empty".into());
     }
-    if serde_json::from_slice::<serde_json::Value>(&text).is_err() {
+    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&text) else {
         return Err("trainer_state.json is not valid JSON (cut off mid-write?)".into());
+    };
+    if !state.get("global_step").is_some_and(|g| g.is_u64()) {
+        return Err(format!(
+            "trainer_state.json has no numeric global_step (it is {})",
+            match &state {
+                serde_json::Value::Object(_) => "an object without one",
+                serde_json::Value::Null => "null",
+                serde_json::Value::Array(_) => "a list",
+                _ => "not an object",
+            }
+        ));
     }
     no_temporaries(dir)?;
+    let weights = hf_weights(dir)?;
     // With DeepSpeed the weights live in the global_stepN folder `latest` names.
-    if let Ok(tag) = fs::read_to_string(dir.join("latest")) {
-        let sub = dir.join(tag.trim());
-        return ds_tag_complete(&sub);
+    match fs::read_to_string(dir.join("latest")) {
+        Ok(tag) => {
+            let tag = tag.trim();
+            if !plain_name(tag) {
+                return Err(format!(
+                    "`latest` names {tag:?}, which is not a folder name inside the checkpoint: not followed"
+                ));
+            }
+            ds_tag_complete(&dir.join(tag))
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(format!("cannot read latest: {}", io_why(&e)))
+        }
+        Err(_) if weights => Ok(()),
+        Err(_) => {
+            Err("no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into())
+        }
     }
-    if !HF_WEIGHTS.iter().any(|w| nonempty(&dir.join(w)).is_ok()) {
-        return Err(
-            "no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into(),
-        );
-    }
-    Ok(())
 }
 
 fn ds_tag_complete(sub: &Path) -> Result<(), String> {
-    let entries: Vec<_> = fs::read_dir(sub)
-        .map_err(|_| format!("`latest` names {} which does not exist", sub.display()))?
-        .flatten()
-        .collect();
+    let tag = sub.file_name().unwrap_or_default().to_string_lossy();
+    let entries: Vec<_> = match fs::read_dir(sub) {
+        Ok(rd) => rd.flatten().collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!("`latest` names {tag}, which does not exist"));
+        }
+        Err(e) => return Err(format!("cannot read {tag}: {}", io_why(&e))),
+    };
     if entries.is_empty() {
-        return Err(format!("{} is empty", sub.display()));
+        return Err(format!("{tag} is empty"));
     }
     for e in &entries {
         let name = e.file_name().to_string_lossy().into_owned();
         if is_temporary(&name) {
-            return Err(format!("{} holds a temporary file {name}", sub.display()));
+            return Err(format!("{tag} holds a temporary file {name}"));
         }
         if e.metadata()
             .map(|m| m.is_file() && m.len() == 0)
             .unwrap_or(false)
         {
-            return Err(format!("{}/{name} is empty", sub.display()));
+            return Err(format!("{tag}/{name} is empty"));
         }
     }
     Ok(())
@@ -298,7 +699,13 @@ fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        // A symlinked checkpoint-N (kept on another disk, linked in) is a
+        // real layout: followed like a folder.
+        .filter(|e| match e.file_type() {
+            Ok(t) if t.is_symlink() => fs::metadata(e.path()).is_ok_and(|m| m.is_dir()),
+            Ok(t) => t.is_dir(),
+            Err(_) => false,
+        })
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             let step = name
@@ -407,6 +814,7 @@ fn deepspeed_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
             for n in newer {
                 pre.push(Skipped {
                     path: n.path,
+                    kind: SkipKind::Incomplete,
                     why: format!("newer than `latest` ({tag}): not finished"),
                 });
             }
@@ -430,6 +838,7 @@ fn megatron_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
         for n in newer {
             pre.push(Skipped {
                 path: n.path,
+                kind: SkipKind::Incomplete,
                 why: format!("newer than latest_checkpointed_iteration.txt ({it}): not finished"),
             });
         }
@@ -515,19 +924,53 @@ fn torchtune_complete(root: &Path, p: &Path) -> Result<(), String> {
 /// Why a folder is not complete by a policy's `complete_when` markers, or Ok.
 fn custom_complete(markers: &[String], p: &Path) -> Result<(), String> {
     for m in markers {
+        // Policies are validated at load; a marker out of the folder is never followed.
+        if Path::new(m)
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(format!("{m:?} is not a file inside the checkpoint folder"));
+        }
         nonempty(&p.join(m))?;
     }
     no_temporaries(p)
 }
 
-/// The newest complete checkpoint. `settle` is how long to watch a candidate
-/// for changes (zero in `plan`; a short interval between attempts).
-pub fn find(layout: &Layout, settle: Duration) -> Found {
-    let (cands, check, mut skipped) = candidates(layout);
+/// The newest complete checkpoint this run wrote. `settle` is how long to
+/// watch a candidate for changes (zero in `plan`; a short interval between
+/// attempts). Candidates the run did not write (by `baseline`) are ignored
+/// without being checked.
+pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
+    let (cands, check, pre) = candidates(layout);
+    let (mut skipped, mut ignored) = (Vec::new(), Vec::new());
+    for s in pre {
+        match baseline.not_this_runs(&s.path) {
+            Some((kind, why)) => ignored.push(Skipped {
+                path: s.path,
+                kind,
+                why,
+            }),
+            None => skipped.push(s),
+        }
+    }
     let mut latest = None;
     for c in cands {
-        if let Err(why) = check(&c.path) {
-            skipped.push(Skipped { path: c.path, why });
+        if let Some((kind, why)) = baseline.not_this_runs(&c.path) {
+            ignored.push(Skipped {
+                path: c.path,
+                kind,
+                why,
+            });
+            continue;
+        }
+        // A folder that cannot be listed says so, not "no trainer_state.json".
+        let readable = if c.path.is_dir() {
+            readable(&c.path)
+        } else {
+            Ok(())
+        };
+        if let Err(why) = readable.and_then(|()| check(&c.path)) {
+            skipped.push(Skipped::failed(c.path, why));
             continue;
         }
         if !settle.is_zero() {
@@ -536,6 +979,7 @@ pub fn find(layout: &Layout, settle: Duration) -> Found {
             if fingerprint(&c.path) != before {
                 skipped.push(Skipped {
                     path: c.path,
+                    kind: SkipKind::BeingWritten,
                     why: "still being written (files changed while oomguard watched)".into(),
                 });
                 continue;
@@ -548,21 +992,8 @@ pub fn find(layout: &Layout, settle: Duration) -> Found {
         layout: layout.name().to_string(),
         latest,
         skipped,
+        ignored,
     }
-}
-
-/// The step number in a resume path (`.../checkpoint-N`, `global_stepN`, `step_N`, `iter_000N`).
-pub fn step_of(path: &Path) -> Option<u64> {
-    let name = path.file_name()?.to_str()?;
-    let digits: String = name
-        .chars()
-        .rev()
-        .take_while(|c| c.is_ascii_digit())
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    digits.parse().ok()
 }
 
 /// The global step recorded in a Hugging Face checkpoint's `trainer_state.json`.
@@ -591,10 +1022,13 @@ mod tests {
         Command::parse(&a)
     }
 
+    /// A trainer_state.json as complete as the checks need.
+    const STATE: &str = r#"{"global_step": 5}"#;
+
     fn hf_ckpt(root: &Path, n: u64, state: Option<&str>) {
         let d = root.join(format!("checkpoint-{n}"));
         fs::create_dir_all(&d).unwrap();
-        fs::write(d.join("model.safetensors"), b"weights").unwrap();
+        fs::write(d.join("model.safetensors"), safetensors(4)).unwrap();
         if let Some(s) = state {
             fs::write(d.join("trainer_state.json"), s).unwrap();
         }
@@ -669,7 +1103,7 @@ mod tests {
         fs::create_dir_all(out.join("checkpoint-x")).unwrap();
         let l = layout_for(&format!("python t.py --output_dir {}", out.display()));
         assert_eq!(l.kind, Kind::HuggingFace);
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         let latest = f.latest.unwrap();
         assert_eq!(latest.step, 10);
         assert_eq!(step_for(&latest), Some(10));
@@ -685,13 +1119,13 @@ mod tests {
     #[test]
     fn hf_needs_weights_and_no_temporaries() {
         let t = tempfile::tempdir().unwrap();
-        hf_ckpt(t.path(), 5, Some("{}"));
-        hf_ckpt(t.path(), 6, Some("{}"));
-        hf_ckpt(t.path(), 7, Some("{}"));
+        hf_ckpt(t.path(), 5, Some(STATE));
+        hf_ckpt(t.path(), 6, Some(STATE));
+        hf_ckpt(t.path(), 7, Some(STATE));
         fs::write(t.path().join("checkpoint-6/optimizer.pt.tmp"), b"x").unwrap();
         fs::remove_file(t.path().join("checkpoint-7/model.safetensors")).unwrap();
         let l = layout_for(&format!("python t.py --output_dir={}", t.path().display()));
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 5);
         assert!(
             f.skipped[0].why.contains("no model weights"),
@@ -707,7 +1141,7 @@ mod tests {
         for n in [10, 20] {
             let d = t.path().join(format!("checkpoint-{n}"));
             fs::create_dir_all(d.join(format!("global_step{n}"))).unwrap();
-            fs::write(d.join("trainer_state.json"), "{}").unwrap();
+            fs::write(d.join("trainer_state.json"), STATE).unwrap();
             fs::write(d.join("latest"), format!("global_step{n}")).unwrap();
         }
         fs::write(
@@ -721,7 +1155,7 @@ mod tests {
             "deepspeed t.py --output_dir {}",
             t.path().display()
         ));
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 10);
         assert!(f.skipped[0].why.contains("is empty"), "{:?}", f.skipped);
     }
@@ -749,7 +1183,7 @@ mod tests {
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::Megatron);
         assert_eq!(l.how, ResumeHow::Automatic);
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 500);
         assert!(
             f.skipped
@@ -775,7 +1209,7 @@ mod tests {
         );
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::DeepSpeed);
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 200);
         assert!(f.skipped[0].why.contains("newer than `latest`"));
     }
@@ -794,7 +1228,7 @@ mod tests {
         );
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::Lightning);
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert!(f.latest.unwrap().path.ends_with("epoch=0-step=100.ckpt"));
         assert!(f.skipped[0].path.ends_with("last.ckpt"));
     }
@@ -816,9 +1250,17 @@ mod tests {
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::NanoGpt);
         assert_eq!(l.root, out);
-        assert!(find(&l, Duration::ZERO).latest.is_some());
+        assert!(
+            find(&l, &Baseline::default(), Duration::ZERO)
+                .latest
+                .is_some()
+        );
         fs::write(out.join("ckpt.pt"), b"PK\x03\x04half").unwrap();
-        assert!(find(&l, Duration::ZERO).latest.is_none());
+        assert!(
+            find(&l, &Baseline::default(), Duration::ZERO)
+                .latest
+                .is_none()
+        );
     }
 
     #[test]
@@ -836,10 +1278,20 @@ mod tests {
         );
         let l = layout_for(&cmd);
         assert_eq!(l.kind, Kind::Torchtune);
-        assert!(find(&l, Duration::ZERO).latest.is_none());
+        assert!(
+            find(&l, &Baseline::default(), Duration::ZERO)
+                .latest
+                .is_none()
+        );
         fs::create_dir_all(out.join("recipe_state")).unwrap();
         fs::write(out.join("recipe_state/recipe_state.pt"), zip_bytes()).unwrap();
-        assert_eq!(find(&l, Duration::ZERO).latest.unwrap().step, 1);
+        assert_eq!(
+            find(&l, &Baseline::default(), Duration::ZERO)
+                .latest
+                .unwrap()
+                .step,
+            1
+        );
     }
 
     #[test]
@@ -863,7 +1315,7 @@ mod tests {
             label: None,
         };
         let l = detect(&argv("python train.py --lr 1e-4"), Some(&spec), None).unwrap();
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 5000);
         assert_eq!(f.skipped[0].why, "no optimizer.pt");
     }
@@ -871,8 +1323,8 @@ mod tests {
     #[test]
     fn still_being_written_is_skipped() {
         let t = tempfile::tempdir().unwrap();
-        hf_ckpt(t.path(), 5, Some("{}"));
-        hf_ckpt(t.path(), 10, Some("{}"));
+        hf_ckpt(t.path(), 5, Some(STATE));
+        hf_ckpt(t.path(), 10, Some(STATE));
         let l = layout_for(&format!("python t.py --output_dir {}", t.path().display()));
         let writer_path = t.path().join("checkpoint-10/optimizer.pt");
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -885,7 +1337,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
-        let f = find(&l, Duration::from_millis(150));
+        let f = find(&l, &Baseline::default(), Duration::from_millis(150));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         h.join().unwrap();
         assert_eq!(f.latest.unwrap().step, 5);
@@ -895,14 +1347,286 @@ mod tests {
     #[test]
     fn no_folder_means_no_checkpoint() {
         let l = layout_for("python t.py --output_dir /nonexistent/oomguard");
-        let f = find(&l, Duration::ZERO);
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert!(f.latest.is_none() && f.skipped.is_empty());
     }
 
+    /// A real-shaped safetensors file holding `floats` f32 values.
+    fn safetensors(floats: usize) -> Vec<u8> {
+        let header = format!(
+            r#"{{"__metadata__":{{"format":"pt"}},"w":{{"dtype":"F32","shape":[{floats}],"data_offsets":[0,{}]}}}}"#,
+            floats * 4
+        );
+        let mut v = (header.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(header.as_bytes());
+        v.extend(std::iter::repeat_n(0u8, floats * 4));
+        v
+    }
+
+    /// A complete HF checkpoint folder at `d` with these weights files.
+    fn hf_dir(d: &Path, files: &[(&str, Vec<u8>)]) {
+        fs::create_dir_all(d).unwrap();
+        fs::write(d.join("trainer_state.json"), r#"{"global_step": 5}"#).unwrap();
+        for (name, bytes) in files {
+            fs::write(d.join(name), bytes).unwrap();
+        }
+    }
+
     #[test]
-    fn step_numbers_from_paths() {
-        assert_eq!(step_of(Path::new("o/checkpoint-500")), Some(500));
-        assert_eq!(step_of(Path::new("o/iter_0001000")), Some(1000));
-        assert_eq!(step_of(Path::new("o/last.ckpt")), None);
+    fn a_weights_file_must_be_what_it_says() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("checkpoint-5");
+        hf_dir(&d, &[("model.safetensors", safetensors(4))]);
+        assert_eq!(hf_complete(&d), Ok(()));
+        // One byte: not even a header length.
+        fs::write(d.join("model.safetensors"), b"x").unwrap();
+        let why = hf_complete(&d).unwrap_err();
+        assert!(why.contains("model.safetensors"), "{why}");
+        // A header length with fewer header bytes behind it.
+        let mut cut = safetensors(4);
+        cut.truncate(20);
+        fs::write(d.join("model.safetensors"), &cut).unwrap();
+        assert!(hf_complete(&d).unwrap_err().contains("model.safetensors"));
+        // The whole header, but the tensor data cut short.
+        let mut cut = safetensors(4);
+        cut.truncate(cut.len() - 3);
+        fs::write(d.join("model.safetensors"), &cut).unwrap();
+        assert!(hf_complete(&d).unwrap_err().contains("cut off"));
+        // A pytorch_model.bin must end with its zip directory.
+        fs::remove_file(d.join("model.safetensors")).unwrap();
+        fs::write(d.join("pytorch_model.bin"), b"x").unwrap();
+        assert!(hf_complete(&d).unwrap_err().contains("pytorch_model.bin"));
+        fs::write(d.join("pytorch_model.bin"), zip_bytes()).unwrap();
+        assert_eq!(hf_complete(&d), Ok(()));
+    }
+
+    #[test]
+    fn trainer_state_must_be_an_object_with_a_numeric_global_step() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("checkpoint-5");
+        hf_dir(&d, &[("model.safetensors", safetensors(4))]);
+        for bad in [
+            "null",
+            "[]",
+            "{}",
+            r#"{"global_step": null}"#,
+            r#"{"global_step": "5"}"#,
+        ] {
+            fs::write(d.join("trainer_state.json"), bad).unwrap();
+            let why = hf_complete(&d).unwrap_err();
+            assert!(why.contains("global_step"), "{bad}: {why}");
+        }
+        fs::write(d.join("trainer_state.json"), r#"{"global_step": 0}"#).unwrap();
+        assert_eq!(hf_complete(&d), Ok(()));
+    }
+
+    #[test]
+    fn sharded_weights_are_checked_against_their_index() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("checkpoint-5");
+        let (a, b) = (safetensors(8), safetensors(8));
+        let index = |total: usize| {
+            format!(
+                r#"{{"metadata": {{"total_size": {total}}}, "weight_map": {{"a.w": "model-00001-of-00002.safetensors", "b.w": "model-00002-of-00002.safetensors"}}}}"#
+            )
+        };
+        hf_dir(
+            &d,
+            &[
+                ("model.safetensors.index.json", index(64).into_bytes()),
+                ("model-00001-of-00002.safetensors", a),
+            ],
+        );
+        // A listed shard is missing.
+        let why = hf_complete(&d).unwrap_err();
+        assert!(why.contains("model-00002-of-00002.safetensors"), "{why}");
+        fs::write(d.join("model-00002-of-00002.safetensors"), &b).unwrap();
+        assert_eq!(hf_complete(&d), Ok(()));
+        // The shards hold less than the index's total_size.
+        fs::write(d.join("model.safetensors.index.json"), index(1 << 20)).unwrap();
+        assert!(hf_complete(&d).unwrap_err().contains("total_size"));
+        // A shard of one byte.
+        fs::write(d.join("model.safetensors.index.json"), index(64)).unwrap();
+        fs::write(d.join("model-00002-of-00002.safetensors"), b"x").unwrap();
+        assert!(hf_complete(&d).is_err());
+        // The same for pytorch_model.bin.index.json with zip shards.
+        let e = t.path().join("checkpoint-6");
+        let z = zip_bytes();
+        let total = z.len();
+        hf_dir(
+            &e,
+            &[
+                (
+                    "pytorch_model.bin.index.json",
+                    format!(
+                        r#"{{"metadata": {{"total_size": {total}}}, "weight_map": {{"a": "pytorch_model-00001-of-00002.bin", "b": "pytorch_model-00002-of-00002.bin"}}}}"#
+                    )
+                    .into_bytes(),
+                ),
+                ("pytorch_model-00001-of-00002.bin", z.clone()),
+            ],
+        );
+        assert!(
+            hf_complete(&e)
+                .unwrap_err()
+                .contains("pytorch_model-00002-of-00002.bin")
+        );
+        fs::write(e.join("pytorch_model-00002-of-00002.bin"), &z).unwrap();
+        assert_eq!(hf_complete(&e), Ok(()));
+        // An index naming a shard outside the folder is not followed.
+        fs::write(
+            e.join("pytorch_model.bin.index.json"),
+            r#"{"metadata": {"total_size": 1}, "weight_map": {"a": "../checkpoint-5/model-00001-of-00002.safetensors"}}"#,
+        )
+        .unwrap();
+        assert!(hf_complete(&e).is_err());
+    }
+
+    #[test]
+    fn a_deepspeed_tag_must_be_a_folder_inside_the_checkpoint() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("out/checkpoint-10");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("trainer_state.json"), r#"{"global_step": 10}"#).unwrap();
+        // Outside, something that would pass for a tag folder.
+        fs::create_dir_all(t.path().join("elsewhere")).unwrap();
+        fs::write(t.path().join("elsewhere/mp_rank_00_model_states.pt"), b"x").unwrap();
+        for tag in ["../../elsewhere", "../../..", "/etc", ".", ""] {
+            fs::write(d.join("latest"), tag).unwrap();
+            let why = hf_complete(&d).unwrap_err();
+            assert!(why.contains("not a folder name"), "{tag:?}: {why}");
+        }
+        fs::create_dir_all(d.join("global_step10")).unwrap();
+        fs::write(d.join("global_step10/mp_rank_00_model_states.pt"), b"x").unwrap();
+        fs::write(d.join("latest"), "global_step10\n").unwrap();
+        assert_eq!(hf_complete(&d), Ok(()));
+    }
+
+    #[test]
+    fn a_symlinked_checkpoint_folder_is_used() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        hf_ckpt(&out, 10, Some(r#"{"global_step": 10}"#));
+        // checkpoint-20 lives on another disk, linked in.
+        hf_ckpt(
+            &t.path().join("scratch"),
+            20,
+            Some(r#"{"global_step": 20}"#),
+        );
+        for d in [
+            out.join("checkpoint-10"),
+            t.path().join("scratch/checkpoint-20"),
+        ] {
+            fs::write(d.join("model.safetensors"), safetensors(4)).unwrap();
+        }
+        std::os::unix::fs::symlink(
+            t.path().join("scratch/checkpoint-20"),
+            out.join("checkpoint-20"),
+        )
+        .unwrap();
+        let l = layout_for(&format!("python t.py --output_dir {}", out.display()));
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
+        assert_eq!(f.latest.unwrap().path, out.join("checkpoint-20"));
+    }
+
+    /// Set the mtime of every file in `dir` to `t`.
+    fn backdate(dir: &Path, t: SystemTime) {
+        for e in fs::read_dir(dir).unwrap().flatten() {
+            fs::File::options()
+                .write(true)
+                .open(e.path())
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn only_checkpoints_this_run_wrote_are_resumed_from() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path();
+        // An older experiment's, far ahead; and one this run will save over.
+        hf_ckpt(out, 500, Some(r#"{"global_step": 500}"#));
+        hf_ckpt(out, 5, Some(STATE));
+        let l = layout_for(&format!("python t.py --output_dir {}", out.display()));
+        let base = Baseline::take(Some(&l));
+        let f = find(&l, &base, Duration::ZERO);
+        assert!(f.latest.is_none() && f.skipped.is_empty(), "{f:?}");
+        let kinds: Vec<_> = f.ignored.iter().map(|s| (s.path.clone(), s.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (out.join("checkpoint-500"), SkipKind::PresentAtStart),
+                (out.join("checkpoint-5"), SkipKind::PresentAtStart)
+            ]
+        );
+        assert!(f.ignored[0].why.contains("present when this run started"));
+
+        // The run saves checkpoint-5 again (atomically) and a new checkpoint-10.
+        std::thread::sleep(Duration::from_millis(20));
+        fs::write(
+            out.join("checkpoint-5/model.safetensors.tmp"),
+            safetensors(4),
+        )
+        .unwrap();
+        fs::rename(
+            out.join("checkpoint-5/model.safetensors.tmp"),
+            out.join("checkpoint-5/model.safetensors"),
+        )
+        .unwrap();
+        let f = find(&l, &base, Duration::ZERO);
+        assert_eq!(f.latest.unwrap().path, out.join("checkpoint-5"));
+        hf_ckpt(out, 10, Some(r#"{"global_step": 10}"#));
+        let f = find(&l, &base, Duration::ZERO);
+        assert_eq!(f.latest.unwrap().path, out.join("checkpoint-10"));
+        assert_eq!(f.ignored.len(), 1);
+
+        // A folder that appears but was last written well before the start
+        // (copied in with its times) is not this run's; one written within the
+        // file system's time granularity of the start is.
+        hf_ckpt(out, 20, Some(r#"{"global_step": 20}"#));
+        backdate(
+            &out.join("checkpoint-20"),
+            base.started - Duration::from_secs(60),
+        );
+        let f = find(&l, &base, Duration::ZERO);
+        assert_eq!(f.latest.as_ref().unwrap().path, out.join("checkpoint-10"));
+        let c20 = &f.ignored[1];
+        assert_eq!(c20.path, out.join("checkpoint-20"));
+        assert_eq!(c20.kind, SkipKind::WrittenBeforeStart);
+        assert!(c20.why.contains("before this run started"), "{c20:?}");
+        backdate(
+            &out.join("checkpoint-20"),
+            base.started - Duration::from_secs(1),
+        );
+        let f = find(&l, &base, Duration::ZERO);
+        assert_eq!(f.latest.unwrap().path, out.join("checkpoint-20"));
+    }
+
+    #[test]
+    fn skips_are_counted_by_kind() {
+        let s = |kind| Skipped {
+            path: PathBuf::from("x"),
+            kind,
+            why: String::new(),
+        };
+        let list = [
+            s(SkipKind::Incomplete),
+            s(SkipKind::Unreadable),
+            s(SkipKind::Incomplete),
+        ];
+        assert_eq!(kinds_text(&list), "1 unreadable, 2 incomplete");
+        assert_eq!(
+            Skipped::failed("p".into(), "cannot read: permission denied".into()).kind,
+            SkipKind::Unreadable
+        );
+    }
+
+    #[test]
+    fn a_read_error_says_what_it_is() {
+        assert_eq!(
+            io_why(&std::io::Error::from(std::io::ErrorKind::PermissionDenied)),
+            "permission denied"
+        );
     }
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde::{Serialize, Serializer};
 use serde_json::Value as Json;
 
+use crate::checkpoint::SkipKind;
 use crate::detect::{Finding, Kind, ProcessUse};
 use crate::envmerge::EnvSet;
 use crate::evidence::{Evidence, OutcomeKind};
@@ -115,6 +116,21 @@ pub enum Event<'a> {
         #[serde(serialize_with = "lossy_path")]
         path: &'a Path,
         why: &'a str,
+    },
+    /// The newer checkpoints skipped beyond the first few named in
+    /// `checkpoint_skipped` lines: how many, and why, counted.
+    CheckpointsSkipped {
+        attempt: u32,
+        count: usize,
+        reasons: BTreeMap<SkipKind, usize>,
+    },
+    /// Checkpoints this run did not write (there when it started, or written
+    /// before): never resumed from. The newest few by path, all counted.
+    CheckpointsIgnored {
+        attempt: u32,
+        count: usize,
+        newest: Vec<String>,
+        reasons: BTreeMap<SkipKind, usize>,
     },
     /// The training an OOM cost.
     WorkLost {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::checkpoint::{ResumeHow, Skipped};
+use crate::checkpoint::{self, ResumeHow, Skipped};
 use crate::envmerge::EnvSet;
 use crate::evidence::Evidence;
 use crate::exit;
@@ -86,7 +86,9 @@ struct Plan<'a> {
 
 /// `oomguard plan`: print what would be done; run nothing.
 pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
-    let res = cfg.resume(Duration::ZERO);
+    // As a run would see it at its start: every checkpoint there now is
+    // another run's, and plan says so.
+    let res = cfg.resume(&cfg.baseline(), Duration::ZERO);
     let rungs = match ladder(cfg, res.arg.as_ref()) {
         Ok(r) => r,
         Err(e) => {
@@ -151,6 +153,8 @@ struct ResumeJson<'a> {
     how: Option<&'a ResumeHow>,
     checkpoint: Option<&'a Path>,
     skipped: &'a [Skipped],
+    /// Checkpoints a relaunch would not resume from: not this run's.
+    ignored: &'a [Skipped],
     why: &'a str,
 }
 
@@ -216,6 +220,7 @@ impl Plan<'_> {
                 how: cfg.layout.as_ref().map(|l| &l.how),
                 checkpoint: res.chosen.as_ref().map(|c| c.path.as_path()),
                 skipped: &f.skipped,
+                ignored: &f.ignored,
                 why: &res.why,
             }),
             notes: &cfg.disc.notes,
@@ -313,8 +318,25 @@ impl Plan<'_> {
             if let Some(l) = &self.cfg.layout {
                 let _ = writeln!(o, "  layout: {} in {}", f.layout, l.root.display());
             }
-            for s in &f.skipped {
+            let named = f.skipped.len().min(checkpoint::NAMED);
+            for s in &f.skipped[..named] {
                 let _ = writeln!(o, "  skipped {}: {}", s.path.display(), s.why);
+            }
+            if f.skipped.len() > named {
+                let rest = &f.skipped[named..];
+                let _ = writeln!(
+                    o,
+                    "  skipped {} more: {}",
+                    rest.len(),
+                    checkpoint::kinds_text(rest)
+                );
+            }
+            if !f.ignored.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "  ignored {}: a relaunch resumes only from checkpoints this run writes",
+                    checkpoint::ignored_text(&f.ignored)
+                );
             }
         }
         let _ = writeln!(o, "  {}", self.res.why);

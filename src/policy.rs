@@ -279,6 +279,40 @@ impl PolicyText<'_> {
                 ),
             ));
         }
+        // The table is read from a file that may be shared or downloaded: it
+        // names files inside a checkpoint folder, never a way out of it.
+        // The line that sets `key` in the table (not `dir_flag` for `flag`).
+        let key_at = |key: &str| {
+            let mut off = at;
+            for line in self.text[at..].split_inclusive('\n') {
+                let rest = line.trim_start().strip_prefix(key).map(str::trim_start);
+                if rest.is_some_and(|r| r.starts_with('=')) {
+                    return off;
+                }
+                off += line.len();
+            }
+            at
+        };
+        if r.flag.trim().is_empty() {
+            return Err(self.invalid(
+                key_at("flag"),
+                "resume.flag",
+                "is empty: name the flag that tells the script where to resume from, e.g. \"--resume_from\"".into(),
+            ));
+        }
+        if let Some(m) = r.complete_when.iter().find(|m| {
+            let p = Path::new(m.as_str());
+            m.is_empty()
+                || p.is_absolute()
+                || p.components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir))
+        }) {
+            return Err(self.invalid(
+                key_at("complete_when"),
+                "resume.complete_when",
+                format!("{m:?} is not a file inside the checkpoint folder: write a path relative to it, without `..`, e.g. \"model.safetensors\""),
+            ));
+        }
         if r.dir.is_none() && r.dir_flag.is_none() {
             return Err(self.invalid(
                 at,

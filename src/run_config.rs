@@ -150,9 +150,17 @@ impl RunConfig {
         out
     }
 
-    /// The checkpoint to resume from now: the newest complete one, and only when
-    /// it is newer than a resume path the user gave.
-    pub fn resume(&self, settle: Duration) -> ResumeInfo {
+    /// The checkpoints present now, which a relaunch never resumes from
+    /// (`run` takes it as the first attempt starts; `plan` as it plans).
+    pub fn baseline(&self) -> checkpoint::Baseline {
+        checkpoint::Baseline::take(self.layout.as_ref())
+    }
+
+    /// The checkpoint to resume from now: the newest complete one this run
+    /// wrote (`baseline`: what was there when it started). Without one, the
+    /// next attempt starts as the first did: from the user's own resume
+    /// argument if they gave one, else fresh.
+    pub fn resume(&self, baseline: &checkpoint::Baseline, settle: Duration) -> ResumeInfo {
         let Some(layout) = &self.layout else {
             return ResumeInfo {
                 found: None,
@@ -164,27 +172,31 @@ impl RunConfig {
                 ),
             };
         };
-        let found = checkpoint::find(layout, settle);
-        let chosen = match (&found.latest, &layout.user_resume) {
-            (None, _) => None,
-            (Some(c), Some(u)) => match checkpoint::step_of(u) {
-                Some(us) if us >= c.step => None,
-                _ => Some(c.clone()),
-            },
-            (Some(c), None) => Some(c.clone()),
-        };
-        let why = match (&chosen, &found.latest, &layout.user_resume) {
-            (Some(c), _, _) if layout.how == checkpoint::ResumeHow::Automatic => format!(
-                "{} is the newest complete checkpoint; the command resumes from its folder by itself",
+        let found = checkpoint::find(layout, baseline, settle);
+        // Anything this run wrote continues it, so it wins over the user's
+        // resume argument (where the first attempt began).
+        let chosen = found.latest.clone();
+        let automatic = layout.how == checkpoint::ResumeHow::Automatic;
+        let why = match (&chosen, &layout.user_resume) {
+            (Some(c), _) if automatic => format!(
+                "{} is the newest complete checkpoint this run wrote; the command resumes from its folder by itself",
                 c.path.display()
             ),
-            (Some(c), _, _) => format!("resume from {}", c.path.display()),
-            (None, Some(_), Some(u)) => format!(
-                "keep your resume argument {} (no newer complete checkpoint)",
+            (Some(c), _) => format!(
+                "resume from {} (the newest complete checkpoint this run wrote)",
+                c.path.display()
+            ),
+            (None, _) if automatic => format!(
+                "no complete checkpoint written by this run under {} yet: the command resumes from its folder by itself, as the first attempt did",
+                layout.root.display()
+            ),
+            (None, Some(u)) => format!(
+                "no complete checkpoint written by this run under {} yet: keep your resume argument {}, as the first attempt did",
+                layout.root.display(),
                 u.display()
             ),
-            _ => format!(
-                "no complete checkpoint under {} yet: start fresh",
+            (None, None) => format!(
+                "no complete checkpoint written by this run under {} yet: start fresh, as the first attempt did",
                 layout.root.display()
             ),
         };

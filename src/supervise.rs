@@ -92,6 +92,9 @@ struct Run<'c> {
     resume: Option<knobs::ResumeArg>,
     /// The step of that checkpoint.
     resumed_step: Option<u64>,
+    /// The checkpoints there when the first attempt started: a relaunch never
+    /// resumes from them (it continues this run, not an older experiment).
+    baseline: checkpoint::Baseline,
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
     attempts: Vec<AttemptRecord>,
@@ -189,6 +192,7 @@ impl<'c> Run<'c> {
             first,
             resume: None,
             resumed_step: None,
+            baseline: checkpoint::Baseline::default(),
             begun: 0,
             attempts: Vec::new(),
         }
@@ -271,6 +275,11 @@ impl<'c> Run<'c> {
         {
             self.log
                 .info(&format!("GPUs before attempt {n}: {}", g.summary));
+        }
+        if n == 1 {
+            // As late as possible before the launch: what is there now is not
+            // this run's (the wait for GPU memory above may have been long).
+            self.baseline = cfg.baseline();
         }
         let resume = self.resume.as_ref().map(|r| Path::new(&r.path));
         let start = Event::attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
@@ -542,7 +551,8 @@ impl<'c> Run<'c> {
             );
             return None;
         }
-        let res = self.cfg.resume(Duration::from_millis(200));
+        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        self.checkpoints_passed_over(rec.n, &res);
         self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
         self.log
             .info("memory is free again: retrying the same settings");
@@ -570,16 +580,8 @@ impl<'c> Run<'c> {
     ) -> Next {
         // The previous attempt's group is gone (launch waits for it), so a
         // checkpoint it was writing is as complete as it will ever be.
-        let res = self.cfg.resume(Duration::from_millis(200));
-        for s in res.found.iter().flat_map(|f| &f.skipped) {
-            self.log
-                .info(&format!("skipped {}: {}", s.path.display(), s.why));
-            self.j.record(&Event::CheckpointSkipped {
-                attempt: n,
-                path: &s.path,
-                why: &s.why,
-            });
-        }
+        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        self.checkpoints_passed_over(n, &res);
         let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
         let loss = Loss::measure(
             ev.step_reached,
@@ -616,6 +618,55 @@ impl<'c> Run<'c> {
         });
         self.settings = d.after.clone();
         Next::Decided { decision: d, loss }
+    }
+
+    /// Say which newer checkpoints the next attempt does not resume from, and
+    /// why: the newest few skipped one by one, the rest counted; those this
+    /// run did not write in one line. (Ten thousand broken folders once wrote
+    /// ten thousand lines on every relaunch.)
+    fn checkpoints_passed_over(&mut self, n: u32, res: &ResumeInfo) {
+        let Some(found) = &res.found else { return };
+        let named = found.skipped.len().min(checkpoint::NAMED);
+        let (first, rest) = found.skipped.split_at(named);
+        for s in first {
+            self.log
+                .info(&format!("skipped {}: {}", s.path.display(), s.why));
+            self.j.record(&Event::CheckpointSkipped {
+                attempt: n,
+                path: &s.path,
+                why: &s.why,
+            });
+        }
+        if !rest.is_empty() {
+            self.log.info(&format!(
+                "skipped {} more checkpoints: {}",
+                rest.len(),
+                checkpoint::kinds_text(rest)
+            ));
+            self.j.record(&Event::CheckpointsSkipped {
+                attempt: n,
+                count: rest.len(),
+                reasons: checkpoint::count_kinds(rest),
+            });
+        }
+        if !found.ignored.is_empty() {
+            let newest: Vec<String> = found
+                .ignored
+                .iter()
+                .take(checkpoint::NAMED)
+                .map(|s| s.path.display().to_string())
+                .collect();
+            self.log.info(&format!(
+                "ignored {}; a relaunch resumes only from checkpoints this run wrote",
+                checkpoint::ignored_text(&found.ignored)
+            ));
+            self.j.record(&Event::CheckpointsIgnored {
+                attempt: n,
+                count: found.ignored.len(),
+                newest,
+                reasons: checkpoint::count_kinds(&found.ignored),
+            });
+        }
     }
 
     /// The next attempt resumes where `res` says (and `step` is its step);

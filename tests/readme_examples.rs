@@ -1,7 +1,9 @@
 //! Every example command in the README's "Where knobs live" table, run as a newcomer
 //! runs it: the files it names are laid out in a fresh folder (shaped like the real
 //! ones), a complete checkpoint is written where that trainer writes it, and
-//! `oomguard plan --json` must show the ladder and resume line the README promises.
+//! `oomguard plan --json` must show the ladder and resume line the README promises:
+//! the checkpoint found where the trainer keeps them, and ignored, since it was
+//! there before the run (a relaunch resumes only from checkpoints the run writes).
 //!
 //! The commands are read from README.md itself, so a changed example is tested as
 //! written, and an example without an entry here (or an entry without an example)
@@ -27,6 +29,10 @@ struct Expect {
     first_step: &'static str,
     /// The resume layout's name starts with this (None: no checkpoint layout).
     layout: Option<&'static str>,
+    /// Words of how a relaunch is told to resume (plan's `resume.how`: its flag,
+    /// its value, `flag=value`). The plan's rungs resume from nothing: the
+    /// checkpoint written here was there before the run.
+    resume_how: &'static [&'static str],
     /// Arguments the second rung's argv must contain (checks the change lands where the trainer reads it).
     rung2_has: &'static [&'static str],
 }
@@ -53,6 +59,15 @@ fn zip_bytes() -> Vec<u8> {
     v
 }
 
+/// A safetensors file: header length, JSON header, one tensor's bytes.
+fn safetensors() -> Vec<u8> {
+    let header = r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+    let mut v = (header.len() as u64).to_le_bytes().to_vec();
+    v.extend_from_slice(header.as_bytes());
+    v.extend_from_slice(&[0u8; 8]);
+    v
+}
+
 /// Writes the checkpoint; returns its path relative to the folder.
 fn checkpoint(root: &Path, c: Ckpt) -> String {
     match c {
@@ -60,7 +75,7 @@ fn checkpoint(root: &Path, c: Ckpt) -> String {
             let d = root.join(dir).join("checkpoint-5");
             fs::create_dir_all(&d).unwrap();
             fs::write(d.join("trainer_state.json"), r#"{"global_step": 5}"#).unwrap();
-            fs::write(d.join("model.safetensors"), b"weights").unwrap();
+            fs::write(d.join("model.safetensors"), safetensors()).unwrap();
             format!("{dir}/checkpoint-5")
         }
         Ckpt::Torchtune(dir) => {
@@ -162,6 +177,7 @@ fn expectations() -> BTreeMap<&'static str, Expect> {
             checkpoint: Some(Ckpt::Hf("out")),
             first_step: "halve_micro_batch",
             layout: Some("hugging-face"),
+            resume_how: &[],
             rung2_has: &["--gradient_accumulation_steps", "8"],
         },
     );
@@ -180,6 +196,7 @@ fn expectations() -> BTreeMap<&'static str, Expect> {
             checkpoint: Some(Ckpt::Hf("out")),
             first_step: "halve_micro_batch",
             layout: Some("hugging-face"),
+            resume_how: &[],
             rung2_has: &["--per_device_train_batch_size", "4"],
         },
     );
@@ -190,6 +207,7 @@ fn expectations() -> BTreeMap<&'static str, Expect> {
             checkpoint: Some(Ckpt::Hf("out")),
             first_step: "halve_micro_batch",
             layout: Some("hugging-face"),
+            resume_how: &[],
             rung2_has: &["--per_device_train_batch_size", "4"],
         },
     );
@@ -220,6 +238,7 @@ save_steps: 100
             checkpoint: Some(Ckpt::Hf("data/zephyr-7b-sft-full")),
             first_step: "halve_micro_batch",
             layout: Some("hugging-face"),
+            resume_how: &[],
             rung2_has: &[],
         },
     );
@@ -243,7 +262,8 @@ gradient_checkpointing: true
             checkpoint: Some(Ckpt::Hf("outputs/lora-out")),
             first_step: "halve_micro_batch",
             layout: Some("hugging-face"),
-            rung2_has: &["--resume-from-checkpoint"],
+            resume_how: &["--resume-from-checkpoint"],
+            rung2_has: &[],
         },
     );
     m.insert(
@@ -273,6 +293,7 @@ learning_rate: 1.0e-4
             checkpoint: Some(Ckpt::Hf("saves/llama3-8b/lora/sft")),
             first_step: "halve_micro_batch",
             layout: Some("hugging-face"),
+            resume_how: &[],
             rung2_has: &[],
         },
     );
@@ -283,6 +304,7 @@ learning_rate: 1.0e-4
             checkpoint: Some(Ckpt::Torchtune("tt-out")),
             first_step: "halve_micro_batch",
             layout: Some("torchtune"),
+            resume_how: &[],
             rung2_has: &["batch_size=2", "gradient_accumulation_steps=16"],
         },
     );
@@ -293,6 +315,7 @@ learning_rate: 1.0e-4
             checkpoint: None,
             first_step: "halve_micro_batch",
             layout: None,
+            resume_how: &[],
             rung2_has: &[
                 "data.micro_batch_size_per_gpu=2",
                 "trainer.accumulate_grad_batches=4",
@@ -306,6 +329,7 @@ learning_rate: 1.0e-4
             checkpoint: Some(Ckpt::Lightning("lightning_logs")),
             first_step: "halve_micro_batch",
             layout: Some("lightning"),
+            resume_how: &[],
             rung2_has: &[
                 "--data.batch_size",
                 "4",
@@ -340,7 +364,8 @@ lr_decay_iters = 600000
             checkpoint: Some(Ckpt::NanoGpt("out")),
             first_step: "halve_micro_batch",
             layout: Some("nanogpt"),
-            rung2_has: &["--batch_size=6", "--init_from=resume"],
+            resume_how: &["--init_from=resume"],
+            rung2_has: &["--batch_size=6"],
         },
     );
     m.insert(
@@ -369,6 +394,7 @@ mode = \"selective\"
             checkpoint: None,
             first_step: "shorten_seq",
             layout: None,
+            resume_how: &[],
             rung2_has: &[],
         },
     );
@@ -382,11 +408,8 @@ mode = \"selective\"
             checkpoint: Some(Ckpt::Hf("output/llama1b.fft")),
             first_step: "halve_micro_batch",
             layout: Some("hugging-face"),
-            rung2_has: &[
-                "--training.per_device_train_batch_size",
-                "4",
-                "--training.resume_from_checkpoint",
-            ],
+            resume_how: &["--training.resume_from_checkpoint"],
+            rung2_has: &["--training.per_device_train_batch_size", "4"],
         },
     );
     m.insert(
@@ -400,13 +423,12 @@ mode = \"selective\"
             first_step: "halve_micro_batch",
             layout: Some("litgpt"),
             // The global batch flag is kept as written; no accumulation key appears.
+            resume_how: &["--resume", "auto"],
             rung2_has: &[
                 "--train.micro_batch_size",
                 "2",
                 "--train.global_batch_size",
                 "64",
-                "--resume",
-                "auto",
             ],
         },
     );
@@ -420,6 +442,7 @@ mode = \"selective\"
             checkpoint: None,
             first_step: "halve_micro_batch",
             layout: None,
+            resume_how: &[],
             rung2_has: &[],
         },
     );
@@ -430,6 +453,7 @@ mode = \"selective\"
             checkpoint: None,
             first_step: "halve_micro_batch",
             layout: None,
+            resume_how: &[],
             rung2_has: &[],
         },
     );
@@ -595,18 +619,31 @@ fn every_readme_knob_example_plans_its_ladder_and_resume() {
                 if !got.starts_with(layout) {
                     failures.push(format!("layout {got:?}, expected {layout}…\n{ctx}"));
                 }
-                let found = v["resume"]["checkpoint"].as_str().unwrap_or("");
-                if !found.ends_with(&rel) {
-                    failures.push(format!("resumes from {found:?}, expected {rel}\n{ctx}"));
+                // Found where the trainer writes it, and ignored: it was there
+                // before the run, and a relaunch continues this run.
+                if !ignored_names(&v, &rel) {
+                    failures.push(format!("{rel} not listed in resume.ignored\n{ctx}"));
                 }
-                // The resume argument reaches the relaunch.
-                // (nanoGPT and torchtune find it themselves: `--init_from=resume`,
-                // `resume_from_checkpoint=True`.)
-                let finds_itself = ["nanogpt", "torchtune", "litgpt"].contains(&layout);
-                if !finds_itself && !argv.iter().any(|a| a.contains(&rel)) {
+                if !v["resume"]["checkpoint"].is_null() {
                     failures.push(format!(
-                        "rung 2 does not resume from {rel}: {argv:?}\n{ctx}"
+                        "resumes from {}, which was there before the run\n{ctx}",
+                        v["resume"]["checkpoint"]
                     ));
+                }
+                if argv.iter().any(|a| a.contains(&rel)) {
+                    failures.push(format!(
+                        "rung 2 resumes from {rel}, which was there before the run: {argv:?}\n{ctx}"
+                    ));
+                }
+                let how = &v["resume"]["how"];
+                if how.is_null() {
+                    failures.push(format!("no resume spelling (resume.how)\n{ctx}"));
+                }
+                let words = how_words(how);
+                for w in exp.resume_how {
+                    if !words.iter().any(|x| x == w) {
+                        failures.push(format!("resume.how lacks {w:?}: {how}\n{ctx}"));
+                    }
                 }
             }
             (Some(_), None) => unreachable!("a layout is checked with a checkpoint"),
@@ -620,10 +657,35 @@ fn every_readme_knob_example_plans_its_ladder_and_resume() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// The headline command resumes from the Hugging Face checkpoint under every
-/// launcher (a launcher option before `train.py` once made it look like nanoGPT).
+/// The words of plan's `resume.how`: its flag or key, its value, and
+/// `flag=value`.
+fn how_words(how: &J) -> Vec<String> {
+    let mut w = Vec::new();
+    let name = how["flag"].as_str().or(how["key"].as_str());
+    if let Some(n) = name {
+        w.push(n.to_string());
+        if let Some(v) = how["value"].as_str() {
+            w.push(v.to_string());
+            w.push(format!("{n}={v}"));
+        }
+    }
+    w
+}
+
+/// `resume.ignored` in a plan names a path ending with `rel`.
+fn ignored_names(v: &J, rel: &str) -> bool {
+    v["resume"]["ignored"].as_array().is_some_and(|a| {
+        a.iter()
+            .any(|s| s["path"].as_str().is_some_and(|p| p.ends_with(rel)))
+    })
+}
+
+/// The headline command finds the Hugging Face checkpoints under every launcher
+/// (a launcher option before `train.py` once made it look like nanoGPT), and a
+/// relaunch is told with `--resume_from_checkpoint`; one that was there before
+/// the run is ignored.
 #[test]
-fn headline_command_resumes_hf_checkpoints_under_every_launcher() {
+fn headline_command_finds_hf_checkpoints_under_every_launcher() {
     for launcher in [
         "python3",
         "torchrun --nproc_per_node=4",
@@ -649,19 +711,14 @@ fn headline_command_resumes_hf_checkpoints_under_every_launcher() {
                 .as_str()
                 .unwrap_or("")
                 .starts_with("hugging-face")
-                && v["resume"]["checkpoint"]
-                    .as_str()
-                    .unwrap_or("")
-                    .ends_with(&rel),
+                && ignored_names(&v, &rel)
+                && v["resume"]["checkpoint"].is_null()
+                && v["resume"]["how"]["flag"] == "--resume_from_checkpoint",
             "{line}: {}",
             String::from_utf8_lossy(&out.stdout)
         );
         let argv = strings(&v["ladder"][1]["argv"]);
-        assert!(
-            argv.windows(2)
-                .any(|w| w[0] == "--resume_from_checkpoint" && w[1].ends_with(&rel)),
-            "{line}: {argv:?}"
-        );
+        assert!(!argv.iter().any(|a| a.contains(&rel)), "{line}: {argv:?}");
     }
 }
 
@@ -690,13 +747,7 @@ fn nanogpt_under_torchrun_reads_out_dir_from_its_config_module() {
         .output()
         .unwrap();
     let v: J = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(
-        v["resume"]["checkpoint"]
-            .as_str()
-            .map(|c| c.ends_with(&rel)),
-        Some(true),
-        "{v}"
-    );
+    assert!(ignored_names(&v, &rel), "{v}");
 }
 
 /// The Lightning CLI example with `--knob` after the command hands it to the
