@@ -289,6 +289,66 @@ fn usage(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
     (status.and_then(|s| s.code()), err)
 }
 
+#[test]
+fn policy_env_values_with_nul_and_keys_with_equals_are_usage_errors() {
+    let t = tmp();
+    let ran = t.path().join("ran");
+    let ran_s = ran.to_str().unwrap().to_owned();
+    for (name, text, line, key) in [
+        (
+            "nul.toml",
+            "[[step]]\nkind = \"halve_micro_batch\"\n[env]\nPYTORCH_NO_CUDA_MEMORY_CACHING = \"0\\u0000x\"\n",
+            4,
+            "env.PYTORCH_NO_CUDA_MEMORY_CACHING",
+        ),
+        (
+            "equals.toml",
+            "[[step]]\nkind = \"halve_micro_batch\"\n[env]\n\"PYTORCH_A=B\" = \"1\"\n",
+            4,
+            "env.PYTORCH_A=B",
+        ),
+    ] {
+        let p = t.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        let (code, err) = usage(
+            t.path(),
+            &["--policy", p.to_str().unwrap(), "touch", &ran_s],
+        );
+        let want = format!("{}:{line}: {key}", p.display());
+        assert!(
+            code == Some(2) && err.contains(&want),
+            "{name}: expected exit 2 naming {want:?}; found {code:?}: {err}"
+        );
+        assert!(!ran.exists(), "{name}: the command ran");
+    }
+}
+
+#[test]
+fn a_policy_that_is_not_a_regular_file_or_too_large_is_refused_without_reading_it() {
+    let t = tmp();
+    let fifo = t.path().join("policy.fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let big = t.path().join("big.toml");
+    let mut text = "[[step]]\nkind = \"halve_micro_batch\"\n".to_string();
+    while text.len() < 2 << 20 {
+        text.push_str("# padding padding padding padding padding padding padding\n");
+    }
+    std::fs::write(&big, text).unwrap();
+    for p in ["/dev/zero", fifo.to_str().unwrap(), big.to_str().unwrap()] {
+        for sub in [&[][..], &["plan"][..]] {
+            let mut args = sub.to_vec();
+            args.extend(["--policy", p, "true"]);
+            let (code, err) = usage(t.path(), &args);
+            assert!(
+                code == Some(2) && err.contains(p),
+                "--policy {p}: expected exit 2 naming it; found {code:?}: {err}"
+            );
+        }
+    }
+}
+
 /// `plan --json` in `dir`: the parsed JSON (exit 0 expected).
 fn plan_json(dir: &Path, args: &[&str]) -> serde_json::Value {
     let out = Command::new(OOMGUARD)
@@ -306,5 +366,43 @@ fn plan_json(dir: &Path, args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("plan {args:?}: {e}: {text}"))
+}
+
+#[test]
+fn a_shortened_sequence_keeps_its_floor_and_its_multiple() {
+    let t = tmp();
+    let policy = |multiple: u64, min: u64| {
+        let p = t.path().join(format!("seq-{multiple}-{min}.toml"));
+        std::fs::write(
+            &p,
+            format!("[[step]]\nkind = \"shorten_seq\"\nmultiple_of = {multiple}\nmin = {min}\n"),
+        )
+        .unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let seqs = |multiple: u64, min: u64| -> Vec<u64> {
+        let plan = plan_json(
+            t.path(),
+            &[
+                "--policy",
+                &policy(multiple, min),
+                "python3",
+                "train.py",
+                "--max_seq_length",
+                "1000",
+            ],
+        );
+        plan["ladder"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["settings"]["seq_len"].as_u64().unwrap())
+            .collect()
+    };
+    // 1000 cannot be shortened to a multiple of 4096 that is at least 10: not applicable.
+    assert_eq!(seqs(4096, 10), vec![1000]);
+    // 1000 × 0.5 = 500 → 256 (a multiple of 256) is below 600: the nearest allowed is 768.
+    assert_eq!(seqs(256, 600), vec![1000, 768]);
+    assert_eq!(seqs(8, 128), vec![1000, 496, 248, 128]);
 }
 
