@@ -133,6 +133,103 @@ fn outcomes(run: &Run) -> Vec<String> {
 
 const DS_JSON: &str = "{\n  \"train_batch_size\": 64,\n  \"train_micro_batch_size_per_gpu\": 8,\n  \"gradient_accumulation_steps\": 4,\n  \"zero_optimization\": {\n    \"stage\": 1\n  }\n}\n";
 
+#[test]
+fn the_first_attempt_runs_as_given_when_the_world_size_is_unknown() {
+    // WORLD_SIZE=2 is set by the launcher in real life; oomguard cannot know it, so it
+    // must not "fix" a train_batch_size of 64 = 8 × 4 × 2 into 32 = 8 × 4 × 1.
+    let t = tmp();
+    std::fs::write(t.path().join("ds.json"), DS_JSON).unwrap();
+    let flag = t.path().join("flag");
+    let script = child("deepspeed_batch_check.py");
+    let args = [
+        "python3",
+        &script,
+        flag.to_str().unwrap(),
+        "--deepspeed",
+        "ds.json",
+    ];
+    let envs = [("WORLD_SIZE", "2")];
+    let how = How {
+        envs: &envs,
+        one_file: false,
+    };
+    let run = og(t.path(), &args, how, Duration::from_secs(60));
+    run.check("exit after one relaunch", Some(0), run.code);
+    let journal = run.journal(&t.path().join("run"));
+    let starts = common::events(&journal, "attempt_start");
+    run.check("attempts", 2, starts.len());
+    run.check(
+        "attempt 1's argv is the command",
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        common::argv_of(starts[0]),
+    );
+    run.ensure(
+        "attempt 1 writes no config copy",
+        starts[0]["files"].as_array().is_none_or(|f| f.is_empty()),
+        "no files",
+        &starts[0]["files"],
+    );
+    run.ensure(
+        "attempt 2 keeps train_batch_size = micro × accum × world",
+        run.stdout.contains("micro=4 accum=8 train_batch_size=64"),
+        "micro=4 accum=8 train_batch_size=64",
+        &run.stdout,
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.path().join("ds.json")).unwrap(),
+        DS_JSON,
+        "the user's file is never modified"
+    );
+}
+
+#[test]
+fn plan_shows_attempt_1_exactly_as_given() {
+    let t = tmp();
+    std::fs::write(t.path().join("ds.json"), DS_JSON).unwrap();
+    for cmd in [
+        &["deepspeed", "train.py", "--deepspeed", "ds.json"][..],
+        &[
+            "deepspeed",
+            "--include",
+            "localhost:0,1",
+            "train.py",
+            "--deepspeed",
+            "ds.json",
+        ][..],
+    ] {
+        let out = Command::new(OOMGUARD)
+            .args(["plan", "--json"])
+            .args(cmd)
+            .current_dir(t.path())
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let plan: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{cmd:?}: plan --json: {e}\n{text}\n{:?}", out));
+        let first = &plan["ladder"][0];
+        assert_eq!(
+            common::argv_of(first),
+            cmd.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            "{cmd:?}: attempt 1's argv"
+        );
+        assert!(
+            first["files"].as_array().is_none_or(|f| f.is_empty()),
+            "{cmd:?}: attempt 1 rewrites no file: {:#}",
+            first["files"]
+        );
+        // Later rungs keep train_batch_size: micro × accum is unchanged by halving.
+        for r in plan["ladder"].as_array().unwrap() {
+            let diffs = r["files"].to_string();
+            assert!(
+                !diffs.contains("train_batch_size\\\": 32"),
+                "{cmd:?}: {} rewrote train_batch_size: {diffs}",
+                r["step"]
+            );
+        }
+    }
+}
+
 // ------------------------------------------------------------------------ signals
 
 fn kill(pid: i32, sig: i32) {
@@ -349,6 +446,33 @@ fn a_policy_that_is_not_a_regular_file_or_too_large_is_refused_without_reading_i
     }
 }
 
+#[test]
+fn a_knob_value_of_zero_and_multiple_of_zero_are_usage_errors() {
+    let t = tmp();
+    let (code, err) = usage(
+        t.path(),
+        &[
+            "plan",
+            "--knob",
+            "micro_batch=+data.bs=0",
+            "python3",
+            "t.py",
+        ],
+    );
+    assert!(
+        code == Some(2) && err.contains("micro_batch"),
+        "--knob micro_batch=+data.bs=0: expected exit 2; found {code:?}: {err}"
+    );
+    let p = t.path().join("zero.toml");
+    std::fs::write(&p, "[[step]]\nkind = \"shorten_seq\"\nmultiple_of = 0\n").unwrap();
+    let (code, err) = usage(t.path(), &["--policy", p.to_str().unwrap(), "true"]);
+    let want = format!("{}:3: step[0].multiple_of", p.display());
+    assert!(
+        code == Some(2) && err.contains(&want),
+        "multiple_of = 0: expected exit 2 naming {want}; found {code:?}: {err}"
+    );
+}
+
 /// `plan --json` in `dir`: the parsed JSON (exit 0 expected).
 fn plan_json(dir: &Path, args: &[&str]) -> serde_json::Value {
     let out = Command::new(OOMGUARD)
@@ -406,3 +530,44 @@ fn a_shortened_sequence_keeps_its_floor_and_its_multiple() {
     assert_eq!(seqs(8, 128), vec![1000, 496, 248, 128]);
 }
 
+#[test]
+fn integral_floats_in_a_deepspeed_json_are_knob_values_and_keep_their_style() {
+    let t = tmp();
+    std::fs::write(
+        t.path().join("ds.json"),
+        "{\n  \"train_micro_batch_size_per_gpu\": 16.0,\n  \"gradient_accumulation_steps\": 2e0,\n  \"zero_optimization\": {\"stage\": 2}\n}\n",
+    )
+    .unwrap();
+    let plan = plan_json(
+        t.path(),
+        &[
+            "python3",
+            "train.py",
+            "--deepspeed",
+            "ds.json",
+            "--per_device_train_batch_size",
+            "16",
+            "--gradient_accumulation_steps",
+            "2",
+        ],
+    );
+    let binding = plan["knobs"]["micro_batch"]["binding"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        binding.contains("train_micro_batch_size_per_gpu"),
+        "the JSON's 16.0 is the same knob as the flag: {binding}"
+    );
+    let halve = plan["ladder"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["step"] == "halve_micro_batch")
+        .expect("a halving rung");
+    let diff = halve["files"][0]["diff"].as_str().unwrap_or("");
+    assert!(
+        diff.contains("+  \"train_micro_batch_size_per_gpu\": 8.0,")
+            && diff.contains("+  \"gradient_accumulation_steps\": 4e0,"),
+        "the copy follows the flags, in the file's own number style:\n{diff}"
+    );
+}
