@@ -331,6 +331,96 @@ impl Drop for Stubborn {
     }
 }
 
+#[test]
+fn sigterm_and_sighup_escalate_to_sigkill_after_the_grace_period() {
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
+        let t = tmp();
+        let mut s = Stubborn::start(t.path(), "1");
+        let sent = Instant::now();
+        kill(s.og.id() as i32, sig);
+        let code = s.exit_within(Duration::from_secs(20));
+        let took = sent.elapsed();
+        if code != 128 + sig {
+            s.fail(&format!("exit {} after {name}, found {code}", 128 + sig));
+        }
+        if !s.stdout().contains(&format!("{} ignored {name}", s.child)) {
+            s.fail(&format!("{name} forwarded to the child first"));
+        }
+        if took < Duration::from_millis(900) {
+            s.fail(&format!("SIGKILL only after the 1 s grace; took {took:?}"));
+        }
+        if !common::wait_until(Duration::from_secs(5), || {
+            !alive(s.child) && !alive(s.grandchild)
+        }) {
+            s.fail(&format!(
+                "{name}: child and grandchild SIGKILLed after --grace"
+            ));
+        }
+    }
+}
+
+#[test]
+fn a_second_sigterm_kills_the_group_at_once() {
+    let t = tmp();
+    let mut s = Stubborn::start(t.path(), "600");
+    kill(s.og.id() as i32, libc::SIGTERM);
+    if !common::wait_until(Duration::from_secs(10), || {
+        s.stdout().contains(&format!("{} ignored SIGTERM", s.child))
+    }) {
+        s.fail("the first SIGTERM forwarded");
+    }
+    kill(s.og.id() as i32, libc::SIGTERM);
+    let code = s.exit_within(Duration::from_secs(20));
+    if code != 143 {
+        s.fail(&format!("exit 143, found {code}"));
+    }
+    if !common::wait_until(Duration::from_secs(5), || {
+        !alive(s.child) && !alive(s.grandchild)
+    }) {
+        s.fail("child and grandchild SIGKILLed by the second SIGTERM");
+    }
+}
+
+#[test]
+fn ctrl_z_reports_sigtstp_not_sigstop() {
+    use std::os::unix::process::CommandExt;
+    let t = tmp();
+    let script = child("print_signals.py");
+    let mut og = Command::new(OOMGUARD)
+        .arg("--run-dir")
+        .arg(t.path().join("run"))
+        .args(["python3", &script])
+        .current_dir(t.path())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(t.path().join("stdout")).unwrap())
+        .stderr(Stdio::null())
+        // A group of its own whose parent (this test) is in another group of the same
+        // session: not orphaned, so a SIGTSTP with its default action stops it.
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = og.id() as i32;
+    let ready =
+        || std::fs::read_to_string(t.path().join("stdout")).is_ok_and(|s| s.contains("ready"));
+    assert!(
+        common::wait_until(Duration::from_secs(20), ready),
+        "child ready"
+    );
+    kill(pid, libc::SIGTSTP);
+    let mut status = 0;
+    // SAFETY: waitpid on our own child; WUNTRACED reports a stop without reaping.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+    let stopped_by = (r == pid && libc::WIFSTOPPED(status)).then(|| libc::WSTOPSIG(status));
+    kill(pid, libc::SIGCONT);
+    kill(pid, libc::SIGTERM);
+    let _ = og.wait();
+    assert_eq!(
+        stopped_by,
+        Some(libc::SIGTSTP),
+        "the shell reports 128 + the stop signal: 148 for the user's SIGTSTP (147 would be SIGSTOP)"
+    );
+}
+
 // ------------------------------------------------------------------------ numbers
 
 #[test]

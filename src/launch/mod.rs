@@ -523,6 +523,8 @@ struct LoopState {
     hung: bool,
     interrupted: Option<i32>,
     sigints: usize,
+    /// SIGTERMs and SIGHUPs received: the first starts the grace period, a second kills.
+    endings: usize,
     stopped: bool,
     /// try_wait costs a system call: only after a SIGCHLD, at end of output, or
     /// every 500 ms as a backstop (keeps pass-through CPU near `cat`'s).
@@ -540,6 +542,7 @@ impl LoopState {
             hung: false,
             interrupted: None,
             sigints: 0,
+            endings: 0,
             stopped: false,
             last_wait: Instant::now(),
             warnings: Vec::new(),
@@ -589,10 +592,19 @@ impl LoopState {
             match sig {
                 libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT => {
                     self.interrupted.get_or_insert(sig);
+                    // Why: SIGTERM (`kill`, a scheduler) and SIGHUP (`tmux kill-server`, a
+                    // closed terminal) mean "stop now": a command that ignores them would
+                    // otherwise keep the GPUs with nobody left to stop it. They are
+                    // forwarded, and `escalate` sends SIGKILL when `grace` is over; a
+                    // second one kills at once, as a second Ctrl-C does.
+                    let ends = matches!(sig, libc::SIGTERM | libc::SIGHUP);
                     if sig == libc::SIGINT {
                         self.sigints += n;
                     }
-                    if sig == libc::SIGINT && self.sigints >= 2 {
+                    if ends {
+                        self.endings += n;
+                    }
+                    if (sig == libc::SIGINT && self.sigints >= 2) || (ends && self.endings >= 2) {
                         tracing::info!("second interrupt: killing process group {pgid}");
                         tree::kill_group(pgid, libc::SIGKILL);
                         tree::kill_marked(&attempt.marker, libc::SIGKILL);
@@ -600,6 +612,9 @@ impl LoopState {
                         self.kill_at.get_or_insert(now);
                     } else {
                         tree::kill_group(pgid, sig);
+                        if ends {
+                            self.term_at.get_or_insert(now);
+                        }
                     }
                 }
                 libc::SIGUSR1 | libc::SIGUSR2 => {
@@ -615,10 +630,9 @@ impl LoopState {
                     };
                     tree::kill_group(pgid, stop);
                     self.stopped = true;
-                    // SAFETY: stopping ourselves; we continue here on SIGCONT.
-                    unsafe {
-                        libc::kill(libc::getpid(), libc::SIGSTOP);
-                    }
+                    // Stopped by the signal the user sent, so the shell reports 148
+                    // (SIGTSTP), not 147; we continue here on SIGCONT.
+                    signals::stop_self();
                 }
                 libc::SIGCONT => {
                     tree::kill_group(pgid, libc::SIGCONT);
