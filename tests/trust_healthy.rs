@@ -449,6 +449,48 @@ fn durations_too_large_are_usage_errors_not_panics() {
 
 // ------------------------------------------------------------------------- output
 
+#[test]
+fn stdout_and_stderr_to_one_file_keep_their_order_and_are_still_scanned() {
+    let t = tmp();
+    let script = child("interleave.py");
+    let how = How {
+        envs: &[],
+        one_file: true,
+    };
+    let run = og(
+        t.path(),
+        &["-q", "python3", &script, "400"],
+        how,
+        Duration::from_secs(60),
+    );
+    run.check("exit", Some(0), run.code);
+    let lines: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("line "))
+        .collect();
+    let want: Vec<String> = (0..400).map(|i| format!("line {i}")).collect();
+    run.check(
+        "the child's lines in the order it wrote them",
+        want,
+        lines.iter().map(|s| s.to_string()).collect(),
+    );
+
+    // The one stream is still scanned: an OOM on stderr relaunches.
+    let t = tmp();
+    let flag = t.path().join("flag");
+    let script = child("traceback_oom.py");
+    let mut args = vec!["python3", &script, "torch", "exit", flag.to_str().unwrap()];
+    args.extend(KNOB_FLAGS);
+    let how = How {
+        envs: &[],
+        one_file: true,
+    };
+    let run = og(t.path(), &args, how, Duration::from_secs(60));
+    run.check("exit after the relaunch", Some(0), run.code);
+    run.check("attempts", 2, attempts(&run));
+}
+
 // ------------------------------------------------------- policies and knob values
 
 /// `oomguard ARGS true` in `dir`: (exit code, stderr); a bounded wait.

@@ -7,7 +7,9 @@
 //! mode) or of a new session on a fresh pseudo-terminal (tty mode), starts a guardian
 //! process (see `guard`), and then runs one single-threaded `poll(2)` loop over:
 //!
-//! * the child's stdout and stderr pipes (grown to 1 MiB; or the pty master), read with one fixed 64 KiB
+//! * the child's stdout and stderr pipes (grown to 1 MiB; one pipe for both when our own stdout
+//!   and stderr are one file, as with `> log 2>&1`, so their order is kept; or the pty master),
+//!   read with one fixed 64 KiB
 //!   buffer, each chunk written to our stdout/stderr first, then fed to the scanner, then to
 //!   the bounded log;
 //! * the self-pipe of `Signals`, whose handlers only count signals.
@@ -196,15 +198,35 @@ fn show_dirs(dirs: &[PathBuf]) -> String {
 
 /// Runs one attempt to its end; see the module documentation.
 pub fn run(spec: &Spec, signals: &Signals) -> Result<Report, Error> {
-    run_with(spec, signals, &mut RawOut::stdout(), &mut RawOut::stderr())
+    let merge = !spec.tty && spawn::same_output();
+    run_wired(
+        spec,
+        signals,
+        &mut RawOut::stdout(),
+        &mut RawOut::stderr(),
+        merge,
+    )
 }
 
 /// `run` with the destinations of the child's stdout and stderr given (tests capture them).
+#[cfg(test)]
 pub(crate) fn run_with(
     spec: &Spec,
     signals: &Signals,
     out: &mut dyn Write,
     err: &mut dyn Write,
+) -> Result<Report, Error> {
+    run_wired(spec, signals, out, err, false)
+}
+
+/// `run` with the destinations given; `merge`: one pipe for the child's stdout and
+/// stderr (see `spawn::Wiring::Merged`), its output going to `out`.
+pub(crate) fn run_wired(
+    spec: &Spec,
+    signals: &Signals,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    merge: bool,
 ) -> Result<Report, Error> {
     let Some(program) = spec.argv.first() else {
         return Err(Error::Io(io::Error::new(
@@ -217,6 +239,8 @@ pub(crate) fn run_with(
     let mut warnings = Vec::new();
     let wiring = if spec.tty {
         spawn::Wiring::Pty(spawn::open_pty(spawn::our_winsize())?)
+    } else if merge {
+        spawn::Wiring::merged()?
     } else {
         spawn::Wiring::Pipes
     };
@@ -304,6 +328,11 @@ fn output_streams(
             if let Some(e) = child.stderr.take() {
                 streams.push(StreamFd::new(OwnedFd::from(e), detect::Stream::Err));
             }
+        }
+        spawn::Wiring::Merged { read, write } => {
+            drop(write); // only the child holds the write end now: EOF when it is done
+            // Scanned as one stream: the scanner keeps one partial line per stream.
+            streams.push(StreamFd::new(read, detect::Stream::Out));
         }
         spawn::Wiring::Pty(pty) => {
             drop(pty.slave); // only the child holds the slave now: EOF when it is done
