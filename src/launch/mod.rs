@@ -551,9 +551,12 @@ struct LoopState {
     gone_at: Option<Instant>,
     hung: bool,
     interrupted: Option<i32>,
+    /// How many of each user interrupt arrived: a second SIGINT, SIGTERM or SIGHUP
+    /// kills the group at once (a first SIGTERM or SIGHUP starts the grace period).
     sigints: usize,
-    /// SIGTERMs and SIGHUPs received: the first starts the grace period, a second kills.
-    endings: usize,
+    sigterms: usize,
+    sighups: usize,
+    sigquits: usize,
     stopped: bool,
     /// try_wait costs a system call: only after a SIGCHLD, at end of output, or
     /// every 500 ms as a backstop (keeps pass-through CPU near `cat`'s).
@@ -571,7 +574,9 @@ impl LoopState {
             hung: false,
             interrupted: None,
             sigints: 0,
-            endings: 0,
+            sigterms: 0,
+            sighups: 0,
+            sigquits: 0,
             stopped: false,
             last_wait: Instant::now(),
             warnings: Vec::new(),
@@ -624,16 +629,18 @@ impl LoopState {
                     // Why: SIGTERM (`kill`, a scheduler) and SIGHUP (`tmux kill-server`, a
                     // closed terminal) mean "stop now": a command that ignores them would
                     // otherwise keep the GPUs with nobody left to stop it. They are
-                    // forwarded, and `escalate` sends SIGKILL when `grace` is over; a
-                    // second one kills at once, as a second Ctrl-C does.
+                    // forwarded, and `escalate` sends SIGKILL when `grace` is over; the
+                    // same one again kills at once, as a second Ctrl-C does.
                     let ends = matches!(sig, libc::SIGTERM | libc::SIGHUP);
-                    if sig == libc::SIGINT {
-                        self.sigints += n;
-                    }
-                    if ends {
-                        self.endings += n;
-                    }
-                    if (sig == libc::SIGINT && self.sigints >= 2) || (ends && self.endings >= 2) {
+                    let count = match sig {
+                        libc::SIGINT => &mut self.sigints,
+                        libc::SIGTERM => &mut self.sigterms,
+                        libc::SIGHUP => &mut self.sighups,
+                        _ => &mut self.sigquits,
+                    };
+                    *count += n;
+                    let again = *count >= 2 && sig != libc::SIGQUIT;
+                    if again {
                         tracing::info!("second interrupt: killing process group {pgid}");
                         tree::kill_group(pgid, libc::SIGKILL);
                         tree::kill_marked(&attempt.marker, libc::SIGKILL);
