@@ -129,6 +129,106 @@ fn outcomes(run: &Run) -> Vec<String> {
 
 // ------------------------------------------------------------------ false alarms
 
+#[test]
+fn a_line_that_mentions_an_oom_then_a_quiet_spell_is_not_a_hang() {
+    let t = tmp();
+    let script = child("mention_oom_then_quiet.py");
+    let mut args = vec![
+        "--hang-timeout",
+        "1",
+        "--grace",
+        "1",
+        "python3",
+        &script,
+        "3",
+    ];
+    args.extend(KNOB_FLAGS);
+    let run = og(t.path(), &args, How::default(), Duration::from_secs(60));
+    run.check("exit code of a healthy run", Some(0), run.code);
+    run.check("attempts", 1, attempts(&run));
+    run.ensure(
+        "the child finished its quiet spell",
+        run.stdout.contains("finished"),
+        "stdout with `finished`",
+        &run.stdout,
+    );
+}
+
+#[test]
+fn a_caught_oom_then_another_failure_keeps_the_status_and_is_not_relaunched() {
+    let t = tmp();
+    let script = child("caught_oom_then_fail.py");
+    let mut args = vec!["python3", &script];
+    args.extend(KNOB_FLAGS);
+    let run = og(t.path(), &args, How::default(), Duration::from_secs(60));
+    run.check("the child's own status", Some(3), run.code);
+    run.check("attempts", 1, attempts(&run));
+    run.check("outcome", vec!["other_failure".to_string()], outcomes(&run));
+    run.ensure(
+        "the message names the real error",
+        run.stderr.contains("ValueError: label 7 is out of range"),
+        "stderr naming the ValueError",
+        &run.stderr,
+    );
+}
+
+#[test]
+fn an_uncaught_oom_is_still_relaunched() {
+    for kind in ["torch", "runtime"] {
+        let t = tmp();
+        let flag = t.path().join("flag");
+        let script = child("traceback_oom.py");
+        let mut args = vec!["python3", &script, kind, "exit", flag.to_str().unwrap()];
+        args.extend(KNOB_FLAGS);
+        let run = og(t.path(), &args, How::default(), Duration::from_secs(60));
+        run.check(
+            &format!("{kind}: exit after the relaunch"),
+            Some(0),
+            run.code,
+        );
+        run.check(&format!("{kind}: attempts"), 2, attempts(&run));
+        run.check(
+            &format!("{kind}: outcomes"),
+            vec!["cuda_oom".to_string(), "success".to_string()],
+            outcomes(&run),
+        );
+    }
+}
+
+#[test]
+fn a_hang_after_a_real_oom_is_still_killed() {
+    // `RuntimeError: CUDA out of memory` ending a traceback (older torch): the hang timer
+    // is armed by the traceback's end, not only by the torch.OutOfMemoryError class name.
+    for kind in ["runtime", "torch"] {
+        let t = tmp();
+        let script = child("traceback_oom.py");
+        let mut args = vec![
+            "--hang-timeout",
+            "1",
+            "--grace",
+            "1",
+            "--max-attempts",
+            "1",
+            "python3",
+            &script,
+            kind,
+            "hang",
+        ];
+        args.extend(KNOB_FLAGS);
+        let run = og(t.path(), &args, How::default(), Duration::from_secs(60));
+        run.check(
+            &format!("{kind}: exit (hung, --max-attempts 1)"),
+            Some(75),
+            run.code,
+        );
+        run.check(
+            &format!("{kind}: outcome"),
+            vec!["hung_after_oom".to_string()],
+            outcomes(&run),
+        );
+    }
+}
+
 // ------------------------------------------------------------ first attempt as given
 
 const DS_JSON: &str = "{\n  \"train_batch_size\": 64,\n  \"train_micro_batch_size_per_gpu\": 8,\n  \"gradient_accumulation_steps\": 4,\n  \"zero_optimization\": {\n    \"stage\": 1\n  }\n}\n";
@@ -489,6 +589,27 @@ fn stdout_and_stderr_to_one_file_keep_their_order_and_are_still_scanned() {
     let run = og(t.path(), &args, how, Duration::from_secs(60));
     run.check("exit after the relaunch", Some(0), run.code);
     run.check("attempts", 2, attempts(&run));
+}
+
+#[test]
+fn an_oom_at_the_end_of_a_100_kb_line_is_found() {
+    let t = tmp();
+    let flag = t.path().join("flag");
+    let script = child("traceback_oom.py");
+    let mut args = vec!["python3", &script, "torch", "exit", flag.to_str().unwrap()];
+    args.extend(KNOB_FLAGS);
+    let envs = [("OOMGUARD_TEST_LONG_LINE", "1")];
+    let how = How {
+        envs: &envs,
+        one_file: false,
+    };
+    let run = og(t.path(), &args, how, Duration::from_secs(60));
+    run.check("exit after the relaunch", Some(0), run.code);
+    run.check(
+        "outcomes",
+        vec!["cuda_oom".to_string(), "success".to_string()],
+        outcomes(&run),
+    );
 }
 
 // ------------------------------------------------------- policies and knob values

@@ -7,11 +7,10 @@
 //! mode) or of a new session on a fresh pseudo-terminal (tty mode), starts a guardian
 //! process (see `guard`), and then runs one single-threaded `poll(2)` loop over:
 //!
-//! * the child's stdout and stderr pipes (grown to 1 MiB; one pipe for both when our own stdout
-//!   and stderr are one file, as with `> log 2>&1`, so their order is kept; or the pty master),
-//!   read with one fixed 64 KiB
-//!   buffer, each chunk written to our stdout/stderr first, then fed to the scanner, then to
-//!   the bounded log;
+//! * the child's stdout and stderr pipes (grown to 1 MiB; one pipe for both when our own
+//!   stdout and stderr are one file, as with `> log 2>&1`, so their order is kept; or the pty
+//!   master), read with one fixed 64 KiB buffer, each chunk written to our stdout/stderr
+//!   first, then fed to the scanner, then to the bounded log;
 //! * the self-pipe of `Signals`, whose handlers only count signals.
 //!
 //! Only one extra thread exists, in tty mode: it forwards our stdin to the pty master.
@@ -37,9 +36,11 @@
 //! (`env -i`) escapes both nets; `run()` still returns (the output stops being awaited 200 ms
 //! after the rest is gone), but that process survives.
 //!
-//! Hang detection: after the scanner reports the first OOM line, `hang_timeout` with no
-//! output while the direct child is still alive means the run is stuck (NCCL ranks waiting
-//! for a dead peer, typically): SIGTERM the group, SIGKILL after `grace`, `hung = true`.
+//! Hang detection: once the scanner is armed (an OOM in a fatal form: the exception line
+//! ending a traceback, or `torch.OutOfMemoryError`; never a line that merely mentions an
+//! OOM), `hang_timeout` with no output while the direct child is still alive means the run
+//! is stuck (NCCL ranks waiting for a dead peer, typically): SIGTERM the group, SIGKILL
+//! after `grace`, `hung = true`.
 //!
 //! Known limits: if our own stdout blocks (a reader that stopped reading), the loop blocks in
 //! write(2) with it, hang detection included. In pipe mode the child inherits our stdin but
@@ -160,7 +161,7 @@ pub struct Report {
     /// Everything the child printed went through `scanner.feed(stream, bytes)`.
     pub scanner: detect::Scanner,
     pub duration: Duration,
-    /// Time from start to the first OOM line.
+    /// Time from start to the OOM that was pending at the end (see `detect`), if any.
     pub oom_at: Option<Duration>,
     /// Problems that did not stop supervision, e.g. "could not write log ...: disk full".
     pub warnings: Vec<String>,
@@ -433,8 +434,10 @@ impl<'a> Watch<'a> {
             detect::Stream::Err => self.err.write(chunk),
             _ => self.out.write(chunk),
         }
-        if self.scanner.feed(kind, chunk) && self.oom_at.is_none() {
+        if self.scanner.feed(kind, chunk) {
             self.oom_at = Some(self.start.elapsed());
+        } else if self.scanner.first_oom().is_none() {
+            self.oom_at = None; // the OOM was survived (see detect's "pending")
         }
         if let Some(log) = self.log.as_mut() {
             log.feed(chunk);
@@ -592,7 +595,7 @@ impl LoopState {
         if self.exited.is_none() {
             // Backstop for a SIGCHLD we could not see (e.g. reaped by a wait elsewhere).
             at(now + Duration::from_millis(500));
-            if w.oom_at.is_some() && self.term_at.is_none() && !self.stopped {
+            if w.scanner.armed() && self.term_at.is_none() && !self.stopped {
                 at(w.last_output + w.spec.hang_timeout);
             }
         } else {
@@ -711,7 +714,7 @@ impl LoopState {
     fn escalate(&mut self, attempt: &Attempt, w: &Watch<'_>, now: Instant) {
         let pgid = attempt.pid;
         if self.exited.is_none() {
-            if w.oom_at.is_some()
+            if w.scanner.armed()
                 && self.term_at.is_none()
                 && !self.stopped
                 && now.duration_since(w.last_output) >= w.spec.hang_timeout
