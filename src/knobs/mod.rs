@@ -207,8 +207,25 @@ pub enum KnobError {
         "--knob {knob}=env:{var}: ${var} is not set and {knob} has no default; set it (e.g. {var}=8) so oomguard knows the starting value"
     )]
     EnvUnset { knob: Knob, var: String },
+    #[error("--knob {knob}={place}: the starting value {value:?} is not {expected}")]
+    BadStart {
+        knob: Knob,
+        place: String,
+        value: String,
+        expected: &'static str,
+    },
     #[error("no command given: write it after the options, e.g. `oomguard python train.py ...`")]
     NoCommand,
+}
+
+/// What a knob's value must be, in words.
+fn expected_value(knob: Knob) -> &'static str {
+    match knob {
+        Knob::OffloadOptimizer | Knob::OffloadParam => "none, cpu or nvme",
+        Knob::ZeroStage => "a whole number",
+        k if k.is_bool() => "true or false",
+        _ => "a positive whole number",
+    }
 }
 
 /// A user's `--knob NAME=WHERE`.
@@ -657,7 +674,12 @@ fn user_file_and_override_places(
                 default,
             } => {
                 let value = config::scalar_to_value(*knob, &config::yaml_like(default))
-                    .ok_or_else(|| KnobError::BadSpec(format!("{knob}={prefix}{key}={default}")))?;
+                    .ok_or_else(|| KnobError::BadStart {
+                        knob: *knob,
+                        place: format!("+{key}={default}"),
+                        value: default.clone(),
+                        expected: expected_value(*knob),
+                    })?;
                 add_overrides.push((*knob, value, key.clone(), prefix.clone()));
             }
             UserBinding::Override(key) => {
