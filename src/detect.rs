@@ -200,6 +200,11 @@ static PENDING_NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(&pattern).expect("pending needle pattern")
 });
 
+/// Where a Python traceback begins (a finder built once: building one per line costs
+/// more than the search).
+static TRACEBACK: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"Traceback (most recent call last)"));
+
 /// A line that mentions an OOM and says, in its own words, that it was handled.
 static HANDLED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
@@ -210,18 +215,18 @@ static HANDLED: LazyLock<Regex> = LazyLock::new(|| {
 
 /// A line saying a run went on after an OOM: batch-size finders and trainers that
 /// catch an OOM and retry smaller (Lightning, Composer, HF's auto_find_batch_size).
-static RECOVERED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
+static RECOVERED: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::Regex::new(
         r"(?i)batch[ _]size(?:\s+\S+)?\s+found|batch[ _]size\s+finder|(?:succeeded|failed),?\s+trying\s+batch\s+size|microbatch\s+size\s+will\s+be|will\s+continue\s+with\s+(?:full\s+run|batch)",
     )
     .expect("recovered pattern")
 });
 
-/// A Python exception line as a traceback ends with it: the class name starts the line
-/// (after launcher prefixes), then `:` or the end. Group 1: the class.
+/// A Python exception line as a traceback ends with it: the class name (dotted) starts
+/// the line (after launcher prefixes), then `:` or the end.
 static EXCEPTION_START: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*(?:Error|Exception|Failure|OutOfResources|Interrupt))(?::\s|:$|$)",
+        r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|OutOfResources|Interrupt)(?::\s|:$|$)",
     )
     .expect("exception start pattern")
 });
@@ -576,21 +581,28 @@ impl Scanner {
     fn scan_region(&mut self, si: usize, region: &[u8]) {
         let mut pos = 0;
         while pos < region.len() {
-            let start = if self.streams[si].pending.is_some() {
-                pos
+            // Without an OOM pending, the needles; with one, words of life as well;
+            // with a fatal one whose numbers are settled, only words of life.
+            let (start, hit) = if self.streams[si].pending.is_some() {
+                (pos, None)
             } else {
-                let needles = if self.first.is_some() {
-                    &*PENDING_NEEDLES
+                let (needles, hit) = if self.first.is_none() {
+                    (&*NEEDLES, Some(true))
+                } else if self.fatal && self.settled() {
+                    (&*LIFE, None)
                 } else {
-                    &*NEEDLES
+                    (&*PENDING_NEEDLES, None)
                 };
                 match needles.find_at(region, pos) {
                     None => {
                         self.lines += count_newlines(&region[pos..]);
                         return;
                     }
-                    Some(m) => memchr::memrchr2(b'\n', b'\r', &region[pos..m.start()])
-                        .map_or(pos, |i| pos + i + 1),
+                    Some(m) => (
+                        memchr::memrchr2(b'\n', b'\r', &region[pos..m.start()])
+                            .map_or(pos, |i| pos + i + 1),
+                        hit,
+                    ),
                 }
             };
             self.lines += count_newlines(&region[pos..start]);
@@ -599,7 +611,7 @@ impl Scanner {
                     .expect("a region ends with a line end");
             let seg = &region[start..end];
             if seg.len() <= MAX_SEGMENT {
-                self.on_segment(si, seg);
+                self.on_segment(si, seg, hit);
             } else {
                 self.on_long_segment(si, &seg[..HALF_SEGMENT], &seg[seg.len() - HALF_SEGMENT..]);
             }
@@ -621,7 +633,7 @@ impl Scanner {
             let last = [&partial[from..], &tail[..]].concat();
             self.on_long_segment(si, &partial[..HALF_SEGMENT], &last);
         } else {
-            self.on_segment(si, &partial);
+            self.on_segment(si, &partial, None);
         }
         partial.clear();
         self.streams[si].partial = partial;
@@ -631,13 +643,14 @@ impl Scanner {
     /// A segment longer than [`MAX_SEGMENT`]: its first and its last bytes, looked at
     /// as two segments of the same line (never joined with each other).
     fn on_long_segment(&mut self, si: usize, head: &[u8], last: &[u8]) {
-        self.on_segment(si, head);
+        self.on_segment(si, head, None);
         self.streams[si].pending = None;
-        self.on_segment(si, last);
+        self.on_segment(si, last, None);
     }
 
-    /// One whole segment (at most [`MAX_SEGMENT`] bytes).
-    fn on_segment(&mut self, si: usize, seg: &[u8]) {
+    /// One whole segment (at most [`MAX_SEGMENT`] bytes); `hit`: whether it holds a
+    /// needle, when the caller knows.
+    fn on_segment(&mut self, si: usize, seg: &[u8], hit: Option<bool>) {
         if seg.is_empty() {
             return;
         }
@@ -652,24 +665,34 @@ impl Scanner {
         {
             return;
         }
-        if !NEEDLES.is_match(seg) || (self.fatal && self.settled()) {
+        if self.fatal && self.settled() {
+            return; // nothing but life can change now
+        }
+        if !hit.unwrap_or_else(|| NEEDLES.is_match(seg)) {
             return;
         }
         let text = clean(seg);
-        let exception = EXCEPTION_START
-            .captures(&text)
-            .and_then(|c| c.get(1))
-            .map(|m| m.as_str().to_string());
+        let oom = oom_in(&text, None);
         let st = &mut self.streams[si];
+        // The exception line's class, only where it matters (the DFA's `find`, cheap):
+        // to end an open traceback, or to judge an OOM line.
+        let exception = if st.traceback || oom.is_some() {
+            EXCEPTION_START.find(&text).map(|m| {
+                m.as_str()
+                    .trim_end_matches(|c: char| c == ':' || c.is_whitespace())
+            })
+        } else {
+            None
+        };
         let in_message = line_no <= st.message_until;
         let ends_traceback = exception.is_some() && st.traceback && !in_message;
-        if text.contains("Traceback (most recent call last)") {
-            st.traceback = true;
-        } else if ends_traceback {
+        if ends_traceback {
             st.traceback = false;
             st.message_until = line_no + MESSAGE_LINES;
+        } else if TRACEBACK.find(seg).is_some() {
+            st.traceback = true;
         }
-        match oom_in(&text, None) {
+        match oom {
             Some(_) if exception.is_none() && !in_message && HANDLED.is_match(&text) => {
                 // "caught CUDA out of memory, retrying with batch size 16": not a death.
             }
@@ -743,20 +766,29 @@ impl Scanner {
     /// Does `seg` show that the process of the pending OOM went on? Progress lines are
     /// remembered: two whose step increases are the sign.
     fn shows_life(&mut self, seg: &[u8]) -> bool {
-        if !LIFE.is_match(seg) || source_of(seg) != self.source {
+        // Cheapest first: most segments looked at here show no life at all.
+        if !LIFE.is_match(seg) {
             return false;
         }
-        let text = clean(seg);
-        if RECOVERED.is_match(&text) {
-            return true;
+        let recovered = RECOVERED.is_match(seg);
+        let step = if recovered {
+            None
+        } else {
+            match progress::last_step(seg) {
+                Some(step) => Some(step),
+                None => return false,
+            }
+        };
+        if source_of(seg) != self.source {
+            return false;
         }
-        match progress::last_step(text.as_bytes()) {
+        match step {
+            None => true, // recovered
             Some(step) => {
                 let went_on = self.life_step.is_some_and(|s| step > s);
                 self.life_step = Some(step);
                 went_on
             }
-            None => false,
         }
     }
 
@@ -1701,7 +1733,7 @@ mod tests {
         assert_eq!(s.error_line(), Some("ValueError: bad label"));
         // tqdm frames and a batch-size finder's words count too.
         let s = scan(&format!(
-            "{caught} 10%|#   | 5/50 [00:01<00:09]\r 12%|#   | 6/50 [00:01<00:09]\r"
+            "{caught} 10%|#   | 5/50 [00:01<00:09,  3.21it/s]\r 12%|#   | 6/50 [00:01<00:09,  3.20it/s]\r"
         ));
         assert!(s.first_oom().is_none(), "tqdm frames");
         let s = scan(&format!(
