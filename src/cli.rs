@@ -111,12 +111,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub no_env: bool,
 
-    /// After an OOM is printed, a child silent for this long is killed and treated as OOM.
-    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    /// After an OOM that ended a traceback, a child silent for this long is killed and
+    /// treated as an OOM (at most 31536000, a year).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0, value_parser = seconds)]
     pub hang_timeout: f64,
 
-    /// Seconds between SIGTERM and SIGKILL when stopping the command's process group.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    /// Seconds between SIGTERM and SIGKILL when stopping the command's process group
+    /// (at most 31536000, a year).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = seconds)]
     pub grace: f64,
 
     /// Before each attempt, wait until this much GPU memory is free on each of the
@@ -125,8 +127,9 @@ pub struct RunArgs {
     pub wait_for_memory: Option<String>,
 
     /// Give up waiting for GPU memory (before an attempt, or for another tenant's
-    /// memory after an OOM that was not the run's) after this long, and go on.
-    #[arg(long, value_name = "SECS", default_value_t = 1800.0)]
+    /// memory after an OOM that was not the run's) after this long, and go on
+    /// (at most 31536000, a year).
+    #[arg(long, value_name = "SECS", default_value_t = 1800.0, value_parser = seconds)]
     pub wait_timeout: f64,
 
     /// Pick the N GPUs with the most free memory (`auto:N`): sets
@@ -135,7 +138,7 @@ pub struct RunArgs {
     pub gpus: Option<String>,
 
     /// Seconds between status lines while waiting for GPU memory (for tests).
-    #[arg(long, value_name = "SECS", default_value_t = 300.0, hide = true)]
+    #[arg(long, value_name = "SECS", default_value_t = 300.0, hide = true, value_parser = seconds)]
     pub wait_status_every: f64,
 
     /// Allow changing a knob in a file the command does not name (a module the
@@ -160,4 +163,42 @@ pub struct RunArgs {
         num_args = 1..
     )]
     pub command: Vec<OsString>,
+}
+
+/// The largest number of seconds a duration flag takes: a year. Larger values mean
+/// "never" in practice, and past about 1.8e19 seconds a `Duration` cannot hold them
+/// (std panics), nor can a deadline (`Instant + Duration`) far short of that.
+pub const MAX_SECONDS: f64 = 31_536_000.0;
+
+/// A number of seconds for `--hang-timeout`, `--grace` and `--wait-timeout`: finite,
+/// not negative, at most [`MAX_SECONDS`]. A bad value is a usage error (exit 2).
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("{s} is not a number of seconds (0 or more)"));
+    }
+    if v > MAX_SECONDS {
+        return Err(format!(
+            "{s} seconds is more than the largest allowed, {MAX_SECONDS} (a year)"
+        ));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_are_finite_and_at_most_a_year() {
+        assert_eq!(seconds("30"), Ok(30.0));
+        assert_eq!(seconds("0.2"), Ok(0.2));
+        assert_eq!(seconds("31536000"), Ok(MAX_SECONDS));
+        for bad in ["1e20", "1e300", "inf", "NaN", "-1", "x", "31536000.5"] {
+            assert!(seconds(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -7,8 +7,10 @@
 //! The child's output is cut into *segments*: the text between two `\n` or `\r` bytes
 //! (a `\r` ends a progress-bar frame, so each frame is looked at on its own; line
 //! numbers count `\n` only). Each stream (stdout, stderr) keeps its own partial
-//! segment, capped at [`MAX_SEGMENT`] bytes: a 100 MB line without a newline costs
-//! 64 KiB, and only its first 64 KiB are looked at.
+//! segment, bounded: a segment of up to [`MAX_SEGMENT`] (64 KiB) is looked at whole;
+//! a longer one as its first and its last 32 KiB (an OOM message at the end of a
+//! 100 KB line is found; one in the middle of a 100 MB line is not), and a 100 MB line
+//! without a newline costs at most 128 KiB.
 //!
 //! The hot path never looks at a segment byte by byte. One literal-set search
 //! ([`NEEDLES`], a handful of case-sensitive words such as `emory`, `Error`, `Killed`)
@@ -29,17 +31,32 @@
 //! - A message hard-wrapped by a terminal or a logger is joined with its next
 //!   segments (at most [`MAX_JOIN_SEGMENTS`], [`MAX_JOINED`] bytes), without a separator,
 //!   so `memor` + `y)` reads `memory)`; the number patterns accept missing spaces.
-//! - Once the first OOM is settled (windows passed, no join pending) the scanner only
-//!   counts lines: nothing later can change the outcome, and multi-GB logs stay cheap.
-//!   `error_line` therefore stops updating after an OOM.
+//! - Once the first OOM is settled (windows passed, no join pending) its numbers no
+//!   longer change; while it is pending, only segments holding a needle or a word of
+//!   life ([`LIFE_WORDS`]) are looked at, and once it is also fatal only for life, so
+//!   multi-GB logs stay cheap. `error_line` stops updating while an OOM is pending.
 //! - Old messages say `X cached` (torch <= 1.3) or `X reserved in total by PyTorch`:
 //!   that is the *total* reserved, kept in `reserved_total_bytes`;
 //!   `reserved_unallocated_bytes` is only filled where the message states it (2.x).
 //! - Sizes: PyTorch prints binary units; the MPS allocator labels them `KB`/`MB`/`GB`
 //!   but also divides by 1024, so those are binary too.
-//! - A framework that catches an OOM and goes on (fairseq's "ran out of memory,
-//!   skipping batch") still leaves the OOM line in the output; it is reported as the
-//!   first OOM. Whether the run *died* is the supervisor's call (exit status).
+//! - Only an OOM that ended the process decides. An OOM found is *pending*: it decides
+//!   if the process then exits non-zero (the supervisor's call, from the exit status),
+//!   unless later output of the same process shows it went on:
+//!   * a line that mentions an OOM and says it was handled ("caught CUDA out of memory,
+//!     retrying with batch size 16", fairseq's "skipping batch", Composer's "will be
+//!     decreased") is never pending;
+//!   * a pending OOM is cleared by a later line of the same source (the same launcher
+//!     prefix such as `[rank1]:`, or none) that shows the run went on: a batch-size
+//!     finder's "Batch size found"-like line, or two progress lines whose step increases
+//!     (one is not enough: a peer may still finish the step the failed rank died in).
+//!     Scanning then starts afresh: the next OOM is the first.
+//! - The hang timer (`--hang-timeout`) is only armed by an OOM in a *fatal* form
+//!   ([`Scanner::armed`]): the exception line that ends a Python traceback (`Traceback
+//!   (most recent call last):` … `RuntimeError: CUDA out of memory…`, or the next
+//!   [`MESSAGE_LINES`] lines of that exception's message), or an exception line of class
+//!   `torch.OutOfMemoryError` / `torch.cuda.OutOfMemoryError` — never a line that merely
+//!   contains the words (a log line, a config dump, a warning).
 
 use std::borrow::Cow;
 use std::io::{IsTerminal, Read, Write};
@@ -48,6 +65,8 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 use serde::Serialize;
+
+use crate::progress;
 
 /// What a log (or an attempt's output) says happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -111,8 +130,14 @@ pub enum Stream {
     Err,
 }
 
-/// Longest segment (line) looked at; the rest of a longer line is dropped.
+/// Longest segment (line) looked at whole; a longer one is looked at as its first and
+/// its last `MAX_SEGMENT / 2` bytes.
 pub const MAX_SEGMENT: usize = 64 * 1024;
+/// Each end of a segment longer than [`MAX_SEGMENT`].
+const HALF_SEGMENT: usize = MAX_SEGMENT / 2;
+/// After the exception line that ends a traceback, this many lines are still its
+/// message (NCCL's `DistBackendError` says `Cuda failure 'out of memory'` lines later).
+const MESSAGE_LINES: u64 = 8;
 /// A weak host OOM (a kill signal) yields to a GPU OOM this many lines later.
 const UPGRADE_WINDOW: u64 = 50;
 /// A GPU OOM without numbers takes them from a GPU OOM line this many lines later.
@@ -145,9 +170,65 @@ static NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
         "Watchdog",         // NCCL watchdog timeout
         "Assertion",        // device-side assert
         "terminate called", // C++ abort
+        "Traceback",        // where an exception's report begins
     ];
     let pattern = words.map(regex::escape).join("|");
     regex::bytes::Regex::new(&pattern).expect("needle pattern")
+});
+
+/// Words at least one of which occurs in every line that shows life ([`RECOVERED`],
+/// [`progress::last_step`]): looked for as well while an OOM is pending.
+const LIFE_WORDS: [&str; 9] = [
+    "tep",
+    "TEP",
+    "ter",
+    "TER",
+    " [",
+    "atch size",
+    "atch_size",
+    "ATCH",
+    "inder",
+];
+
+static LIFE: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::Regex::new(&LIFE_WORDS.map(regex::escape).join("|")).expect("life pattern")
+});
+
+/// The needles and the life words: what is looked for while an OOM is pending.
+static PENDING_NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    let pattern = format!("{}|{}", NEEDLES.as_str(), LIFE.as_str());
+    regex::bytes::Regex::new(&pattern).expect("pending needle pattern")
+});
+
+/// Where a Python traceback begins (a finder built once: building one per line costs
+/// more than the search).
+static TRACEBACK: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b"Traceback (most recent call last)"));
+
+/// A line that mentions an OOM and says, in its own words, that it was handled.
+static HANDLED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?i)\b(?:caught|catch(?:ing)?|retry(?:ing)?|retried|skip(?:ping|ped)?|recover(?:ed|ing)?|will\s+be\s+(?:decreased|reduced|halved)|trying\s+(?:batch|micro)|reducing|halving|lowering)\b",
+    )
+    .expect("handled pattern")
+});
+
+/// A line saying a run went on after an OOM: batch-size finders and trainers that
+/// catch an OOM and retry smaller (Lightning, Composer, HF's auto_find_batch_size).
+static RECOVERED: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::Regex::new(
+        r"(?i)batch[ _]size(?:\s+\S+)?\s+found|batch[ _]size\s+finder|(?:succeeded|failed),?\s+trying\s+batch\s+size|microbatch\s+size\s+will\s+be|will\s+continue\s+with\s+(?:full\s+run|batch)",
+    )
+    .expect("recovered pattern")
+});
+
+/// A Python exception line as a traceback ends with it: the class name (dotted) starts
+/// the line (after launcher prefixes), then `:` or the end.
+static EXCEPTION_START: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|OutOfResources|Interrupt)(?::\s|:$|$)",
+    )
+    .expect("exception start pattern")
 });
 
 /// Words one of which every OOM pattern contains: a literal search (SIMD) is several
@@ -231,6 +312,16 @@ static OTHER_ERROR_LINE: LazyLock<Regex> = LazyLock::new(|| {
     .expect("other error pattern")
 });
 
+/// The launcher prefix a segment starts with (`[rank1]:`, `[1,0]<stderr>:`), spaces
+/// removed, or "" — which process printed it, as far as the output says.
+fn source_of(seg: &[u8]) -> String {
+    let head = String::from_utf8_lossy(&seg[..seg.len().min(256)]);
+    PREFIX
+        .find(&head)
+        .map(|m| m.as_str().split_whitespace().collect())
+        .unwrap_or_default()
+}
+
 /// Prefixes added by launchers, stripped from the decisive line.
 static PREFIX: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
@@ -295,8 +386,59 @@ enum Pending {
 
 #[derive(Debug, Default)]
 struct StreamState {
+    /// The start of the current partial segment: at most [`MAX_SEGMENT`] bytes.
     partial: Vec<u8>,
+    /// Once the partial segment outgrew [`MAX_SEGMENT`]: its last bytes so far (at most
+    /// [`HALF_SEGMENT`] of them after each push).
+    tail: Vec<u8>,
+    /// The partial segment is longer than [`MAX_SEGMENT`].
+    long: bool,
     pending: Option<Pending>,
+    /// A `Traceback (most recent call last):` was seen and its exception line not yet.
+    traceback: bool,
+    /// Lines up to this one are the message of an exception that ended a traceback.
+    message_until: u64,
+}
+
+impl StreamState {
+    /// Add bytes of the current segment: its first [`MAX_SEGMENT`] bytes are kept, and
+    /// beyond them its last [`HALF_SEGMENT`] bytes.
+    fn push(&mut self, bytes: &[u8]) {
+        let room = MAX_SEGMENT.saturating_sub(self.partial.len());
+        let take = room.min(bytes.len());
+        if take > 0 {
+            if self.partial.capacity() < MAX_SEGMENT
+                && self.partial.len() + take > self.partial.capacity()
+            {
+                // Grow in powers of two, but never past the cap.
+                let want = (self.partial.len() + take)
+                    .next_power_of_two()
+                    .min(MAX_SEGMENT);
+                self.partial.reserve_exact(want - self.partial.len());
+            }
+            self.partial.extend_from_slice(&bytes[..take]);
+        }
+        let beyond = &bytes[take..];
+        if beyond.is_empty() {
+            return;
+        }
+        self.long = true;
+        if self.tail.capacity() == 0 {
+            self.tail.reserve_exact(2 * HALF_SEGMENT);
+        }
+        self.tail
+            .extend_from_slice(&beyond[beyond.len().saturating_sub(HALF_SEGMENT)..]);
+        if self.tail.len() > HALF_SEGMENT {
+            self.tail.drain(..self.tail.len() - HALF_SEGMENT);
+        }
+    }
+
+    /// Forget the partial segment, keeping the buffers.
+    fn clear_partial(&mut self) {
+        self.partial.clear();
+        self.tail.clear();
+        self.long = false;
+    }
 }
 
 /// Incremental scanner over a child's stdout and stderr. See the module docs.
@@ -305,10 +447,17 @@ pub struct Scanner {
     streams: [StreamState; 2],
     /// `\n`-terminated lines seen so far (both streams).
     lines: u64,
+    /// The pending OOM: the first one since the start or since the last sign of life.
     first: Option<Finding>,
     /// The first OOM is a host OOM known only from a kill signal.
     first_weak: bool,
-    /// Set by `on_segment` when the first OOM appears; read and cleared by `feed`.
+    /// An OOM in a fatal form was seen while this one is pending (see `armed`).
+    fatal: bool,
+    /// Where the pending OOM came from: its launcher prefix (`[rank1]:`), or "".
+    source: String,
+    /// The step of the last progress line of that source since the OOM.
+    life_step: Option<u64>,
+    /// Set by `on_segment` when an OOM becomes pending; read and cleared by `feed`.
     found_now: bool,
     /// (priority, line, line_no): the most telling non-OOM error line.
     error: Option<(u8, String, u64)>,
@@ -320,7 +469,8 @@ impl Scanner {
     }
 
     /// Feed raw bytes as they arrive, in any chunking, from one of the child's streams.
-    /// Returns true when this call found the run's first OOM (gpu_oom or host_oom).
+    /// Returns true when this call found an OOM that is now pending (the first one, or
+    /// the first since later output showed the process went on).
     pub fn feed(&mut self, stream: Stream, chunk: &[u8]) -> bool {
         let si = stream as usize;
         self.found_now = false;
@@ -328,16 +478,12 @@ impl Scanner {
         if !self.streams[si].partial.is_empty() {
             match memchr::memchr2(b'\n', b'\r', rest) {
                 None => {
-                    push_capped(&mut self.streams[si].partial, rest);
+                    self.streams[si].push(rest);
                     return false;
                 }
                 Some(i) => {
-                    let mut partial = std::mem::take(&mut self.streams[si].partial);
-                    push_capped(&mut partial, &rest[..i]);
-                    let hit = NEEDLES.is_match(&partial);
-                    self.on_segment(si, &partial, hit);
-                    partial.clear();
-                    self.streams[si].partial = partial;
+                    self.streams[si].push(&rest[..i]);
+                    self.end_partial(si);
                     if rest[i] == b'\n' {
                         self.lines += 1;
                     }
@@ -349,18 +495,16 @@ impl Scanner {
             self.scan_region(si, &rest[..=j]);
             rest = &rest[j + 1..];
         }
-        push_capped(&mut self.streams[si].partial, rest);
-        std::mem::take(&mut self.found_now)
+        self.streams[si].push(rest);
+        std::mem::take(&mut self.found_now) && self.first.is_some()
     }
 
     /// Flush partial last lines (end of output). Feeding after `finish` goes on counting.
     pub fn finish(&mut self) {
         self.found_now = false;
         for si in 0..2 {
-            let partial = std::mem::take(&mut self.streams[si].partial);
-            if !partial.is_empty() {
-                let hit = NEEDLES.is_match(&partial);
-                self.on_segment(si, &partial, hit);
+            if !self.streams[si].partial.is_empty() {
+                self.end_partial(si);
                 self.lines += 1;
             }
             // A `Complete` join has already updated the finding; a `Split` one is moot.
@@ -368,9 +512,17 @@ impl Scanner {
         }
     }
 
-    /// The first OOM seen (root cause wins: first one decides).
+    /// The pending OOM: the first one seen, unless later output of the same process
+    /// showed it went on (then the first one after that). The supervisor takes it as
+    /// the cause when the process exits non-zero.
     pub fn first_oom(&self) -> Option<&Finding> {
         self.first.as_ref()
+    }
+
+    /// An OOM is pending and was seen in a fatal form (it ended a traceback, or is a
+    /// `torch.OutOfMemoryError` exception line): silence after it means a hang.
+    pub fn armed(&self) -> bool {
+        self.first.is_some() && self.fatal
     }
 
     /// The most telling non-OOM error line seen: the last Python exception line
@@ -389,7 +541,7 @@ impl Scanner {
         self.lines
     }
 
-    /// The outcome so far: the first OOM, else the error line, else no failure.
+    /// The outcome so far: the pending OOM, else the error line, else no failure.
     pub fn finding(&self) -> Finding {
         if let Some(f) = &self.first {
             return f.clone();
@@ -410,7 +562,8 @@ impl Scanner {
         }
     }
 
-    /// Nothing later in the output can change the outcome.
+    /// The first OOM's numbers and kind can no longer change (windows passed, no join
+    /// pending). Life, and a fatal form, are still looked for.
     fn settled(&self) -> bool {
         let Some(first) = &self.first else {
             return false;
@@ -423,27 +576,33 @@ impl Scanner {
         self.lines >= first.line_no + window && self.streams.iter().all(|s| s.pending.is_none())
     }
 
-    /// `region` holds whole segments, each ended by `\n` or `\r`.
+    /// `region` holds whole segments, each ended by `\n` or `\r`. Only segments holding a
+    /// needle are looked at (and, while an OOM is pending, a word of life).
     fn scan_region(&mut self, si: usize, region: &[u8]) {
         let mut pos = 0;
         while pos < region.len() {
-            if self.settled() {
-                self.lines += count_newlines(&region[pos..]);
-                return;
-            }
+            // Without an OOM pending, the needles; with one, words of life as well;
+            // with a fatal one whose numbers are settled, only words of life.
             let (start, hit) = if self.streams[si].pending.is_some() {
                 (pos, None)
             } else {
-                match NEEDLES.find_at(region, pos) {
+                let (needles, hit) = if self.first.is_none() {
+                    (&*NEEDLES, Some(true))
+                } else if self.fatal && self.settled() {
+                    (&*LIFE, None)
+                } else {
+                    (&*PENDING_NEEDLES, None)
+                };
+                match needles.find_at(region, pos) {
                     None => {
                         self.lines += count_newlines(&region[pos..]);
                         return;
                     }
-                    Some(m) => {
-                        let start = memchr::memrchr2(b'\n', b'\r', &region[pos..m.start()])
-                            .map_or(pos, |i| pos + i + 1);
-                        (start, Some(true))
-                    }
+                    Some(m) => (
+                        memchr::memrchr2(b'\n', b'\r', &region[pos..m.start()])
+                            .map_or(pos, |i| pos + i + 1),
+                        hit,
+                    ),
                 }
             };
             self.lines += count_newlines(&region[pos..start]);
@@ -451,8 +610,11 @@ impl Scanner {
                 + memchr::memchr2(b'\n', b'\r', &region[start..])
                     .expect("a region ends with a line end");
             let seg = &region[start..end];
-            let hit = hit.unwrap_or_else(|| NEEDLES.is_match(cap(seg)));
-            self.on_segment(si, seg, hit);
+            if seg.len() <= MAX_SEGMENT {
+                self.on_segment(si, seg, hit);
+            } else {
+                self.on_long_segment(si, &seg[..HALF_SEGMENT], &seg[seg.len() - HALF_SEGMENT..]);
+            }
             if region[end] == b'\n' {
                 self.lines += 1;
             }
@@ -460,64 +622,87 @@ impl Scanner {
         }
     }
 
-    /// One whole segment; `hit` says whether it holds a needle.
-    fn on_segment(&mut self, si: usize, seg: &[u8], hit: bool) {
-        if seg.is_empty() || self.settled() {
+    /// The partial segment of stream `si` has ended: look at it and clear it.
+    fn end_partial(&mut self, si: usize) {
+        let mut partial = std::mem::take(&mut self.streams[si].partial);
+        if self.streams[si].long {
+            // The last HALF_SEGMENT bytes: what `tail` lacks comes from the end of `partial`.
+            let tail = &self.streams[si].tail;
+            let need = HALF_SEGMENT.saturating_sub(tail.len());
+            let from = partial.len().saturating_sub(need).max(HALF_SEGMENT);
+            let last = [&partial[from..], &tail[..]].concat();
+            self.on_long_segment(si, &partial[..HALF_SEGMENT], &last);
+        } else {
+            self.on_segment(si, &partial, None);
+        }
+        partial.clear();
+        self.streams[si].partial = partial;
+        self.streams[si].clear_partial();
+    }
+
+    /// A segment longer than [`MAX_SEGMENT`]: its first and its last bytes, looked at
+    /// as two segments of the same line (never joined with each other).
+    fn on_long_segment(&mut self, si: usize, head: &[u8], last: &[u8]) {
+        self.on_segment(si, head, None);
+        self.streams[si].pending = None;
+        self.on_segment(si, last, None);
+    }
+
+    /// One whole segment (at most [`MAX_SEGMENT`] bytes); `hit`: whether it holds a
+    /// needle, when the caller knows.
+    fn on_segment(&mut self, si: usize, seg: &[u8], hit: Option<bool>) {
+        if seg.is_empty() {
             return;
         }
         let line_no = self.lines + 1;
-        let seg = cap(seg);
-        // The needle may have been found beyond the cap.
-        let hit = if seg.len() == MAX_SEGMENT {
-            NEEDLES.is_match(seg)
-        } else {
-            hit
-        };
-        if let Some(pending) = self.streams[si].pending.take() {
-            match pending {
-                Pending::Complete { mut text, left } => {
-                    let next = clean(seg);
-                    if starts_new_record(&next) {
-                        // The join ends here; `next` is a segment of its own: fall through.
-                    } else {
-                        text.push_str(&next);
-                        if let Some(first) = &mut self.first {
-                            first.numbers = gpu_numbers(&text);
-                            first.line.clone_from(&text);
-                        }
-                        if left > 1 && !message_complete(&text) && text.len() < MAX_JOINED {
-                            self.streams[si].pending = Some(Pending::Complete {
-                                text,
-                                left: left - 1,
-                            });
-                        }
-                        return;
-                    }
-                }
-                Pending::Split { text, line_no } => {
-                    let next = clean(seg);
-                    // Only a match across the boundary counts, and such a match lies
-                    // in a small window around it: test that first, it is cheap.
-                    let from = floor_boundary(&text, text.len().saturating_sub(SPLIT_WINDOW));
-                    let to = floor_boundary(&next, SPLIT_WINDOW.min(next.len()));
-                    let window = [&text[from..], &next[..to]].concat();
-                    if oom_in(&window, Some(text.len() - from)).is_some() {
-                        let boundary = text.len();
-                        let joined = text + &next;
-                        if let Some((kind, weak)) = oom_in(&joined, Some(boundary)) {
-                            self.record(si, kind, weak, joined, line_no);
-                            return;
-                        }
-                    }
-                }
-            }
+        // A sign of life clears the pending OOM (and ends a join that continues its
+        // message); this segment is then looked at afresh.
+        if self.first.is_some() && self.shows_life(seg) {
+            self.clear_pending();
         }
-        if !hit {
+        if let Some(pending) = self.streams[si].pending.take()
+            && self.join(si, pending, seg)
+        {
+            return;
+        }
+        if self.fatal && self.settled() {
+            return; // nothing but life can change now
+        }
+        if !hit.unwrap_or_else(|| NEEDLES.is_match(seg)) {
             return;
         }
         let text = clean(seg);
-        match oom_in(&text, None) {
-            Some((kind, weak)) => self.record(si, kind, weak, text.into_owned(), line_no),
+        let oom = oom_in(&text, None);
+        let st = &mut self.streams[si];
+        // The exception line's class, only where it matters (the DFA's `find`, cheap):
+        // to end an open traceback, or to judge an OOM line.
+        let exception = if st.traceback || oom.is_some() {
+            EXCEPTION_START.find(&text).map(|m| {
+                m.as_str()
+                    .trim_end_matches(|c: char| c == ':' || c.is_whitespace())
+            })
+        } else {
+            None
+        };
+        let in_message = line_no <= st.message_until;
+        let ends_traceback = exception.is_some() && st.traceback && !in_message;
+        if ends_traceback {
+            st.traceback = false;
+            st.message_until = line_no + MESSAGE_LINES;
+        } else if TRACEBACK.find(seg).is_some() {
+            st.traceback = true;
+        }
+        match oom {
+            Some(_) if exception.is_none() && !in_message && HANDLED.is_match(&text) => {
+                // "caught CUDA out of memory, retrying with batch size 16": not a death.
+            }
+            Some((kind, weak)) => {
+                let fatal = in_message
+                    || ends_traceback
+                    || exception.is_some_and(|c| c.ends_with("OutOfMemoryError"));
+                let source = source_of(seg);
+                self.record(si, kind, weak, fatal, text.into_owned(), line_no, source);
+            }
             None => {
                 if self.first.is_none() {
                     self.note_error(&text, line_no);
@@ -532,8 +717,116 @@ impl Scanner {
         }
     }
 
-    /// An OOM message was found at `line_no`.
-    fn record(&mut self, si: usize, kind: Kind, weak: bool, text: String, line_no: u64) {
+    /// Continue a hard-wrapped message with `seg`; true when `seg` was taken by it.
+    fn join(&mut self, si: usize, pending: Pending, seg: &[u8]) -> bool {
+        match pending {
+            Pending::Complete { mut text, left } => {
+                let next = clean(seg);
+                if starts_new_record(&next) || self.first.is_none() {
+                    // The join ends here; `next` is a segment of its own.
+                    return false;
+                }
+                text.push_str(&next);
+                if let Some(first) = &mut self.first {
+                    first.numbers = gpu_numbers(&text);
+                    first.line.clone_from(&text);
+                }
+                if left > 1 && !message_complete(&text) && text.len() < MAX_JOINED {
+                    self.streams[si].pending = Some(Pending::Complete {
+                        text,
+                        left: left - 1,
+                    });
+                }
+                true
+            }
+            Pending::Split { text, line_no } => {
+                let next = clean(seg);
+                // Only a match across the boundary counts, and such a match lies
+                // in a small window around it: test that first, it is cheap.
+                let from = floor_boundary(&text, text.len().saturating_sub(SPLIT_WINDOW));
+                let to = floor_boundary(&next, SPLIT_WINDOW.min(next.len()));
+                let window = [&text[from..], &next[..to]].concat();
+                if oom_in(&window, Some(text.len() - from)).is_none() {
+                    return false;
+                }
+                let boundary = text.len();
+                let joined = text + &next;
+                match oom_in(&joined, Some(boundary)) {
+                    Some((kind, weak)) => {
+                        let source = source_of(seg);
+                        self.record(si, kind, weak, false, joined, line_no, source);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        }
+    }
+
+    /// Does `seg` show that the process of the pending OOM went on? Progress lines are
+    /// remembered: two whose step increases are the sign.
+    fn shows_life(&mut self, seg: &[u8]) -> bool {
+        // Cheapest first: most segments looked at here show no life at all.
+        if !LIFE.is_match(seg) {
+            return false;
+        }
+        let recovered = RECOVERED.is_match(seg);
+        let step = if recovered {
+            None
+        } else {
+            match progress::last_step(seg) {
+                Some(step) => Some(step),
+                None => return false,
+            }
+        };
+        if source_of(seg) != self.source {
+            return false;
+        }
+        match step {
+            None => true, // recovered
+            Some(step) => {
+                let went_on = self.life_step.is_some_and(|s| step > s);
+                self.life_step = Some(step);
+                went_on
+            }
+        }
+    }
+
+    /// The pending OOM was survived: forget it; the next OOM is the first again.
+    fn clear_pending(&mut self) {
+        self.first = None;
+        self.first_weak = false;
+        self.fatal = false;
+        self.source.clear();
+        self.life_step = None;
+        for st in &mut self.streams {
+            if matches!(st.pending, Some(Pending::Complete { .. })) {
+                st.pending = None;
+            }
+        }
+    }
+
+    /// An OOM message was found at `line_no`; `fatal`: in a form that ends a process.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one call site per form of message"
+    )]
+    fn record(
+        &mut self,
+        si: usize,
+        kind: Kind,
+        weak: bool,
+        fatal: bool,
+        text: String,
+        line_no: u64,
+        source: String,
+    ) {
+        if fatal && !self.fatal {
+            // Life must now come from the process this fatal OOM belongs to.
+            self.source.clone_from(&source);
+            self.life_step = None;
+        }
+        self.fatal |= fatal;
         let numbers = match kind {
             Kind::GpuOom => gpu_numbers(&text),
             _ => host_numbers(&text),
@@ -542,6 +835,9 @@ impl Scanner {
             None => {
                 self.found_now = true;
                 self.first_weak = weak;
+                self.fatal = fatal;
+                self.source = source;
+                self.life_step = None;
                 let incomplete = kind == Kind::GpuOom && !message_complete(&text);
                 self.first = Some(Finding {
                     kind,
@@ -556,7 +852,11 @@ impl Scanner {
                     });
                 }
             }
-            Some(first) if self.first_weak && kind == Kind::GpuOom => {
+            Some(first)
+                if self.first_weak
+                    && kind == Kind::GpuOom
+                    && self.lines < first.line_no + UPGRADE_WINDOW =>
+            {
                 // A kill signal followed by a GPU OOM: the GPU message is the specific one.
                 *first = Finding {
                     kind,
@@ -567,7 +867,9 @@ impl Scanner {
                 self.first_weak = false;
             }
             Some(first) if first.kind == Kind::GpuOom && kind == Kind::GpuOom => {
-                fill_missing(&mut first.numbers, numbers);
+                if self.lines < first.line_no + ENRICH_WINDOW {
+                    fill_missing(&mut first.numbers, numbers);
+                }
             }
             Some(_) => {}
         }
@@ -615,24 +917,6 @@ impl Scanner {
             None => self.error = Some((priority, text.to_string(), line_no)),
         }
     }
-}
-
-/// Keep at most `MAX_SEGMENT` bytes of a partial line.
-fn push_capped(buf: &mut Vec<u8>, bytes: &[u8]) {
-    let room = MAX_SEGMENT.saturating_sub(buf.len());
-    let take = room.min(bytes.len());
-    if take > 0 {
-        if buf.capacity() < MAX_SEGMENT && buf.len() + take > buf.capacity() {
-            // Grow in powers of two, but never past the cap.
-            let want = (buf.len() + take).next_power_of_two().min(MAX_SEGMENT);
-            buf.reserve_exact(want - buf.len());
-        }
-        buf.extend_from_slice(&bytes[..take]);
-    }
-}
-
-fn cap(seg: &[u8]) -> &[u8] {
-    &seg[..seg.len().min(MAX_SEGMENT)]
 }
 
 fn count_newlines(bytes: &[u8]) -> u64 {
@@ -1371,6 +1655,112 @@ mod tests {
         assert_eq!((f.kind, f.line_no), (Kind::HostOom, 1));
     }
 
+    /// The scanner after `log`, fed at once on stderr.
+    fn scan(log: &str) -> Scanner {
+        let mut s = Scanner::new();
+        s.feed(Stream::Err, log.as_bytes());
+        s.finish();
+        s
+    }
+
+    const TRACEBACK: &str = "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n    loss.backward()\n";
+
+    #[test]
+    fn a_line_that_mentions_an_oom_is_pending_but_never_armed() {
+        for line in [
+            "config: {'oom_message': 'CUDA out of memory'}",
+            "INFO: last run: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+            "CUDA out of memory. Tried to allocate 2.00 GiB",
+        ] {
+            let s = scan(&format!("{line}\n"));
+            assert!(s.first_oom().is_some(), "{line}: pending");
+            assert!(!s.armed(), "{line}: a mention never arms the hang timer");
+        }
+    }
+
+    #[test]
+    fn a_line_saying_the_oom_was_handled_is_not_pending() {
+        for line in [
+            "WARNING: caught CUDA out of memory, retrying with batch size 16",
+            "| WARNING: ran out of memory with exception: CUDA out of memory. Tried to allocate 1.00 GiB; skipping batch",
+            "CUDA out of memory detected. Train microbatch size will be decreased from 8 -> 4.",
+        ] {
+            let s = scan(&format!("{line}\n"));
+            assert!(s.first_oom().is_none(), "{line}");
+            assert_eq!(s.finding().kind, Kind::NoFailure, "{line}");
+        }
+    }
+
+    #[test]
+    fn an_oom_that_ends_a_traceback_or_names_its_class_is_armed() {
+        let old = format!(
+            "{TRACEBACK}RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 4.00 GiB total capacity; 1.00 GiB already allocated; 1.00 MiB free; 3.10 GiB reserved in total by PyTorch)\n"
+        );
+        assert!(scan(&old).armed(), "RuntimeError ending a traceback");
+        for class in ["torch.OutOfMemoryError", "torch.cuda.OutOfMemoryError"] {
+            let line =
+                format!("[rank1]: {class}: CUDA out of memory. Tried to allocate 20.00 MiB.\n");
+            assert!(scan(&line).armed(), "{class} without a traceback");
+        }
+        // NCCL's exception says `out of memory` lines after its first one.
+        let nccl = format!(
+            "{TRACEBACK}torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with NCCL_DEBUG=INFO for details)\nncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'\n"
+        );
+        let s = scan(&nccl);
+        assert_eq!(s.finding().kind, Kind::GpuOom);
+        assert!(
+            s.armed(),
+            "an OOM in the message of a traceback's exception"
+        );
+        // A RuntimeError line without a traceback before it is only a mention.
+        assert!(!scan("RuntimeError: CUDA out of memory.\n").armed());
+    }
+
+    #[test]
+    fn later_progress_of_the_same_process_clears_a_pending_oom() {
+        let caught = format!(
+            "{TRACEBACK}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+        );
+        // One progress line is not enough: a peer may finish the step the rank died in.
+        let s = scan(&format!("{caught}step 41 loss 0.2\n"));
+        assert!(s.armed());
+        // Two, with the step going up: the process went on.
+        let s = scan(&format!(
+            "{caught}step 41 loss 0.2\nstep 42 loss 0.2\nValueError: bad label\n"
+        ));
+        assert!(s.first_oom().is_none() && !s.armed());
+        assert_eq!(s.finding().kind, Kind::OtherFailure);
+        assert_eq!(s.error_line(), Some("ValueError: bad label"));
+        // tqdm frames and a batch-size finder's words count too.
+        let s = scan(&format!(
+            "{caught} 10%|#   | 5/50 [00:01<00:09,  3.21it/s]\r 12%|#   | 6/50 [00:01<00:09,  3.20it/s]\r"
+        ));
+        assert!(s.first_oom().is_none(), "tqdm frames");
+        let s = scan(&format!(
+            "{caught}Batch size 32 failed, trying batch size 16\n"
+        ));
+        assert!(s.first_oom().is_none(), "Lightning's batch-size finder");
+        // The next OOM after that is pending again, and `feed` says so.
+        let mut s = Scanner::new();
+        assert!(s.feed(Stream::Err, caught.as_bytes()));
+        assert!(!s.feed(Stream::Out, b"step 1\nstep 2\n"));
+        assert!(s.first_oom().is_none());
+        assert!(s.feed(Stream::Err, caught.as_bytes()));
+        assert!(s.armed());
+    }
+
+    #[test]
+    fn progress_of_another_rank_does_not_clear_an_oom() {
+        let oom =
+            "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n";
+        for other in ["[rank0]: step 8\n[rank0]: step 9\n", "step 8\nstep 9\n"] {
+            let s = scan(&format!("{oom}{other}"));
+            assert!(s.armed(), "{other:?} is another process");
+        }
+        let s = scan(&format!("{oom}[rank1]: step 8\n[rank1]: step 9\n"));
+        assert!(s.first_oom().is_none(), "the same rank went on");
+    }
+
     #[test]
     fn nccl_failure_takes_numbers_from_the_calloc_line() {
         let log = b"host:1:2 [3] include/alloc.h:178 NCCL WARN Cuda failure 'out of memory'\n\nhost:1:2 [3] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 6291456 bytes\n";
@@ -1458,23 +1848,50 @@ mod tests {
         for _ in 0..100 {
             s.feed(Stream::Out, &block);
             // An absolute bound, not MAX_SEGMENT: the test must fail if the cap is raised.
-            assert!(
-                s.streams[0].partial.capacity() <= 128 * 1024,
-                "partial grew to {}",
-                s.streams[0].partial.capacity()
-            );
+            let held = s.streams[0].partial.capacity() + s.streams[0].tail.capacity();
+            assert!(held <= 128 * 1024, "the partial line holds {held} bytes");
         }
         assert!(s.feed(Stream::Out, b"\nRuntimeError: CUDA error: out of memory\n"));
         assert_eq!(s.first_oom().unwrap().line_no, 2);
-        // The same through one 100 MB slice: only the first 64 KiB of the line is read.
-        let mut whole = vec![b'y'; 100 << 20];
-        whole.extend_from_slice(b" CUDA out of memory\nok\n");
+        // The same through one 100 MB slice: the middle of the line is not read.
+        let mut whole = vec![b'y'; 50 << 20];
+        whole.extend_from_slice(b" CUDA out of memory ");
+        whole.extend_from_slice(&vec![b'y'; 50 << 20]);
+        whole.extend_from_slice(b"\nok\n");
         let f = classify_log(&whole);
         assert_eq!(
             f.kind,
             Kind::NoFailure,
-            "text beyond the cap must not count"
+            "the middle of a huge line is not read"
         );
+    }
+
+    #[test]
+    fn an_oom_at_the_end_of_a_line_longer_than_the_cap_is_found() {
+        let oom = b"RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 4.00 GiB total capacity; 1.00 GiB already allocated; 1.00 MiB free; 3.10 GiB reserved in total by PyTorch)";
+        for len in [MAX_SEGMENT, 100_000, 100 << 20] {
+            let mut log = vec![b'x'; len];
+            log.extend_from_slice(b" ");
+            log.extend_from_slice(oom);
+            log.extend_from_slice(b"\nbye\n");
+            for chunk in [log.len(), 65_536, 4096, 777] {
+                let mut s = Scanner::new();
+                for c in log.chunks(chunk) {
+                    s.feed(Stream::Err, c);
+                }
+                s.finish();
+                let f = s
+                    .first_oom()
+                    .unwrap_or_else(|| panic!("{len} in chunks of {chunk}"));
+                assert_eq!((f.kind, f.line_no), (Kind::GpuOom, 1), "{len}/{chunk}");
+                assert_eq!(f.numbers.tried_to_allocate_bytes, Some(2 << 30));
+            }
+            // Without a final newline too (the end of the output).
+            let mut s = Scanner::new();
+            s.feed(Stream::Out, &log[..log.len() - 5]);
+            s.finish();
+            assert!(s.first_oom().is_some(), "{len} unterminated");
+        }
     }
 
     #[test]

@@ -72,8 +72,10 @@ impl Outcome {
     }
 }
 
-/// Classify a finished attempt. The user's signal wins; then a success; then
-/// the first OOM printed (the root cause, not the errors that follow it).
+/// Classify a finished attempt. The user's signal wins; then a success; then,
+/// for a non-zero exit, the pending OOM: the first one printed (the root cause, not
+/// the errors that follow it) unless later output showed the process went on after
+/// it (a caught OOM, see `detect`), so only an OOM that ended the process decides.
 pub fn classify(r: &launch::Report) -> Outcome {
     if let Some(signal) = r.interrupted {
         return Outcome::Interrupted { signal };
@@ -219,6 +221,40 @@ mod tests {
             ..Default::default()
         }));
         assert_eq!(e.to_string(), "OOM");
+    }
+
+    fn report(log: &str, exit: launch::Exit) -> launch::Report {
+        let mut scanner = crate::detect::Scanner::new();
+        scanner.feed(crate::detect::Stream::Err, log.as_bytes());
+        scanner.finish();
+        launch::Report {
+            pid: 1,
+            exit,
+            interrupted: None,
+            hung: false,
+            scanner,
+            duration: std::time::Duration::ZERO,
+            oom_at: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn only_an_oom_that_ended_the_process_decides() {
+        let caught = "caught torch.OutOfMemoryError: CUDA out of memory; retrying with batch size 4\nstep 1\nstep 2\nValueError: bad label\n";
+        let o = classify(&report(caught, launch::Exit::Code(3)));
+        assert!(matches!(o, Outcome::Other { code: 3, .. }), "{o:?}");
+        let survived =
+            "torch.OutOfMemoryError: CUDA out of memory.\nstep 1\nstep 2\nValueError: x\n";
+        let o = classify(&report(survived, launch::Exit::Code(3)));
+        assert!(matches!(o, Outcome::Other { code: 3, .. }), "{o:?}");
+        // A mention, then death with no sign of life: the OOM decides.
+        let logged = "ERROR: training failed: CUDA out of memory. Tried to allocate 2.00 GiB\n";
+        let o = classify(&report(logged, launch::Exit::Code(1)));
+        assert_eq!(o.kind(), OutcomeKind::CudaOom);
+        // A mention in a run that ends well is a success.
+        let o = classify(&report(logged, launch::Exit::Code(0)));
+        assert_eq!(o.kind(), OutcomeKind::Success);
     }
 
     #[test]

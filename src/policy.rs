@@ -124,6 +124,8 @@ pub enum PolicyError {
         "policy '{0}' is neither a shipped policy (default, keep-results, keep-micro-batch) nor a file: {1}"
     )]
     NotFound(String, std::io::Error),
+    #[error("--policy {}: {why}", .file.display())]
+    Unreadable { file: PathBuf, why: String },
     #[error("{file}:{line}: {key}: {message}")]
     Invalid {
         file: PathBuf,
@@ -131,6 +133,48 @@ pub enum PolicyError {
         key: String,
         message: String,
     },
+}
+
+/// The most a policy file may hold: a policy is a short TOML file, and a bigger
+/// one (or `/dev/zero`) must not be read without limit.
+const MAX_POLICY_BYTES: u64 = 1 << 20;
+
+/// Read a policy file: a regular file (not a FIFO, a device or a directory, which
+/// could block or never end) of at most [`MAX_POLICY_BYTES`], in UTF-8.
+fn read_policy_file(path: &Path) -> Result<String, PolicyError> {
+    use std::io::Read;
+    let unreadable = |why: String| PolicyError::Unreadable {
+        file: path.to_path_buf(),
+        why,
+    };
+    // Opened non-blocking: opening a FIFO for reading would otherwise wait for a writer.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+    }
+    .map_err(|e| PolicyError::NotFound(path.display().to_string(), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| unreadable(format!("cannot read it: {e}")))?;
+    if !meta.is_file() {
+        return Err(unreadable(
+            "not a regular file; give a policy TOML file or a shipped name (default, keep-results, keep-micro-batch)".into(),
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_POLICY_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| unreadable(format!("cannot read it: {e}")))?;
+    if bytes.len() as u64 > MAX_POLICY_BYTES {
+        return Err(unreadable(format!(
+            "larger than {} KiB; a policy is a short TOML file",
+            MAX_POLICY_BYTES >> 10
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| unreadable("not UTF-8 text".into()))
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -144,8 +188,7 @@ impl Policy {
             return Policy::parse(name, Path::new(&format!("policies/{name}.toml")), text);
         }
         let path = Path::new(name_or_file);
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| PolicyError::NotFound(name_or_file.to_string(), e))?;
+        let text = read_policy_file(path)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -326,29 +369,46 @@ impl PolicyText<'_> {
     /// A policy may only set the variables that tune memory and threading: a
     /// shared or downloaded policy must not be able to make the command load
     /// code (LD_PRELOAD, PYTHONPATH, PATH, BASH_ENV ...).
+    /// Names and values must also be ones an environment can hold: no `=` or NUL
+    /// in a name, no NUL in a value (the launch would fail with exit 126).
     fn check_env(&self, env: &BTreeMap<String, String>) -> Result<(), PolicyError> {
-        for name in env.keys() {
-            if !env_allowed(name) {
-                let at = self
-                    .text
-                    .lines()
-                    .scan(0usize, |off, l| {
-                        let start = *off;
-                        *off += l.len() + 1;
-                        Some((start, l))
-                    })
-                    .find(|(_, l)| l.trim_start().starts_with(name.as_str()))
-                    .map_or(0, |(o, _)| o);
-                return Err(self.invalid(
-                    at,
-                    &format!("env.{name}"),
-                    format!(
-                        "a policy may set only {ENV_ALLOWED_DESC}; set {name} yourself in the environment if you mean it"
-                    ),
-                ));
+        for (name, value) in env {
+            let why = if name.is_empty() || name.contains(['=', '\0']) {
+                Some(format!(
+                    "{name:?} cannot be an environment variable's name (empty, or holds `=` or a NUL byte)"
+                ))
+            } else if !env_allowed(name) {
+                Some(format!(
+                    "a policy may set only {ENV_ALLOWED_DESC}; set {name} yourself in the environment if you mean it"
+                ))
+            } else if value.contains('\0') {
+                Some("the value holds a NUL byte, which no environment variable can hold".into())
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(self.invalid(self.env_line(name), &format!("env.{name}"), why));
             }
         }
         Ok(())
+    }
+
+    /// Where `name` is set in the `[env]` table (written bare or quoted): the start of
+    /// its line, or 0 when it cannot be found.
+    fn env_line(&self, name: &str) -> usize {
+        let table = self.text.find("[env]").unwrap_or(0);
+        self.text[table..]
+            .lines()
+            .scan(table, |off, l| {
+                let start = *off;
+                *off += l.len() + 1;
+                Some((start, l))
+            })
+            .find(|(_, l)| {
+                let l = l.trim_start().trim_start_matches(['"', '\'']);
+                l.starts_with(name)
+            })
+            .map_or(0, |(o, _)| o)
     }
 }
 
@@ -416,8 +476,17 @@ impl StepText<'_> {
             }
             step.factor = v;
         }
+        if let Some(m) = &s.multiple_of
+            && *m.get_ref() == 0
+        {
+            return Err(self.invalid(
+                m.span().start,
+                "multiple_of",
+                "must be at least 1 (1: any length)".into(),
+            ));
+        }
         step.min = s.min.as_ref().map_or(128, |m| *m.get_ref()).max(1);
-        step.multiple_of = s.multiple_of.as_ref().map_or(8, |m| *m.get_ref()).max(1);
+        step.multiple_of = s.multiple_of.as_ref().map_or(8, |m| *m.get_ref());
         Ok(())
     }
 
@@ -637,17 +706,25 @@ fn enable_grad_checkpointing(cur: &Settings) -> Option<(Settings, String)> {
 }
 
 /// Multiply the sequence length by the step's factor, rounded down to its
-/// multiple, not below its floor.
+/// multiple. The new length is always a multiple of `multiple_of` and at least
+/// `min`: below the floor it is the smallest such length instead, and when no
+/// such length is shorter than the current one the step does not apply.
 fn shorten_seq(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let seq = cur.int(Knob::SeqLen)?;
     if seq <= step.min {
         return None;
     }
+    let multiple = step.multiple_of.max(1);
     let raw = ((seq as f64) * step.factor).floor() as u64;
-    let rounded = raw / step.multiple_of * step.multiple_of;
-    let new = rounded.max(step.min);
-    if new >= seq {
+    let rounded = raw / multiple * multiple;
+    let new = if rounded >= step.min {
+        rounded
+    } else {
+        // The smallest multiple at or above the floor.
+        step.min.div_ceil(multiple).checked_mul(multiple)?
+    };
+    if new >= seq || new == 0 {
         return None;
     }
     next.knobs.insert(Knob::SeqLen, Value::Int(new));
@@ -949,5 +1026,68 @@ mod tests {
             "{}",
             d.reason
         );
+    }
+
+    #[test]
+    fn env_names_and_values_must_fit_an_environment() {
+        for (text, key) in [
+            (
+                "[env]\nPYTORCH_NO_CUDA_MEMORY_CACHING = \"0\\u0000x\"\n",
+                "env.PYTORCH_NO_CUDA_MEMORY_CACHING",
+            ),
+            ("[env]\n\"PYTORCH_A=B\" = \"1\"\n", "env.PYTORCH_A=B"),
+        ] {
+            let text = format!("[[step]]\nkind = \"halve_micro_batch\"\n{text}");
+            let e = Policy::parse("x", Path::new("p.toml"), &text)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(&format!("p.toml:4: {key}:")), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_policy_file_is_a_small_regular_file() {
+        let e = Policy::load("/dev/zero").unwrap_err().to_string();
+        assert!(e.contains("/dev/zero: not a regular file"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, "#".repeat((MAX_POLICY_BYTES + 1) as usize)).unwrap();
+        let e = Policy::load(big.to_str().unwrap()).unwrap_err().to_string();
+        assert!(e.contains("larger than 1024 KiB"), "{e}");
+        let e = Policy::load(dir.path().to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+    }
+
+    #[test]
+    fn multiple_of_zero_is_refused() {
+        let text = "[[step]]\nkind = \"shorten_seq\"\nmultiple_of = 0\n";
+        let e = Policy::parse("x", Path::new("p.toml"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("p.toml:3: step[0].multiple_of:"), "{e}");
+    }
+
+    #[test]
+    fn a_shortened_sequence_is_a_multiple_at_or_above_the_floor() {
+        let step = |multiple_of, min| Step {
+            kind: StepKind::ShortenSeq,
+            min,
+            factor: 0.5,
+            multiple_of,
+            max: 3,
+            nvme_path: None,
+        };
+        let seq = |s: &Step, len: u64| {
+            shorten_seq(s, &settings(1, 1, Some(len), true)).map(|(n, _)| n.int(Knob::SeqLen))
+        };
+        // No multiple of 4096 that is at least 10 is shorter than 1000.
+        assert_eq!(seq(&step(4096, 10), 1000), None);
+        // 500 → 256 is below the floor 600: the smallest multiple above it, 768.
+        assert_eq!(seq(&step(256, 600), 1000), Some(Some(768)));
+        assert_eq!(seq(&step(256, 600), 768), None);
+        assert_eq!(seq(&step(8, 128), 1000), Some(Some(496)));
+        assert_eq!(seq(&step(8, 128), 248), Some(Some(128)));
     }
 }

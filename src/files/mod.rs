@@ -602,7 +602,10 @@ impl Doc {
                     if same_value(&s.value, value) && same_kind(&s.value, value) {
                         return Ok(Vec::new());
                     }
-                    let with = match self.original_spelling(&segs, value) {
+                    let spelled = self
+                        .original_spelling(&segs, value)
+                        .or_else(|| exponent_style(&self.text[node.start..node.end], value));
+                    let with = match spelled {
                         Some(raw) => raw,
                         None => {
                             let in_flow = self.format == Format::Yaml && self.in_flow(node.start);
@@ -716,6 +719,22 @@ fn build(format: Format, text: &str) -> Result<(Node, Vec<Node>), ParseErr> {
         Format::Toml => toml::parse(text).map(|n| (n, Vec::new())),
         Format::Python => python::parse(text),
     }
+}
+
+/// A whole number written over a number in exponent form (`2e0`, `1E3`) keeps that
+/// form: `4e0`. `None` when the old text has no exponent or the value is not whole.
+fn exponent_style(old: &str, value: &Scalar) -> Option<String> {
+    let Scalar::Float(x) = value else {
+        return None;
+    };
+    let e = old.trim().chars().find(|c| matches!(c, 'e' | 'E'))?;
+    if !old
+        .trim()
+        .starts_with(|c: char| c.is_ascii_digit() || c == '-')
+    {
+        return None; // not a number (a string, `.inf`)
+    }
+    (x.is_finite() && x.fract() == 0.0 && x.abs() < 9.0e15).then(|| format!("{}{e}0", *x as i64))
 }
 
 /// Values equal for knob purposes (an integral float equals the integer).

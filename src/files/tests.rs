@@ -945,3 +945,17 @@ fn python_constant_arithmetic_is_read_and_replaced_whole() {
         "batch_size = 12\ngradient_accumulation_steps = 80  # total across ranks\nbig = 2**10 // (1 + 1)\nname = f(3) * 2\nratio = 10 / 4\n"
     );
 }
+
+#[test]
+fn whole_floats_keep_their_number_style() {
+    let text = "{\n  \"micro\": 16.0,\n  \"accum\": 2e0,\n  \"big\": 1E3,\n  \"lr\": 1e-5\n}\n";
+    let mut d = Doc::parse(Path::new("ds.json"), text.into()).unwrap();
+    d.set("micro", &Scalar::Float(8.0)).unwrap();
+    d.set("accum", &Scalar::Float(4.0)).unwrap();
+    d.set("big", &Scalar::Float(500.0)).unwrap();
+    d.set("lr", &Scalar::Float(2e-5)).unwrap();
+    assert_eq!(
+        d.text(),
+        "{\n  \"micro\": 8.0,\n  \"accum\": 4e0,\n  \"big\": 500E0,\n  \"lr\": 2.0e-5\n}\n"
+    );
+}

@@ -132,19 +132,37 @@ pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
             Scalar::Null => Some(Value::Offload(Offload::None)),
             _ => None,
         },
+        // A micro-batch, an accumulation or a sequence length of 0 cannot be a
+        // starting point (nothing halves it); a ZeRO stage of 0 is a stage.
         _ => match s {
-            Scalar::Int(n) if *n >= 0 => Some(Value::Int(*n as u64)),
-            Scalar::Str(x) => x.parse::<u64>().ok().map(Value::Int),
-            _ => None,
-        },
+            Scalar::Str(x) => x.parse::<u64>().ok(),
+            s => scalar_int(s).and_then(|n| u64::try_from(n).ok()),
+        }
+        .filter(|n| *n > 0 || knob == Knob::ZeroStage)
+        .map(Value::Int),
     }
 }
 
-/// The scalar to write for a knob's value, in the style of the value it replaces.
+/// A whole number as a config file writes it: an integer, or an integral float
+/// (DeepSpeed JSON files written by Python say `16.0` or `2e0`), read as the integer.
+pub fn scalar_int(s: &Scalar) -> Option<i64> {
+    match s {
+        Scalar::Int(n) => Some(*n),
+        // Below 2^53 every integer is exact as an f64.
+        Scalar::Float(x) if x.is_finite() && x.fract() == 0.0 && x.abs() < 9.0e15 => {
+            Some(*x as i64)
+        }
+        _ => None,
+    }
+}
+
+/// The scalar to write for a knob's value, in the style of the value it replaces
+/// (a float stays a float: `16.0` becomes `8.0`).
 pub fn value_to_scalar(v: &Value, old: Option<&Scalar>) -> Scalar {
     match v {
         Value::Int(n) => match old {
             Some(Scalar::Str(_)) => Scalar::Str(n.to_string()),
+            Some(Scalar::Float(_)) => Scalar::Float(*n as f64),
             _ => Scalar::Int(*n as i64),
         },
         Value::Bool(b) => Scalar::Bool(*b),

@@ -232,8 +232,25 @@ pub enum KnobError {
         "--knob {knob}=env:{var}: ${var} is not set and {knob} has no default; set it (e.g. {var}=8) so oomguard knows the starting value"
     )]
     EnvUnset { knob: Knob, var: String },
+    #[error("--knob {knob}={place}: the starting value {value:?} is not {expected}")]
+    BadStart {
+        knob: Knob,
+        place: String,
+        value: String,
+        expected: &'static str,
+    },
     #[error("no command given: write it after the options, e.g. `oomguard python train.py ...`")]
     NoCommand,
+}
+
+/// What a knob's value must be, in words.
+fn expected_value(knob: Knob) -> &'static str {
+    match knob {
+        Knob::OffloadOptimizer | Knob::OffloadParam => "none, cpu or nvme",
+        Knob::ZeroStage => "a whole number",
+        k if k.is_bool() => "true or false",
+        _ => "a positive whole number",
+    }
 }
 
 /// A user's `--knob NAME=WHERE`.
@@ -470,7 +487,6 @@ pub fn materialize(
     resume: Option<&ResumeArg>,
     dir: &Path,
 ) -> Result<Materialized, KnobError> {
-    use files::Scalar;
     let mut out: Vec<OsString> = argv.to_vec();
     let mut inserts: Vec<(usize, OsString)> = Vec::new();
     let mut append: Vec<OsString> = Vec::new();
@@ -520,15 +536,22 @@ pub fn materialize(
     }
 
     // A global batch key that the tool checks against micro × accum × world
-    // (DeepSpeed's train_batch_size), where it is a number.
-    if let Some(global) = settings.global_batch() {
+    // (DeepSpeed's train_batch_size), where it is a number. The world size may be
+    // unknown here (`deepspeed` without --num_gpus, a launcher's WORLD_SIZE), so the
+    // key is never computed from it: the user's value stays as written while
+    // micro × accum stays (halving the micro-batch doubles the accumulation), and
+    // is scaled by the same ratio when micro × accum changes.
+    if let Some(ratio) = per_rank_ratio(&disc.settings(), settings) {
         for (i, f) in disc.config.files.iter().enumerate() {
             if let config::Role::Kind(kind) = f.role
                 && let Some(key) = kind.global_batch_key
-                && let Ok(Some(Scalar::Int(n))) = docs[i].get(key)
-                && n != global as i64
+                && let Ok(Some(old)) = docs[i].get(key)
+                && let Some(n) = config::scalar_int(&old)
+                && let Some(new) = ratio.scale(n)
+                && new != n
             {
-                docs[i].set(key, &Scalar::Int(global as i64))?;
+                let value = Value::Int(new as u64);
+                docs[i].set(key, &config::value_to_scalar(&value, Some(&old)))?;
             }
         }
     }
@@ -556,6 +579,50 @@ pub fn materialize(
     })
 }
 
+/// micro × accum of `now` over that of `first`, reduced: how a global batch
+/// written in a file must scale. `None` when either product is unknown or zero.
+fn per_rank_ratio(first: &Settings, now: &Settings) -> Option<Ratio> {
+    let product = |s: &Settings| {
+        s.int(Knob::MicroBatch)?
+            .checked_mul(s.int(Knob::GradAccum).unwrap_or(1))
+    };
+    let (a, b) = (product(now)?, product(first)?);
+    if a == 0 || b == 0 {
+        return None;
+    }
+    let g = gcd(a, b);
+    Some(Ratio {
+        num: a / g,
+        den: b / g,
+    })
+}
+
+/// A positive fraction `num / den`, in lowest terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ratio {
+    num: u64,
+    den: u64,
+}
+
+impl Ratio {
+    /// `n` scaled by the ratio, when the result is a positive whole number.
+    fn scale(self, n: i64) -> Option<i64> {
+        let n = u64::try_from(n).ok().filter(|n| *n > 0)?;
+        let scaled = n.checked_mul(self.num)?;
+        if !scaled.is_multiple_of(self.den) {
+            return None;
+        }
+        i64::try_from(scaled / self.den).ok()
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// The global batch written in a config file, for this command: (where, value).
 fn global_batch(cmd: &Command, found: &config::Found) -> Option<(String, u64)> {
     for f in &found.files {
@@ -565,7 +632,8 @@ fn global_batch(cmd: &Command, found: &config::Found) -> Option<(String, u64)> {
             _ => Vec::new(),
         };
         for key in keys {
-            if let Ok(Some(files::Scalar::Int(g))) = f.doc.get(key)
+            if let Ok(Some(v)) = f.doc.get(key)
+                && let Some(g) = config::scalar_int(&v)
                 && g > 0
             {
                 return Some((format!("{}: {key}", f.shown), g as u64));
@@ -631,7 +699,12 @@ fn user_file_and_override_places(
                 default,
             } => {
                 let value = config::scalar_to_value(*knob, &config::yaml_like(default))
-                    .ok_or_else(|| KnobError::BadSpec(format!("{knob}={prefix}{key}={default}")))?;
+                    .ok_or_else(|| KnobError::BadStart {
+                        knob: *knob,
+                        place: format!("+{key}={default}"),
+                        value: default.clone(),
+                        expected: expected_value(*knob),
+                    })?;
                 add_overrides.push((*knob, value, key.clone(), prefix.clone()));
             }
             UserBinding::Override(key) => {
@@ -953,6 +1026,57 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&Value::Offload(Offload::None)).unwrap(),
             "\"none\""
+        );
+    }
+
+    #[test]
+    fn a_global_batch_in_a_file_scales_only_with_micro_times_accum() {
+        let s = |micro: u64, accum: u64| Settings {
+            knobs: [
+                (Knob::MicroBatch, Value::Int(micro)),
+                (Knob::GradAccum, Value::Int(accum)),
+            ]
+            .into_iter()
+            .collect(),
+            // The world size is never used: it may be wrong.
+            world_size: 1,
+            accum_covers_world: false,
+        };
+        let first = s(8, 4);
+        let same = per_rank_ratio(&first, &s(8, 4)).unwrap();
+        assert_eq!(same.scale(64), Some(64), "attempt 1 runs as given");
+        let halved = per_rank_ratio(&first, &s(4, 8)).unwrap();
+        assert_eq!(halved.scale(64), Some(64), "micro × accum kept: unchanged");
+        let smaller = per_rank_ratio(&first, &s(4, 4)).unwrap();
+        assert_eq!(smaller.scale(64), Some(32));
+        assert_eq!(per_rank_ratio(&first, &s(3, 4)).unwrap().scale(10), None);
+    }
+
+    #[test]
+    fn integral_floats_are_knob_values_and_zero_is_not_a_starting_point() {
+        use config::{scalar_to_value, value_to_scalar};
+        use files::Scalar;
+        assert_eq!(
+            scalar_to_value(Knob::MicroBatch, &Scalar::Float(16.0)),
+            Some(Value::Int(16))
+        );
+        assert_eq!(scalar_to_value(Knob::MicroBatch, &Scalar::Float(2.5)), None);
+        assert_eq!(scalar_to_value(Knob::MicroBatch, &Scalar::Int(0)), None);
+        assert_eq!(
+            scalar_to_value(Knob::SeqLen, &Scalar::Str("0".into())),
+            None
+        );
+        assert_eq!(
+            scalar_to_value(Knob::ZeroStage, &Scalar::Int(0)),
+            Some(Value::Int(0))
+        );
+        assert_eq!(
+            value_to_scalar(&Value::Int(8), Some(&Scalar::Float(16.0))),
+            Scalar::Float(8.0)
+        );
+        assert_eq!(
+            value_to_scalar(&Value::Int(8), Some(&Scalar::Int(16))),
+            Scalar::Int(8)
         );
     }
 }

@@ -7,9 +7,10 @@
 //! mode) or of a new session on a fresh pseudo-terminal (tty mode), starts a guardian
 //! process (see `guard`), and then runs one single-threaded `poll(2)` loop over:
 //!
-//! * the child's stdout and stderr pipes (grown to 1 MiB; or the pty master), read with one fixed 64 KiB
-//!   buffer, each chunk written to our stdout/stderr first, then fed to the scanner, then to
-//!   the bounded log;
+//! * the child's stdout and stderr pipes (grown to 1 MiB; one pipe for both when our own
+//!   stdout and stderr are one file, as with `> log 2>&1`, so their order is kept; or the pty
+//!   master), read with one fixed 64 KiB buffer, each chunk written to our stdout/stderr
+//!   first, then fed to the scanner, then to the bounded log;
 //! * the self-pipe of `Signals`, whose handlers only count signals.
 //!
 //! Only one extra thread exists, in tty mode: it forwards our stdin to the pty master.
@@ -35,9 +36,11 @@
 //! (`env -i`) escapes both nets; `run()` still returns (the output stops being awaited 200 ms
 //! after the rest is gone), but that process survives.
 //!
-//! Hang detection: after the scanner reports the first OOM line, `hang_timeout` with no
-//! output while the direct child is still alive means the run is stuck (NCCL ranks waiting
-//! for a dead peer, typically): SIGTERM the group, SIGKILL after `grace`, `hung = true`.
+//! Hang detection: once the scanner is armed (an OOM in a fatal form: the exception line
+//! ending a traceback, or `torch.OutOfMemoryError`; never a line that merely mentions an
+//! OOM), `hang_timeout` with no output while the direct child is still alive means the run
+//! is stuck (NCCL ranks waiting for a dead peer, typically): SIGTERM the group, SIGKILL
+//! after `grace`, `hung = true`.
 //!
 //! Known limits: if our own stdout blocks (a reader that stopped reading), the loop blocks in
 //! write(2) with it, hang detection included. In pipe mode the child inherits our stdin but
@@ -158,7 +161,7 @@ pub struct Report {
     /// Everything the child printed went through `scanner.feed(stream, bytes)`.
     pub scanner: detect::Scanner,
     pub duration: Duration,
-    /// Time from start to the first OOM line.
+    /// Time from start to the OOM that was pending at the end (see `detect`), if any.
     pub oom_at: Option<Duration>,
     /// Problems that did not stop supervision, e.g. "could not write log ...: disk full".
     pub warnings: Vec<String>,
@@ -196,15 +199,35 @@ fn show_dirs(dirs: &[PathBuf]) -> String {
 
 /// Runs one attempt to its end; see the module documentation.
 pub fn run(spec: &Spec, signals: &Signals) -> Result<Report, Error> {
-    run_with(spec, signals, &mut RawOut::stdout(), &mut RawOut::stderr())
+    let merge = !spec.tty && spawn::same_output();
+    run_wired(
+        spec,
+        signals,
+        &mut RawOut::stdout(),
+        &mut RawOut::stderr(),
+        merge,
+    )
 }
 
 /// `run` with the destinations of the child's stdout and stderr given (tests capture them).
+#[cfg(test)]
 pub(crate) fn run_with(
     spec: &Spec,
     signals: &Signals,
     out: &mut dyn Write,
     err: &mut dyn Write,
+) -> Result<Report, Error> {
+    run_wired(spec, signals, out, err, false)
+}
+
+/// `run` with the destinations given; `merge`: one pipe for the child's stdout and
+/// stderr (see `spawn::Wiring::Merged`), its output going to `out`.
+pub(crate) fn run_wired(
+    spec: &Spec,
+    signals: &Signals,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    merge: bool,
 ) -> Result<Report, Error> {
     let Some(program) = spec.argv.first() else {
         return Err(Error::Io(io::Error::new(
@@ -217,6 +240,8 @@ pub(crate) fn run_with(
     let mut warnings = Vec::new();
     let wiring = if spec.tty {
         spawn::Wiring::Pty(spawn::open_pty(spawn::our_winsize())?)
+    } else if merge {
+        spawn::Wiring::merged()?
     } else {
         spawn::Wiring::Pipes
     };
@@ -304,6 +329,11 @@ fn output_streams(
             if let Some(e) = child.stderr.take() {
                 streams.push(StreamFd::new(OwnedFd::from(e), detect::Stream::Err));
             }
+        }
+        spawn::Wiring::Merged { read, write } => {
+            drop(write); // only the child holds the write end now: EOF when it is done
+            // Scanned as one stream: the scanner keeps one partial line per stream.
+            streams.push(StreamFd::new(read, detect::Stream::Out));
         }
         spawn::Wiring::Pty(pty) => {
             drop(pty.slave); // only the child holds the slave now: EOF when it is done
@@ -404,8 +434,10 @@ impl<'a> Watch<'a> {
             detect::Stream::Err => self.err.write(chunk),
             _ => self.out.write(chunk),
         }
-        if self.scanner.feed(kind, chunk) && self.oom_at.is_none() {
+        if self.scanner.feed(kind, chunk) {
             self.oom_at = Some(self.start.elapsed());
+        } else if self.scanner.first_oom().is_none() {
+            self.oom_at = None; // the OOM was survived (see detect's "pending")
         }
         if let Some(log) = self.log.as_mut() {
             log.feed(chunk);
@@ -522,7 +554,12 @@ struct LoopState {
     gone_at: Option<Instant>,
     hung: bool,
     interrupted: Option<i32>,
+    /// How many of each user interrupt arrived: a second SIGINT, SIGTERM or SIGHUP
+    /// kills the group at once (a first SIGTERM or SIGHUP starts the grace period).
     sigints: usize,
+    sigterms: usize,
+    sighups: usize,
+    sigquits: usize,
     stopped: bool,
     /// try_wait costs a system call: only after a SIGCHLD, at end of output, or
     /// every 500 ms as a backstop (keeps pass-through CPU near `cat`'s).
@@ -540,6 +577,9 @@ impl LoopState {
             hung: false,
             interrupted: None,
             sigints: 0,
+            sigterms: 0,
+            sighups: 0,
+            sigquits: 0,
             stopped: false,
             last_wait: Instant::now(),
             warnings: Vec::new(),
@@ -555,7 +595,7 @@ impl LoopState {
         if self.exited.is_none() {
             // Backstop for a SIGCHLD we could not see (e.g. reaped by a wait elsewhere).
             at(now + Duration::from_millis(500));
-            if w.oom_at.is_some() && self.term_at.is_none() && !self.stopped {
+            if w.scanner.armed() && self.term_at.is_none() && !self.stopped {
                 at(w.last_output + w.spec.hang_timeout);
             }
         } else {
@@ -589,10 +629,21 @@ impl LoopState {
             match sig {
                 libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT => {
                     self.interrupted.get_or_insert(sig);
-                    if sig == libc::SIGINT {
-                        self.sigints += n;
-                    }
-                    if sig == libc::SIGINT && self.sigints >= 2 {
+                    // Why: SIGTERM (`kill`, a scheduler) and SIGHUP (`tmux kill-server`, a
+                    // closed terminal) mean "stop now": a command that ignores them would
+                    // otherwise keep the GPUs with nobody left to stop it. They are
+                    // forwarded, and `escalate` sends SIGKILL when `grace` is over; the
+                    // same one again kills at once, as a second Ctrl-C does.
+                    let ends = matches!(sig, libc::SIGTERM | libc::SIGHUP);
+                    let count = match sig {
+                        libc::SIGINT => &mut self.sigints,
+                        libc::SIGTERM => &mut self.sigterms,
+                        libc::SIGHUP => &mut self.sighups,
+                        _ => &mut self.sigquits,
+                    };
+                    *count += n;
+                    let again = *count >= 2 && sig != libc::SIGQUIT;
+                    if again {
                         tracing::info!("second interrupt: killing process group {pgid}");
                         tree::kill_group(pgid, libc::SIGKILL);
                         tree::kill_marked(&attempt.marker, libc::SIGKILL);
@@ -600,6 +651,9 @@ impl LoopState {
                         self.kill_at.get_or_insert(now);
                     } else {
                         tree::kill_group(pgid, sig);
+                        if ends {
+                            self.term_at.get_or_insert(now);
+                        }
                     }
                 }
                 libc::SIGUSR1 | libc::SIGUSR2 => {
@@ -615,10 +669,9 @@ impl LoopState {
                     };
                     tree::kill_group(pgid, stop);
                     self.stopped = true;
-                    // SAFETY: stopping ourselves; we continue here on SIGCONT.
-                    unsafe {
-                        libc::kill(libc::getpid(), libc::SIGSTOP);
-                    }
+                    // Stopped by the signal the user sent, so the shell reports 148
+                    // (SIGTSTP), not 147; we continue here on SIGCONT.
+                    signals::stop_self();
                 }
                 libc::SIGCONT => {
                     tree::kill_group(pgid, libc::SIGCONT);
@@ -661,7 +714,7 @@ impl LoopState {
     fn escalate(&mut self, attempt: &Attempt, w: &Watch<'_>, now: Instant) {
         let pgid = attempt.pid;
         if self.exited.is_none() {
-            if w.oom_at.is_some()
+            if w.scanner.armed()
                 && self.term_at.is_none()
                 && !self.stopped
                 && now.duration_since(w.last_output) >= w.spec.hang_timeout

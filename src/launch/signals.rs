@@ -158,3 +158,85 @@ impl Signals {
         }
     }
 }
+
+/// Stops oomguard itself after a Ctrl-Z, by SIGTSTP with its default action, so that
+/// its parent (the shell) sees the signal the user sent: 148, not SIGSTOP's 147.
+///
+/// Our SIGTSTP handler is set aside meanwhile (raised with it in place, the signal
+/// would only be counted), and put back once we continue. The kernel discards SIGTSTP
+/// in an orphaned process group (no member has a parent in another group of the
+/// session), so there SIGSTOP stops us instead.
+pub(crate) fn stop_self() {
+    // SAFETY: plain signal calls on this process; the sigaction structs are ours,
+    // zeroed then filled; return values are checked.
+    unsafe {
+        if !group_can_stop() {
+            libc::kill(libc::getpid(), libc::SIGSTOP);
+            return;
+        }
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut default.sa_mask);
+        let mut ours: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGTSTP, &default, &mut ours) != 0 {
+            libc::kill(libc::getpid(), libc::SIGSTOP);
+            return;
+        }
+        // raise(3) sends to this thread, so the stop happens before it returns.
+        libc::raise(libc::SIGTSTP);
+        if libc::sigaction(libc::SIGTSTP, &ours, std::ptr::null_mut()) != 0 {
+            tracing::warn!(
+                "could not restore the SIGTSTP handler: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Whether our process group is not orphaned, so that SIGTSTP stops it: we, or an
+/// ancestor in our group, have a parent in another group of our session (a shell).
+fn group_can_stop() -> bool {
+    // SAFETY: getpgrp and getsid(0) only read this process's ids.
+    let (pgrp, sid) = unsafe { (libc::getpgrp(), libc::getsid(0)) };
+    let mut pid = std::process::id() as libc::pid_t;
+    for _ in 0..64 {
+        let Some(parent) = parent_of(pid) else {
+            return false;
+        };
+        if parent <= 1 {
+            return false;
+        }
+        // SAFETY: getpgid/getsid on another pid only read its ids (or fail).
+        let (ppgrp, psid) = unsafe { (libc::getpgid(parent), libc::getsid(parent)) };
+        if ppgrp < 0 || psid < 0 {
+            return false;
+        }
+        if ppgrp != pgrp {
+            return psid == sid;
+        }
+        pid = parent;
+    }
+    false
+}
+
+/// The parent of `pid`, from /proc/PID/stat (the field after the state, after the
+/// command name in parentheses, which may itself hold spaces or parentheses).
+fn parent_of(pid: libc::pid_t) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_parent_is_read_from_proc_even_with_odd_command_names() {
+        // SAFETY: getppid has no preconditions.
+        let ppid = unsafe { libc::getppid() };
+        assert_eq!(
+            super::parent_of(std::process::id() as libc::pid_t),
+            Some(ppid)
+        );
+        assert_eq!(super::parent_of(-1), None);
+    }
+}

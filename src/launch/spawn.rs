@@ -200,8 +200,34 @@ pub(crate) fn set_winsize(master: RawFd, ws: &libc::winsize) {
 
 /// How the child's stdio is connected.
 pub(crate) enum Wiring {
+    /// One pipe for stdout, another for stderr.
     Pipes,
+    /// One pipe for both (our stdout and stderr are the same file or pipe): the order
+    /// in which the child wrote to them is kept, as if it wrote to that file itself.
+    Merged {
+        read: OwnedFd,
+        write: OwnedFd,
+    },
     Pty(Pty),
+}
+
+impl Wiring {
+    /// One pipe for the child's stdout and stderr, both close-on-exec here.
+    pub(crate) fn merged() -> io::Result<Wiring> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        Ok(Wiring::Merged { read, write })
+    }
+}
+
+/// Whether our stdout and stderr are one file (`> log 2>&1`: the same device and inode,
+/// or the same pipe). Two pipes read in turn would reorder what the child wrote to it.
+pub(crate) fn same_output() -> bool {
+    let id = |fd: RawFd| {
+        // SAFETY: fstat writes into the zeroed struct we pass; fd may be closed (then it fails).
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    };
+    matches!((id(1), id(2)), (Some(a), Some(b)) if a == b)
 }
 
 /// Spawns the child. In pipe mode it is the leader of a new process group; in pty mode the
@@ -225,6 +251,13 @@ pub(crate) fn spawn_child(
             // Why: a group of its own lets us signal the child and everything it starts at
             // once, and keeps the terminal's Ctrl-C from reaching it behind our back.
             cmd.process_group(0);
+            false
+        }
+        Wiring::Merged { write, .. } => {
+            cmd.stdin(Stdio::inherit())
+                .stdout(File::from(write.try_clone()?))
+                .stderr(File::from(write.try_clone()?));
+            cmd.process_group(0); // as for Pipes
             false
         }
         Wiring::Pty(pty) => {

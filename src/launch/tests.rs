@@ -862,3 +862,51 @@ fn setsid_workers_do_not_outlive_a_sigkilled_oomguard() {
     let _g = shared();
     sigkill_oomguard_and_check_tree("setsid");
 }
+
+// ---------------------------------------------------------------- one output file
+
+#[test]
+fn merged_output_keeps_the_order_across_stdout_and_stderr_and_is_scanned() {
+    let _g = shared();
+    let s = spec(&["python3", &child("interleave.py"), "300"]);
+    let signals = Signals::install().expect("install signals");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let r = run_wired(&s, &signals, &mut out, &mut err, true);
+    let r = ok(r, &out, &err);
+    assert_eq!(r.exit, Exit::Code(0));
+    let want: String = (0..300).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&out), want);
+    assert!(err.is_empty(), "all of it goes to our stdout, the one file");
+
+    let s = spec(&[
+        "sh",
+        "-c",
+        "echo working; echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.' >&2; exit 1",
+    ]);
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let r = ok(
+        run_wired(&s, &signals, &mut out, &mut err, true),
+        &out,
+        &err,
+    );
+    assert!(
+        r.scanner.first_oom().is_some(),
+        "the merged stream is scanned"
+    );
+}
+
+#[test]
+fn same_output_compares_the_files_behind_stdout_and_stderr() {
+    // Under the test harness both are whatever cargo gave us; the answer must be
+    // what fstat says, whichever it is.
+    let id = |fd| {
+        std::fs::metadata(format!("/proc/self/fd/{fd}"))
+            .ok()
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                (m.dev(), m.ino())
+            })
+    };
+    let expected = matches!((id(1), id(2)), (Some(a), Some(b)) if a == b);
+    assert_eq!(spawn::same_output(), expected);
+}
