@@ -8,6 +8,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `oomguard --version`: the package version, and the git commit when built
+/// from a checkout (see build.rs).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("OOMGUARD_VERSION_SUFFIX"));
+
 /// Carry a PyTorch training command through GPU out-of-memory failures.
 ///
 /// Prefix any training command with `oomguard`. It sets the allocator and
@@ -27,7 +31,7 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "oomguard",
-    version,
+    version = VERSION,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
     after_help = "Exit codes: 0 success; the command's own code when it failed for another reason \
@@ -81,6 +85,18 @@ pub enum Sub {
         /// The log file; standard input when absent or `-`.
         file: Option<PathBuf>,
     },
+    /// Print a shell completion script on standard output.
+    ///
+    /// bash: oomguard completions bash > ~/.local/share/bash-completion/completions/oomguard
+    ///
+    /// zsh:  oomguard completions zsh > ~/.zfunc/_oomguard   (with fpath+=~/.zfunc before compinit)
+    ///
+    /// fish: oomguard completions fish > ~/.config/fish/completions/oomguard.fish
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff) on standard output.
+    ///
+    /// oomguard man > ~/.local/share/man/man1/oomguard.1 && man oomguard
+    Man,
 }
 
 /// Options shared by `oomguard COMMAND` and `oomguard plan COMMAND`.

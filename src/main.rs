@@ -6,6 +6,7 @@
 mod checkpoint;
 mod cli;
 mod command;
+mod completions;
 mod detect;
 mod envmerge;
 mod evidence;
@@ -59,6 +60,8 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Diagnose { json, file }) => detect::diagnose_main(file.as_deref(), json),
         Some(cli::Sub::Gpus { json }) => gpu::gpus_main(json),
         Some(cli::Sub::Restore { run_dir }) => inplace::restore_main(&run_dir),
+        Some(cli::Sub::Completions { shell }) => completions::completions_main(shell),
+        Some(cli::Sub::Man) => completions::man_main(),
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
             match run_config::RunConfig::from_args(run) {
