@@ -57,7 +57,8 @@ fn completions_print_for_bash_zsh_and_fish() {
             marker,
             &format!("{long}policy"),
             &format!("{long}max-attempts"),
-            "completions",
+            "status",
+            &format!("{long}follow"),
         ] {
             run.ensure(
                 &format!("{shell}: the script"),
@@ -84,7 +85,7 @@ fn the_man_page_is_roff_naming_oomguard_and_its_subcommands() {
         "a .TH header",
         tail(page, 400),
     );
-    for needle in [".TH oomguard", "\\-\\-policy", "completions"] {
+    for needle in [".TH oomguard", "\\-\\-policy", "status", "completions"] {
         run.ensure(
             "the man page",
             page.contains(needle),
