@@ -211,16 +211,7 @@ impl Status {
         let liveness = sup.as_ref().map_or(Liveness::Unknown, Supervisor::liveness);
         let last = run.attempts.last();
         let state = match (&run.end, last) {
-            (Some(_), Some(a))
-                if a.end.as_ref().map(|e| e.outcome) == Some(OutcomeKind::Interrupted) =>
-            {
-                State::Interrupted
-            }
-            (Some(e), _) => match e.exit_code {
-                exit::SUCCESS => State::Finished,
-                exit::EXHAUSTED => State::GaveUp,
-                _ => State::Failed,
-            },
+            (Some(e), _) => ended_state(e.exit_code, last),
             (None, _) if liveness == Liveness::Gone => State::Killed,
             (None, None) => State::Starting,
             (None, Some(a)) if a.end.is_none() => State::Running,
@@ -536,6 +527,27 @@ impl Status {
             s += &format!("    {:w0$}  {:w1$}  {}{mark}\n", r[0], r[1], r[2]);
         }
         s
+    }
+}
+
+/// How a run that journaled its end ended. oomguard's own codes (75, 128+N
+/// for the user's signal) count as such only when the last attempt could have
+/// been followed by another (an OOM): a command that exits 75 or dies of
+/// SIGTERM by itself has failed.
+fn ended_state(code: i32, last: Option<&read::Attempt>) -> State {
+    let outcome = last.and_then(|a| a.end.as_ref()).map(|e| e.outcome);
+    let would_go_on = matches!(
+        outcome,
+        None | Some(OutcomeKind::CudaOom | OutcomeKind::HungAfterOom)
+    );
+    let users_signal = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM]
+        .contains(&(code - exit::SIGNAL_BASE));
+    match code {
+        exit::SUCCESS => State::Finished,
+        _ if outcome == Some(OutcomeKind::Interrupted) => State::Interrupted,
+        exit::EXHAUSTED if would_go_on => State::GaveUp,
+        _ if would_go_on && users_signal => State::Interrupted,
+        _ => State::Failed,
     }
 }
 
@@ -877,6 +889,77 @@ pub fn runs_main(json: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A journal: `run_start`, then an attempt per outcome, then `run_end`
+    /// with `code` (none: still going), written by a supervisor that is alive
+    /// (this process) or gone.
+    fn state_of(outcomes: &[&str], code: Option<i32>, alive: bool) -> State {
+        let mut sup = Supervisor::me();
+        if !alive {
+            sup.start_ticks = sup.start_ticks.map(|t| t + 1);
+        }
+        let t = "2026-01-01T00:00:00.000+00:00";
+        let mut lines = vec![serde_json::json!({"event": "run_start", "time": t,
+            "argv": ["python3", "train.py"], "policy": "default", "max_attempts": 8,
+            "settings": {"micro_batch": 8}, "world_size": 1, "global_batch": null,
+            "supervisor": sup})];
+        for (i, o) in outcomes.iter().enumerate() {
+            let n = i + 1;
+            lines.push(
+                serde_json::json!({"event": "attempt_start", "time": t, "attempt": n,
+                "settings": {"micro_batch": 8}, "global_batch": null, "resume": null}),
+            );
+            if !o.is_empty() {
+                lines.push(
+                    serde_json::json!({"event": "attempt_end", "time": t, "attempt": n,
+                    "outcome": o, "status": 1, "exit": "exit code 1", "duration_s": 1.0}),
+                );
+            }
+        }
+        if let Some(c) = code {
+            lines.push(
+                serde_json::json!({"event": "run_end", "time": t, "exit_code": c,
+                "attempts": outcomes.len(), "lost_s": 0.0, "settings": {}}),
+            );
+        }
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        let (l, bad) = read::lines(text.as_bytes());
+        assert_eq!(bad, 0);
+        let run = read::fold(l, bad).unwrap();
+        let now = parse_time(t).unwrap();
+        Status::of(Path::new("run"), &run, now, None).state
+    }
+
+    #[test]
+    fn the_state_is_named_from_the_journal_and_proc() {
+        use State::*;
+        for (outcomes, code, alive, want) in [
+            (&[][..], None, true, Starting),
+            (&[""][..], None, true, Running),
+            (&["cuda_oom"][..], None, true, BetweenAttempts),
+            (&["cuda_oom", ""][..], None, false, Killed),
+            (&["cuda_oom", "success"][..], Some(0), false, Finished),
+            (&["cuda_oom", "cuda_oom"][..], Some(75), false, GaveUp),
+            (&["other_failure"][..], Some(75), false, Failed),
+            (
+                &["cuda_oom", "interrupted"][..],
+                Some(130),
+                false,
+                Interrupted,
+            ),
+            // Ctrl-C while waiting for memory after an OOM.
+            (&["cuda_oom"][..], Some(130), false, Interrupted),
+            // The command died of SIGTERM by itself.
+            (&["other_failure"][..], Some(143), false, Failed),
+            (&["cuda_oom"][..], Some(74), false, Failed),
+        ] {
+            assert_eq!(
+                state_of(outcomes, code, alive),
+                want,
+                "{outcomes:?} {code:?} alive={alive}"
+            );
+        }
+    }
 
     #[test]
     fn durations_read_as_people_say_them() {
