@@ -8,6 +8,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `oomguard --version`: the package version, and the git commit when built
+/// from a checkout (see build.rs).
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("OOMGUARD_VERSION_SUFFIX"));
+
 /// Carry a PyTorch training command through GPU out-of-memory failures.
 ///
 /// Prefix any training command with `oomguard`. It sets the allocator and
@@ -24,10 +28,12 @@ use clap::{Args, Parser, Subcommand};
 ///   oomguard plan python train.py --per_device_train_batch_size 8 --output_dir out
 ///
 ///   oomguard diagnose crash.log
+///
+///   oomguard status --follow        (in a second tmux pane)
 #[derive(Parser, Debug)]
 #[command(
     name = "oomguard",
-    version,
+    version = VERSION,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
     after_help = "Exit codes: 0 success; the command's own code when it failed for another reason \
@@ -35,7 +41,8 @@ use clap::{Args, Parser, Subcommand};
                   out of steps and the run still does not fit; 74 the next attempt's files (a config copy, \
                   a file edited in place) or the restore record could not be written (disk full): \
                   nothing was relaunched; 2 usage error (also: a run folder someone else could \
-                  write, a file --edit-in-place cannot write or another run is editing); 69 `oomguard gpus` found \
+                  write, a file --edit-in-place cannot write or another run is editing; `status` or `runs` \
+                  found no run); 69 `oomguard gpus` found \
                   no GPU information (no NVIDIA driver, NVML failed); 126/127 the command cannot be \
                   executed / was not found."
 )]
@@ -81,6 +88,49 @@ pub enum Sub {
         /// The log file; standard input when absent or `-`.
         file: Option<PathBuf>,
     },
+    /// Where a run stands, going or finished: the attempt, its settings against the
+    /// original, the last OOM and the decision, the step reached, peak GPU memory,
+    /// elapsed and lost time, and whether oomguard is still running it.
+    ///
+    /// Read from the run's journal; nothing is written. Examples:
+    ///
+    ///   oomguard status                 (the newest run under .oomguard/runs)
+    ///
+    ///   oomguard status --follow        (updated in place: for a second tmux pane)
+    Status {
+        /// One JSON object (with --follow: one a line, each time the status changes).
+        #[arg(long)]
+        json: bool,
+        /// Update until the run ends (in place on a terminal; otherwise a new
+        /// block each time the status changes). A run folder without a journal
+        /// yet is waited for.
+        #[arg(short, long)]
+        follow: bool,
+        /// Seconds between updates with --follow.
+        #[arg(long, value_name = "SECS", default_value_t = 2.0, requires = "follow")]
+        interval: f64,
+        /// The run folder [default: the newest under .oomguard/runs].
+        run_dir: Option<PathBuf>,
+    },
+    /// List the runs under .oomguard/runs in this folder, oldest first, one line
+    /// each: when, how it ended (or that it is running), attempts, the command.
+    Runs {
+        /// One JSON object: `runs`, a list.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script on standard output.
+    ///
+    /// bash: oomguard completions bash > ~/.local/share/bash-completion/completions/oomguard
+    ///
+    /// zsh:  oomguard completions zsh > ~/.zfunc/_oomguard   (with fpath+=~/.zfunc before compinit)
+    ///
+    /// fish: oomguard completions fish > ~/.config/fish/completions/oomguard.fish
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff) on standard output.
+    ///
+    /// oomguard man > ~/.local/share/man/man1/oomguard.1 && man oomguard
+    Man,
 }
 
 /// Options shared by `oomguard COMMAND` and `oomguard plan COMMAND`.

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::detect::{Finding, Kind, OomNumbers, format_size};
 use crate::launch;
@@ -36,7 +36,7 @@ pub enum Outcome {
 }
 
 /// An outcome's name, as the journal writes it (`"outcome": "cuda_oom"`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeKind {
     Success,

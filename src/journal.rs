@@ -16,7 +16,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value as Json;
 
 use crate::checkpoint::SkipKind;
@@ -28,8 +28,11 @@ use crate::gpu::{PeakReport, Tenant};
 use crate::gpuwatch::BeforeAttempt;
 use crate::knobs::drift::KnobEdit;
 use crate::knobs::{Knob, Materialized, Settings};
+use crate::liveness::Supervisor;
 use crate::policy::{Decision, StepKind};
 use crate::progress::Loss;
+
+pub mod read;
 
 /// One journal line. Written as a JSON object with the event's name under
 /// `"event"`, the time under `"time"`, and the fields below; serde_json's map
@@ -53,6 +56,9 @@ pub enum Event<'a> {
         notes: &'a [String],
         warnings: &'a [String],
         tty: bool,
+        /// This oomguard (pid, its start time, boot, host): whether the run is
+        /// still supervised (`oomguard status`).
+        supervisor: &'a Supervisor,
     },
     /// One attempt, as launched.
     AttemptStart {
@@ -213,7 +219,7 @@ impl<'a> Event<'a> {
 }
 
 /// The step of a decision that keeps the settings.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SameSettings {
     RetrySameSettings,

@@ -6,6 +6,7 @@
 mod checkpoint;
 mod cli;
 mod command;
+mod completions;
 mod detect;
 mod envmerge;
 mod evidence;
@@ -18,12 +19,14 @@ mod inplace;
 mod journal;
 mod knobs;
 mod launch;
+mod liveness;
 mod plan;
 mod policy;
 mod progress;
 mod run_config;
 mod runfolder;
 mod settings;
+mod status;
 mod supervise;
 
 use std::ffi::OsString;
@@ -59,6 +62,15 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Diagnose { json, file }) => detect::diagnose_main(file.as_deref(), json),
         Some(cli::Sub::Gpus { json }) => gpu::gpus_main(json),
         Some(cli::Sub::Restore { run_dir }) => inplace::restore_main(&run_dir),
+        Some(cli::Sub::Status {
+            json,
+            follow,
+            interval,
+            run_dir,
+        }) => status::status_main(run_dir.as_deref(), json, follow, interval),
+        Some(cli::Sub::Runs { json }) => status::runs_main(json),
+        Some(cli::Sub::Completions { shell }) => completions::completions_main(shell),
+        Some(cli::Sub::Man) => completions::man_main(),
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
             match run_config::RunConfig::from_args(run) {

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One adjustable training setting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Knob {
     MicroBatch,
@@ -127,8 +127,21 @@ impl Serialize for Offload {
     }
 }
 
+/// The text [`Display`](fmt::Display) writes, read back (a journal's settings).
+impl<'de> Deserialize<'de> for Offload {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(match s.strip_prefix("nvme:") {
+            Some(path) => Offload::Nvme {
+                path: Some(path.to_string()),
+            },
+            None => Offload::read(&s),
+        })
+    }
+}
+
 /// A knob's value in one settings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Value {
     Int(u64),

@@ -44,6 +44,11 @@ use crate::progress::{self, Loss};
 use crate::run_config::{ResumeInfo, RunConfig};
 use crate::runfolder::{self, RunDirError};
 
+/// The first bytes of an attempt's output, written to `attempt-N/output.log`
+/// as they come; the rest reaches the file when the attempt ends (its tail).
+/// `oomguard status` reads the step from the log, live only this far.
+pub const LOG_HEAD_BYTES: u64 = 8 << 20;
+
 /// oomguard's own messages on stderr (`--quiet` silences them).
 struct Log {
     quiet: bool,
@@ -167,6 +172,7 @@ impl<'c> Run<'c> {
             notes: &cfg.disc.notes,
             warnings: &cfg.disc.warnings,
             tty,
+            supervisor: &crate::liveness::Supervisor::me(),
         });
         let log = Log { quiet: cfg.quiet };
         for w in &cfg.disc.warnings {
@@ -300,7 +306,7 @@ impl<'c> Run<'c> {
             env_set,
             tty: self.tty,
             log: adir.map(|d| d.join("output.log")),
-            log_head_bytes: 8 << 20,
+            log_head_bytes: LOG_HEAD_BYTES,
             log_tail_bytes: 4 << 20,
             hang_timeout: cfg.hang_timeout,
             grace: cfg.grace,

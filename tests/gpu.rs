@@ -1,5 +1,5 @@
 //! `oomguard gpus [--json]` through the real binary: without a driver (one line, exit 69,
-//! never a panic), and with the fake probe (`OOMGUARD_FAKE_GPUS`, timelines in
+//! never a panic; with --json, `{"gpus": [], "error": ...}` on stdout), and with the fake probe (`OOMGUARD_FAKE_GPUS`, timelines in
 //! tests/fixtures/gpu/).
 
 use std::path::PathBuf;
@@ -106,7 +106,20 @@ fn gpus_without_driver_says_so_in_one_line() {
             r.describe("the NVML line")
         );
         assert!(!err.contains("panicked"), "{}", r.describe("no panic"));
-        assert!(r.stdout().is_empty(), "{}", r.describe("nothing on stdout"));
+        if args.contains(&"--json") {
+            // A script reading stdout still gets one JSON object: no GPU, and why.
+            let v = r.json();
+            assert_eq!(v["gpus"], serde_json::json!([]), "{}", r.describe("no GPU"));
+            let error = v["error"].as_str().unwrap_or_default();
+            assert_eq!(
+                format!("oomguard: {error}"),
+                err.trim_end(),
+                "{}",
+                r.describe("the stderr line as `error`")
+            );
+        } else {
+            assert!(r.stdout().is_empty(), "{}", r.describe("nothing on stdout"));
+        }
     }
 }
 
@@ -121,6 +134,12 @@ fn gpus_json_shape_with_fake() {
         serde_json::Value::Null,
         "{}",
         r.describe("null")
+    );
+    assert_eq!(
+        v["error"],
+        serde_json::Value::Null,
+        "{}",
+        r.describe("no error")
     );
     let gpus = v["gpus"].as_array().expect("gpus array");
     assert_eq!(gpus.len(), 2, "{}", r.describe("2 GPUs"));
@@ -268,6 +287,16 @@ fn gpus_probe_error_or_bad_fake_is_one_line_and_69() {
         r.expect_code(NO_GPU_INFO);
         assert_eq!(r.stderr().lines().count(), 1, "{}", r.describe("one line"));
         assert!(r.stderr().contains(needle), "{}", r.describe(needle));
-        assert!(r.stdout().is_empty(), "{}", r.describe("nothing on stdout"));
+        let v = r.json();
+        assert_eq!(v["gpus"], serde_json::json!([]), "{}", r.describe("no GPU"));
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.contains(needle)),
+            "{}",
+            r.describe(&format!("error containing {needle:?}"))
+        );
+        // Without --json, stdout stays empty.
+        let t = run(&["gpus"], &[("OOMGUARD_FAKE_GPUS", Some(&fake))]);
+        t.expect_code(NO_GPU_INFO);
+        assert!(t.stdout().is_empty(), "{}", t.describe("nothing on stdout"));
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! Exit codes: 0 when the GPUs could be read (even if none is visible);
 //! [`NO_GPU_INFO`] (69) when they cannot: no NVML (no driver), NVML failed, or the fake
-//! timeline is unreadable — one line on stderr says which, and nothing goes to stdout.
+//! timeline is unreadable — one line on stderr says which. With `--json` stdout always
+//! has one JSON object, then `{"gpus": [], "error": "..."}`: a script reading it never
+//! finds nothing.
 
 use serde_json::json;
 
@@ -10,21 +12,22 @@ use super::{GpuState, NO_GPU_INFO, gib, try_open_probe, visible};
 use crate::exit;
 
 pub fn gpus_main(json: bool) -> i32 {
+    let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let failed = |error: String| {
+        eprintln!("oomguard: {error}");
+        if json {
+            println!("{}", render_error_json(&error, cvd.as_deref()));
+        }
+        NO_GPU_INFO
+    };
     let mut probe = match try_open_probe() {
         Ok(p) => p,
-        Err(e) => {
-            eprintln!("oomguard: {e}");
-            return NO_GPU_INFO;
-        }
+        Err(e) => return failed(e.to_string()),
     };
     let all = match probe.gpus() {
         Ok(all) => all,
-        Err(e) => {
-            eprintln!("oomguard: cannot read the GPUs: {e}");
-            return NO_GPU_INFO;
-        }
+        Err(e) => return failed(format!("cannot read the GPUs: {e}")),
     };
-    let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let shown = visible(&all, cvd.as_deref());
     if json {
         println!("{}", render_json(&all, &shown, cvd.as_deref()));
@@ -34,9 +37,15 @@ pub fn gpus_main(json: bool) -> i32 {
     exit::SUCCESS
 }
 
-/// One JSON object: `cuda_visible_devices` (string or null) and `gpus`, each with
-/// `cuda_index` (its `cuda:N` for a process started here), `index`, `uuid`, `name`,
-/// `total_bytes`, `used_bytes`, `free_bytes`, `util_percent` and `processes`
+/// `gpus --json` when the GPUs cannot be read (exit 69): the same keys, no GPU, and
+/// `error`, the line printed on stderr.
+pub fn render_error_json(error: &str, cvd: Option<&str>) -> String {
+    json!({ "cuda_visible_devices": cvd, "gpus": [], "error": error }).to_string()
+}
+
+/// One JSON object: `cuda_visible_devices` (string or null), `error` (null), and `gpus`,
+/// each with `cuda_index` (its `cuda:N` for a process started here), `index`, `uuid`,
+/// `name`, `total_bytes`, `used_bytes`, `free_bytes`, `util_percent` and `processes`
 /// (`pid`, `used_bytes`, `user`, `oomguard_attempt`).
 pub fn render_json(all: &[GpuState], shown: &[u32], cvd: Option<&str>) -> String {
     let gpus: Vec<serde_json::Value> = shown
@@ -49,7 +58,7 @@ pub fn render_json(all: &[GpuState], shown: &[u32], cvd: Option<&str>) -> String
             Some(v)
         })
         .collect();
-    json!({ "cuda_visible_devices": cvd, "gpus": gpus }).to_string()
+    json!({ "cuda_visible_devices": cvd, "gpus": gpus, "error": null }).to_string()
 }
 
 /// The human form:

@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{GpuState, Probe, belongs, gib};
 
@@ -20,7 +20,7 @@ use super::{GpuState, Probe, belongs, gib};
 pub const DEFAULT_EVERY: Duration = Duration::from_secs(1);
 
 /// One GPU's figures over an attempt. Bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuPeak {
     pub gpu: u32,
     /// The most the run's processes held together on it at one sample.
@@ -30,7 +30,8 @@ pub struct GpuPeak {
     pub total_bytes: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+/// Written in `attempt_end` as `gpu_peak`, and read back by `oomguard status`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PeakReport {
     /// The run's GPUs that were seen at least once, in the order asked.
     pub per_gpu: Vec<GpuPeak>,

@@ -40,20 +40,34 @@ pub struct Run {
 }
 
 pub fn spawn(cwd: &Path, args: &[&str], path_first: Option<&Path>) -> Running {
+    let path = path_first.map(|dir| {
+        let path = std::env::var("PATH").unwrap_or_default();
+        format!("{}:{path}", dir.display())
+    });
+    let envs: Vec<(&str, &str)> = path.iter().map(|p| ("PATH", p.as_str())).collect();
+    spawn_env(cwd, args, &envs)
+}
+
+/// As [`spawn`], with these environment variables set (shown in the command on failure).
+pub fn spawn_env(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Running {
     let mut c = Command::new(OOMGUARD);
     c.args(args).current_dir(cwd).stdin(Stdio::null());
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
-    if let Some(dir) = path_first {
-        let path = std::env::var("PATH").unwrap_or_default();
-        c.env("PATH", format!("{}:{path}", dir.display()));
+    for (k, v) in envs {
+        c.env(k, v);
     }
-    let cmd = std::iter::once("oomguard")
-        .chain(args.iter().copied())
+    let shown_env = envs
+        .iter()
+        .filter(|(k, _)| *k != "PATH")
+        .map(|(k, v)| format!("{k}={v}"));
+    let cmd = shown_env
+        .chain(std::iter::once("oomguard".to_string()))
+        .chain(args.iter().map(|a| a.to_string()))
         .map(|a| {
             if a.contains(' ') || a.is_empty() {
                 format!("'{a}'")
             } else {
-                a.to_string()
+                a
             }
         })
         .collect::<Vec<_>>()
