@@ -738,7 +738,9 @@ fn shorten_seq(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
 fn raise_zero_stage(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let stage = cur.int(Knob::ZeroStage)?;
-    if stage >= step.max {
+    // One rank has nothing to shard over: stages 1-3 save no memory there (the
+    // offload steps raise the stage they need themselves).
+    if stage >= step.max || cur.world_size <= 1 {
         return None;
     }
     // 0 and 1 shard little; the next useful stage is 2, then 3.
@@ -768,14 +770,26 @@ fn raise_zero_stage(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
 fn offload_optimizer(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let dev = cur.knobs.get(&Knob::OffloadOptimizer)?.as_offload()?;
-    if *dev != Offload::None || cur.int(Knob::ZeroStage).unwrap_or(0) == 0 {
+    let stage = cur.int(Knob::ZeroStage).unwrap_or(0);
+    if *dev != Offload::None {
         return None;
     }
+    // ZeRO-Offload needs a ZeRO stage. At world size 1 raise_zero_stage never
+    // applies (sharding saves nothing), so the offload raises it to 2 itself.
+    let raised = if stage == 0 {
+        if cur.world_size > 1 || !cur.knobs.contains_key(&Knob::ZeroStage) {
+            return None;
+        }
+        next.knobs.insert(Knob::ZeroStage, Value::Int(2));
+        ", with ZeRO stage 0 → 2 (which offload needs)"
+    } else {
+        ""
+    };
     let (v, to) = offload_target(step);
     next.knobs.insert(Knob::OffloadOptimizer, v);
     Some((
         next,
-        format!("optimizer states offloaded to {to} (slower steps, much less GPU memory)"),
+        format!("optimizer states offloaded to {to}{raised} (slower steps, much less GPU memory)"),
     ))
 }
 
@@ -783,12 +797,26 @@ fn offload_optimizer(step: &Step, cur: &Settings) -> Option<(Settings, String)> 
 fn offload_param(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let dev = cur.knobs.get(&Knob::OffloadParam)?.as_offload()?;
-    if *dev != Offload::None || cur.int(Knob::ZeroStage) != Some(3) {
+    let stage = cur.int(Knob::ZeroStage)?;
+    if *dev != Offload::None {
         return None;
     }
+    // As for the optimizer: at world size 1 the offload raises the stage to 3 itself.
+    let raised = if stage != 3 {
+        if cur.world_size > 1 {
+            return None;
+        }
+        next.knobs.insert(Knob::ZeroStage, Value::Int(3));
+        format!(", with ZeRO stage {stage} → 3 (which parameter offload needs)")
+    } else {
+        String::new()
+    };
     let (v, to) = offload_target(step);
     next.knobs.insert(Knob::OffloadParam, v);
-    Some((next, format!("parameters offloaded to {to} (ZeRO-3 only)")))
+    Some((
+        next,
+        format!("parameters offloaded to {to}{raised} (ZeRO-3 only)"),
+    ))
 }
 
 /// CPU, or NVMe when the step names an NVMe path (materialize writes the
@@ -868,6 +896,60 @@ mod tests {
         assert_eq!(s.int(Knob::MicroBatch), Some(1));
         assert_eq!(s.int(Knob::GradAccum), Some(6));
         assert!(steps.contains(&StepKind::ShortenSeq));
+    }
+
+    /// Results first: every results-preserving step (micro-batch, checkpointing,
+    /// ZeRO, offload) comes before the first shorter sequence.
+    #[test]
+    fn default_ladder_shortens_the_sequence_only_when_nothing_else_is_left() {
+        let p = Policy::load("default").unwrap();
+        for world in [1, 4] {
+            let mut s = settings(4, 2, Some(2048), false);
+            s.world_size = world;
+            s.knobs.insert(Knob::ZeroStage, Value::Int(0));
+            s.knobs
+                .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
+            s.knobs
+                .insert(Knob::OffloadParam, Value::Offload(Offload::None));
+            let mut steps = vec![];
+            while let Some(d) = next(&p, &s, &oom()) {
+                steps.push(d.step);
+                s = d.after;
+            }
+            let first_short = steps
+                .iter()
+                .position(|k| *k == StepKind::ShortenSeq)
+                .unwrap();
+            assert!(
+                steps[first_short..]
+                    .iter()
+                    .all(|k| *k == StepKind::ShortenSeq),
+                "world {world}: {steps:?}"
+            );
+            let expected: &[StepKind] = if world == 1 {
+                // No ZeRO raise at world size 1: the offloads raise the stage they need.
+                &[
+                    StepKind::HalveMicroBatch,
+                    StepKind::HalveMicroBatch,
+                    StepKind::EnableGradCheckpointing,
+                    StepKind::OffloadOptimizer,
+                    StepKind::OffloadParam,
+                ]
+            } else {
+                &[
+                    StepKind::HalveMicroBatch,
+                    StepKind::HalveMicroBatch,
+                    StepKind::EnableGradCheckpointing,
+                    StepKind::RaiseZeroStage,
+                    StepKind::RaiseZeroStage,
+                    StepKind::OffloadOptimizer,
+                    StepKind::OffloadParam,
+                ]
+            };
+            assert_eq!(&steps[..first_short], expected, "world {world}");
+            assert_eq!(s.int(Knob::ZeroStage), Some(3));
+            assert_eq!(s.knobs[&Knob::OffloadParam], Value::Offload(Offload::Cpu));
+        }
     }
 
     #[test]

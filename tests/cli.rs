@@ -639,3 +639,65 @@ fn restore_with_nothing_to_restore_succeeds() {
         r.describe("the nothing-to-restore message")
     );
 }
+
+/// Results first, as a user sees it in `plan`: on one GPU with a DeepSpeed
+/// config the default ladder halves, checkpoints, offloads (raising the ZeRO
+/// stage it needs, never raising it alone) and only then shortens the sequence.
+#[test]
+fn plan_on_one_gpu_offloads_before_it_shortens_the_sequence() {
+    let t = tmp();
+    std::fs::write(
+        t.path().join("ds.json"),
+        r#"{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}}}"#,
+    )
+    .unwrap();
+    let r = Run::new(
+        t.path(),
+        [
+            "plan",
+            "--json",
+            "python",
+            "train.py",
+            "--deepspeed",
+            "ds.json",
+            "--per_device_train_batch_size",
+            "2",
+            "--gradient_accumulation_steps",
+            "4",
+            "--max_seq_length",
+            "2048",
+            "--output_dir",
+            "out",
+        ],
+        &[],
+    );
+    r.expect_code(0);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout()).expect("plan --json is JSON");
+    let steps: Vec<String> = v["ladder"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["step"].as_str().unwrap().to_string())
+        .collect();
+    let first_short = steps.iter().position(|s| s == "shorten_seq");
+    let expected = [
+        "as_given",
+        "halve_micro_batch",
+        "enable_grad_checkpointing",
+        "offload_optimizer",
+        "offload_param",
+    ];
+    assert_eq!(
+        steps[..expected.len()],
+        expected,
+        "{}",
+        r.describe("results-preserving steps first")
+    );
+    assert!(
+        !steps.contains(&"raise_zero_stage".to_string()),
+        "{steps:?}"
+    );
+    if let Some(i) = first_short {
+        assert!(i >= expected.len(), "{steps:?}");
+    }
+}

@@ -391,6 +391,9 @@ steps = 1000
 mode = \"selective\"
 ",
             )],
+            // Results first, and still the sequence: the micro-batch is already 1,
+            // and torchtitan binds no accumulation, checkpointing or ZeRO knob, so
+            // nothing results-preserving is left.
             checkpoint: None,
             first_step: "shorten_seq",
             layout: None,
