@@ -68,6 +68,20 @@ pub enum Sub {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// Estimate the memory per GPU of the command's settings and of each
+    /// setting the policy can reach: weights, gradients, optimizer states,
+    /// activations and context, which fit and why. Runs nothing.
+    ///
+    /// Reads the model's config.json (a local --model_name_or_path folder, the
+    /// Hugging Face cache for a hub name, a recipe's base_model) or
+    /// `--knob params=7e9`. The GPU's memory comes from NVML or --gpu-memory.
+    Estimate {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        run: RunArgs,
+    },
     /// Show each visible GPU: memory, utilisation, and every process holding memory
     /// (PID, user, memory, and which oomguard run it belongs to). Needs NVML.
     Gpus {
@@ -154,8 +168,17 @@ pub struct RunArgs {
     /// starting from its default), or an environment variable (`micro_batch=env:MICRO_BS`).
     /// Knobs: micro_batch, grad_accum, seq_len, grad_checkpointing, zero_stage,
     /// offload_optimizer, offload_param. Repeatable.
+    ///
+    /// `--knob params=7e9` gives the model's parameter count when oomguard finds
+    /// no model config (`--model_name_or_path` folder, the Hugging Face cache, a
+    /// recipe's `base_model`) for its memory model.
     #[arg(long, value_name = "NAME=WHERE")]
     pub knob: Vec<String>,
+
+    /// The memory of each GPU, in GiB, for the memory model when no OOM message
+    /// or NVML has told it yet (`estimate` and the first decision).
+    #[arg(long, value_name = "GIB")]
+    pub gpu_memory: Option<f64>,
 
     /// Do not add the default environment (allocator, tokenizers, unbuffered Python).
     #[arg(long)]

@@ -20,6 +20,7 @@ mod journal;
 mod knobs;
 mod launch;
 mod liveness;
+mod memory;
 mod plan;
 mod policy;
 mod progress;
@@ -71,6 +72,13 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Runs { json }) => status::runs_main(json),
         Some(cli::Sub::Completions { shell }) => completions::completions_main(shell),
         Some(cli::Sub::Man) => completions::man_main(),
+        Some(cli::Sub::Estimate { json, run }) => {
+            init_tracing(run.verbose, run.quiet);
+            match run_config::RunConfig::from_args(run) {
+                Ok(cfg) => plan::estimate_main(&cfg, json),
+                Err(e) => usage_error(&e),
+            }
+        }
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
             match run_config::RunConfig::from_args(run) {

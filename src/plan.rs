@@ -54,13 +54,14 @@ pub fn ladder(
 ) -> Result<Vec<Rung>, knobs::KnobError> {
     let mut rungs = Vec::new();
     let mut s = cfg.disc.settings();
+    let mut cal = cfg.calibrated();
     rungs.push(Rung {
         step: None,
         settings: s.clone(),
         m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
     });
     while (rungs.len() as u32) < cfg.max_attempts {
-        let Some(d) = policy::next(&cfg.policy, &s, &Evidence::assumed()) else {
+        let Some(d) = policy::decide(&cfg.policy, &s, &Evidence::assumed(), cal.as_mut()) else {
             break;
         };
         s = d.after.clone();
@@ -132,6 +133,8 @@ struct PlanJson<'a> {
     warnings: &'a [String],
     not_applicable: &'a [NotApplicable],
     ladder: Vec<RungJson<'a>>,
+    /// The memory model's table (`estimate --json`'s object).
+    estimate: EstimateReport,
 }
 
 #[derive(Serialize)]
@@ -227,6 +230,7 @@ impl Plan<'_> {
             warnings: &cfg.disc.warnings,
             not_applicable: &self.na,
             ladder: self.rungs.iter().map(rung_json).collect(),
+            estimate: EstimateReport::build(self.cfg),
         };
         // Through a `serde_json::Value`: its map sorts the keys, as `plan --json`
         // has always printed them.
@@ -242,6 +246,7 @@ impl Plan<'_> {
         self.resume(&mut o);
         self.lists(&mut o);
         self.ladder(&mut o);
+        EstimateReport::build(self.cfg).text(&mut o, 12);
         o
     }
 
@@ -451,4 +456,172 @@ mod tests {
             r#"python 'a b' 'it'\''s' --x=1 '$(rm -rf /)'"#
         );
     }
+}
+
+/// `oomguard estimate` (and the same table in `plan`): the memory per GPU of
+/// the settings as given and of each candidate the policy can reach.
+#[derive(Serialize)]
+pub struct EstimateReport {
+    pub model: Option<crate::memory::ModelSpec>,
+    /// Bytes per GPU, `None` when unknown (no NVML, no `--gpu-memory`).
+    pub gpu_total_bytes: Option<f64>,
+    pub margin: f64,
+    pub given: Option<crate::memory::Candidate>,
+    /// Candidates, the one the model would pick first, then those that fit
+    /// (longest sequence, fastest first), then the rest.
+    pub candidates: Vec<crate::memory::Candidate>,
+    pub pick: Option<usize>,
+    pub why: String,
+}
+
+impl EstimateReport {
+    pub fn build(cfg: &RunConfig) -> EstimateReport {
+        let start = cfg.disc.settings();
+        let Some(cal) = cfg.calibrated() else {
+            return EstimateReport {
+                model: None,
+                gpu_total_bytes: cfg.gpu_memory,
+                margin: crate::memory::MARGIN,
+                given: None,
+                candidates: Vec::new(),
+                pick: None,
+                why: "no model config found (a local --model_name_or_path folder's config.json, the Hugging Face cache for a hub name, a recipe's base_model): give --knob params=7e9; without a model oomguard follows the policy's ladder".into(),
+            };
+        };
+        let given = crate::memory::Candidate {
+            estimate: cal.estimate(&start),
+            throughput: crate::memory::throughput(&start, crate::memory::DEFAULT_SEQ),
+            fits: cal.fits(&start),
+            settings: start.clone(),
+            steps: Vec::new(),
+        };
+        let mut cands = crate::memory::candidates(&cfg.policy, &start, &cal);
+        let seq = |c: &crate::memory::Candidate| c.settings.int(Knob::SeqLen).unwrap_or(0);
+        cands.sort_by(|a, b| {
+            (b.fits == Some(true))
+                .cmp(&(a.fits == Some(true)))
+                .then(seq(b).cmp(&seq(a)))
+                .then(b.throughput.total_cmp(&a.throughput))
+                .then(a.steps.len().cmp(&b.steps.len()))
+        });
+        let picked = crate::memory::pick(&cands, &start).map(|p| p.settings.clone());
+        let pick = picked.and_then(|p| cands.iter().position(|c| c.settings == p));
+        let why = match (cal.gpu_total, given.fits, pick) {
+            (None, _, _) => "the GPU's memory is unknown (no NVML here): give --gpu-memory GIB to say which settings fit".to_string(),
+            (Some(_), Some(true), _) => "the settings as given are predicted to fit".to_string(),
+            (Some(_), _, Some(_)) => "the settings as given are predicted not to fit; after an OOM oomguard takes the fastest candidate that fits (marked *), calibrated by the OOM's numbers".to_string(),
+            (Some(_), _, None) => "nothing the policy can reach is predicted to fit".to_string(),
+        };
+        EstimateReport {
+            model: Some(cal.model.clone()),
+            gpu_total_bytes: cal.gpu_total,
+            margin: crate::memory::MARGIN,
+            given: Some(given),
+            candidates: cands,
+            pick,
+            why,
+        }
+    }
+
+    pub fn text(&self, o: &mut String, limit: usize) {
+        use crate::memory::{GIB, gib};
+        let Some(m) = &self.model else {
+            let _ = writeln!(o, "\nmemory per GPU: {}", self.why);
+            return;
+        };
+        let _ = writeln!(
+            o,
+            "\nmemory per GPU (model from {}: {:.2}B parameters, hidden {}, {} layers; GPU {}):",
+            m.source,
+            m.params / 1e9,
+            m.hidden,
+            m.layers,
+            self.gpu_total_bytes
+                .map(|t| format!("{:.1} GiB, {:.0}% margin", t / GIB, self.margin * 100.0))
+                .unwrap_or_else(|| "memory unknown".into())
+        );
+        let _ = writeln!(
+            o,
+            "  {:<2}{:<54} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<5} {:>5}",
+            "", "settings", "weights", "grads", "optim", "activ.", "total", "fits", "speed"
+        );
+        let row = |o: &mut String, mark: &str, label: String, c: &crate::memory::Candidate| {
+            let e = &c.estimate;
+            let g = |b: f64| format!("{:.2}", b / GIB);
+            let _ = writeln!(
+                o,
+                "  {:<2}{:<54} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<5} {:>5.2}",
+                mark,
+                label,
+                g(e.weights),
+                g(e.gradients),
+                g(e.optimizer),
+                g(e.activations),
+                g(e.total()),
+                match c.fits {
+                    Some(true) => "yes",
+                    Some(false) => "no",
+                    None => "?",
+                },
+                c.throughput
+            );
+        };
+        if let Some(g) = &self.given {
+            row(o, "", "as given".into(), g);
+            for (i, c) in self.candidates.iter().take(limit).enumerate() {
+                let label = changes(&g.settings, &c.settings);
+                row(o, if self.pick == Some(i) { "*" } else { "" }, label, c);
+            }
+            if self.candidates.len() > limit {
+                let _ = writeln!(
+                    o,
+                    "  … and {} more (oomguard estimate --json lists them all)",
+                    self.candidates.len() - limit
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "  (GiB per GPU, context {} included in total; speed: relative throughput; activations from the architecture, calibrated by each OOM; * the pick)",
+            gib(crate::memory::CONTEXT_BYTES)
+        );
+        let _ = writeln!(o, "  {}", self.why);
+    }
+}
+
+/// The knobs `to` changes from `from`, as `knob value`.
+fn changes(from: &Settings, to: &Settings) -> String {
+    let parts: Vec<String> = to
+        .knobs
+        .iter()
+        .filter(|(k, v)| from.knobs.get(k) != Some(v) && **k != Knob::GradAccum)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    let accum = to
+        .int(Knob::GradAccum)
+        .filter(|a| from.int(Knob::GradAccum) != Some(*a))
+        .map(|a| format!(" (accum {a})"))
+        .unwrap_or_default();
+    format!("{}{accum}", parts.join(", "))
+}
+
+/// `oomguard estimate COMMAND`.
+pub fn estimate_main(cfg: &RunConfig, as_json: bool) -> i32 {
+    let r = EstimateReport::build(cfg);
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&r).expect("estimate serializes")
+        );
+    } else {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "oomguard estimate: nothing is run\n\ncommand: {}",
+            shell_quote(&cfg.argv)
+        );
+        r.text(&mut o, 40);
+        print!("{o}");
+    }
+    exit::SUCCESS
 }

@@ -85,6 +85,9 @@ struct RawPolicy {
     max_attempts: Option<toml::Spanned<u32>>,
     /// Keep micro × accum × world exactly; a halving that cannot is not applicable.
     keep_global_batch: Option<bool>,
+    /// Decide from the memory model when the model is known (default true);
+    /// false: always take the next step of the ladder.
+    memory_model: Option<bool>,
     #[serde(default)]
     env: BTreeMap<String, String>,
     #[serde(default, rename = "step")]
@@ -112,6 +115,8 @@ pub struct Policy {
     pub description: String,
     pub max_attempts: u32,
     pub keep_global_batch: bool,
+    /// Decide from the memory model when there is one (`memory_model = false`: the ladder only).
+    pub memory_model: bool,
     /// Environment defaults (merged into the user's, never overriding).
     pub env: BTreeMap<String, String>,
     pub steps: Vec<Step>,
@@ -232,6 +237,7 @@ impl Policy {
             description: raw.description.unwrap_or_default(),
             max_attempts,
             keep_global_batch: raw.keep_global_batch.unwrap_or(true),
+            memory_model: raw.memory_model.unwrap_or(true),
             env: raw.env,
             steps,
             resume: raw.resume,
@@ -831,6 +837,78 @@ fn offload_target(step: &Step) -> (Value, String) {
         ),
         None => (Value::Offload(Offload::Cpu), "CPU memory".into()),
     }
+}
+
+/// Each step of the policy applied once to `cur`: what it would lead to.
+pub fn successors(policy: &Policy, cur: &Settings) -> Vec<(StepKind, Settings)> {
+    policy
+        .steps
+        .iter()
+        .filter_map(|step| apply(step, policy, cur).map(|(s, _)| (step.kind, s)))
+        .collect()
+}
+
+/// The decision after an OOM when a memory model is known: the fastest
+/// settings the policy's steps can reach that the model, calibrated with this
+/// OOM, says fit with the margin — results first (a shorter sequence only when
+/// nothing with the sequence as given fits). `None` when the model cannot tell
+/// (no GPU size, or nothing fits): the caller falls back to the ladder.
+pub fn next_from_model(
+    policy: &Policy,
+    cur: &Settings,
+    evidence: &Evidence,
+    cal: &crate::memory::Calibrated,
+) -> Option<Decision> {
+    use crate::memory::gib;
+    let cands = crate::memory::candidates(policy, cur, cal);
+    let best = crate::memory::pick(&cands, cur)?;
+    let changed: Vec<String> = best
+        .settings
+        .knobs
+        .iter()
+        .filter(|(k, v)| cur.knobs.get(k) != Some(v))
+        .map(|(k, v)| {
+            let was = cur.knobs.get(k).map(|v| v.to_string()).unwrap_or_default();
+            format!("{k} {was} → {v}")
+        })
+        .collect();
+    let gb = best
+        .settings
+        .global_batch()
+        .map(|g| format!(", global batch {g} kept"))
+        .unwrap_or_default();
+    Some(Decision {
+        step: *best.steps.last()?,
+        before: cur.clone(),
+        after: best.settings.clone(),
+        reason: format!(
+            "{evidence}: {}{gb}; the memory model ({}) predicts {} of {} per GPU, the fastest of {} settings that fit with a {:.0}% margin",
+            changed.join(", "),
+            cal.model.source,
+            gib(best.estimate.total()),
+            gib(cal.gpu_total.unwrap_or(0.0)),
+            cands.iter().filter(|c| c.fits == Some(true)).count(),
+            crate::memory::MARGIN * 100.0
+        ),
+    })
+}
+
+/// The decision after an OOM: from the memory model when there is one (it learns
+/// from this OOM first), else — or when the model finds nothing that fits —
+/// the policy's next step.
+pub fn decide(
+    policy: &Policy,
+    cur: &Settings,
+    evidence: &Evidence,
+    cal: Option<&mut crate::memory::Calibrated>,
+) -> Option<Decision> {
+    if let Some(cal) = cal.filter(|_| policy.memory_model) {
+        cal.learn(cur, evidence.oom.as_ref());
+        if let Some(d) = next_from_model(policy, cur, evidence, cal) {
+            return Some(d);
+        }
+    }
+    next(policy, cur, evidence)
 }
 
 /// The next decision after the OOM `evidence` shows, or `None` when the policy

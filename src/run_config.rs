@@ -14,6 +14,7 @@ use crate::envmerge::{self, EnvSet};
 use crate::gpuwatch::{GpuOptions, GpuWatch};
 use crate::journal;
 use crate::knobs::{self, Discovery};
+use crate::memory;
 use crate::policy::{self, Policy};
 
 /// Validated options for `run` and `plan`.
@@ -37,6 +38,11 @@ pub struct RunConfig {
     pub gpu: Option<GpuWatch>,
     /// `CUDA_VISIBLE_DEVICES` chosen by `--gpus auto:N`.
     pub cuda_visible: Option<String>,
+    /// The memory model's view of the command's model (`None`: no model config
+    /// found and no `--knob params=N`: decisions follow the policy's ladder).
+    pub model: Option<memory::ModelSpec>,
+    /// `--gpu-memory GIB`, in bytes.
+    pub gpu_memory: Option<f64>,
 }
 
 /// A usage error: printed and mapped to exit 2 by main.
@@ -78,7 +84,35 @@ fn secs(flag: &'static str, v: f64, min: f64) -> Result<Duration, ConfigError> {
 impl RunConfig {
     pub fn from_args(args: RunArgs) -> Result<RunConfig, ConfigError> {
         let policy = Policy::load(&args.policy)?;
-        let user = knobs::parse_user_bindings(&args.knob)?;
+        // `--knob params=N` is the memory model's, not a binding.
+        let mut params = None;
+        let mut knob_args = Vec::new();
+        for k in &args.knob {
+            match k.strip_prefix("params=") {
+                Some(v) => match v.parse::<f64>() {
+                    Ok(p) if p.is_finite() && p >= 1.0 => params = Some(p),
+                    _ => {
+                        return Err(ConfigError::BadNumber {
+                            flag: "knob params",
+                            value: v.parse::<f64>().unwrap_or(f64::NAN),
+                            why: "must be a parameter count such as 7e9",
+                        });
+                    }
+                },
+                None => knob_args.push(k.clone()),
+            }
+        }
+        let gpu_memory = match args.gpu_memory {
+            Some(g) if !(g.is_finite() && g > 0.0) => {
+                return Err(ConfigError::BadNumber {
+                    flag: "gpu-memory",
+                    value: g,
+                    why: "must be a positive number of GiB",
+                });
+            }
+            g => g.map(|g| g * memory::GIB),
+        };
+        let user = knobs::parse_user_bindings(&knob_args)?;
         let gpu_opts = GpuOptions::parse(
             args.wait_for_memory.as_deref(),
             args.wait_timeout,
@@ -108,6 +142,11 @@ impl RunConfig {
             }
         }
         let layout = knobs::layout(&cmd, &disc, policy.resume.as_ref());
+        let recipe_models =
+            memory::recipe_models(disc.config.files.iter().map(|f| f.shown.as_str()));
+        let env_text = |n: &str| real_env(n).and_then(|v| v.into_string().ok());
+        let model = memory::find_model(&cmd, &recipe_models, &env_text)
+            .or_else(|| params.map(memory::ModelSpec::from_params));
         Ok(RunConfig {
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
@@ -123,6 +162,8 @@ impl RunConfig {
             disc,
             cuda_visible: gpu.cuda_visible.clone(),
             gpu: Some(gpu),
+            model,
+            gpu_memory,
         })
     }
 
@@ -224,6 +265,13 @@ pub struct ResumeInfo {
 }
 
 impl RunConfig {
+    /// The memory model for this run, not yet calibrated (`None` without a model).
+    pub fn calibrated(&self) -> Option<memory::Calibrated> {
+        self.model
+            .clone()
+            .map(|m| memory::Calibrated::new(m, self.gpu_memory))
+    }
+
     /// The folder of attempt `n` (what `plan` shows; `run` creates it through the journal).
     pub fn attempt_dir(&self, n: usize) -> PathBuf {
         self.run_dir.join(format!("attempt-{n}"))

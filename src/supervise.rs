@@ -103,6 +103,8 @@ struct Run<'c> {
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
     attempts: Vec<AttemptRecord>,
+    /// The memory model, calibrated by every OOM so far (`None`: no model config).
+    cal: Option<crate::memory::Calibrated>,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
@@ -201,6 +203,7 @@ impl<'c> Run<'c> {
             baseline: checkpoint::Baseline::default(),
             begun: 0,
             attempts: Vec::new(),
+            cal: cfg.calibrated(),
         }
     }
 
@@ -486,7 +489,8 @@ impl<'c> Run<'c> {
             );
             return Flow::Stop(exit::EXHAUSTED);
         }
-        let Some(d) = policy::next(&self.cfg.policy, &self.settings, ev) else {
+        let Some(d) = policy::decide(&self.cfg.policy, &self.settings, ev, self.cal.as_mut())
+        else {
             eprintln!(
                 "oomguard: the policy '{}' has no step left; the run still does not fit at {}",
                 self.cfg.policy.name, self.settings

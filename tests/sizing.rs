@@ -1,0 +1,185 @@
+//! Deciding from evidence, driven through the real binary: `oomguard estimate`'s
+//! table, and a run whose OOM is fixed in one relaunch by the memory model's pick,
+//! results first, against the simulated trainer of the sizing benchmark
+//! (`benches/sizing_trainer.py`: its OOM names only the one allocation that failed).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn run(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(BIN);
+    c.args(args).current_dir(cwd);
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    let out = c.output().expect("run oomguard");
+    eprintln!(
+        "command: {BIN} {args:?}\ncwd: {}\nstatus: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        cwd.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A 1.3B-parameter Llama-shaped model folder.
+fn model(dir: &Path) -> PathBuf {
+    let m = dir.join("model");
+    std::fs::create_dir_all(&m).unwrap();
+    std::fs::write(
+        m.join("config.json"),
+        r#"{"hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "hidden_act": "silu"}"#,
+    )
+    .unwrap();
+    m
+}
+
+fn trainer_args(m: &Path) -> Vec<String> {
+    [
+        "python3",
+        root().join("benches/sizing_trainer.py").to_str().unwrap(),
+        "--model_name_or_path",
+        m.to_str().unwrap(),
+        "--per_device_train_batch_size",
+        "16",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_seq_length",
+        "2048",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+#[test]
+fn estimate_shows_the_memory_of_each_candidate_and_which_fit() {
+    let t = tempfile::tempdir().unwrap();
+    let m = model(t.path());
+    let cmd = trainer_args(&m);
+    let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+
+    let mut args = vec!["estimate", "--gpu-memory", "24"];
+    args.extend(&cmd);
+    let out = run(t.path(), &args, &[]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("model/config.json: 1.3"), "{text}");
+    assert!(text.contains("as given"), "{text}");
+    assert!(text.contains("predicted not to fit"), "{text}");
+    assert!(
+        text.lines().any(|l| l.trim_start().starts_with('*')),
+        "{text}"
+    );
+
+    let mut args = vec!["estimate", "--json", "--gpu-memory", "24"];
+    args.extend(&cmd);
+    let out = run(t.path(), &args, &[]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("estimate --json");
+    assert_eq!(v["given"]["fits"], false);
+    let pick = v["pick"].as_u64().expect("a pick") as usize;
+    let best = &v["candidates"][pick];
+    assert_eq!(best["fits"], true);
+    // Results first: the pick keeps the sequence, and the global batch.
+    assert_eq!(best["settings"]["knobs"]["seq_len"], 2048, "{best}");
+    let knobs = &best["settings"]["knobs"];
+    assert_eq!(
+        knobs["micro_batch"].as_u64().unwrap() * knobs["grad_accum"].as_u64().unwrap(),
+        32
+    );
+    // The model states match the formula: 16 bytes per parameter at ZeRO 0.
+    let e = &v["given"]["estimate"];
+    let states = e["weights"].as_f64().unwrap()
+        + e["gradients"].as_f64().unwrap()
+        + e["optimizer"].as_f64().unwrap();
+    let params = v["model"]["params"].as_f64().unwrap();
+    assert!((states / params - 16.0).abs() < 1e-6);
+
+    // Without the GPU's size it says so; without a model, how to give one.
+    let mut args = vec!["estimate"];
+    args.extend(&cmd);
+    let out = run(t.path(), &args, &[]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--gpu-memory GIB"));
+    let out = run(
+        t.path(),
+        &[
+            "estimate",
+            "python3",
+            "train.py",
+            "--per_device_train_batch_size",
+            "4",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--knob params=7e9"));
+    let out = run(
+        t.path(),
+        &[
+            "estimate",
+            "--gpu-memory",
+            "24",
+            "--knob",
+            "params=7e9",
+            "python3",
+            "train.py",
+            "--per_device_train_batch_size",
+            "4",
+        ],
+        &[],
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--knob params=7e9: 7.0"));
+}
+
+/// The OOM's numbers calibrate the model, and the fix that fits is taken in
+/// one relaunch; the blind ladder (`memory_model = false`) takes more.
+#[test]
+fn an_oom_is_fixed_in_one_relaunch_by_the_models_pick() {
+    let t = tempfile::tempdir().unwrap();
+    let m = model(t.path());
+    let cmd = trainer_args(&m);
+    let results = t.path().join("results.jsonl");
+    let envs = [
+        ("SIM_GPU_GIB", "24"),
+        ("SIM_ACT_FACTOR", "1.3"),
+        ("SIM_RESULT", results.to_str().unwrap()),
+    ];
+    let attempts = |policy: &str| {
+        let _ = std::fs::remove_file(&results);
+        let mut args = vec!["--policy", policy, "--hang-timeout", "5"];
+        args.extend(cmd.iter().map(String::as_str));
+        let out = run(t.path(), &args, &envs);
+        assert_eq!(out.status.code(), Some(0));
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&results)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (lines, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (new, stderr) = attempts("default");
+    assert_eq!(new.len(), 2, "one relaunch: {new:?}");
+    let last = &new[1]["settings"];
+    assert_eq!(last["seq_len"], 2048);
+    assert_eq!(
+        last["micro_batch"].as_u64().unwrap() * last["grad_accum"].as_u64().unwrap(),
+        32
+    );
+    assert!(stderr.contains("the memory model"), "{stderr}");
+
+    let blind = t.path().join("blind.toml");
+    std::fs::write(
+        &blind,
+        "memory_model = false\n[[step]]\nkind = \"halve_micro_batch\"\n[[step]]\nkind = \"enable_grad_checkpointing\"\n",
+    )
+    .unwrap();
+    let (old, _) = attempts(blind.to_str().unwrap());
+    assert!(old.len() > new.len(), "{old:?}");
+}
