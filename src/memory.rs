@@ -26,6 +26,10 @@ use crate::knobs::{Knob, Offload, Settings, Value};
 pub const GIB: f64 = (1u64 << 30) as f64;
 /// The CUDA context and NCCL buffers: about 500 MiB per process.
 pub const CONTEXT_BYTES: f64 = 500.0 * (1u64 << 20) as f64;
+/// After an OOM the activation term is scaled by this much beyond what the
+/// message proves: PyTorch names only the allocation that failed, and the
+/// allocations after it are unseen.
+pub const UNSEEN_DEFICIT: f64 = 1.25;
 /// A candidate fits when it is predicted to leave this share of the GPU free.
 pub const MARGIN: f64 = 0.05;
 
@@ -338,15 +342,20 @@ pub fn estimate(m: &ModelSpec, s: &Settings, calib: f64) -> Estimate {
     } else {
         per_layer * m.layers
     };
-    // Logits in bf16 and their fp32 copy for the loss (and its gradient).
-    let logits = 8.0 * m.vocab * tokens;
     Estimate {
         weights: w,
         gradients: g,
         optimizer: o,
-        activations: (layers + logits) * calib,
+        // Only the layers' term is calibrated: the logits' size is exact.
+        activations: layers * calib + logits_bytes(m, s),
         context: CONTEXT_BYTES,
     }
+}
+
+/// The logits in bf16 and their fp32 copy for the loss (and its gradient).
+fn logits_bytes(m: &ModelSpec, s: &Settings) -> f64 {
+    let v = view(s, DEFAULT_SEQ);
+    8.0 * m.vocab * v.micro * v.seq
 }
 
 /// Relative throughput of settings (1.0: the settings as given would run at
@@ -421,6 +430,12 @@ impl Calibrated {
         self.gpu_total.map(|t| t * (1.0 - MARGIN))
     }
 
+    /// Fits the whole GPU, without the margin, and never failed.
+    pub fn fits_whole_gpu(&self, s: &Settings) -> bool {
+        self.gpu_total
+            .is_some_and(|t| self.estimate(s).total() <= t && !self.failed.contains(s))
+    }
+
     pub fn fits(&self, s: &Settings) -> Option<bool> {
         let b = self.budget()?;
         Some(self.estimate(s).total() <= b && !self.failed.contains(s))
@@ -436,8 +451,9 @@ impl Calibrated {
         let predicted_fit = self.fits(s) == Some(true);
         self.failed.push(s.clone());
         let e = self.estimate(s);
-        let fixed = e.total() - e.activations;
-        let act = e.activations.max(1.0);
+        let logits = logits_bytes(&self.model, s);
+        let fixed = e.total() - e.activations + logits;
+        let act = (e.activations - logits).max(1.0);
         let mut need = oom.and_then(needed_at_least).unwrap_or(0.0);
         if let Some(t) = self.gpu_total {
             // It did not fit: it needed more than the whole GPU (PyTorch names
@@ -447,6 +463,8 @@ impl Calibrated {
         if need > e.total() {
             self.scale *= (need - fixed).max(act) / act;
         }
+        // The deficit is only known from below: allow for the rest of it.
+        self.scale *= UNSEEN_DEFICIT;
         if predicted_fit {
             self.scale *= 1.5;
         }
@@ -460,6 +478,9 @@ pub struct Candidate {
     pub estimate: Estimate,
     pub throughput: f64,
     pub fits: Option<bool>,
+    /// Predicted to fit the whole GPU, without the margin (never a failed one).
+    #[serde(skip)]
+    pub fits_without_margin: bool,
     /// The steps that lead here from the settings as given.
     pub steps: Vec<crate::policy::StepKind>,
 }
@@ -487,6 +508,7 @@ pub fn candidates(
                 estimate: cal.estimate(&next),
                 throughput: throughput(&next, DEFAULT_SEQ),
                 fits: cal.fits(&next),
+                fits_without_margin: cal.fits_whole_gpu(&next),
                 settings: next,
                 steps: p,
             });
@@ -522,7 +544,16 @@ pub fn pick<'a>(cands: &'a [Candidate], start: &Settings) -> Option<&'a Candidat
                     .then(b.steps.len().cmp(&a.steps.len()))
             })
     };
-    best(true).or_else(|| best(false))
+    // Results first, before the margin: when nothing with the sequence as given
+    // fits with the margin, the one predicted to need least, if it fits the GPU
+    // without it, comes before a shorter sequence.
+    let tight = || {
+        cands
+            .iter()
+            .filter(|c| c.settings.int(Knob::SeqLen) == seq0 && c.fits_without_margin)
+            .min_by(|a, b| a.estimate.total().total_cmp(&b.estimate.total()))
+    };
+    best(true).or_else(tight).or_else(|| best(false))
 }
 
 /// Bytes as GiB with two decimals.

@@ -492,6 +492,7 @@ impl EstimateReport {
             estimate: cal.estimate(&start),
             throughput: crate::memory::throughput(&start, crate::memory::DEFAULT_SEQ),
             fits: cal.fits(&start),
+            fits_without_margin: cal.fits_whole_gpu(&start),
             settings: start.clone(),
             steps: Vec::new(),
         };

@@ -877,18 +877,28 @@ pub fn next_from_model(
         .global_batch()
         .map(|g| format!(", global batch {g} kept"))
         .unwrap_or_default();
+    let n_fit = cands.iter().filter(|c| c.fits == Some(true)).count();
+    let why = if best.fits == Some(true) {
+        format!(
+            "the fastest of {n_fit} settings that fit with a {:.0}% margin",
+            crate::memory::MARGIN * 100.0
+        )
+    } else {
+        format!(
+            "none with the sequence as given fits with the {:.0}% margin: the one that needs least, which fits the GPU, before a shorter sequence",
+            crate::memory::MARGIN * 100.0
+        )
+    };
     Some(Decision {
         step: *best.steps.last()?,
         before: cur.clone(),
         after: best.settings.clone(),
         reason: format!(
-            "{evidence}: {}{gb}; the memory model ({}) predicts {} of {} per GPU, the fastest of {} settings that fit with a {:.0}% margin",
+            "{evidence}: {}{gb}; the memory model ({}) predicts {} of {} per GPU, {why}",
             changed.join(", "),
             cal.model.source,
             gib(best.estimate.total()),
             gib(cal.gpu_total.unwrap_or(0.0)),
-            cands.iter().filter(|c| c.fits == Some(true)).count(),
-            crate::memory::MARGIN * 100.0
         ),
     })
 }

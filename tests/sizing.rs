@@ -183,3 +183,44 @@ fn an_oom_is_fixed_in_one_relaunch_by_the_models_pick() {
     let (old, _) = attempts(blind.to_str().unwrap());
     assert!(old.len() > new.len(), "{old:?}");
 }
+
+/// The sizing benchmark's done-when targets, on a small draw of scenarios
+/// (`benches/sizing.py`; the README has the full table): every run finishes,
+/// median ≤ 1 relaunch and max ≤ 3, mean ≥ 0.90 and worst ≥ 0.75 of the best
+/// fitting throughput, and no needless shortening.
+#[test]
+fn the_sizing_benchmark_meets_its_targets_against_the_blind_ladder() {
+    let out = Command::new("python3")
+        .args([
+            root().join("benches/sizing.py").to_str().unwrap(),
+            "--bin",
+            BIN,
+            "--scenarios",
+            "12",
+            "--seed",
+            "12",
+            "--json",
+        ])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let new = &v["rows"][1];
+    assert_eq!(new["finished"], new["runs"], "{v}");
+    assert!(new["relaunches_median"].as_f64().unwrap() <= 1.0, "{v}");
+    assert!(new["relaunches_max"].as_u64().unwrap() <= 3, "{v}");
+    assert!(new["kept_mean"].as_f64().unwrap() >= 0.90, "{v}");
+    assert!(new["kept_worst"].as_f64().unwrap() >= 0.75, "{v}");
+    assert_eq!(new["shortened_needlessly"], 0, "{v}");
+    // The blind ladder shortens where it need not, or takes more relaunches.
+    let old = &v["rows"][0];
+    assert!(
+        old["shortened_needlessly"].as_u64().unwrap() > 0
+            || old["relaunches_max"].as_u64().unwrap() > new["relaunches_max"].as_u64().unwrap(),
+        "{v}"
+    );
+}
