@@ -16,9 +16,11 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("OOMGUARD_VERS
 ///
 /// Prefix any training command with `oomguard`. It sets the allocator and
 /// tokenizer environment, runs the command with its output passed through, and
-/// when the run dies of an OOM it changes the training settings by a policy
-/// (halve the micro-batch and double gradient accumulation so the global batch
-/// stays the same, enable gradient checkpointing, shorten the sequence) and
+/// when the run dies of an OOM it changes the training settings by a policy,
+/// results first (halve the micro-batch and double gradient accumulation so the
+/// global batch stays the same, gradient checkpointing, ZeRO, offload; a shorter
+/// sequence only when nothing else is left) — with the model's config known, the
+/// fastest settings its calibrated memory model says fit, in one relaunch — and
 /// relaunches from the last complete checkpoint.
 ///
 /// Examples:
@@ -26,6 +28,8 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), env!("OOMGUARD_VERS
 ///   oomguard torchrun --nproc_per_node=4 train.py --per_device_train_batch_size 8 --output_dir out
 ///
 ///   oomguard plan python train.py --per_device_train_batch_size 8 --output_dir out
+///
+///   oomguard estimate --gpu-memory 80 python train.py --model_name_or_path ./llama --per_device_train_batch_size 8
 ///
 ///   oomguard diagnose crash.log
 ///

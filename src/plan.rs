@@ -543,7 +543,7 @@ impl EstimateReport {
         );
         let _ = writeln!(
             o,
-            "  {:<2}{:<54} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<5} {:>5}",
+            "  {:<2}{:<70} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<4} {:>5}",
             "", "settings", "weights", "grads", "optim", "activ.", "total", "fits", "speed"
         );
         let row = |o: &mut String, mark: &str, label: String, c: &crate::memory::Candidate| {
@@ -551,7 +551,7 @@ impl EstimateReport {
             let g = |b: f64| format!("{:.2}", b / GIB);
             let _ = writeln!(
                 o,
-                "  {:<2}{:<54} {:>9} {:>9} {:>9} {:>9} {:>9}  {:<5} {:>5.2}",
+                "  {:<2}{:<70} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<4} {:>5.2}",
                 mark,
                 label,
                 g(e.weights),
@@ -621,7 +621,7 @@ pub fn estimate_main(cfg: &RunConfig, as_json: bool) -> i32 {
             "oomguard estimate: nothing is run\n\ncommand: {}",
             shell_quote(&cfg.argv)
         );
-        r.text(&mut o, 40);
+        r.text(&mut o, 15);
         print!("{o}");
     }
     exit::SUCCESS
