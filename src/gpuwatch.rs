@@ -122,6 +122,8 @@ pub struct GpuWatch {
     /// The peak of the last successful attempt (for `--wait-for-memory auto`).
     auto_bytes: Option<u64>,
     argv: Vec<OsString>,
+    /// The smallest memory among the run's GPUs, for the memory model (`None` without NVML).
+    pub total_bytes: Option<u64>,
 }
 
 impl GpuWatch {
@@ -150,6 +152,7 @@ impl GpuWatch {
             peak: None,
             auto_bytes: None,
             argv: argv.to_vec(),
+            total_bytes: None,
         };
         let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let all = match w.probe.as_mut().map(|p| p.gpus()) {
@@ -185,6 +188,11 @@ impl GpuWatch {
         } else {
             w.gpus = visible;
         }
+        w.total_bytes = all
+            .iter()
+            .filter(|g| w.gpus.contains(&g.index))
+            .map(|g| g.total)
+            .min();
         if w.opts.wait_for == Some(WaitFor::Auto) {
             w.auto_bytes = gpu::peaks::default_path().and_then(|p| gpu::peaks::recorded(&p, argv));
             if w.auto_bytes.is_none() && w.probe.is_some() {

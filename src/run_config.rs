@@ -41,7 +41,7 @@ pub struct RunConfig {
     /// The memory model's view of the command's model (`None`: no model config
     /// found and no `--knob params=N`: decisions follow the policy's ladder).
     pub model: Option<memory::ModelSpec>,
-    /// `--gpu-memory GIB`, in bytes.
+    /// `--gpu-memory GIB`, else the smallest of the run's GPUs from NVML, in bytes.
     pub gpu_memory: Option<f64>,
 }
 
@@ -147,6 +147,7 @@ impl RunConfig {
         let env_text = |n: &str| real_env(n).and_then(|v| v.into_string().ok());
         let model = memory::find_model(&cmd, &recipe_models, &env_text)
             .or_else(|| params.map(memory::ModelSpec::from_params));
+        let nvml_total = gpu.total_bytes;
         Ok(RunConfig {
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
@@ -163,7 +164,8 @@ impl RunConfig {
             cuda_visible: gpu.cuda_visible.clone(),
             gpu: Some(gpu),
             model,
-            gpu_memory,
+            // --gpu-memory wins over NVML (a GPU shared with others, MIG).
+            gpu_memory: gpu_memory.or(nvml_total.map(|b| b as f64)),
         })
     }
 

@@ -29,6 +29,15 @@ fn run(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
     out
 }
 
+/// A fake GPU timeline of tests/fixtures/gpu (`OOMGUARD_FAKE_GPUS`).
+fn fake(name: &str) -> String {
+    root()
+        .join("tests/fixtures/gpu")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// A 1.3B-parameter Llama-shaped model folder.
 fn model(dir: &Path) -> PathBuf {
     let m = dir.join("model");
@@ -102,11 +111,22 @@ fn estimate_shows_the_memory_of_each_candidate_and_which_fit() {
     let params = v["model"]["params"].as_f64().unwrap();
     assert!((states / params - 16.0).abs() < 1e-6);
 
-    // Without the GPU's size it says so; without a model, how to give one.
+    // Without the GPU's size (NVML failing) it says so; NVML's is taken when
+    // there is one; without a model, it says how to give one.
     let mut args = vec!["estimate"];
     args.extend(&cmd);
-    let out = run(t.path(), &args, &[]);
+    let out = run(
+        t.path(),
+        &args,
+        &[("OOMGUARD_FAKE_GPUS", &fake("lost.json"))],
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("--gpu-memory GIB"));
+    let out = run(
+        t.path(),
+        &args,
+        &[("OOMGUARD_FAKE_GPUS", &fake("two_gpus.json"))],
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("GPU 80.0 GiB, 5% margin"));
     let out = run(
         t.path(),
         &[
@@ -223,4 +243,66 @@ fn the_sizing_benchmark_meets_its_targets_against_the_blind_ladder() {
             || old["relaunches_max"].as_u64().unwrap() > new["relaunches_max"].as_u64().unwrap(),
         "{v}"
     );
+}
+
+/// The model's config is found where users keep it: a hub name in the Hugging
+/// Face cache (`$HF_HOME/hub/models--ORG--NAME/snapshots/*/config.json`), and a
+/// recipe's `base_model:`.
+#[test]
+fn the_model_config_is_found_in_the_hf_cache_and_from_a_recipe() {
+    let t = tempfile::tempdir().unwrap();
+    let snap = t
+        .path()
+        .join("hf/hub/models--acme--tiny-llama/snapshots/0123abcd");
+    std::fs::create_dir_all(&snap).unwrap();
+    let m = model(t.path());
+    std::fs::copy(m.join("config.json"), snap.join("config.json")).unwrap();
+    let hf_home = t.path().join("hf");
+    let out = run(
+        t.path(),
+        &[
+            "estimate",
+            "--json",
+            "--gpu-memory",
+            "24",
+            "python3",
+            "train.py",
+            "--model_name_or_path",
+            "acme/tiny-llama",
+            "--per_device_train_batch_size",
+            "4",
+        ],
+        &[("HF_HOME", hf_home.to_str().unwrap())],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        v["model"]["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("models--acme--tiny-llama/snapshots/0123abcd/config.json"),
+        "{v}"
+    );
+
+    std::fs::write(
+        t.path().join("config.yml"),
+        format!(
+            "base_model: {}\nmicro_batch_size: 4\ngradient_accumulation_steps: 2\nsequence_len: 2048\noutput_dir: out\n",
+            m.display()
+        ),
+    )
+    .unwrap();
+    let out = run(
+        t.path(),
+        &["estimate", "--json", "axolotl", "train", "config.yml"],
+        &[("OOMGUARD_FAKE_GPUS", &fake("lost.json"))],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(
+        v["model"]["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("model/config.json"),
+        "{v}"
+    );
+    assert!(v["why"].as_str().unwrap().contains("--gpu-memory"), "{v}");
 }
