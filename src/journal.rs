@@ -544,7 +544,11 @@ impl End<'_> {
             let at: Vec<String> = changed.iter().map(|(n, _, _)| n.to_string()).collect();
             let plural = if at.len() == 1 { "" } else { "s" };
             let why = match changed.first() {
-                Some((_, _, d)) if *k == Knob::GradAccum && d.step == StepKind::HalveMicroBatch => {
+                Some((_, _, d))
+                    if *k == Knob::GradAccum
+                        && d.before.knobs.get(&Knob::MicroBatch)
+                            != d.after.knobs.get(&Knob::MicroBatch) =>
+                {
                     match last.global_batch() {
                         Some(g) => {
                             format!("keeps the global batch at {g} as the micro-batch shrank")
@@ -554,7 +558,11 @@ impl End<'_> {
                 }
                 Some((_, _, d)) => format!(
                     "{} after the OOM in attempt{plural} {}",
-                    d.step,
+                    // A decision from the memory model changes several knobs at
+                    // once: each row names the step that changes its own knob.
+                    step_of(*k)
+                        .filter(|s| *s != d.step && moved(d) > 1)
+                        .unwrap_or(d.step),
                     at.join(", ")
                 ),
                 None => String::new(),
@@ -568,6 +576,30 @@ impl End<'_> {
         }
         rows
     }
+}
+
+/// The step that changes knob `k`.
+fn step_of(k: Knob) -> Option<StepKind> {
+    Some(match k {
+        Knob::MicroBatch | Knob::GradAccum => StepKind::HalveMicroBatch,
+        Knob::GradCheckpointing => StepKind::EnableGradCheckpointing,
+        Knob::SeqLen => StepKind::ShortenSeq,
+        Knob::ZeroStage => StepKind::RaiseZeroStage,
+        Knob::OffloadOptimizer => StepKind::OffloadOptimizer,
+        Knob::OffloadParam => StepKind::OffloadParam,
+    })
+}
+
+/// How many of the step knobs a decision changed (accumulation, which follows
+/// the micro-batch, and the ZeRO stage an offload raises itself not counted).
+fn moved(d: &Decision) -> usize {
+    d.after
+        .knobs
+        .iter()
+        .filter(|(k, v)| {
+            !matches!(k, Knob::GradAccum | Knob::ZeroStage) && d.before.knobs.get(k) != Some(v)
+        })
+        .count()
 }
 
 #[cfg(test)]

@@ -193,6 +193,14 @@ fn an_oom_is_fixed_in_one_relaunch_by_the_models_pick() {
         32
     );
     assert!(stderr.contains("the memory model"), "{stderr}");
+    // One decision changed several knobs: each summary row names its own step.
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.trim_start().starts_with("grad_checkpointing")
+                && l.contains("enable_grad_checkpointing after the OOM in attempt 1")),
+        "{stderr}"
+    );
 
     let blind = t.path().join("blind.toml");
     std::fs::write(
