@@ -179,6 +179,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME=WHERE")]
     pub knob: Vec<String>,
 
+    /// Start as the command is written, ignoring the settings that fit the last
+    /// run of the same command on the same GPUs (remembered in
+    /// `$XDG_STATE_HOME/oomguard/fits.json`).
+    #[arg(long)]
+    pub fresh: bool,
+
     /// The memory of each GPU, in GiB, for the memory model when no OOM message
     /// or NVML has told it yet (`estimate` and the first decision).
     #[arg(long, value_name = "GIB")]

@@ -124,6 +124,9 @@ pub struct GpuWatch {
     argv: Vec<OsString>,
     /// The smallest memory among the run's GPUs, for the memory model (`None` without NVML).
     pub total_bytes: Option<u64>,
+    /// The run's GPUs, model and memory ("NVIDIA H100 80GB HBM3 85520809984, ..."),
+    /// for remembering what fits (`None` without NVML).
+    pub identity: Option<String>,
 }
 
 impl GpuWatch {
@@ -153,6 +156,7 @@ impl GpuWatch {
             auto_bytes: None,
             argv: argv.to_vec(),
             total_bytes: None,
+            identity: None,
         };
         let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
         let all = match w.probe.as_mut().map(|p| p.gpus()) {
@@ -188,6 +192,12 @@ impl GpuWatch {
         } else {
             w.gpus = visible;
         }
+        let ids: Vec<String> = all
+            .iter()
+            .filter(|g| w.gpus.contains(&g.index))
+            .map(|g| format!("{} {}", g.name, g.total))
+            .collect();
+        w.identity = (!ids.is_empty()).then(|| ids.join(", "));
         w.total_bytes = all
             .iter()
             .filter(|g| w.gpus.contains(&g.index))

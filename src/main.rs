@@ -24,6 +24,7 @@ mod memory;
 mod plan;
 mod policy;
 mod progress;
+mod remember;
 mod run_config;
 mod runfolder;
 mod settings;

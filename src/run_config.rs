@@ -41,6 +41,11 @@ pub struct RunConfig {
     /// The memory model's view of the command's model (`None`: no model config
     /// found and no `--knob params=N`: decisions follow the policy's ladder).
     pub model: Option<memory::ModelSpec>,
+    /// Where the settings that fit are remembered for this command on these GPUs
+    /// (the file and the key); `None` without NVML or a state folder.
+    pub remember: Option<(PathBuf, String)>,
+    /// The knob values that fit the last run of this command (`None` with `--fresh`).
+    pub remembered: Option<std::collections::BTreeMap<knobs::Knob, knobs::Value>>,
     /// `--gpu-memory GIB`, else the smallest of the run's GPUs from NVML, in bytes.
     pub gpu_memory: Option<f64>,
 }
@@ -148,6 +153,19 @@ impl RunConfig {
         let model = memory::find_model(&cmd, &recipe_models, &env_text)
             .or_else(|| params.map(memory::ModelSpec::from_params));
         let nvml_total = gpu.total_bytes;
+        let remember = match (&gpu.identity, crate::remember::default_path()) {
+            (Some(ids), Some(path)) => {
+                let files: Vec<String> =
+                    disc.config.files.iter().map(|f| f.shown.clone()).collect();
+                let key = crate::remember::key(&args.command, &files, ids, disc.world.size);
+                Some((path, key))
+            }
+            _ => None,
+        };
+        let remembered = remember
+            .as_ref()
+            .filter(|_| !args.fresh)
+            .and_then(|(p, k)| crate::remember::recorded(p, k));
         Ok(RunConfig {
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
@@ -164,6 +182,8 @@ impl RunConfig {
             cuda_visible: gpu.cuda_visible.clone(),
             gpu: Some(gpu),
             model,
+            remember,
+            remembered,
             // --gpu-memory wins over NVML (a GPU shared with others, MIG).
             gpu_memory: gpu_memory.or(nvml_total.map(|b| b as f64)),
         })

@@ -30,6 +30,8 @@ impl Run {
             .env("OOMGUARD_FAKE_GPUS", fixture(timeline))
             .env("HOME", cwd) // the peak record goes under the test's folder
             .env_remove("XDG_CACHE_HOME")
+            // So is the record of the settings that fit.
+            .env_remove("XDG_STATE_HOME")
             .env_remove("CUDA_VISIBLE_DEVICES")
             .stdin(Stdio::null())
             .output()

@@ -314,3 +314,51 @@ fn the_model_config_is_found_in_the_hf_cache_and_from_a_recipe() {
     );
     assert!(v["why"].as_str().unwrap().contains("--gpu-memory"), "{v}");
 }
+
+/// After a run that fit, the next run of the same command on the same GPUs
+/// starts from the settings that fit, says so in one line, and needs no
+/// relaunch; `--fresh` starts as written. (GPUs from the fake NVML probe: without
+/// NVML nothing is remembered.)
+#[test]
+fn the_next_run_of_the_same_command_starts_from_what_fit_unless_fresh() {
+    let t = tempfile::tempdir().unwrap();
+    let m = model(t.path());
+    let cmd = trainer_args(&m);
+    let results = t.path().join("results.jsonl");
+    let state = t.path().join("state");
+    let fake_gpus = fake("two_gpus.json");
+    let envs = [
+        ("SIM_GPU_GIB", "24"),
+        ("SIM_ACT_FACTOR", "1.3"),
+        ("SIM_RESULT", results.to_str().unwrap()),
+        ("XDG_STATE_HOME", state.to_str().unwrap()),
+        ("OOMGUARD_FAKE_GPUS", fake_gpus.as_str()),
+        ("CUDA_VISIBLE_DEVICES", "1"),
+    ];
+    let attempts = |extra: &[&str]| {
+        let _ = std::fs::remove_file(&results);
+        let mut args: Vec<&str> = extra.to_vec();
+        args.extend(["--hang-timeout", "5"]);
+        args.extend(cmd.iter().map(String::as_str));
+        let out = run(t.path(), &args, &envs);
+        assert_eq!(out.status.code(), Some(0));
+        let n = std::fs::read_to_string(&results).unwrap().lines().count();
+        (n, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (first, _) = attempts(&[]);
+    assert_eq!(first, 2);
+    assert!(state.join("oomguard/fits.json").is_file());
+    let (again, stderr) = attempts(&[]);
+    assert_eq!(again, 1, "{stderr}");
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("starting from the settings that fit"))
+            .count(),
+        1,
+        "{stderr}"
+    );
+    let (fresh, stderr) = attempts(&["--fresh"]);
+    assert_eq!(fresh, 2, "{stderr}");
+    assert!(!stderr.contains("starting from the settings that fit"));
+}
