@@ -543,15 +543,29 @@ impl EstimateReport {
         );
         let _ = writeln!(
             o,
-            "  {:<2}{:<70} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<4} {:>5}",
+            "  {:<2}{:<70} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<4} {:>5}  why",
             "", "settings", "weights", "grads", "optim", "activ.", "total", "fits", "speed"
         );
+        let budget = self.gpu_total_bytes.map(|t| t * (1.0 - self.margin));
         let row = |o: &mut String, mark: &str, label: String, c: &crate::memory::Candidate| {
             let e = &c.estimate;
             let g = |b: f64| format!("{:.2}", b / GIB);
+            // Why it fits or not: the room left under the budget (GPU less the
+            // margin), or how far over it the estimate is.
+            let why = match budget {
+                None => "GPU memory unknown".to_string(),
+                Some(b) if e.total() <= b => format!("{:.2} GiB to spare", (b - e.total()) / GIB),
+                Some(b) if c.fits_without_margin => {
+                    format!(
+                        "within the GPU, {:.2} GiB into the margin",
+                        (e.total() - b) / GIB
+                    )
+                }
+                Some(b) => format!("{:.2} GiB over", (e.total() - b) / GIB),
+            };
             let _ = writeln!(
                 o,
-                "  {:<2}{:<70} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<4} {:>5.2}",
+                "  {:<2}{:<70} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<4} {:>5.2}  {why}",
                 mark,
                 label,
                 g(e.weights),

@@ -83,6 +83,9 @@ fn estimate_shows_the_memory_of_each_candidate_and_which_fit() {
     assert!(text.contains("model/config.json: 1.3"), "{text}");
     assert!(text.contains("as given"), "{text}");
     assert!(text.contains("predicted not to fit"), "{text}");
+    // Each row says why: how far over, or what is left to spare.
+    assert!(text.contains("GiB over"), "{text}");
+    assert!(text.contains("GiB to spare"), "{text}");
     assert!(
         text.lines().any(|l| l.trim_start().starts_with('*')),
         "{text}"
