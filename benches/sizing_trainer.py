@@ -114,6 +114,16 @@ def main():
         "offload_optimizer": (zero.get("offload_optimizer") or {}).get("device") if ds else None,
         "offload_param": (zero.get("offload_param") or {}).get("device") if ds else None,
     }
+    if os.environ.get("SIM_HOST_OOM_ON_CPU_OFFLOAD") and "cpu" in (
+        settings["offload_optimizer"], settings["offload_param"]
+    ):
+        # The host has no room for the offloaded states.
+        if os.environ.get("SIM_RESULT"):
+            with open(os.environ["SIM_RESULT"], "a") as f:
+                f.write(json.dumps({"settings": settings, "oom": "host"}) + "\n")
+        print("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+              "26843545600 bytes. Error code 12 (Cannot allocate memory)", file=sys.stderr)
+        sys.exit(1)
     in_use = 0.0
     failed = None
     for what, size in allocations(a, cfg, ds, world):

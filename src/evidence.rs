@@ -172,6 +172,7 @@ impl fmt::Display for Evidence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.outcome {
             OutcomeKind::AssumedOom => return f.write_str("assumed OOM"),
+            OutcomeKind::HostOom => return f.write_str("host OOM"),
             OutcomeKind::HungAfterOom => f.write_str("hung after ")?,
             _ => {}
         }

@@ -105,6 +105,8 @@ struct Run<'c> {
     attempts: Vec<AttemptRecord>,
     /// The memory model, calibrated by every OOM so far (`None`: no model config).
     cal: Option<crate::memory::Calibrated>,
+    /// Offloads whose CPU form ran the host out of memory: never to CPU again.
+    no_cpu_offload: Vec<knobs::Knob>,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
@@ -235,6 +237,7 @@ impl<'c> Run<'c> {
             begun: 0,
             attempts: Vec::new(),
             cal: cfg.calibrated(),
+            no_cpu_offload: Vec::new(),
         }
     }
 
@@ -492,6 +495,10 @@ impl<'c> Run<'c> {
                 code
             }
             Outcome::HostOom { finding, code } => {
+                let reached = log.and_then(progress::step_reached);
+                if let Some(flow) = self.after_host_oom(rec, reached, report, started) {
+                    return flow;
+                }
                 let line = finding
                     .as_ref()
                     .map(|f| format!(": {}", f.line))
@@ -503,6 +510,84 @@ impl<'c> Run<'c> {
             }
         };
         Flow::Stop(code)
+    }
+
+    /// The policy, less the CPU offload steps a host OOM ruled out.
+    fn policy(&self) -> std::borrow::Cow<'c, policy::Policy> {
+        if self.no_cpu_offload.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.cfg.policy);
+        }
+        let mut p = self.cfg.policy.clone();
+        p.steps.retain(|s| {
+            s.nvme_path.is_some()
+                || !self.no_cpu_offload.iter().any(|k| {
+                    matches!(
+                        (k, s.kind),
+                        (knobs::Knob::OffloadOptimizer, StepKind::OffloadOptimizer)
+                            | (knobs::Knob::OffloadParam, StepKind::OffloadParam)
+                    )
+                })
+        });
+        std::borrow::Cow::Owned(p)
+    }
+
+    /// A host OOM after a CPU offload oomguard made: undo the offload and take
+    /// the next step without it (an NVMe offload when the policy gives a path).
+    /// `None`: no such offload, or no step left: the run stops as for any host OOM.
+    fn after_host_oom(
+        &mut self,
+        rec: &mut AttemptRecord,
+        reached: Option<u64>,
+        report: &launch::Report,
+        started: SystemTime,
+    ) -> Option<Flow> {
+        use knobs::{Knob, Offload, Value};
+        let n = rec.n;
+        let cpu = Value::Offload(Offload::Cpu);
+        let added: Vec<Knob> = [Knob::OffloadOptimizer, Knob::OffloadParam]
+            .into_iter()
+            .filter(|k| {
+                self.settings.knobs.get(k) == Some(&cpu) && self.first.knobs.get(k) != Some(&cpu)
+            })
+            .collect();
+        if added.is_empty() || n >= self.cfg.max_attempts {
+            return None;
+        }
+        let mut undone = self.settings.clone();
+        for k in &added {
+            if let Some(v) = self.first.knobs.get(k) {
+                undone.knobs.insert(*k, v.clone());
+            }
+        }
+        self.no_cpu_offload.extend(added.iter().copied());
+        let ev = Evidence {
+            outcome: OutcomeKind::HostOom,
+            oom: None,
+            step_reached: reached,
+        };
+        let Some(next) = policy::next(&self.policy(), &undone, &ev) else {
+            eprintln!(
+                "oomguard: host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead",
+                added
+                    .iter()
+                    .map(|k| format!("{k}=cpu"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            return None;
+        };
+        let undo: Vec<String> = added.iter().map(|k| format!("{k} cpu undone")).collect();
+        let d = Decision {
+            reason: format!("{}; {}", undo.join(", "), next.reason),
+            before: self.settings.clone(),
+            ..next
+        };
+        self.log
+            .info(&format!("attempt {n}: host OOM after the CPU offload"));
+        let oom_after = report.oom_at.unwrap_or(report.duration);
+        rec.next = self.decide(n, &ev, d, started, oom_after);
+        rec.evidence = Some(ev);
+        Some(Flow::Again)
     }
 
     /// After a GPU OOM: another tenant's memory is waited for; otherwise the
@@ -530,8 +615,8 @@ impl<'c> Run<'c> {
             );
             return Flow::Stop(exit::EXHAUSTED);
         }
-        let Some(d) = policy::decide(&self.cfg.policy, &self.settings, ev, self.cal.as_mut())
-        else {
+        let policy = self.policy();
+        let Some(d) = policy::decide(&policy, &self.settings, ev, self.cal.as_mut()) else {
             eprintln!(
                 "oomguard: the policy '{}' has no step left; the run still does not fit at {}",
                 self.cfg.policy.name, self.settings

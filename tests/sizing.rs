@@ -365,3 +365,63 @@ fn the_next_run_of_the_same_command_starts_from_what_fit_unless_fresh() {
     assert_eq!(fresh, 2, "{stderr}");
     assert!(!stderr.contains("starting from the settings that fit"));
 }
+
+/// A host OOM after the CPU offload oomguard made is not a dead end: the
+/// offload is undone and the next step taken, here the policy's NVMe offload.
+#[test]
+fn a_host_oom_after_a_cpu_offload_undoes_it_and_offloads_to_nvme() {
+    let t = tempfile::tempdir().unwrap();
+    let m = model(t.path());
+    std::fs::write(
+        t.path().join("ds.json"),
+        r#"{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}}}"#,
+    )
+    .unwrap();
+    let policy = t.path().join("offload.toml");
+    std::fs::write(
+        &policy,
+        "memory_model = false\n[[step]]\nkind = \"offload_optimizer\"\n[[step]]\nkind = \"offload_optimizer\"\nnvme_path = \"/local_nvme\"\n",
+    )
+    .unwrap();
+    let results = t.path().join("results.jsonl");
+    let trainer = root().join("benches/sizing_trainer.py");
+    let out = run(
+        t.path(),
+        &[
+            "--policy",
+            policy.to_str().unwrap(),
+            "--hang-timeout",
+            "5",
+            "python3",
+            trainer.to_str().unwrap(),
+            "--model_name_or_path",
+            m.to_str().unwrap(),
+            "--deepspeed",
+            "ds.json",
+            "--per_device_train_batch_size",
+            "1",
+            "--max_seq_length",
+            "512",
+        ],
+        &[
+            ("SIM_GPU_GIB", "16"),
+            ("SIM_HOST_OOM_ON_CPU_OFFLOAD", "1"),
+            ("SIM_RESULT", results.to_str().unwrap()),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let devices: Vec<String> = std::fs::read_to_string(&results)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["settings"]["offload_optimizer"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(devices, ["none", "cpu", "nvme"], "{stderr}");
+    assert!(stderr.contains("offload_optimizer cpu undone"), "{stderr}");
+}
