@@ -91,10 +91,11 @@ pub fn save_interval_advice(
         "oomguard: work lost to {} OOM{}: {} of redone training ({:.1} s)\n",
         losses.len(),
         if losses.len() == 1 { "" } else { "s" },
-        if losses.iter().any(|l| l.steps.is_some()) {
-            format!("{steps} steps")
-        } else {
-            "an unknown number of steps".into()
+        // An OOM whose step was not seen counts as unknown, never as 0.
+        match losses.iter().filter(|l| l.steps.is_none()).count() {
+            0 => format!("{steps} steps"),
+            n if n == losses.len() => "an unknown number of steps".into(),
+            n => format!("at least {steps} steps (the step reached after {n} of them is unknown)"),
         },
         secs
     );
@@ -115,6 +116,25 @@ pub fn save_interval_advice(
 #[cfg(test)]
 mod tests {
     use super::last_step;
+
+    #[test]
+    fn an_oom_whose_step_was_not_seen_is_unknown_not_zero() {
+        use super::{Loss, save_interval_advice};
+        let l = |steps| Loss {
+            steps,
+            seconds: 1.0,
+        };
+        let lost = std::time::Duration::from_secs(2);
+        let both = save_interval_advice(&[l(Some(3)), l(None)], None, lost).unwrap();
+        assert!(
+            both.contains("at least 3 steps (the step reached after 1 of them is unknown)"),
+            "{both}"
+        );
+        let none = save_interval_advice(&[l(None)], None, lost).unwrap();
+        assert!(none.contains("an unknown number of steps"), "{none}");
+        let known = save_interval_advice(&[l(Some(0))], None, lost).unwrap();
+        assert!(known.contains(": 0 steps of redone"), "{known}");
+    }
 
     #[test]
     fn common_progress_formats() {
