@@ -53,7 +53,8 @@ pub fn ladder(
     resume: Option<&knobs::ResumeArg>,
 ) -> Result<Vec<Rung>, knobs::KnobError> {
     let mut rungs = Vec::new();
-    let mut s = cfg.disc.settings();
+    // As a run starts: from what fit last time, when remembered.
+    let (mut s, _) = cfg.start_settings();
     let mut cal = cfg.calibrated();
     rungs.push(Rung {
         step: None,
@@ -254,6 +255,9 @@ impl Plan<'_> {
         let (cfg, settings) = (self.cfg, &self.settings);
         o.push_str("oomguard plan: nothing is run\n\n");
         let _ = writeln!(o, "command:      {}", shell_quote(&cfg.argv));
+        if let (_, Some(line)) = cfg.start_settings() {
+            let _ = writeln!(o, "start:        {line}");
+        }
         let _ = writeln!(
             o,
             "policy:       {} ({}), at most {} attempts",

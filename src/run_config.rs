@@ -287,6 +287,37 @@ pub struct ResumeInfo {
 }
 
 impl RunConfig {
+    /// The settings of the first attempt: as written, or the ones that fit the
+    /// last run of this command on these GPUs — when every knob is still bound
+    /// and the global batch is the same — with the one line that says so.
+    pub fn start_settings(&self) -> (knobs::Settings, Option<String>) {
+        let first = self.disc.settings();
+        let Some(knobs) = &self.remembered else {
+            return (first, None);
+        };
+        let mut s = first.clone();
+        for (k, v) in knobs {
+            if !s.knobs.contains_key(k) {
+                return (first, None);
+            }
+            s.knobs.insert(*k, v.clone());
+        }
+        if s == first || s.global_batch() != first.global_batch() {
+            return (first, None);
+        }
+        let changed: Vec<String> = s
+            .knobs
+            .iter()
+            .filter(|(k, v)| first.knobs.get(k) != Some(v))
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let line = format!(
+            "starting from the settings that fit the last run of this command on these GPUs ({}); --fresh starts as written",
+            changed.join(" ")
+        );
+        (s, Some(line))
+    }
+
     /// The memory model for this run, not yet calibrated (`None` without a model).
     pub fn calibrated(&self) -> Option<memory::Calibrated> {
         self.model

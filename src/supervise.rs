@@ -158,36 +158,6 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     run.finish(code)
 }
 
-/// The settings of the first attempt: as written, or the ones that fit the last
-/// run of this command on these GPUs (said in one line), when every knob is
-/// still bound and the global batch is the same.
-fn remembered_start(cfg: &RunConfig, first: &Settings, log: &Log) -> Settings {
-    let Some(knobs) = &cfg.remembered else {
-        return first.clone();
-    };
-    let mut s = first.clone();
-    for (k, v) in knobs {
-        if !s.knobs.contains_key(k) {
-            return first.clone();
-        }
-        s.knobs.insert(*k, v.clone());
-    }
-    if s == *first || s.global_batch() != first.global_batch() {
-        return first.clone();
-    }
-    let changed: Vec<String> = s
-        .knobs
-        .iter()
-        .filter(|(k, v)| first.knobs.get(k) != Some(v))
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    log.info(&format!(
-        "starting from the settings that fit the last run of this command on these GPUs ({}); --fresh starts as written",
-        changed.join(" ")
-    ));
-    s
-}
-
 impl<'c> Run<'c> {
     fn start(cfg: &'c RunConfig, gw: GpuWatch, inplace: InPlace) -> Run<'c> {
         let mut j = Journal::open(cfg.run_dir.clone());
@@ -217,7 +187,10 @@ impl<'c> Run<'c> {
                 log.info(&format!("note: {n}"));
             }
         }
-        let settings = remembered_start(cfg, &first, &log);
+        let (settings, remembered) = cfg.start_settings();
+        if let Some(line) = remembered {
+            log.info(&line);
+        }
         Run {
             cfg,
             gw,

@@ -361,6 +361,12 @@ fn the_next_run_of_the_same_command_starts_from_what_fit_unless_fresh() {
         1,
         "{stderr}"
     );
+    // plan shows the same start, as a run would take it.
+    let mut args = vec!["plan", "--json"];
+    args.extend(cmd.iter().map(String::as_str));
+    let out = run(t.path(), &args, &envs);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan --json");
+    assert_eq!(v["ladder"][0]["settings"]["micro_batch"], 2, "{v}");
     let (fresh, stderr) = attempts(&["--fresh"]);
     assert_eq!(fresh, 2, "{stderr}");
     assert!(!stderr.contains("starting from the settings that fit"));
