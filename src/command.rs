@@ -519,6 +519,37 @@ impl Command {
             .next_back()
     }
 
+    /// The last value of a launcher's option, also in the forms a flag scan does not
+    /// see: a short option with its number attached (`srun -n2`, `-N2`), and a
+    /// value after a short option that looks like a flag itself. `short` are
+    /// one-letter options (`-n`), `long` the others (`--ntasks`, `-np`).
+    pub fn launcher_option(&self, l: &Launcher, short: &[&str], long: &[&str]) -> Option<&str> {
+        let opts = &self.args[l.opts.clone()];
+        let mut found = None;
+        let mut i = 0;
+        while i < opts.len() {
+            let a = opts[i].as_str();
+            let next = opts.get(i + 1).map(String::as_str);
+            if short.contains(&a) || long.contains(&a) {
+                if let Some(v) = next {
+                    found = Some(v);
+                    i += 1;
+                }
+            } else if let Some((name, v)) = a.split_once('=')
+                && long.contains(&name)
+            {
+                found = Some(v);
+            } else if let Some(v) = short.iter().find_map(|s| {
+                a.strip_prefix(s)
+                    .filter(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            }) {
+                found = Some(v);
+            }
+            i += 1;
+        }
+        found
+    }
+
     /// The options of the innermost launcher of `kind`: the last value of any of `names`.
     pub fn launcher_value(&self, kind: LauncherKind, names: &[&str]) -> Option<&str> {
         let l = self.launcher(kind)?;

@@ -1,0 +1,164 @@
+//! Multi-node commands: the world size of `srun` / `mpirun` forms (and of a
+//! launcher inside `srun`) as `plan --json` reports it, and a DeepSpeed
+//! `train_batch_size` kept right with it.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn plan(cwd: &Path, argv: &[&str], envs: &[(&str, &str)]) -> Value {
+    let mut c = Command::new(common::OOMGUARD);
+    c.arg("plan")
+        .arg("--json")
+        .arg("--")
+        .args(argv)
+        .current_dir(cwd);
+    for var in [
+        "SLURM_NTASKS",
+        "SLURM_NNODES",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_JOB_ID",
+    ] {
+        c.env_remove(var);
+    }
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    let out = c.output().expect("run oomguard plan");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "oomguard plan --json {argv:?} in {}: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        cwd.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("plan --json {argv:?} printed no JSON ({e}):\n{stdout}"))
+}
+
+const HF: [&str; 6] = [
+    "train.py",
+    "--per_device_train_batch_size",
+    "8",
+    "--gradient_accumulation_steps",
+    "4",
+    "--output_dir=out",
+];
+
+#[test]
+fn srun_and_mpirun_world_sizes_in_plan_json() {
+    let t = tempfile::tempdir().unwrap();
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], u64);
+    let cases: &[Case] = &[
+        (&["srun", "-n2", "python3"], &[], 2),
+        (&["srun", "--ntasks=2", "python3"], &[], 2),
+        (&["srun", "-N2", "--ntasks-per-node=4", "python3"], &[], 8),
+        (
+            &[
+                "srun",
+                "-N2",
+                "--ntasks-per-node=1",
+                "torchrun",
+                "--nnodes",
+                "2",
+                "--nproc_per_node",
+                "4",
+            ],
+            &[],
+            8,
+        ),
+        (&["srun", "python3"], &[("SLURM_NTASKS", "2")], 2),
+        (&["mpirun", "--np", "2", "python3"], &[], 2),
+    ];
+    for (launch, envs, n) in cases {
+        let argv: Vec<&str> = launch.iter().chain(HF.iter()).copied().collect();
+        let v = plan(t.path(), &argv, envs);
+        assert_eq!(
+            v["world_size"], *n,
+            "{argv:?} {envs:?}: {}",
+            v["world_source"]
+        );
+        assert_eq!(
+            v["world_uncertain"], false,
+            "{argv:?}: {}",
+            v["world_source"]
+        );
+        assert_eq!(v["global_batch"], 8 * 4 * n, "{argv:?}");
+    }
+}
+
+#[test]
+fn uncertain_task_counts_are_said_with_their_source() {
+    let t = tempfile::tempdir().unwrap();
+    let argv: Vec<&str> = ["srun", "python3"]
+        .iter()
+        .chain(HF.iter())
+        .copied()
+        .collect();
+    let v = plan(t.path(), &argv, &[("SLURM_NTASKS_PER_NODE", "2(x3),1")]);
+    assert_eq!(v["world_uncertain"], true, "{v}");
+    let source = v["world_source"].as_str().unwrap();
+    assert!(source.contains("SLURM_NTASKS_PER_NODE=2(x3),1"), "{source}");
+    let argv: Vec<&str> = ["mpirun", "python3"]
+        .iter()
+        .chain(HF.iter())
+        .copied()
+        .collect();
+    let v = plan(t.path(), &argv, &[]);
+    assert_eq!(v["world_uncertain"], true, "{v}");
+    assert!(v["world_source"].as_str().unwrap().contains("without -np"));
+}
+
+#[test]
+fn deepspeed_train_batch_size_under_srun_torchrun() {
+    let t = tempfile::tempdir().unwrap();
+    // 2 nodes × 4 GPUs × micro 8 × accumulation 4 = 256.
+    std::fs::write(
+        t.path().join("ds.json"),
+        r#"{"train_batch_size": 256, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2}}"#,
+    )
+    .unwrap();
+    let argv = [
+        "srun",
+        "-N2",
+        "--ntasks-per-node=1",
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "4",
+        "train.py",
+        "--deepspeed",
+        "ds.json",
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "4",
+        "--output_dir=out",
+    ];
+    let v = plan(t.path(), &argv, &[]);
+    assert_eq!(v["world_size"], 8, "{}", v["world_source"]);
+    assert_eq!(v["global_batch"], 256);
+    for rung in v["ladder"].as_array().unwrap() {
+        assert_eq!(rung["global_batch"], 256, "{rung}");
+        // A copy of ds.json, where there is one, keeps train_batch_size 256
+        // (the job's real global batch).
+        for f in rung["files"].as_array().unwrap() {
+            let diff = f["diff"].as_str().unwrap();
+            for line in diff
+                .lines()
+                .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
+            {
+                assert!(
+                    !line.contains("train_batch_size")
+                        || line.contains("\"train_batch_size\": 256"),
+                    "{diff}"
+                );
+            }
+        }
+    }
+}
