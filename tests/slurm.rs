@@ -1,0 +1,270 @@
+//! A real Slurm cluster: `oomguard srun ...` on the one-host, two-node cluster
+//! that `tests/slurm/start.sh` starts (munged, slurmctld, `slurmd -N n1`,
+//! `slurmd -N n2`). Every test here is `#[ignore]`d: it needs root and Debian's
+//! Slurm packages. `bash tests/run.sh` starts the cluster (installing the
+//! packages when `CI=true`) and runs them with `--include-ignored`; by hand:
+//! `sudo tests/slurm/start.sh && cargo test --test slurm -- --ignored`.
+//!
+//! Each test names its job (`srun -J <unique>`) and looks only at that job in
+//! `squeue`, so the tests may run side by side.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(180);
+const WHY: &str = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)";
+
+fn sim() -> String {
+    repo().join("examples/sim_trainer.py").display().to_string()
+}
+
+/// A job name no other test uses.
+fn job_name(test: &str) -> String {
+    format!("oomguard-test-{test}-{}", std::process::id())
+}
+
+/// This job's ids in `squeue` (any state).
+fn jobs_named(name: &str) -> Vec<String> {
+    let out = Command::new("squeue")
+        .args(["-h", "-n", name, "-o", "%i %T"])
+        .output()
+        .expect("squeue runs (is Slurm installed? tests/slurm/start.sh)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Fails unless the cluster answers (start it with tests/slurm/start.sh).
+fn cluster_up() {
+    let out = Command::new("sinfo")
+        .args(["-h", "-N", "-o", "%N %T"])
+        .output();
+    let ok = out.as_ref().is_ok_and(|o| {
+        String::from_utf8_lossy(&o.stdout).matches("idle").count() >= 2
+            || String::from_utf8_lossy(&o.stdout).contains("mix")
+            || String::from_utf8_lossy(&o.stdout).contains("alloc")
+    });
+    assert!(ok, "the test cluster is not up ({out:?}): {WHY}");
+}
+
+/// `srun -J NAME -N2 -n2 python3 sim_trainer.py ARGS... --output_dir OUT`.
+fn srun_sim(name: &str, out: &Path, args: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = ["srun", "-J", name, "-N2", "-n2", "python3", &sim()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.extend(args.iter().map(|s| s.to_string()));
+    v.push("--output_dir".into());
+    v.push(out.display().to_string());
+    v
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn expect_job_gone(run: &Run, name: &str) {
+    if !wait_until(Duration::from_secs(20), || jobs_named(name).is_empty()) {
+        let left = jobs_named(name);
+        let _ = Command::new("scancel").args(["-n", name]).status();
+        run.fail("no job left in squeue", "none", &format!("{left:?}"));
+    }
+}
+
+#[test]
+#[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
+fn slurm_one_rank_ooms_and_both_relaunch_on_the_same_settings() {
+    cluster_up();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let name = job_name("one-rank");
+    let mut args: Vec<String> = ["--hang-timeout", "3", "--grace", "2", "--run-dir"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(run_dir.display().to_string());
+    args.extend(srun_sim(
+        &name,
+        &out,
+        &[
+            "--per_device_train_batch_size",
+            "16",
+            "--gradient_accumulation_steps",
+            "2",
+            "--max_seq_length",
+            "1024",
+            "--max_steps",
+            "20",
+            "--save_steps",
+            "5",
+            "--step_seconds",
+            "0.01",
+            "--oom_rank",
+            "1",
+        ],
+    ));
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+    run.check("exit code", Some(0), run.code);
+    // Both ranks ended on the same settings and the same resumed checkpoint.
+    let r0 = run.read_json(&out.join("final.json"));
+    let r1 = run.read_json(&out.join("final-rank1.json"));
+    run.check("rank 0 micro-batch", Some(4), r0["micro"].as_u64());
+    run.check(
+        "rank 1 micro-batch",
+        r0["micro"].as_u64(),
+        r1["micro"].as_u64(),
+    );
+    run.check(
+        "rank 1 accumulation",
+        r0["accum"].as_u64(),
+        r1["accum"].as_u64(),
+    );
+    run.check("world size", Some(2), r0["world"].as_u64());
+    let last = |r: &serde_json::Value| r["attempts"].as_array().and_then(|a| a.last()).cloned();
+    run.check(
+        "the last segment's resume checkpoint, rank 0 vs rank 1",
+        last(&r0).map(|s| s["resumed_from"].clone()),
+        last(&r1).map(|s| s["resumed_from"].clone()),
+    );
+    // The global batch (micro × accumulation × 2 tasks) was kept.
+    run.check("global batch", Some(64), r0["global_batch"].as_u64());
+    let journal = run.journal(&run_dir);
+    let starts = events(&journal, "attempt_start");
+    run.ensure(
+        "relaunched",
+        starts.len() >= 2,
+        "at least two attempts",
+        starts.len(),
+    );
+    for s in &starts {
+        let argv = argv_of(s);
+        run.check(
+            "every attempt is one srun of both tasks",
+            Some("srun"),
+            argv.first().map(String::as_str),
+        );
+    }
+    expect_job_gone(&run, &name);
+}
+
+/// Starts `oomguard srun -J name -N2 -n2 python3 sim ...` that trains for a long time.
+fn long_run(tmp: &Path, name: &str, grace: &str, extra: &[&str]) -> (Running, std::path::PathBuf) {
+    let (out, run_dir) = (tmp.join("out"), tmp.join("run"));
+    let mut args: Vec<String> = ["--grace", grace, "--run-dir"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.push(run_dir.display().to_string());
+    let mut sim_args = vec![
+        "--per_device_train_batch_size",
+        "4",
+        "--max_seq_length",
+        "1024",
+        "--max_steps",
+        "100000",
+        "--save_steps",
+        "5",
+        "--step_seconds",
+        "0.05",
+    ];
+    sim_args.extend_from_slice(extra);
+    args.extend(srun_sim(name, &out, &sim_args));
+    let running = spawn(tmp, &strs(&args), None);
+    (running, run_dir)
+}
+
+fn wait_for_training(running: &Running, tmp: &Path) {
+    let ckpt = tmp.join("out/checkpoint-5");
+    assert!(
+        wait_until(Duration::from_secs(60), || ckpt.exists()),
+        "{}: no checkpoint-5 within 60 s",
+        running.cmd
+    );
+}
+
+#[test]
+#[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
+fn slurm_one_ctrl_c_leaves_no_job() {
+    cluster_up();
+    let tmp = tempfile::tempdir().unwrap();
+    let name = job_name("ctrl-c");
+    // A grace period longer than the wait: the step must end from the Ctrl-C
+    // itself (srun's two SIGINTs), not from oomguard's SIGKILL and scancel.
+    let (running, run_dir) = long_run(tmp.path(), &name, "600", &[]);
+    wait_for_training(&running, tmp.path());
+    // One Ctrl-C, as a terminal sends it to oomguard.
+    unsafe { libc::kill(running.child.id() as i32, libc::SIGINT) };
+    let run = running.wait(Duration::from_secs(60));
+    run.check("exit code (interrupted)", Some(130), run.code);
+    expect_job_gone(&run, &name);
+    let journal = run.journal(&run_dir);
+    run.check("one attempt", 1, events(&journal, "attempt_start").len());
+}
+
+#[test]
+#[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
+fn slurm_oomguard_killed_leaves_no_job() {
+    cluster_up();
+    let tmp = tempfile::tempdir().unwrap();
+    let name = job_name("kill-9");
+    let (running, _) = long_run(tmp.path(), &name, "5", &[]);
+    wait_for_training(&running, tmp.path());
+    unsafe { libc::kill(running.child.id() as i32, libc::SIGKILL) };
+    let mut child = running.child;
+    let _ = child.wait();
+    // The guardian cancels the job srun allocated before it kills srun.
+    if !wait_until(Duration::from_secs(20), || jobs_named(&name).is_empty()) {
+        let left = jobs_named(&name);
+        let _ = Command::new("scancel").args(["-n", &name]).status();
+        panic!("oomguard was killed and the job stayed: {left:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
+fn slurm_a_cancel_after_an_oom_is_never_relaunched() {
+    cluster_up();
+    let tmp = tempfile::tempdir().unwrap();
+    let name = job_name("scancel");
+    // Rank 1 OOMs at step 7; rank 0 waits for it. Long hang timeout: the cancel comes first.
+    let (running, run_dir) = long_run(
+        tmp.path(),
+        &name,
+        "5",
+        &[
+            "--per_device_train_batch_size",
+            "16",
+            "--oom_at_step",
+            "7",
+            "--oom_rank",
+            "1",
+        ],
+    );
+    wait_for_training(&running, tmp.path());
+    // The OOM has been printed by rank 1 (it is past step 7 by now, or soon).
+    std::thread::sleep(Duration::from_millis(1500));
+    let status = Command::new("scancel")
+        .args(["-n", &name])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = running.wait(Duration::from_secs(60));
+    run.ensure(
+        "oomguard failed",
+        run.code.is_some_and(|c| c != 0),
+        "a non-zero exit",
+        run.code,
+    );
+    let journal = run.journal(&run_dir);
+    run.check(
+        "never relaunched",
+        1,
+        events(&journal, "attempt_start").len(),
+    );
+    expect_job_gone(&run, &name);
+}
