@@ -66,7 +66,7 @@ def parse_args():
     p.add_argument("--print_signals", action="store_true", help="print each signal received")
     p.add_argument("--oom_rank", type=int, default=None,
                    help="only this rank OOMs; the others wait at that step for the dead peer, "
-                        "as ranks in a collective do")
+                        "then fail with gloo's 'Connection closed by peer'")
     return p.parse_args()
 
 
@@ -119,8 +119,11 @@ def training_step(args, step, need_gib):
                            "devices, cuda:0 and cpu!")
     if step >= args.oom_at_step and need_gib > args.capacity_gib:
         if args.oom_rank is not None and args.oom_rank != rank():
+            # A collective with a dead peer: gloo's error once the OOM rank is gone.
             print(f"rank {rank()}: waiting for a peer", flush=True)
-            time.sleep(3600)
+            time.sleep(2.0)
+            raise ConnectionError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                                  "Connection closed by peer [127.0.0.1]:29500")
         if args.oom_rank is not None:
             # Ranks run in lockstep: the others are at this step too before the OOM.
             time.sleep(1.0)
@@ -224,7 +227,7 @@ def main():
     for step in range(start + 1, args.max_steps + 1):
         try:
             loss = training_step(args, step, need_gib)
-        except RuntimeError as e:
+        except (RuntimeError, ConnectionError) as e:
             die(e)
         state["log_history"].append({"step": step, "loss": round(loss, 4), "epoch": step / args.max_steps})
         state["epoch"] = step / args.max_steps

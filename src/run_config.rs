@@ -37,6 +37,8 @@ pub struct RunConfig {
     pub gpu: Option<GpuWatch>,
     /// `CUDA_VISIBLE_DEVICES` chosen by `--gpus auto:N`.
     pub cuda_visible: Option<String>,
+    /// This copy's place when the run is supervised by several (see `job`).
+    pub job: Option<crate::job::Job>,
 }
 
 /// A usage error: printed and mapped to exit 2 by main.
@@ -108,7 +110,34 @@ impl RunConfig {
             }
         }
         let layout = knobs::layout(&cmd, &disc, policy.resume.as_ref());
+        let job =
+            match crate::job::Job::detect(&cmd, &env, layout.as_ref().map(|l| l.root.as_path())) {
+                Ok(Some(j)) => {
+                    if j.copies_are_ranks(&cmd) {
+                        disc.world.size = disc.world.size.saturating_mul(u64::from(j.copies));
+                        disc.world.source = format!(
+                            "{} × {} copies of oomguard, one per Slurm task ({})",
+                            disc.world.source, j.copies, j.source
+                        );
+                    }
+                    disc.notes.push(format!(
+                        "job: copy {} of {} ({}); {} decides, through {}",
+                        j.rank,
+                        j.copies,
+                        j.source,
+                        if j.leader() { "this copy" } else { "copy 0" },
+                        j.dir.display()
+                    ));
+                    Some(j)
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    disc.warnings.push(e.0);
+                    None
+                }
+            };
         Ok(RunConfig {
+            job,
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,

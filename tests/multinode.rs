@@ -162,3 +162,21 @@ fn deepspeed_train_batch_size_under_srun_torchrun() {
         }
     }
 }
+
+#[test]
+fn a_copy_per_slurm_task_counts_every_task_and_names_its_job() {
+    let t = tempfile::tempdir().unwrap();
+    let argv: Vec<&str> = ["python3"].iter().chain(HF.iter()).copied().collect();
+    let env = [
+        ("SLURM_PROCID", "1"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_JOB_ID", "77"),
+        ("SLURM_STEP_ID", "0"),
+    ];
+    let v = plan(t.path(), &argv, &env);
+    assert_eq!(v["world_size"], 2, "{}", v["world_source"]);
+    assert_eq!(v["global_batch"], 64);
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("job: copy 1 of 2"), "{notes}");
+    assert!(notes.contains(".oomguard-job/slurm-77.0"), "{notes}");
+}

@@ -268,3 +268,77 @@ fn slurm_a_cancel_after_an_oom_is_never_relaunched() {
     );
     expect_job_gone(&run, &name);
 }
+
+#[test]
+#[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
+fn slurm_one_copy_per_task_makes_one_decision() {
+    cluster_up();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let name = job_name("per-task");
+    // srun -N2 -n2 oomguard python3 sim ...: two copies; rank 1 OOMs, rank 0
+    // dies of "Connection closed by peer". Copy 0 decides for both.
+    let mut cmd = Command::new("srun");
+    cmd.args(["-J", &name, "-N2", "-n2", OOMGUARD, "python3", &sim()])
+        .args([
+            "--per_device_train_batch_size",
+            "16",
+            "--gradient_accumulation_steps",
+            "2",
+            "--max_seq_length",
+            "1024",
+            "--max_steps",
+            "20",
+            "--save_steps",
+            "5",
+            "--step_seconds",
+            "0.01",
+            "--oom_rank",
+            "1",
+            "--output_dir",
+        ])
+        .arg(&out)
+        .current_dir(tmp.path())
+        .env("OOMGUARD_JOB_TIMEOUT", "120");
+    let output = cmd.output().expect("srun runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let describe = || format!("{cmd:?}\n--- stderr ---\n{}", tail(&stderr, 8000));
+    assert!(
+        output.status.success(),
+        "{:?}: {}",
+        output.status,
+        describe()
+    );
+    let read = |f: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(out.join(f))
+            .unwrap_or_else(|e| panic!("{f}: {e}\n{}", describe()));
+        serde_json::from_str(&text).unwrap()
+    };
+    let (r0, r1) = (read("final.json"), read("final-rank1.json"));
+    assert_eq!(r0["micro"], 4, "{}", describe());
+    assert_eq!(r1["micro"], r0["micro"], "{}", describe());
+    assert_eq!(r1["accum"], r0["accum"]);
+    let segments = |r: &serde_json::Value| r["attempts"].as_array().unwrap().clone();
+    let (s0, s1) = (segments(&r0), segments(&r1));
+    // Every launch of each rank ran on the same settings and checkpoint as its peer's.
+    let pairs = |s: &[serde_json::Value]| -> Vec<(serde_json::Value, serde_json::Value)> {
+        s.iter()
+            .map(|x| (x["micro"].clone(), x["resumed_from"].clone()))
+            .collect()
+    };
+    assert_eq!(pairs(&s0).last(), pairs(&s1).last(), "{}", describe());
+    assert!(
+        stderr.contains("copy 0 of the job decided"),
+        "{}",
+        describe()
+    );
+    assert!(
+        !stderr.contains("not an out-of-memory error"),
+        "a copy stopped on the peer's error: {}",
+        describe()
+    );
+    assert!(
+        jobs_named(&name).is_empty()
+            || wait_until(Duration::from_secs(20), || jobs_named(&name).is_empty())
+    );
+}
