@@ -342,3 +342,70 @@ fn slurm_one_copy_per_task_makes_one_decision() {
             || wait_until(Duration::from_secs(20), || jobs_named(&name).is_empty())
     );
 }
+
+/// The README's per-node recipe on the cluster, with real torch on gloo:
+/// `srun -N2 -n2 bash -c 'exec oomguard torchrun --nnodes 2 --node_rank $SLURM_NODEID ...'`.
+/// Needs the real-client venv too (`OOMGUARD_REAL_PYTHON`, set by tests/run.sh).
+#[test]
+#[ignore = "needs a Slurm cluster and the real-client venv: bash tests/run.sh"]
+fn slurm_one_oomguard_per_node_around_torchrun() {
+    cluster_up();
+    let python = std::env::var_os("OOMGUARD_REAL_PYTHON")
+        .filter(|p| !p.is_empty())
+        .expect("OOMGUARD_REAL_PYTHON is not set: run bash tests/run.sh");
+    let bin = Path::new(&python).parent().unwrap().to_path_buf();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let name = job_name("per-node");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let oomguard_dir = Path::new(OOMGUARD).parent().unwrap();
+    let path = format!(
+        "{}:{}:{}",
+        bin.display(),
+        oomguard_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = format!(
+        "exec oomguard --run-dir {tmp}/run$SLURM_PROCID torchrun --nnodes 2 --node_rank $SLURM_NODEID \
+         --nproc_per_node 1 --rdzv_backend c10d --rdzv_endpoint localhost:{port} --rdzv_id $SLURM_JOB_ID \
+         tests/real/ddp_oom.py --per_device_train_batch_size 8 --gradient_accumulation_steps 1 \
+         --budget 4 --max_steps 4 --output_dir {out}",
+        tmp = tmp.path().display(),
+        out = out.display()
+    );
+    let mut cmd = Command::new("srun");
+    cmd.args(["-J", &name, "-N2", "-n2", "bash", "-c", &script])
+        .current_dir(repo())
+        .env("PATH", &path)
+        .env("OOMGUARD_JOB_TIMEOUT", "180");
+    let output = cmd.output().expect("srun runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let describe = || format!("{cmd:?}\n--- stderr ---\n{}", tail(&stderr, 8000));
+    assert!(
+        output.status.success(),
+        "{:?}: {}",
+        output.status,
+        describe()
+    );
+    let text = std::fs::read_to_string(out.join("final.json"))
+        .unwrap_or_else(|e| panic!("final.json: {e}\n{}", describe()));
+    let fin: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(fin["micro"], 4, "{}", describe());
+    assert_eq!(fin["world"], 2);
+    assert_eq!(fin["global_batch"], 16);
+    assert!(
+        stderr.contains("copy 0 of the job decided"),
+        "{}",
+        describe()
+    );
+    assert!(
+        !stderr.contains("not an out-of-memory error"),
+        "{}",
+        describe()
+    );
+    assert!(wait_until(Duration::from_secs(20), || jobs_named(&name).is_empty()));
+}
