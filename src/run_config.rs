@@ -50,6 +50,11 @@ pub enum ConfigError {
     Knob(#[from] knobs::KnobError),
     #[error("{0}")]
     Gpu(String),
+    /// `oomguard sbatch ...`: nothing would be supervised.
+    #[error(
+        "sbatch returns as soon as the job is submitted, so oomguard would supervise nothing: put oomguard in front of the srun line inside the batch script instead (`oomguard srun python3 train.py ...`; README, Clusters)"
+    )]
+    Sbatch,
     #[error("--{flag} {value}: {why}")]
     BadNumber {
         flag: &'static str,
@@ -96,6 +101,10 @@ impl RunConfig {
             _ => real_env(name),
         };
         let cmd = Command::parse(&args.command);
+        let program = cmd.args.first().map(|a| crate::command::base_name(a));
+        if program == Some("sbatch") {
+            return Err(ConfigError::Sbatch);
+        }
         let mut disc = knobs::discover(&cmd, &user, &env, &|p| p.to_path_buf())?;
         for (knob, file) in disc.unnamed_files() {
             if args.edit_in_place {
@@ -108,6 +117,11 @@ impl RunConfig {
                     "{knob}: {file} is not named on the command line (the script imports it), so oomguard cannot point the command at a changed copy, and it never edits your files unasked. Add --edit-in-place to let it edit {file} in place (the original is kept in the run folder and restored when the run ends; `oomguard restore RUN_DIR` after a hard kill)"
                 ));
             }
+        }
+        if program == Some("salloc") {
+            disc.warnings.push(
+                "salloc: oomguard sees salloc, not the srun steps it starts, so a Ctrl-C or a kill cannot cancel them; wrap the srun instead: `salloc -N2 oomguard srun ...` (README, Clusters)".into(),
+            );
         }
         let layout = knobs::layout(&cmd, &disc, policy.resume.as_ref());
         let job =

@@ -180,3 +180,28 @@ fn a_copy_per_slurm_task_counts_every_task_and_names_its_job() {
     assert!(notes.contains("job: copy 1 of 2"), "{notes}");
     assert!(notes.contains(".oomguard-job/slurm-77.0"), "{notes}");
 }
+
+#[test]
+fn sbatch_is_refused_with_where_to_put_oomguard_and_salloc_warned() {
+    let t = tempfile::tempdir().unwrap();
+    let out = Command::new(common::OOMGUARD)
+        .args(["sbatch", "job.sh"])
+        .current_dir(t.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("in front of the srun line inside the batch script"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    let argv: Vec<&str> = ["salloc", "-N2", "srun", "python3"]
+        .iter()
+        .chain(HF.iter())
+        .copied()
+        .collect();
+    let v = plan(t.path(), &argv, &[]);
+    let warnings = v["warnings"].to_string();
+    assert!(warnings.contains("salloc -N2 oomguard srun"), "{warnings}");
+}
