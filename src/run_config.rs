@@ -118,6 +118,13 @@ impl RunConfig {
                 ));
             }
         }
+        if let Some(l) = cmd.launcher(crate::command::LauncherKind::Srun)
+            && let Some(file) = cmd.launcher_option(l, &["-o", "-e"], &["--output", "--error"])
+        {
+            disc.warnings.push(format!(
+                "srun --output/--error {file}: the tasks' output goes to that file, not through oomguard, so an OOM written there is not seen (the attempt would end as 'not an out-of-memory error'); drop the option: oomguard passes the output through and keeps each attempt's in its run folder"
+            ));
+        }
         if program == Some("salloc") {
             disc.warnings.push(
                 "salloc: oomguard sees salloc, not the srun steps it starts, so a Ctrl-C or a kill cannot cancel them; wrap the srun instead: `salloc -N2 oomguard srun ...` (README, Clusters)".into(),

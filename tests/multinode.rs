@@ -205,3 +205,24 @@ fn sbatch_is_refused_with_where_to_put_oomguard_and_salloc_warned() {
     let warnings = v["warnings"].to_string();
     assert!(warnings.contains("salloc -N2 oomguard srun"), "{warnings}");
 }
+
+#[test]
+fn per_task_output_files_are_named_in_a_warning() {
+    let t = tempfile::tempdir().unwrap();
+    for opt in [
+        &["--output=logs/%j-%t.out"][..],
+        &["-o", "logs/%j-%t.out"][..],
+    ] {
+        let argv: Vec<&str> = ["srun", "-n2"]
+            .iter()
+            .chain(opt.iter())
+            .chain(["python3"].iter())
+            .chain(HF.iter())
+            .copied()
+            .collect();
+        let v = plan(t.path(), &argv, &[]);
+        let warnings = v["warnings"].to_string();
+        assert!(warnings.contains("logs/%j-%t.out"), "{argv:?}: {warnings}");
+        assert!(warnings.contains("not seen"), "{warnings}");
+    }
+}
