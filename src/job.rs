@@ -201,22 +201,7 @@ impl Job {
     }
 
     fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)?;
-        let tmp = self
-            .dir
-            .join(format!(".{name}.{}.{}", self.rank, std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, self.dir.join(name))
+        write_private(&self.dir, name, bytes)
     }
 
     fn read<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
@@ -301,6 +286,77 @@ impl Job {
     pub fn await_decision(&self, n: u32) -> Option<Published> {
         self.wait(|| self.read(&format!("decision-{n}.json")))
     }
+}
+
+/// Writes `dir/name` whole: a private temporary file renamed into place.
+fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// `previous-run` in a requeued job's new run folder: the old run folder's path.
+pub fn write_previous_run(run_dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(run_dir.join("previous-run"))?;
+    f.write_all(bytes)
+}
+
+/// The settings a Slurm job last launched with, kept next to its checkpoints
+/// so that a requeued or preempted job (`SLURM_RESTART_COUNT` > 0) starts
+/// there instead of at the settings that did not fit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fitting {
+    pub knobs: BTreeMap<String, Value>,
+    /// The run folder that launched them.
+    pub run_dir: PathBuf,
+}
+
+/// Where a Slurm job keeps its [`Fitting`]: `<root>/.oomguard-job/slurm-JOB/fitting.json`.
+pub fn fitting_path(env: &dyn Fn(&str) -> Option<OsString>, root: &Path) -> Option<PathBuf> {
+    let job = env_str(env, "SLURM_JOB_ID")?;
+    Some(
+        root.join(FOLDER)
+            .join(component(&format!("slurm-{job}")))
+            .join("fitting.json"),
+    )
+}
+
+/// How many times Slurm restarted this job (requeue, preemption).
+pub fn restart_count(env: &dyn Fn(&str) -> Option<OsString>) -> u32 {
+    env_u32(env, "SLURM_RESTART_COUNT").unwrap_or(0)
+}
+
+pub fn save_fitting(path: &Path, f: &Fitting) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("fitting.json");
+    write_private(
+        dir,
+        name,
+        &serde_json::to_vec(f).expect("Fitting serialises"),
+    )
+}
+
+pub fn load_fitting(path: &Path) -> Option<Fitting> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
 #[cfg(test)]
@@ -406,6 +462,23 @@ mod tests {
         leader.publish_decision(1, &d).unwrap();
         assert!(leader.meet(2));
         assert_eq!(f.join().unwrap(), d);
+    }
+
+    #[test]
+    fn the_fitting_settings_survive_a_requeue() {
+        let t = tempfile::tempdir().unwrap();
+        let env = env(&[("SLURM_JOB_ID", "9"), ("SLURM_RESTART_COUNT", "1")]);
+        let path = fitting_path(&env, t.path()).unwrap();
+        assert!(path.ends_with(".oomguard-job/slurm-9/fitting.json"));
+        assert_eq!(restart_count(&env), 1);
+        assert_eq!(load_fitting(&path), None);
+        let f = Fitting {
+            knobs: BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]),
+            run_dir: PathBuf::from("/runs/a"),
+        };
+        save_fitting(&path, &f).unwrap();
+        save_fitting(&path, &f).unwrap();
+        assert_eq!(load_fitting(&path), Some(f));
     }
 
     #[test]

@@ -101,6 +101,9 @@ struct Run<'c> {
     /// The checkpoints there when the first attempt started: a relaunch never
     /// resumes from them (it continues this run, not an older experiment).
     baseline: checkpoint::Baseline,
+    /// Where this Slurm job keeps the settings it last launched with, for a
+    /// requeue (see `job::Fitting`); None outside Slurm or without checkpoints.
+    fitting: Option<PathBuf>,
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
     attempts: Vec<AttemptRecord>,
@@ -143,6 +146,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         }
     };
     let mut run = Run::start(&cfg, gw, inplace);
+    run.requeued(job::restart_count(&|k| std::env::var_os(k)));
     let code = loop {
         if let Some(sig) = signals.pending() {
             break exit::SIGNAL_BASE + sig;
@@ -200,8 +204,70 @@ impl<'c> Run<'c> {
             resume: None,
             resumed_step: None,
             baseline: checkpoint::Baseline::default(),
+            fitting: cfg
+                .layout
+                .as_ref()
+                .and_then(|l| job::fitting_path(&|k| std::env::var_os(k), &l.root)),
             begun: 0,
             attempts: Vec::new(),
+        }
+    }
+
+    /// A requeued or preempted Slurm job (`SLURM_RESTART_COUNT` > 0): start
+    /// at the settings it last launched with and resume from the newest
+    /// complete checkpoint of the run; this new run folder names the old one.
+    fn requeued(&mut self, restarts: u32) {
+        if restarts == 0 {
+            return;
+        }
+        let Some(fitting) = self.fitting.as_deref().and_then(job::load_fitting) else {
+            return;
+        };
+        for (name, value) in &fitting.knobs {
+            if let Ok(k) = name.parse::<crate::settings::Knob>()
+                && self.settings.knobs.contains_key(&k)
+            {
+                self.settings.knobs.insert(k, value.clone());
+            }
+        }
+        let res = self
+            .cfg
+            .resume(&checkpoint::Baseline::default(), Duration::from_millis(200));
+        let step = res.chosen.as_ref().and_then(checkpoint::step_for);
+        self.resume_from(&res, step);
+        self.log.info(&format!(
+            "requeued job (SLURM_RESTART_COUNT={restarts}): starting at {} (the last settings launched, from {}); {}",
+            self.settings,
+            fitting.run_dir.display(),
+            res.why
+        ));
+        let note = format!("{}\n", fitting.run_dir.display());
+        if let Err(e) = crate::job::write_previous_run(&self.cfg.run_dir, note.as_bytes()) {
+            tracing::warn!(
+                "cannot write previous-run in {}: {e}",
+                self.cfg.run_dir.display()
+            );
+        }
+    }
+
+    /// The settings about to launch are the job's last (for a requeue); only
+    /// copy 0 of a job writes them.
+    fn save_fitting(&self) {
+        let Some(path) = &self.fitting else { return };
+        if self.cfg.job.as_ref().is_some_and(|j| !j.leader()) {
+            return;
+        }
+        let f = job::Fitting {
+            knobs: self
+                .settings
+                .knobs
+                .iter()
+                .map(|(k, v)| (k.name().to_string(), v.clone()))
+                .collect(),
+            run_dir: self.cfg.run_dir.clone(),
+        };
+        if let Err(e) = job::save_fitting(path, &f) {
+            tracing::warn!("cannot keep the job's settings in {}: {e}", path.display());
         }
     }
 
@@ -227,6 +293,7 @@ impl<'c> Run<'c> {
             Ok(p) => p,
             Err(code) => return Flow::Stop(code),
         };
+        self.save_fitting();
         let (report, peak) = match self.launch(n, &spec, signals) {
             Ok(r) => r,
             Err(code) => return Flow::Stop(code),

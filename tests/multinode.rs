@@ -6,6 +6,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -225,4 +226,87 @@ fn per_task_output_files_are_named_in_a_warning() {
         assert!(warnings.contains("logs/%j-%t.out"), "{argv:?}: {warnings}");
         assert!(warnings.contains("not seen"), "{warnings}");
     }
+}
+
+fn sim_args(run_dir: &Path, out: &Path, max_steps: &str) -> Vec<String> {
+    let mut v: Vec<String> = vec!["--run-dir".into(), run_dir.display().to_string()];
+    v.push("python3".into());
+    v.push(
+        common::repo()
+            .join("examples/sim_trainer.py")
+            .display()
+            .to_string(),
+    );
+    for a in [
+        "--per_device_train_batch_size",
+        "16",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_seq_length",
+        "1024",
+        "--max_steps",
+        max_steps,
+        "--save_steps",
+        "5",
+        "--step_seconds",
+        "0.005",
+        "--output_dir",
+    ] {
+        v.push(a.into());
+    }
+    v.push(out.display().to_string());
+    v
+}
+
+/// A requeued Slurm job (`SLURM_RESTART_COUNT=1`, same `SLURM_JOB_ID`) starts at
+/// the settings that fit and resumes from the run's newest checkpoint, in a new
+/// run folder that names the old one.
+#[test]
+fn a_requeued_job_starts_at_the_fitting_settings_and_resumes() {
+    let t = tempfile::tempdir().unwrap();
+    let (out, run1, run2) = (
+        t.path().join("out"),
+        t.path().join("run1"),
+        t.path().join("run2"),
+    );
+    let first = sim_args(&run1, &out, "20");
+    let first: Vec<&str> = first.iter().map(String::as_str).collect();
+    let r = common::spawn_env(t.path(), &first, &[("SLURM_JOB_ID", "4242")])
+        .wait(Duration::from_secs(120));
+    r.check("first run's exit code", Some(0), r.code);
+    let second = sim_args(&run2, &out, "30");
+    let second: Vec<&str> = second.iter().map(String::as_str).collect();
+    let r = common::spawn_env(
+        t.path(),
+        &second,
+        &[("SLURM_JOB_ID", "4242"), ("SLURM_RESTART_COUNT", "1")],
+    )
+    .wait(Duration::from_secs(120));
+    r.check("requeued run's exit code", Some(0), r.code);
+    let journal = r.journal(&run2);
+    let starts = common::events(&journal, "attempt_start");
+    r.check("one attempt after the requeue", 1, starts.len());
+    let argv = common::argv_of(starts[0]);
+    r.ensure(
+        "starts at the micro-batch that fit",
+        argv.windows(2)
+            .any(|w| w == ["--per_device_train_batch_size", "4"]),
+        "--per_device_train_batch_size 4",
+        &argv,
+    );
+    let resume = common::resume_arg(&argv).unwrap_or_default();
+    r.ensure(
+        "resumes from the newest checkpoint",
+        resume.ends_with("checkpoint-20"),
+        "checkpoint-20",
+        &resume,
+    );
+    let prev = std::fs::read_to_string(run2.join("previous-run")).unwrap_or_default();
+    r.check(
+        "previous-run names the old folder",
+        run1.display().to_string(),
+        prev.trim().to_string(),
+    );
+    let fin = r.read_json(&out.join("final.json"));
+    r.check("trained to the end", Some(30), fin["global_step"].as_u64());
 }
