@@ -264,7 +264,8 @@ impl<'c> Run<'c> {
                 .iter()
                 .map(|(k, v)| (k.name().to_string(), v.clone()))
                 .collect(),
-            run_dir: self.cfg.run_dir.clone(),
+            run_dir: std::path::absolute(&self.cfg.run_dir)
+                .unwrap_or_else(|_| self.cfg.run_dir.clone()),
         };
         if let Err(e) = job::save_fitting(path, &f) {
             tracing::warn!("cannot keep the job's settings in {}: {e}", path.display());

@@ -409,3 +409,99 @@ fn slurm_one_oomguard_per_node_around_torchrun() {
     );
     assert!(wait_until(Duration::from_secs(20), || jobs_named(&name).is_empty()));
 }
+
+/// `scontrol requeue` of a batch job whose `oomguard srun ...` had relaunched
+/// down to a micro-batch that fits: the restarted script starts there and
+/// resumes from the newest checkpoint.
+#[test]
+#[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
+fn slurm_a_requeued_job_resumes_at_the_fitting_settings() {
+    cluster_up();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let name = job_name("requeue");
+    let log = dir.join("slurm.out");
+    let script = format!(
+        "#!/bin/bash\ncd {dir}\nexec {oomguard} --hang-timeout 3 --grace 2 srun python3 {sim} \
+         --per_device_train_batch_size 16 --gradient_accumulation_steps 2 --max_seq_length 1024 \
+         --max_steps 300 --save_steps 5 --step_seconds 0.05 --oom_rank 1 --output_dir {dir}/out\n",
+        dir = dir.display(),
+        oomguard = OOMGUARD,
+        sim = sim()
+    );
+    std::fs::write(dir.join("job.sh"), script).unwrap();
+    let out = Command::new("sbatch")
+        .args([
+            "--parsable",
+            "-N2",
+            "--ntasks-per-node=1",
+            "--open-mode=append",
+            "-J",
+            &name,
+            "-o",
+        ])
+        .arg(&log)
+        .arg(dir.join("job.sh"))
+        .output()
+        .expect("sbatch runs");
+    let job = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success(), "sbatch: {out:?}");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let fail = |what: &str| -> ! {
+        let _ = Command::new("scancel").arg(&job).status();
+        panic!("{what}\n--- job output ---\n{}", tail(&read(), 6000));
+    };
+    // Down to the micro-batch that fits, and a checkpoint past the OOM's.
+    if !wait_until(Duration::from_secs(90), || {
+        read().contains("attempt 3/") && dir.join("out/checkpoint-20").exists()
+    }) {
+        fail("no third attempt with checkpoint-20");
+    }
+    let ok = Command::new("scontrol")
+        .args(["requeue", &job])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    // Slurm holds a requeued job back for a while: let it start now.
+    let started = wait_until(Duration::from_secs(60), || {
+        if read().contains("SLURM_RESTART_COUNT=1") {
+            return true;
+        }
+        // Refused while the job is still running or completing: tried again.
+        let _ = Command::new("scontrol")
+            .args(["update", &format!("jobid={job}"), "StartTime=now"])
+            .stderr(std::process::Stdio::null())
+            .status();
+        std::thread::sleep(Duration::from_millis(200));
+        false
+    });
+    if !started {
+        fail("the requeued job did not start");
+    }
+    if !wait_until(Duration::from_secs(90), || {
+        dir.join("out/final.json").exists()
+    }) {
+        fail("the requeued job did not finish");
+    }
+    let text = read();
+    let requeued = text
+        .lines()
+        .find(|l| l.contains("requeued job (SLURM_RESTART_COUNT=1)"))
+        .unwrap_or_else(|| fail("no requeue line"));
+    assert!(requeued.contains("micro_batch=4"), "{requeued}");
+    let fin: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("out/final.json")).unwrap())
+            .unwrap();
+    assert_eq!(fin["micro"], 4);
+    assert_eq!(fin["global_step"], 300);
+    let last = fin["attempts"].as_array().unwrap().last().unwrap().clone();
+    let resumed = last["resumed_from"].as_str().unwrap_or("");
+    assert!(
+        !resumed.is_empty() && !resumed.ends_with("checkpoint-5"),
+        "the requeued launch resumed from {resumed:?}, not the newest checkpoint"
+    );
+    // One launch after the requeue: no OOM again at the old settings.
+    let after = text.split("SLURM_RESTART_COUNT=1").nth(1).unwrap_or("");
+    assert!(!after.contains("attempt 2/"), "{}", tail(after, 3000));
+    assert!(wait_until(Duration::from_secs(20), || jobs_named(&name).is_empty()));
+}
