@@ -39,8 +39,14 @@ fn jobs_named(name: &str) -> Vec<String> {
         .collect()
 }
 
-/// Fails unless the cluster answers (start it with tests/slurm/start.sh).
-fn cluster_up() {
+/// The tests take the cluster one at a time: two nodes of four CPUs, and a
+/// requeued job must not queue behind another test's job.
+static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Fails unless the cluster answers (start it with tests/slurm/start.sh);
+/// holds the cluster for the calling test.
+fn cluster_up() -> std::sync::MutexGuard<'static, ()> {
+    let guard = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new("sinfo")
         .args(["-h", "-N", "-o", "%N %T"])
         .output();
@@ -50,6 +56,7 @@ fn cluster_up() {
             || String::from_utf8_lossy(&o.stdout).contains("alloc")
     });
     assert!(ok, "the test cluster is not up ({out:?}): {WHY}");
+    guard
 }
 
 /// `srun -J NAME -N2 -n2 python3 sim_trainer.py ARGS... --output_dir OUT`.
@@ -79,10 +86,22 @@ fn expect_job_gone(run: &Run, name: &str) {
 #[test]
 #[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
 fn slurm_one_rank_ooms_and_both_relaunch_on_the_same_settings() {
-    cluster_up();
+    around_srun(false);
+}
+
+#[test]
+#[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
+fn slurm_one_rank_hangs_after_its_oom_and_both_relaunch_on_the_same_settings() {
+    around_srun(true);
+}
+
+/// oomguard srun -N2 -n2 python3 sim ...: rank 1 OOMs (and then hangs, when
+/// `hang`), rank 0 dies of its peer; one copy, one decision for both ranks.
+fn around_srun(hang: bool) {
+    let _cluster = cluster_up();
     let tmp = tempfile::tempdir().unwrap();
     let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
-    let name = job_name("one-rank");
+    let name = job_name(if hang { "one-rank-hang" } else { "one-rank" });
     let mut args: Vec<String> = ["--hang-timeout", "3", "--grace", "2", "--run-dir"]
         .iter()
         .map(|s| s.to_string())
@@ -108,7 +127,18 @@ fn slurm_one_rank_ooms_and_both_relaunch_on_the_same_settings() {
             "1",
         ],
     ));
+    if hang {
+        args.push("--hang_after_oom".into());
+    }
     let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+    if hang {
+        run.ensure(
+            "the hang after the OOM was seen",
+            run.stderr.contains("hung after OOM"),
+            "'hung after OOM'",
+            tail(&run.stderr, 3000),
+        );
+    }
     run.check("exit code", Some(0), run.code);
     // Both ranks ended on the same settings and the same resumed checkpoint.
     let r0 = run.read_json(&out.join("final.json"));
@@ -190,7 +220,7 @@ fn wait_for_training(running: &Running, tmp: &Path) {
 #[test]
 #[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
 fn slurm_one_ctrl_c_leaves_no_job() {
-    cluster_up();
+    let _cluster = cluster_up();
     let tmp = tempfile::tempdir().unwrap();
     let name = job_name("ctrl-c");
     // A grace period longer than the wait: the step must end from the Ctrl-C
@@ -209,7 +239,7 @@ fn slurm_one_ctrl_c_leaves_no_job() {
 #[test]
 #[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
 fn slurm_oomguard_killed_leaves_no_job() {
-    cluster_up();
+    let _cluster = cluster_up();
     let tmp = tempfile::tempdir().unwrap();
     let name = job_name("kill-9");
     let (running, _) = long_run(tmp.path(), &name, "5", &[]);
@@ -228,7 +258,7 @@ fn slurm_oomguard_killed_leaves_no_job() {
 #[test]
 #[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
 fn slurm_a_cancel_after_an_oom_is_never_relaunched() {
-    cluster_up();
+    let _cluster = cluster_up();
     let tmp = tempfile::tempdir().unwrap();
     let name = job_name("scancel");
     // Rank 1 OOMs at step 7; rank 0 waits for it. Long hang timeout: the cancel comes first.
@@ -272,34 +302,61 @@ fn slurm_a_cancel_after_an_oom_is_never_relaunched() {
 #[test]
 #[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
 fn slurm_one_copy_per_task_makes_one_decision() {
-    cluster_up();
+    per_task(false);
+}
+
+#[test]
+#[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
+fn slurm_one_copy_per_task_makes_one_decision_when_the_oom_rank_hangs() {
+    per_task(true);
+}
+
+/// srun -N2 -n2 oomguard python3 sim ...: two copies; rank 1 OOMs (and hangs
+/// after it when `hang`: its copy's hang timer ends it), rank 0 dies of
+/// "Connection closed by peer". Copy 0 decides for both.
+fn per_task(hang: bool) {
+    let _cluster = cluster_up();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let name = job_name("per-task");
-    // srun -N2 -n2 oomguard python3 sim ...: two copies; rank 1 OOMs, rank 0
-    // dies of "Connection closed by peer". Copy 0 decides for both.
+    let name = job_name(if hang { "per-task-hang" } else { "per-task" });
     let mut cmd = Command::new("srun");
-    cmd.args(["-J", &name, "-N2", "-n2", OOMGUARD, "python3", &sim()])
-        .args([
-            "--per_device_train_batch_size",
-            "16",
-            "--gradient_accumulation_steps",
-            "2",
-            "--max_seq_length",
-            "1024",
-            "--max_steps",
-            "20",
-            "--save_steps",
-            "5",
-            "--step_seconds",
-            "0.01",
-            "--oom_rank",
-            "1",
-            "--output_dir",
-        ])
-        .arg(&out)
-        .current_dir(tmp.path())
-        .env("OOMGUARD_JOB_TIMEOUT", "120");
+    cmd.args([
+        "-J",
+        &name,
+        "-N2",
+        "-n2",
+        OOMGUARD,
+        "--hang-timeout",
+        "3",
+        "--grace",
+        "2",
+    ])
+    .args(["python3", &sim()])
+    .args(if hang {
+        &["--hang_after_oom"][..]
+    } else {
+        &[][..]
+    })
+    .args([
+        "--per_device_train_batch_size",
+        "16",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_seq_length",
+        "1024",
+        "--max_steps",
+        "20",
+        "--save_steps",
+        "5",
+        "--step_seconds",
+        "0.01",
+        "--oom_rank",
+        "1",
+        "--output_dir",
+    ])
+    .arg(&out)
+    .current_dir(tmp.path())
+    .env("OOMGUARD_JOB_TIMEOUT", "120");
     let output = cmd.output().expect("srun runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     let describe = || format!("{cmd:?}\n--- stderr ---\n{}", tail(&stderr, 8000));
@@ -332,6 +389,14 @@ fn slurm_one_copy_per_task_makes_one_decision() {
         "{}",
         describe()
     );
+    if hang {
+        // The OOM rank hung: its copy's hang timer ended it, and it waited too.
+        assert!(
+            stderr.contains("hung_after_oom on copy 1"),
+            "{}",
+            describe()
+        );
+    }
     assert!(
         !stderr.contains("not an out-of-memory error"),
         "a copy stopped on the peer's error: {}",
@@ -349,7 +414,7 @@ fn slurm_one_copy_per_task_makes_one_decision() {
 #[test]
 #[ignore = "needs a Slurm cluster and the real-client venv: bash tests/run.sh"]
 fn slurm_one_oomguard_per_node_around_torchrun() {
-    cluster_up();
+    let _cluster = cluster_up();
     let python = std::env::var_os("OOMGUARD_REAL_PYTHON")
         .filter(|p| !p.is_empty())
         .expect("OOMGUARD_REAL_PYTHON is not set: run bash tests/run.sh");
@@ -416,7 +481,7 @@ fn slurm_one_oomguard_per_node_around_torchrun() {
 #[test]
 #[ignore = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)"]
 fn slurm_a_requeued_job_resumes_at_the_fitting_settings() {
-    cluster_up();
+    let _cluster = cluster_up();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let name = job_name("requeue");
