@@ -28,7 +28,7 @@ if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
   fi
 fi
 
-if sinfo -h -o '%T' 2>/dev/null | grep -q idle && [ -f "$conf" ] && grep -q oomguard-test "$conf"; then
+if sinfo -h -o '%T' 2>/dev/null | grep -qE 'idle|mix|alloc' && [ -f "$conf" ] && grep -q oomguard-test "$conf"; then
   echo "slurm ready"
   exit 0
 fi
@@ -87,7 +87,7 @@ running "$state/slurmd-n1.pid" || slurmd -N n1
 running "$state/slurmd-n2.pid" || slurmd -N n2
 
 for _ in $(seq 200); do
-  if [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c idle)" = 2 ]; then
+  if [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -cE 'idle|mix|alloc')" = 2 ]; then
     echo "slurm ready"
     exit 0
   fi
