@@ -64,7 +64,15 @@ def parse_args():
     p.add_argument("--oom_while_saving_at", type=int, default=None,
                    help="a run that does not fit OOMs half-way through saving checkpoint-N")
     p.add_argument("--print_signals", action="store_true", help="print each signal received")
+    p.add_argument("--oom_rank", type=int, default=None,
+                   help="only this rank OOMs; the others wait at that step for the dead peer, "
+                        "then fail with gloo's 'Connection closed by peer'")
     return p.parse_args()
+
+
+def rank():
+    """This process's rank: torchrun's RANK, else Slurm's SLURM_PROCID."""
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
 
 
 def fmt(nbytes):
@@ -110,6 +118,15 @@ def training_step(args, step, need_gib):
         raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
                            "devices, cuda:0 and cpu!")
     if step >= args.oom_at_step and need_gib > args.capacity_gib:
+        if args.oom_rank is not None and args.oom_rank != rank():
+            # A collective with a dead peer: gloo's error once the OOM rank is gone.
+            print(f"rank {rank()}: waiting for a peer", flush=True)
+            time.sleep(2.0)
+            raise ConnectionError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+                                  "Connection closed by peer [127.0.0.1]:29500")
+        if args.oom_rank is not None:
+            # Ranks run in lockstep: the others are at this step too before the OOM.
+            time.sleep(1.0)
         raise OutOfMemoryError(oom_message(args, need_gib))
     return 4.0 / (1 + 0.1 * step)
 
@@ -159,7 +176,7 @@ def main():
     args = parse_args()
     if args.print_signals:
         install_signal_printer()
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
     micro, accum, seq = args.per_device_train_batch_size, args.gradient_accumulation_steps, args.max_seq_length
     global_batch = micro * accum * world
     activations = micro * seq * args.gib_per_sample_token
@@ -210,7 +227,7 @@ def main():
     for step in range(start + 1, args.max_steps + 1):
         try:
             loss = training_step(args, step, need_gib)
-        except RuntimeError as e:
+        except (RuntimeError, ConnectionError) as e:
             die(e)
         state["log_history"].append({"step": step, "loss": round(loss, 4), "epoch": step / args.max_steps})
         state["epoch"] = step / args.max_steps
@@ -223,7 +240,7 @@ def main():
                   end="", flush=True)
         else:
             print(f"step {step}/{args.max_steps} loss={loss:.3f} global_batch={global_batch}", flush=True)
-        if step % args.save_steps == 0 or step == args.max_steps:
+        if (step % args.save_steps == 0 or step == args.max_steps) and rank() == 0:
             if tty:
                 print()
             try:
@@ -237,7 +254,8 @@ def main():
              "micro": micro, "accum": accum, "world": world, "seq_len": seq,
              "gradient_checkpointing": args.gradient_checkpointing,
              "attempts": state["oomguard_sim"]["segments"]}
-    write_atomic(os.path.join(args.output_dir, "final.json"), json.dumps(final, indent=2) + "\n")
+    name = "final.json" if rank() == 0 else f"final-rank{rank()}.json"
+    write_atomic(os.path.join(args.output_dir, name), json.dumps(final, indent=2) + "\n")
     print(f"training finished: global_step={args.max_steps} global_batch={global_batch}", flush=True)
 
 

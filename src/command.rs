@@ -128,6 +128,67 @@ impl LauncherKind {
         }
     }
 
+    /// Options of a launcher that runs another program which always take a
+    /// value, even one that looks like a program (`srun -o logs/%t.out`,
+    /// `-D /scratch/run`).
+    fn valued(self) -> &'static [&'static str] {
+        match self {
+            LauncherKind::Srun => &[
+                "-o",
+                "--output",
+                "-e",
+                "--error",
+                "-i",
+                "--input",
+                "-D",
+                "--chdir",
+                "-J",
+                "--job-name",
+                "-p",
+                "--partition",
+                "-w",
+                "--nodelist",
+                "-x",
+                "--exclude",
+                "-A",
+                "--account",
+                "-t",
+                "--time",
+                "-n",
+                "--ntasks",
+                "-N",
+                "--nodes",
+                "-c",
+                "--cpus-per-task",
+                "-G",
+                "--gpus",
+                "--gres",
+                "--mem",
+                "--export",
+                "--mpi",
+                "--container-image",
+                "--container-mounts",
+            ],
+            LauncherKind::Mpirun => &[
+                "-np",
+                "-n",
+                "--np",
+                "-H",
+                "--host",
+                "-hostfile",
+                "--hostfile",
+                "-x",
+                "-wdir",
+                "--wdir",
+                "-mca",
+                "--mca",
+                "--map-by",
+                "--bind-to",
+            ],
+            _ => &[],
+        }
+    }
+
     /// A launcher that runs a Python script or module (not another program).
     fn runs_python(self) -> bool {
         !matches!(self, LauncherKind::Mpirun | LauncherKind::Srun)
@@ -281,6 +342,10 @@ fn launcher_options_end(args: &[String], start: usize, kind: LauncherKind) -> (u
         }
         if a.contains('=') || switches.contains(&a) {
             i += 1;
+            continue;
+        }
+        if kind.valued().contains(&a) {
+            i += 2;
             continue;
         }
         // `--opt VALUE` unless the next element is itself an option, or the
@@ -519,6 +584,37 @@ impl Command {
             .next_back()
     }
 
+    /// The last value of a launcher's option, also in the forms a flag scan does not
+    /// see: a short option with its number attached (`srun -n2`, `-N2`), and a
+    /// value after a short option that looks like a flag itself. `short` are
+    /// one-letter options (`-n`), `long` the others (`--ntasks`, `-np`).
+    pub fn launcher_option(&self, l: &Launcher, short: &[&str], long: &[&str]) -> Option<&str> {
+        let opts = &self.args[l.opts.clone()];
+        let mut found = None;
+        let mut i = 0;
+        while i < opts.len() {
+            let a = opts[i].as_str();
+            let next = opts.get(i + 1).map(String::as_str);
+            if short.contains(&a) || long.contains(&a) {
+                if let Some(v) = next {
+                    found = Some(v);
+                    i += 1;
+                }
+            } else if let Some((name, v)) = a.split_once('=')
+                && long.contains(&name)
+            {
+                found = Some(v);
+            } else if let Some(v) = short.iter().find_map(|s| {
+                a.strip_prefix(s)
+                    .filter(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+            }) {
+                found = Some(v);
+            }
+            i += 1;
+        }
+        found
+    }
+
     /// The options of the innermost launcher of `kind`: the last value of any of `names`.
     pub fn launcher_value(&self, kind: LauncherKind, names: &[&str]) -> Option<&str> {
         let l = self.launcher(kind)?;
@@ -596,6 +692,20 @@ mod tests {
     fn cmd(s: &str) -> Command {
         let argv: Vec<OsString> = s.split_whitespace().map(OsString::from).collect();
         Command::parse(&argv)
+    }
+
+    #[test]
+    fn srun_option_values_that_look_like_programs() {
+        let c = cmd("srun -n2 -o logs/%j-%t.out -D /scratch/run python3 train.py --x 1");
+        assert_eq!(c.script(), Some("train.py"));
+        let l = c.launcher(LauncherKind::Srun).unwrap();
+        assert_eq!(
+            c.launcher_option(l, &["-o"], &["--output"]),
+            Some("logs/%j-%t.out")
+        );
+        assert_eq!(c.launcher_option(l, &["-n"], &["--ntasks"]), Some("2"));
+        let c = cmd("mpirun --hostfile /etc/hosts -np 2 ./train");
+        assert_eq!(c.tool(), Some("train"));
     }
 
     #[test]

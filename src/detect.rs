@@ -461,6 +461,24 @@ pub struct Scanner {
     found_now: bool,
     /// (priority, line, line_no): the most telling non-OOM error line.
     error: Option<(u8, String, u64)>,
+    /// Slurm's `*** STEP 5.0 ON n1 CANCELLED AT ... ***` line (scancel, preemption,
+    /// time limit), if one was seen.
+    cancelled: Option<String>,
+    /// The last bytes of each stream's previous chunk, for a cancel line split across chunks.
+    cancel_carry: [Vec<u8>; 2],
+}
+
+static CANCELLED: LazyLock<memchr::memmem::Finder<'static>> =
+    LazyLock::new(|| memchr::memmem::Finder::new(b" CANCELLED AT "));
+
+/// The Slurm cancel line around `at` in `bytes`, if it is one (`*** JOB|STEP ...`).
+fn cancel_line(bytes: &[u8], at: usize) -> Option<String> {
+    let start = memchr::memrchr2(b'\n', b'\r', &bytes[..at]).map_or(0, |i| i + 1);
+    let end = memchr::memchr2(b'\n', b'\r', &bytes[at..]).map_or(bytes.len(), |i| at + i);
+    let line = String::from_utf8_lossy(&bytes[start..end]);
+    let tail = line.split("***").nth(1)?;
+    let tail = tail.trim_start();
+    (tail.starts_with("STEP ") || tail.starts_with("JOB ")).then(|| line.trim().to_string())
 }
 
 impl Scanner {
@@ -474,6 +492,9 @@ impl Scanner {
     pub fn feed(&mut self, stream: Stream, chunk: &[u8]) -> bool {
         let si = stream as usize;
         self.found_now = false;
+        if self.cancelled.is_none() {
+            self.look_for_cancel(si, chunk);
+        }
         let mut rest = chunk;
         if !self.streams[si].partial.is_empty() {
             match memchr::memchr2(b'\n', b'\r', rest) {
@@ -497,6 +518,37 @@ impl Scanner {
         }
         self.streams[si].push(rest);
         std::mem::take(&mut self.found_now) && self.first.is_some()
+    }
+
+    /// A Slurm cancel line in this chunk (or across its start). Cheap: one SIMD
+    /// substring search per chunk, so it runs whatever else the scanner skips.
+    fn look_for_cancel(&mut self, si: usize, chunk: &[u8]) {
+        const KEEP: usize = 256;
+        let carry = &mut self.cancel_carry[si];
+        let mut joined = std::mem::take(carry);
+        joined.extend_from_slice(&chunk[..chunk.len().min(KEEP)]);
+        let found = CANCELLED
+            .find(&joined)
+            .and_then(|at| cancel_line(&joined, at))
+            .or_else(|| {
+                CANCELLED
+                    .find_iter(chunk)
+                    .find_map(|at| cancel_line(chunk, at))
+            });
+        if found.is_some() {
+            self.cancelled = found;
+            return;
+        }
+        let from = chunk.len().saturating_sub(KEEP);
+        joined.clear();
+        joined.extend_from_slice(&chunk[from..]);
+        *carry = joined;
+    }
+
+    /// Slurm's line saying the job or step was cancelled (`scancel`, preemption, a
+    /// time limit): such an attempt is never taken for an OOM or relaunched.
+    pub fn slurm_cancelled(&self) -> Option<&str> {
+        self.cancelled.as_deref()
     }
 
     /// Flush partial last lines (end of output). Feeding after `finish` goes on counting.

@@ -90,6 +90,14 @@ pub fn classify(r: &launch::Report) -> Outcome {
     if code == 0 {
         return Outcome::Success;
     }
+    // Slurm cancelled the job or step (scancel, preemption, a time limit), even
+    // after an OOM line: relaunching would defeat the cancel.
+    if let Some(line) = r.scanner.slurm_cancelled() {
+        return Outcome::Other {
+            code,
+            exit: format!("{} — cancelled by Slurm: {line}", r.exit),
+        };
+    }
     match r.scanner.first_oom() {
         Some(f) if f.kind == Kind::GpuOom => Outcome::GpuOom {
             finding: Some(f.clone()),
@@ -256,6 +264,37 @@ mod tests {
         // A mention in a run that ends well is a success.
         let o = classify(&report(logged, launch::Exit::Code(0)));
         assert_eq!(o.kind(), OutcomeKind::Success);
+    }
+
+    #[test]
+    fn a_cancel_by_the_scheduler_after_an_oom_is_not_an_oom() {
+        let log = "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n\
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n\
+slurmstepd-n1: error: *** STEP 5.0 ON n1 CANCELLED AT 2026-11-24T00:14:26 ***\n\
+srun: error: n1: task 0: Terminated\n";
+        let o = classify(&report(log, launch::Exit::Code(143)));
+        match &o {
+            Outcome::Other { code: 143, exit } => assert!(exit.contains("CANCELLED AT"), "{exit}"),
+            o => panic!("{o:?}"),
+        }
+        // Fed in pieces, split inside the line.
+        let mut scanner = crate::detect::Scanner::new();
+        let (a, b) = log.split_at(log.find("CANCEL").unwrap() + 3);
+        scanner.feed(crate::detect::Stream::Err, a.as_bytes());
+        scanner.feed(crate::detect::Stream::Err, b.as_bytes());
+        assert!(scanner.slurm_cancelled().is_some());
+        // A job's own words about cancelling are not Slurm's line.
+        let mut scanner = crate::detect::Scanner::new();
+        scanner.feed(
+            crate::detect::Stream::Out,
+            b"order 12 CANCELLED AT the store\n",
+        );
+        assert!(scanner.slurm_cancelled().is_none());
+        let o = classify(&report(
+            "slurmstepd: error: *** JOB 9 ON n2 CANCELLED AT 2026-11-24T00:15:00 DUE TO PREEMPTION ***\n",
+            launch::Exit::Code(143),
+        ));
+        assert_eq!(o.kind(), OutcomeKind::OtherFailure);
     }
 
     #[test]

@@ -265,8 +265,14 @@ impl Plan<'_> {
         );
         let _ = writeln!(
             o,
-            "world size:   {} ({})",
-            cfg.disc.world.size, cfg.disc.world.source
+            "world size:   {} ({}){}",
+            cfg.disc.world.size,
+            cfg.disc.world.source,
+            if cfg.disc.world.uncertain {
+                " — uncertain: check the global batch below"
+            } else {
+                ""
+            }
         );
         let _ = match (
             settings.int(Knob::MicroBatch),

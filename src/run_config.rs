@@ -48,6 +48,8 @@ pub struct RunConfig {
     pub remembered: Option<std::collections::BTreeMap<knobs::Knob, knobs::Value>>,
     /// `--gpu-memory GIB`, else the smallest of the run's GPUs from NVML, in bytes.
     pub gpu_memory: Option<f64>,
+    /// This copy's place when the run is supervised by several (see `job`).
+    pub job: Option<crate::job::Job>,
 }
 
 /// A usage error: printed and mapped to exit 2 by main.
@@ -59,6 +61,11 @@ pub enum ConfigError {
     Knob(#[from] knobs::KnobError),
     #[error("{0}")]
     Gpu(String),
+    /// `oomguard sbatch ...`: nothing would be supervised.
+    #[error(
+        "sbatch returns as soon as the job is submitted, so oomguard would supervise nothing: put oomguard in front of the srun line inside the batch script instead (`oomguard srun python3 train.py ...`; README, Clusters)"
+    )]
+    Sbatch,
     #[error("--{flag} {value}: {why}")]
     BadNumber {
         flag: &'static str,
@@ -133,6 +140,10 @@ impl RunConfig {
             _ => real_env(name),
         };
         let cmd = Command::parse(&args.command);
+        let program = cmd.args.first().map(|a| crate::command::base_name(a));
+        if program == Some("sbatch") {
+            return Err(ConfigError::Sbatch);
+        }
         let mut disc = knobs::discover(&cmd, &user, &env, &|p| p.to_path_buf())?;
         for (knob, file) in disc.unnamed_files() {
             if args.edit_in_place {
@@ -146,7 +157,45 @@ impl RunConfig {
                 ));
             }
         }
+        if let Some(l) = cmd.launcher(crate::command::LauncherKind::Srun)
+            && let Some(file) = cmd.launcher_option(l, &["-o", "-e"], &["--output", "--error"])
+        {
+            disc.warnings.push(format!(
+                "srun --output/--error {file}: the tasks' output goes to that file, not through oomguard, so an OOM written there is not seen (the attempt would end as 'not an out-of-memory error'); drop the option: oomguard passes the output through and keeps each attempt's in its run folder"
+            ));
+        }
+        if program == Some("salloc") {
+            disc.warnings.push(
+                "salloc: oomguard sees salloc, not the srun steps it starts, so a Ctrl-C or a kill cannot cancel them; wrap the srun instead: `salloc -N2 oomguard srun ...` (README, Clusters)".into(),
+            );
+        }
         let layout = knobs::layout(&cmd, &disc, policy.resume.as_ref());
+        let job =
+            match crate::job::Job::detect(&cmd, &env, layout.as_ref().map(|l| l.root.as_path())) {
+                Ok(Some(j)) => {
+                    if j.copies_are_ranks(&cmd) {
+                        disc.world.size = disc.world.size.saturating_mul(u64::from(j.copies));
+                        disc.world.source = format!(
+                            "{} × {} copies of oomguard, one per Slurm task ({})",
+                            disc.world.source, j.copies, j.source
+                        );
+                    }
+                    disc.notes.push(format!(
+                        "job: copy {} of {} ({}); {} decides, through {}",
+                        j.rank,
+                        j.copies,
+                        j.source,
+                        if j.leader() { "this copy" } else { "copy 0" },
+                        j.dir.display()
+                    ));
+                    Some(j)
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    disc.warnings.push(e.0);
+                    None
+                }
+            };
         let recipe_models =
             memory::recipe_models(disc.config.files.iter().map(|f| f.shown.as_str()));
         let env_text = |n: &str| real_env(n).and_then(|v| v.into_string().ok());
@@ -167,6 +216,7 @@ impl RunConfig {
             .filter(|_| !args.fresh)
             .and_then(|(p, k)| crate::remember::recorded(p, k));
         Ok(RunConfig {
+            job,
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,

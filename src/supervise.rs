@@ -24,7 +24,7 @@
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::checkpoint;
@@ -35,6 +35,7 @@ use crate::exit;
 use crate::gpu::PeakReport;
 use crate::gpuwatch::{GpuWatch, TENANT_RETRIES};
 use crate::inplace::InPlace;
+use crate::job;
 use crate::journal::{self, AttemptRecord, Event, Journal, Next, SameSettings};
 use crate::knobs::{self, Settings};
 use crate::launch;
@@ -100,6 +101,9 @@ struct Run<'c> {
     /// The checkpoints there when the first attempt started: a relaunch never
     /// resumes from them (it continues this run, not an older experiment).
     baseline: checkpoint::Baseline,
+    /// Where this Slurm job keeps the settings it last launched with, for a
+    /// requeue (see `job::Fitting`); None outside Slurm or without checkpoints.
+    fitting: Option<PathBuf>,
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
     attempts: Vec<AttemptRecord>,
@@ -146,6 +150,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         }
     };
     let mut run = Run::start(&cfg, gw, inplace);
+    run.requeued(job::restart_count(&|k| std::env::var_os(k)));
     let code = loop {
         if let Some(sig) = signals.pending() {
             break exit::SIGNAL_BASE + sig;
@@ -207,6 +212,10 @@ impl<'c> Run<'c> {
             resume: None,
             resumed_step: None,
             baseline: checkpoint::Baseline::default(),
+            fitting: cfg
+                .layout
+                .as_ref()
+                .and_then(|l| job::fitting_path(&|k| std::env::var_os(k), &l.root)),
             begun: 0,
             attempts: Vec::new(),
             cal: cfg.calibrated(),
@@ -214,14 +223,88 @@ impl<'c> Run<'c> {
         }
     }
 
+    /// A requeued or preempted Slurm job (`SLURM_RESTART_COUNT` > 0): start
+    /// at the settings it last launched with and resume from the newest
+    /// complete checkpoint of the run; this new run folder names the old one.
+    fn requeued(&mut self, restarts: u32) {
+        if restarts == 0 {
+            return;
+        }
+        let Some(fitting) = self.fitting.as_deref().and_then(job::load_fitting) else {
+            return;
+        };
+        for (name, value) in &fitting.knobs {
+            if let Ok(k) = name.parse::<crate::settings::Knob>()
+                && self.settings.knobs.contains_key(&k)
+            {
+                self.settings.knobs.insert(k, value.clone());
+            }
+        }
+        let res = self
+            .cfg
+            .resume(&checkpoint::Baseline::default(), Duration::from_millis(200));
+        let step = res.chosen.as_ref().and_then(checkpoint::step_for);
+        self.resume_from(&res, step);
+        self.log.info(&format!(
+            "requeued job (SLURM_RESTART_COUNT={restarts}): starting at {} (the last settings launched, from {}); {}",
+            self.settings,
+            fitting.run_dir.display(),
+            res.why
+        ));
+        let note = format!("{}\n", fitting.run_dir.display());
+        if let Err(e) = crate::job::write_previous_run(&self.cfg.run_dir, note.as_bytes()) {
+            tracing::warn!(
+                "cannot write previous-run in {}: {e}",
+                self.cfg.run_dir.display()
+            );
+        }
+    }
+
+    /// The settings about to launch are the job's last (for a requeue); only
+    /// copy 0 of a job writes them.
+    fn save_fitting(&self) {
+        let Some(path) = &self.fitting else { return };
+        if self.cfg.job.as_ref().is_some_and(|j| !j.leader()) {
+            return;
+        }
+        let f = job::Fitting {
+            knobs: self
+                .settings
+                .knobs
+                .iter()
+                .map(|(k, v)| (k.name().to_string(), v.clone()))
+                .collect(),
+            run_dir: std::path::absolute(&self.cfg.run_dir)
+                .unwrap_or_else(|_| self.cfg.run_dir.clone()),
+        };
+        if let Err(e) = job::save_fitting(path, &f) {
+            tracing::warn!("cannot keep the job's settings in {}: {e}", path.display());
+        }
+    }
+
     /// One attempt, from preparing it to what follows it.
     fn attempt(&mut self, signals: &launch::Signals) -> Flow {
         self.begun += 1;
         let n = self.begun;
+        if let Some(job) = &self.cfg.job {
+            if n == 1 && job.leader() {
+                job.clear_stale();
+            }
+            // The copies launch together: a relaunch of one copy alone would
+            // wait in the rendezvous for peers that are not coming.
+            if !job.meet(n) {
+                eprintln!(
+                    "oomguard: warning: not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
+                    job.timeout,
+                    job.dir.display()
+                );
+            }
+        }
         let (spec, started) = match self.prepare(n) {
             Ok(p) => p,
             Err(code) => return Flow::Stop(code),
         };
+        self.save_fitting();
         let (report, peak) = match self.launch(n, &spec, signals) {
             Ok(r) => r,
             Err(code) => return Flow::Stop(code),
@@ -417,9 +500,156 @@ impl<'c> Run<'c> {
         outcome
     }
 
+    /// What follows an attempt. A copy of a job (see `job`) does not decide
+    /// alone: a follower whose attempt failed waits for the leader's decision
+    /// and follows it; the leader takes an OOM of any copy as the job's and
+    /// publishes what it decided.
+    fn after(
+        &mut self,
+        rec: &mut AttemptRecord,
+        outcome: Outcome,
+        report: &launch::Report,
+        log: Option<&Path>,
+        started: SystemTime,
+    ) -> Flow {
+        let Some(job) = self.cfg.job.clone() else {
+            return self.after_alone(rec, outcome, report, log, started);
+        };
+        let n = rec.n;
+        let failed = !matches!(outcome, Outcome::Success | Outcome::Interrupted { .. });
+        if !job.leader() {
+            if !failed {
+                return self.after_alone(rec, outcome, report, log, started);
+            }
+            return self.follow(&job, rec, &outcome, report);
+        }
+        let outcome = match outcome {
+            o @ (Outcome::Other { .. } | Outcome::HostOom { .. }) => {
+                // A peer's OOM ends this copy as "connection closed by peer",
+                // a rendezvous error, an NCCL error: the followers say what they saw.
+                let ends = job.await_ends(n);
+                match ends.iter().find(|e| e.oom_line.is_some()) {
+                    Some(e) => {
+                        self.log.info(&format!(
+                            "attempt {n}: copy {} of the job ran out of memory; this copy ended with {}",
+                            e.rank,
+                            kind_word(o.kind())
+                        ));
+                        let line = e.oom_line.clone().unwrap_or_default();
+                        Outcome::GpuOom {
+                            finding: Some(crate::detect::classify_log(line.as_bytes())),
+                            hung: e.outcome == OutcomeKind::HungAfterOom,
+                        }
+                    }
+                    None => o,
+                }
+            }
+            o => o,
+        };
+        let flow = self.after_alone(rec, outcome, report, log, started);
+        let published = match flow {
+            Flow::Again => job::Published::Relaunch {
+                knobs: self
+                    .settings
+                    .knobs
+                    .iter()
+                    .map(|(k, v)| (k.name().to_string(), v.clone()))
+                    .collect(),
+                resume: self.resume.as_ref().map(|r| PathBuf::from(&r.path)),
+            },
+            Flow::Stop(code) => job::Published::Stop { code },
+        };
+        if let Err(e) = job.publish_decision(n, &published) {
+            eprintln!(
+                "oomguard: warning: could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting",
+                job.dir.display()
+            );
+        }
+        flow
+    }
+
+    /// A follower after a failed attempt: say how it ended, wait for the
+    /// leader's decision, and take its settings and checkpoint.
+    fn follow(
+        &mut self,
+        job: &job::Job,
+        rec: &mut AttemptRecord,
+        outcome: &Outcome,
+        report: &launch::Report,
+    ) -> Flow {
+        let n = rec.n;
+        let own = report.exit.status_code().max(1);
+        let end = job::End {
+            rank: job.rank,
+            outcome: outcome.kind(),
+            oom_line: match outcome {
+                Outcome::GpuOom { finding, .. } => Some(
+                    finding
+                        .as_ref()
+                        .map(|f| f.line.clone())
+                        .unwrap_or_else(|| "CUDA out of memory".into()),
+                ),
+                _ => None,
+            },
+        };
+        if let Err(e) = job.publish_end(n, &end) {
+            eprintln!(
+                "oomguard: warning: could not write this copy's end in {}: {e}",
+                job.dir.display()
+            );
+        }
+        self.log.info(&format!(
+            "attempt {n}: {} on copy {} of the job; waiting for copy 0's decision",
+            kind_word(outcome.kind()),
+            job.rank
+        ));
+        match job.await_decision(n) {
+            None => {
+                eprintln!(
+                    "oomguard: no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone",
+                    job.timeout,
+                    job.dir.display()
+                );
+                Flow::Stop(own)
+            }
+            Some(job::Published::Stop { code }) => {
+                self.log.info(&format!(
+                    "copy 0 of the job stopped (status {code}); stopping"
+                ));
+                Flow::Stop(if code == 0 { own } else { code })
+            }
+            Some(job::Published::Relaunch { knobs, resume }) => {
+                let before = self.settings.clone();
+                for (name, value) in knobs {
+                    if let Ok(k) = name.parse::<crate::settings::Knob>() {
+                        self.settings.knobs.insert(k, value);
+                    }
+                }
+                self.resume = match (resume, &self.cfg.layout) {
+                    (Some(p), Some(l)) => Some(knobs::ResumeArg {
+                        how: l.how.clone(),
+                        path: p.into_os_string(),
+                    }),
+                    _ => None,
+                };
+                self.log.info(&format!(
+                    "copy 0 of the job decided: {} → {}{}",
+                    before,
+                    self.settings,
+                    self.resume
+                        .as_ref()
+                        .map(|r| format!(", resuming from {}", r.path.to_string_lossy()))
+                        .unwrap_or_default()
+                ));
+                rec.next = Next::Retry;
+                Flow::Again
+            }
+        }
+    }
+
     /// What follows an attempt: every outcome but a GPU OOM ends the run (with
     /// a message saying why, for a failure).
-    fn after(
+    fn after_alone(
         &mut self,
         rec: &mut AttemptRecord,
         outcome: Outcome,
@@ -819,6 +1049,14 @@ impl<'c> Run<'c> {
         }
         code
     }
+}
+
+/// An outcome's journal word (`cuda_oom`, `other_failure`).
+fn kind_word(k: OutcomeKind) -> String {
+    serde_json::to_value(k)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 fn signal_name(sig: i32) -> String {

@@ -8,7 +8,9 @@
 //! a test that cannot run never passes.
 //!
 //! - `tests/real/ddp_oom.py`: torchrun, 2 ranks on gloo; rank 1 raises a real
-//!   `torch.OutOfMemoryError` while rank 0 waits in the all-reduce.
+//!   `torch.OutOfMemoryError` while rank 0 waits in the all-reduce; also as two
+//!   "nodes" (`--nnodes 2 --node_rank 0|1`, c10d rendezvous on localhost), one copy
+//!   of oomguard per node, making one decision for the job.
 //! - `tests/real/hf_trainer_oom.py`: a real `transformers.Trainer` (tiny GPT-2) that raises
 //!   it from the model's forward; real checkpoints, real resume.
 
@@ -531,5 +533,113 @@ fn torchtune_packaged_config_is_read_from_the_installed_torchtune() {
     assert_eq!(
         v["resume"]["dir"], "/tmp/torchtune/llama3_2_1B/lora_single_device",
         "{text}"
+    );
+}
+
+/// Two "nodes" on one host: a copy of oomguard around each `torchrun --nnodes 2
+/// --node_rank R --rdzv_backend c10d`, real torch on gloo. Global rank 1 (node 1)
+/// raises a real `torch.OutOfMemoryError`; node 0 dies of its peer's failure.
+/// Copy 0 decides for both (through `out/.oomguard-job/`), and both relaunch
+/// with the same settings.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn two_node_torchrun_one_decision_per_job() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("localhost:{port}");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let copies: Vec<(Running, PathBuf)> = (0..2)
+        .map(|r| {
+            let run_dir = tmp.path().join(format!("run{r}"));
+            let rank = r.to_string();
+            let args = [
+                "--run-dir",
+                run_dir.to_str().unwrap(),
+                "torchrun",
+                "--nnodes",
+                "2",
+                "--node_rank",
+                &rank,
+                "--nproc_per_node",
+                "1",
+                "--rdzv_backend",
+                "c10d",
+                "--rdzv_endpoint",
+                &endpoint,
+                "--rdzv_id",
+                "two-node-test",
+                "tests/real/ddp_oom.py",
+                "--per_device_train_batch_size",
+                "8",
+                "--gradient_accumulation_steps",
+                "1",
+                "--budget",
+                "4",
+                "--max_steps",
+                "4",
+                "--output_dir",
+                out.to_str().unwrap(),
+            ];
+            let env = [("PATH", path.as_str()), ("OOMGUARD_JOB_TIMEOUT", "180")];
+            (spawn_env(&repo(), &args, &env), run_dir)
+        })
+        .collect();
+    let runs: Vec<(Run, PathBuf)> = copies
+        .into_iter()
+        .map(|(c, d)| (c.wait(LIMIT), d))
+        .collect();
+    for (run, _) in &runs {
+        run.check("exit code", Some(0), run.code);
+        run.ensure(
+            "no copy stops on its peer's failure",
+            !run.stderr.contains("not an out-of-memory error"),
+            "no 'not an out-of-memory error'",
+            tail(&run.stderr, 2000),
+        );
+    }
+    let (leader, follower) = (&runs[0].0, &runs[1].0);
+    let fin = leader.read_json(&out.join("final.json"));
+    leader.check("final micro-batch", Some(4), fin["micro"].as_u64());
+    leader.check("world size", Some(2), fin["world"].as_u64());
+    leader.check("global batch kept", Some(16), fin["global_batch"].as_u64());
+    let j = leader.journal(&runs[0].1);
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
+    leader.check(
+        "copy 0 decided",
+        vec![Value::from("halve_micro_batch")],
+        steps,
+    );
+    follower.ensure(
+        "copy 1 followed copy 0",
+        follower.stderr.contains("copy 0 of the job decided"),
+        "'copy 0 of the job decided' in its stderr",
+        tail(&follower.stderr, 2000),
+    );
+    let fj = follower.journal(&runs[1].1);
+    let argvs: Vec<Vec<String>> = events(&fj, "attempt_start")
+        .iter()
+        .map(|e| argv_of(e))
+        .collect();
+    follower.check("copy 1's attempts", 2, argvs.len());
+    follower.ensure(
+        "copy 1 relaunched with the halved micro-batch",
+        argvs[1]
+            .windows(2)
+            .any(|w| w == ["--per_device_train_batch_size", "4"]),
+        "--per_device_train_batch_size 4",
+        &argvs[1],
     );
 }

@@ -10,6 +10,8 @@
 #                                 #   the test binaries: cargo test --all-targets -- --include-ignored --nocapture
 #   tests/run.sh --setup-only     # only make sure the venv exists; print its python
 #
+# tests/slurm.rs's tests are #[ignore]d too: they need the Slurm test cluster that this
+# script starts (tests/slurm/start.sh; root, Debian's Slurm packages).
 # The two other #[ignore]d tests are measurements, not checks (detect::tests::throughput,
 # ~100 s and 1 GiB in a debug build; gpu::tests::measure_sampling_cost): they are skipped
 # here and run by name (see their doc comments).
@@ -88,6 +90,20 @@ for a in "$@"; do
     fi
 done
 measurements=(--skip detect::tests::throughput --skip gpu::tests::measure_sampling_cost)
+
+# The Slurm tier (tests/slurm.rs): a one-host cluster with two node entries, started
+# in seconds by tests/slurm/start.sh (root; with CI=true it apt-get installs Debian's
+# slurmctld slurmd munge slurm-client when missing). In CI a cluster that does not
+# start is an error; elsewhere its tests are skipped with a word.
+if bash tests/slurm/start.sh >/dev/null; then
+    say "Slurm test cluster up (n1, n2)"
+elif [[ "${CI:-}" == true ]]; then
+    say "error: the Slurm test cluster did not start (tests/slurm/start.sh)"
+    exit 1
+else
+    say "warning: no Slurm test cluster (run tests/slurm/start.sh as root): skipping tests/slurm.rs"
+    measurements+=(--skip slurm_)
+fi
 cmd=(cargo test --all-targets ${cargo_args[@]+"${cargo_args[@]}"}
     -- --include-ignored "${measurements[@]}" ${test_args[@]+"${test_args[@]}"})
 say "running: ${cmd[*]}"

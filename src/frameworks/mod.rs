@@ -367,9 +367,10 @@ pub fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
 
 /// The world size: a tool that launches its own ranks says it, else the launchers' options.
 pub fn world(cmd: &Command, env: Env, ctx: &Ctx) -> World {
-    recognised(cmd)
-        .find_map(|f| (f.world)(cmd, env, ctx))
-        .unwrap_or_else(|| launchers::world_size(cmd, env))
+    match recognised(cmd).find_map(|f| (f.world)(cmd, env, ctx)) {
+        Some(w) => launchers::with_tasks(cmd, env, w, 1),
+        None => launchers::world_size(cmd, env),
+    }
 }
 
 /// Whether the command's accumulation counts all ranks together.

@@ -1,7 +1,7 @@
 //! The guardian: a tiny process that kills the child's group if oomguard dies.
 //!
 //! Protocol. oomguard creates a pipe (both ends close-on-exec, so the child never inherits
-//! either) and starts `oomguard __guard <pgid> [<marker>]` with the read end as its stdin.
+//! either) and starts `oomguard __guard <pgid> [<marker> [srun]]` with the read end as its stdin.
 //! Only oomguard holds the write end. The guardian blocks reading one byte:
 //!
 //! * a byte arrives: oomguard finished the attempt cleanly and reaped the group; exit 0.
@@ -23,6 +23,9 @@ use std::process::{Child, Command, Stdio};
 /// Argument that selects the guardian in oomguard's main.
 pub const GUARD_ARG: &str = "__guard";
 
+/// Third argument: the group leader is `srun`, whose step is cancelled first (see `slurm`).
+const SRUN_ARG: &str = "srun";
+
 /// A running guardian, from oomguard's side.
 pub(crate) struct Guardian {
     child: Child,
@@ -32,12 +35,14 @@ pub(crate) struct Guardian {
 
 impl Guardian {
     /// Starts a guardian for `pgid`.
-    pub(crate) fn start(pgid: i32, marker: &str) -> io::Result<Guardian> {
+    pub(crate) fn start(pgid: i32, marker: &str, srun: bool) -> io::Result<Guardian> {
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let mut cmd = guard_command();
-        cmd.arg(pgid.to_string())
-            .arg(marker)
-            .stdin(Stdio::from(read))
+        cmd.arg(pgid.to_string()).arg(marker);
+        if srun {
+            cmd.arg(SRUN_ARG);
+        }
+        cmd.stdin(Stdio::from(read))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         let child = cmd.spawn()?;
@@ -127,6 +132,7 @@ pub fn guard_main(args: &[OsString]) -> ! {
         std::process::exit(2);
     };
     let marker = args.next().and_then(|a| a.to_str()).map(str::to_owned);
+    let srun = args.next().is_some_and(|a| a == SRUN_ARG);
 
     for sig in [
         libc::SIGINT,
@@ -156,6 +162,10 @@ pub fn guard_main(args: &[OsString]) -> ! {
         }
     };
     if parent_died {
+        if srun {
+            // Before srun dies: its tasks run on the nodes, out of our reach.
+            super::slurm::cancel_step_of(pgid as u32);
+        }
         super::tree::kill_group(pgid, libc::SIGKILL);
         if let Some(marker) = marker {
             super::tree::kill_marked(&marker, libc::SIGKILL);

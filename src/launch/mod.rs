@@ -51,6 +51,7 @@
 mod guard;
 mod output;
 mod signals;
+mod slurm;
 mod spawn;
 mod tree;
 
@@ -260,13 +261,15 @@ pub(crate) fn run_wired(
         child,
         pid,
         marker,
+        srun: slurm::is_srun(program),
+        cancelled: false,
         done: false,
         guardian: None,
         stdin_fwd: None,
     };
 
     let (mut streams, master) = output_streams(&mut attempt.child, wiring)?;
-    match guard::Guardian::start(pid, &attempt.marker) {
+    match guard::Guardian::start(pid, &attempt.marker, attempt.srun) {
         Ok(g) => attempt.guardian = Some(g),
         Err(e) => {
             tracing::warn!("could not start the guardian: {e}");
@@ -452,12 +455,29 @@ struct Attempt {
     child: Child,
     pid: i32,
     marker: String,
+    /// The child is `srun`: its tasks are Slurm's, ended through the controller (`slurm`).
+    srun: bool,
+    /// `scancel` was run for this attempt's step.
+    cancelled: bool,
     done: bool,
     guardian: Option<guard::Guardian>,
     stdin_fwd: Option<StdinForwarder>,
 }
 
 impl Attempt {
+    /// SIGKILL everything of the attempt; for `srun`, cancel its step first
+    /// (killing srun alone would leave its tasks running on the nodes).
+    fn kill_all(&mut self) {
+        if self.srun && !self.cancelled {
+            self.cancelled = true;
+            if let Some(what) = slurm::cancel_step_of(self.pid as u32) {
+                tracing::info!("cancelled Slurm {what}");
+            }
+        }
+        tree::kill_group(self.pid, libc::SIGKILL);
+        tree::kill_marked(&self.marker, libc::SIGKILL);
+    }
+
     /// Normal end: the group is gone; tell the guardian so and stop the stdin thread.
     fn finish(&mut self) {
         self.done = true;
@@ -475,8 +495,7 @@ impl Drop for Attempt {
         if self.done {
             return;
         }
-        tree::kill_group(self.pid, libc::SIGKILL);
-        tree::kill_marked(&self.marker, libc::SIGKILL);
+        self.kill_all();
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(f) = self.stdin_fwd.take() {
@@ -560,6 +579,8 @@ struct LoopState {
     sigterms: usize,
     sighups: usize,
     sigquits: usize,
+    /// When to send `srun` the second SIGINT that makes it end its step.
+    second_sigint_at: Option<Instant>,
     stopped: bool,
     /// try_wait costs a system call: only after a SIGCHLD, at end of output, or
     /// every 500 ms as a backstop (keeps pass-through CPU near `cat`'s).
@@ -580,6 +601,7 @@ impl LoopState {
             sigterms: 0,
             sighups: 0,
             sigquits: 0,
+            second_sigint_at: None,
             stopped: false,
             last_wait: Instant::now(),
             warnings: Vec::new(),
@@ -605,6 +627,9 @@ impl LoopState {
         if let (Some(t), None) = (self.term_at, self.kill_at) {
             at(t + w.spec.grace);
         }
+        if let Some(t) = self.second_sigint_at {
+            at(t);
+        }
         if let Some(g) = self.gone_at {
             at(g + EOF_WAIT);
         }
@@ -618,7 +643,7 @@ impl LoopState {
     fn handle_signals(
         &mut self,
         signals: &Signals,
-        attempt: &Attempt,
+        attempt: &mut Attempt,
         w: &mut Watch<'_>,
         master: Option<&OwnedFd>,
     ) -> bool {
@@ -645,13 +670,19 @@ impl LoopState {
                     let again = *count >= 2 && sig != libc::SIGQUIT;
                     if again {
                         tracing::info!("second interrupt: killing process group {pgid}");
-                        tree::kill_group(pgid, libc::SIGKILL);
-                        tree::kill_marked(&attempt.marker, libc::SIGKILL);
+                        attempt.kill_all();
                         self.term_at.get_or_insert(now);
                         self.kill_at.get_or_insert(now);
                     } else {
                         tree::kill_group(pgid, sig);
                         if ends {
+                            self.term_at.get_or_insert(now);
+                        }
+                        // srun ignores one SIGINT ("one more within 1 sec to abort"):
+                        // the second, a moment later, ends the step (the tasks get
+                        // Ctrl-C). The grace period then applies as for SIGTERM.
+                        if sig == libc::SIGINT && attempt.srun && self.exited.is_none() {
+                            self.second_sigint_at = Some(now + slurm::SECOND_SIGINT);
                             self.term_at.get_or_insert(now);
                         }
                     }
@@ -711,8 +742,17 @@ impl LoopState {
     /// The next step towards nothing of the attempt being alive: SIGTERM on a
     /// hang after an OOM or once the direct child has exited, SIGKILL when the
     /// grace period is over, and noting when the group is gone.
-    fn escalate(&mut self, attempt: &Attempt, w: &Watch<'_>, now: Instant) {
+    fn escalate(&mut self, attempt: &mut Attempt, w: &Watch<'_>, now: Instant) {
         let pgid = attempt.pid;
+        if let Some(t) = self.second_sigint_at
+            && now >= t
+        {
+            self.second_sigint_at = None;
+            if self.exited.is_none() && self.kill_at.is_none() {
+                tracing::info!("second SIGINT to srun {pgid}: it ends the step");
+                tree::kill_group(pgid, libc::SIGINT);
+            }
+        }
         if self.exited.is_none() {
             if w.scanner.armed()
                 && self.term_at.is_none()
@@ -735,8 +775,7 @@ impl LoopState {
             && now >= t + w.spec.grace
         {
             tracing::info!("grace period over: killing process group {pgid}");
-            tree::kill_group(pgid, libc::SIGKILL);
-            tree::kill_marked(&attempt.marker, libc::SIGKILL);
+            attempt.kill_all();
             self.kill_at = Some(now);
         }
     }

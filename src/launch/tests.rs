@@ -792,7 +792,7 @@ fn the_guardian_kills_the_group_when_its_pipe_closes() {
         .spawn()
         .unwrap();
     let pgid = sleeper.id() as i32;
-    let guardian = guard::Guardian::start(pgid, "no-such-marker").unwrap();
+    let guardian = guard::Guardian::start(pgid, "no-such-marker", false).unwrap();
     drop(guardian); // as if oomguard died: the write end closes without a byte
     let status = sleeper.wait().unwrap();
     use std::os::unix::process::ExitStatusExt;
@@ -808,7 +808,7 @@ fn a_released_guardian_kills_nothing() {
         .spawn()
         .unwrap();
     let pgid = sleeper.id() as i32;
-    guard::Guardian::start(pgid, "no-such-marker")
+    guard::Guardian::start(pgid, "no-such-marker", false)
         .unwrap()
         .release();
     assert_eq!(

@@ -1,0 +1,492 @@
+//! One decision per job: the copies of oomguard that supervise one distributed
+//! run (one per Slurm task, `srun -n2 oomguard ...`, or one per node,
+//! `oomguard torchrun --nnodes 2 --node_rank R ...`) act as one.
+//!
+//! # Theory of operation
+//!
+//! The copy of rank 0 (`SLURM_PROCID` 0, torchrun's `--node_rank 0`) is the
+//! leader; the others follow. They talk through files in a folder next to the
+//! checkpoints, `<checkpoint root>/.oomguard-job/<job key>/`, on the shared
+//! filesystem a multi-node resume needs anyway (nothing else: no port, no
+//! host). Files are written to a private temporary name and renamed into place,
+//! so a reader sees a whole file or none.
+//!
+//! * `ready-N-R`: copy R is about to launch attempt N. Every copy waits until
+//!   all have written theirs (the meeting), so the copies launch together.
+//! * `end-N-R.json`: how attempt N ended for follower R (its outcome and the
+//!   OOM line it saw, if any), written when it failed.
+//! * `decision-N.json`: what the leader decided after attempt N: relaunch with
+//!   these knob values and this checkpoint, or stop with this status.
+//!
+//! After a failed attempt a follower never decides and never stops on its own:
+//! a peer's OOM shows on the others as `Connection closed by peer`, a
+//! `DistStoreError`, a closed rendezvous or an NCCL error, so it writes its end
+//! and waits for the decision, bounded by [`Job::timeout`]. The leader, when
+//! its own attempt did not end in an OOM, reads the followers' ends: the first
+//! OOM among them decides, as if it had been its own.
+//!
+//! Known limit: a copy learns of the decision only when its own attempt has
+//! ended; a rank that hangs for ever without an OOM of its own (NCCL without a
+//! timeout) keeps its copy in the attempt.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, LauncherKind};
+use crate::evidence::OutcomeKind;
+use crate::settings::Value;
+
+/// How long a copy waits for the others by default (`OOMGUARD_JOB_TIMEOUT`
+/// seconds overrides it).
+const TIMEOUT: Duration = Duration::from_secs(900);
+
+/// The folder under the checkpoint root.
+pub const FOLDER: &str = ".oomguard-job";
+
+/// This copy's place in the job.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub rank: u32,
+    pub copies: u32,
+    /// Where the copies' files are.
+    pub dir: PathBuf,
+    /// Where rank and copies were read (`SLURM_PROCID=1 of SLURM_NTASKS=2`).
+    pub source: String,
+    pub timeout: Duration,
+}
+
+/// How one follower's attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct End {
+    pub rank: u32,
+    pub outcome: OutcomeKind,
+    /// The OOM line that decided, for an OOM.
+    pub oom_line: Option<String>,
+}
+
+/// What the leader decided after an attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Published {
+    Relaunch {
+        /// Knob name → value for the next attempt.
+        knobs: BTreeMap<String, Value>,
+        /// The checkpoint every copy resumes from.
+        resume: Option<PathBuf>,
+    },
+    Stop {
+        code: i32,
+    },
+}
+
+/// Why copies cannot act as one job (a warning; each then decides alone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoChannel(pub String);
+
+fn env_u32(env: &dyn Fn(&str) -> Option<OsString>, name: &str) -> Option<u32> {
+    env(name)?.to_str()?.trim().parse().ok()
+}
+
+fn env_str(env: &dyn Fn(&str) -> Option<OsString>, name: &str) -> Option<String> {
+    env(name)?.into_string().ok().filter(|s| !s.is_empty())
+}
+
+/// A name safe as one path component.
+fn component(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+impl Job {
+    /// This copy's place, when it is one of several: inside a Slurm step of
+    /// several tasks (and not wrapping `srun` itself), or a torchrun with
+    /// `--nnodes N --node_rank R` (N > 1). `Ok(None)`: a job of one copy.
+    /// `root`: the checkpoint folder (the channel lives next to it).
+    pub fn detect(
+        cmd: &Command,
+        env: &dyn Fn(&str) -> Option<OsString>,
+        root: Option<&Path>,
+    ) -> Result<Option<Job>, NoChannel> {
+        let wraps_srun = cmd
+            .launchers
+            .first()
+            .is_some_and(|l| l.kind == LauncherKind::Srun);
+        let slurm = match (
+            env_u32(env, "SLURM_PROCID"),
+            env_u32(env, "SLURM_NTASKS").or_else(|| env_u32(env, "SLURM_STEP_NUM_TASKS")),
+            env_str(env, "SLURM_JOB_ID"),
+        ) {
+            (Some(rank), Some(copies), Some(job)) if copies > 1 && !wraps_srun => {
+                let step = env_str(env, "SLURM_STEP_ID").unwrap_or_else(|| "0".into());
+                Some((
+                    rank,
+                    copies,
+                    format!("slurm-{job}.{step}"),
+                    format!("SLURM_PROCID={rank} of SLURM_NTASKS={copies}"),
+                ))
+            }
+            _ => None,
+        };
+        let torchrun = || {
+            let t = LauncherKind::Torchrun;
+            let nodes: u32 = cmd.launcher_value(t, &["--nnodes"])?.parse().ok()?;
+            let rank: u32 = cmd
+                .launcher_value(t, &["--node_rank", "--node-rank"])?
+                .parse()
+                .ok()?;
+            if nodes < 2 {
+                return None;
+            }
+            let id = cmd
+                .launcher_value(t, &["--rdzv_id", "--rdzv-id"])
+                .or_else(|| cmd.launcher_value(t, &["--rdzv_endpoint", "--rdzv-endpoint"]))
+                .or_else(|| cmd.launcher_value(t, &["--master_port", "--master-port"]))
+                .unwrap_or("default");
+            Some((
+                rank,
+                nodes,
+                format!("torchrun-{id}"),
+                format!("torchrun --node_rank {rank} of --nnodes {nodes}"),
+            ))
+        };
+        let Some((rank, copies, key, source)) = slurm.or_else(torchrun) else {
+            return Ok(None);
+        };
+        let Some(root) = root else {
+            return Err(NoChannel(format!(
+                "this is copy {rank} of {copies} of a job ({source}), but the command names no checkpoint folder, where the copies would meet: each copy decides alone (name the output folder, e.g. --output_dir)"
+            )));
+        };
+        let timeout = env_str(env, "OOMGUARD_JOB_TIMEOUT")
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(TIMEOUT, Duration::from_secs_f64);
+        Ok(Some(Job {
+            rank,
+            copies,
+            dir: root.join(FOLDER).join(component(&key)),
+            source,
+            timeout,
+        }))
+    }
+
+    /// Whether each copy runs one rank of the job's world (a Slurm task that
+    /// runs no launcher of its own): the job's world is then the copies times
+    /// what one copy's command starts.
+    pub fn copies_are_ranks(&self, cmd: &Command) -> bool {
+        self.source.starts_with("SLURM_PROCID")
+            && !cmd.launchers.iter().any(|l| {
+                matches!(
+                    l.kind,
+                    LauncherKind::Torchrun | LauncherKind::Accelerate | LauncherKind::DeepSpeed
+                )
+            })
+    }
+
+    pub fn leader(&self) -> bool {
+        self.rank == 0
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        write_private(&self.dir, name, bytes)
+    }
+
+    fn read<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
+        let text = std::fs::read_to_string(self.dir.join(name)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Polls until `f` answers or the timeout passes.
+    fn wait<T>(&self, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(v) = f() {
+                return Some(v);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The leader, before the first attempt: files of an earlier job with the
+    /// same key are not this job's (the copies' `ready-1` files stay).
+    pub fn clear_stale(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stale = name.starts_with("end-")
+                || name.starts_with("decision-")
+                || (name.starts_with("ready-") && !name.starts_with("ready-1-"));
+            if stale {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
+    /// The meeting before attempt `n`: false when not every copy came in time.
+    pub fn meet(&self, n: u32) -> bool {
+        if let Err(e) = self.write(&format!("ready-{n}-{}", self.rank), b"") {
+            tracing::warn!("job folder {}: {e}", self.dir.display());
+            return false;
+        }
+        self.wait(|| {
+            (0..self.copies)
+                .all(|r| self.dir.join(format!("ready-{n}-{r}")).exists())
+                .then_some(())
+        })
+        .is_some()
+    }
+
+    /// A follower's end of attempt `n`.
+    pub fn publish_end(&self, n: u32, end: &End) -> std::io::Result<()> {
+        let json = serde_json::to_vec(end).expect("End serialises");
+        self.write(&format!("end-{n}-{}.json", self.rank), &json)
+    }
+
+    /// The leader: the followers' ends of attempt `n`, as many as came within
+    /// the timeout (it stops waiting as soon as one reports an OOM).
+    pub fn await_ends(&self, n: u32) -> Vec<End> {
+        let read = || -> Vec<End> {
+            (1..self.copies)
+                .filter_map(|r| self.read(&format!("end-{n}-{r}.json")))
+                .collect()
+        };
+        self.wait(|| {
+            let ends = read();
+            let oom = ends.iter().any(|e| e.oom_line.is_some());
+            (oom || ends.len() + 1 >= self.copies as usize).then_some(ends)
+        })
+        .unwrap_or_else(read)
+    }
+
+    /// The leader's decision after attempt `n`.
+    pub fn publish_decision(&self, n: u32, d: &Published) -> std::io::Result<()> {
+        let json = serde_json::to_vec(d).expect("Published serialises");
+        self.write(&format!("decision-{n}.json"), &json)
+    }
+
+    /// A follower: the leader's decision after attempt `n`, or None after the timeout.
+    pub fn await_decision(&self, n: u32) -> Option<Published> {
+        self.wait(|| self.read(&format!("decision-{n}.json")))
+    }
+}
+
+/// Writes `dir/name` whole: a private temporary file renamed into place.
+fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// `previous-run` in a requeued job's new run folder: the old run folder's path.
+pub fn write_previous_run(run_dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(run_dir.join("previous-run"))?;
+    f.write_all(bytes)
+}
+
+/// The settings a Slurm job last launched with, kept next to its checkpoints
+/// so that a requeued or preempted job (`SLURM_RESTART_COUNT` > 0) starts
+/// there instead of at the settings that did not fit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fitting {
+    pub knobs: BTreeMap<String, Value>,
+    /// The run folder that launched them.
+    pub run_dir: PathBuf,
+}
+
+/// Where a Slurm job keeps its [`Fitting`]: `<root>/.oomguard-job/slurm-JOB/fitting.json`.
+pub fn fitting_path(env: &dyn Fn(&str) -> Option<OsString>, root: &Path) -> Option<PathBuf> {
+    let job = env_str(env, "SLURM_JOB_ID")?;
+    Some(
+        root.join(FOLDER)
+            .join(component(&format!("slurm-{job}")))
+            .join("fitting.json"),
+    )
+}
+
+/// How many times Slurm restarted this job (requeue, preemption).
+pub fn restart_count(env: &dyn Fn(&str) -> Option<OsString>) -> u32 {
+    env_u32(env, "SLURM_RESTART_COUNT").unwrap_or(0)
+}
+
+pub fn save_fitting(path: &Path, f: &Fitting) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("fitting.json");
+    write_private(
+        dir,
+        name,
+        &serde_json::to_vec(f).expect("Fitting serialises"),
+    )
+}
+
+pub fn load_fitting(path: &Path) -> Option<Fitting> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(s: &str) -> Command {
+        let argv: Vec<OsString> = s.split_whitespace().map(OsString::from).collect();
+        Command::parse(&argv)
+    }
+
+    fn env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<OsString> {
+        move |k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    const TASK1: &[(&str, &str)] = &[
+        ("SLURM_PROCID", "1"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_JOB_ID", "42"),
+        ("SLURM_STEP_ID", "0"),
+    ];
+
+    #[test]
+    fn copies_are_found_in_a_slurm_step_and_a_multi_node_torchrun() {
+        let root = Path::new("/shared/out");
+        let j = Job::detect(&cmd("python3 t.py"), &env(TASK1), Some(root))
+            .unwrap()
+            .unwrap();
+        assert_eq!((j.rank, j.copies, j.leader()), (1, 2, false));
+        assert!(j.copies_are_ranks(&cmd("python3 t.py")));
+        assert!(!j.copies_are_ranks(&cmd("torchrun --nnodes 2 --nproc_per_node 4 t.py")));
+        assert_eq!(j.dir, root.join(".oomguard-job/slurm-42.0"));
+        let t = cmd("torchrun --nnodes 2 --node_rank 0 --rdzv_id exp1 --nproc_per_node 4 t.py");
+        let j = Job::detect(&t, &env(&[]), Some(root)).unwrap().unwrap();
+        assert_eq!((j.rank, j.copies, j.leader()), (0, 2, true));
+        assert!(j.dir.ends_with("torchrun-exp1"));
+        // oomguard wrapping srun is the job's only copy.
+        assert!(
+            Job::detect(&cmd("srun -n2 python3 t.py"), &env(TASK1), Some(root))
+                .unwrap()
+                .is_none()
+        );
+        // One task, one node: no job.
+        assert!(
+            Job::detect(&cmd("python3 t.py"), &env(&[]), Some(root))
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            Job::detect(
+                &cmd("torchrun --nnodes 1 --node_rank 0 t.py"),
+                &env(&[]),
+                Some(root)
+            )
+            .unwrap()
+            .is_none()
+        );
+        // Several copies and nowhere to meet: said.
+        let e = Job::detect(&cmd("python3 t.py"), &env(TASK1), None).unwrap_err();
+        assert!(e.0.contains("SLURM_PROCID=1 of SLURM_NTASKS=2"), "{}", e.0);
+    }
+
+    fn job(dir: &Path, rank: u32) -> Job {
+        Job {
+            rank,
+            copies: 2,
+            dir: dir.to_path_buf(),
+            source: String::new(),
+            timeout: Duration::from_secs(20),
+        }
+    }
+
+    #[test]
+    fn a_follower_waits_for_the_leaders_decision_and_both_meet() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("job");
+        let (leader, follower) = (job(&dir, 0), job(&dir, 1));
+        let f = std::thread::spawn(move || {
+            assert!(follower.meet(1));
+            let end = End {
+                rank: 1,
+                outcome: OutcomeKind::CudaOom,
+                oom_line: Some("torch.OutOfMemoryError: CUDA out of memory.".into()),
+            };
+            follower.publish_end(1, &end).unwrap();
+            let d = follower.await_decision(1).expect("a decision");
+            assert!(follower.meet(2));
+            d
+        });
+        leader.clear_stale();
+        assert!(leader.meet(1));
+        let ends = leader.await_ends(1);
+        assert_eq!(ends.len(), 1);
+        assert_eq!(ends[0].outcome, OutcomeKind::CudaOom);
+        let d = Published::Relaunch {
+            knobs: BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]),
+            resume: Some(PathBuf::from("/shared/out/checkpoint-5")),
+        };
+        leader.publish_decision(1, &d).unwrap();
+        assert!(leader.meet(2));
+        assert_eq!(f.join().unwrap(), d);
+    }
+
+    #[test]
+    fn the_fitting_settings_survive_a_requeue() {
+        let t = tempfile::tempdir().unwrap();
+        let env = env(&[("SLURM_JOB_ID", "9"), ("SLURM_RESTART_COUNT", "1")]);
+        let path = fitting_path(&env, t.path()).unwrap();
+        assert!(path.ends_with(".oomguard-job/slurm-9/fitting.json"));
+        assert_eq!(restart_count(&env), 1);
+        assert_eq!(load_fitting(&path), None);
+        let f = Fitting {
+            knobs: BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]),
+            run_dir: PathBuf::from("/runs/a"),
+        };
+        save_fitting(&path, &f).unwrap();
+        save_fitting(&path, &f).unwrap();
+        assert_eq!(load_fitting(&path), Some(f));
+    }
+
+    #[test]
+    fn waits_are_bounded() {
+        let t = tempfile::tempdir().unwrap();
+        let mut j = job(t.path(), 1);
+        j.timeout = Duration::from_millis(200);
+        assert_eq!(j.await_decision(3), None);
+        assert!(!j.meet(3));
+    }
+}
