@@ -23,6 +23,14 @@ use std::process::Command;
 use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(420);
 
+/// Tests that start torchrun rendezvous and gloo process groups on this host take
+/// turns: run side by side under load, their ranks' timeouts fire.
+static TORCHRUN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn torchrun_turn() -> std::sync::MutexGuard<'static, ()> {
+    TORCHRUN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Why the tests here are ignored, and what to run instead.
 const NEEDS_VENV: &str = "needs the real-client venv: run bash tests/run.sh";
 
@@ -47,6 +55,7 @@ fn venv_bin() -> PathBuf {
 #[test]
 #[ignore = "needs the real-client venv: run bash tests/run.sh"]
 fn torchrun_ddp_oom_on_one_rank_halves_the_micro_batch_and_keeps_the_global_batch() {
+    let _turn = torchrun_turn();
     let bin = venv_bin();
     let tmp = tempfile::tempdir().unwrap();
     let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
@@ -316,7 +325,8 @@ fn every_derived_deepspeed_json_is_accepted_by_deepspeed() {
     std::fs::write(&ds, original).unwrap();
     let run_dir = tmp.path().join("run");
     // A command that always OOMs walks the whole default ladder: micro-batch,
-    // checkpointing, ZeRO 2 and 3, optimizer and parameter offload.
+    // checkpointing, optimizer and parameter offload (each raising the ZeRO stage
+    // it needs: at world size 1 the ZeRO step itself saves nothing and is skipped).
     let oom = "import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free.', file=sys.stderr); sys.exit(1)";
     let args = [
         "--run-dir",
@@ -338,7 +348,7 @@ fn every_derived_deepspeed_json_is_accepted_by_deepspeed() {
     let files = derived(&run_dir, "ds.json");
     run.ensure(
         "derived DeepSpeed configs were written",
-        files.len() >= 7,
+        files.len() >= 6,
         "one per changed rung",
         &files,
     );
@@ -372,6 +382,7 @@ fn every_derived_deepspeed_json_is_accepted_by_deepspeed() {
 #[test]
 #[ignore = "needs the real-client venv: run bash tests/run.sh"]
 fn accelerate_launch_recovers_with_accumulation_from_the_derived_config() {
+    let _turn = torchrun_turn();
     let bin = venv_bin();
     let tmp = tempfile::tempdir().unwrap();
     let acc = tmp.path().join("acc.yaml");
@@ -544,6 +555,7 @@ fn torchtune_packaged_config_is_read_from_the_installed_torchtune() {
 #[test]
 #[ignore = "needs the real-client venv: run bash tests/run.sh"]
 fn two_node_torchrun_one_decision_per_job() {
+    let _turn = torchrun_turn();
     let bin = venv_bin();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
