@@ -78,6 +78,14 @@ pub enum Sub {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// A kernel log (`dmesg`, `journalctl -k`) from the same machine and time: a
+        /// process the kernel's OOM killer killed makes a SIGKILL a host OOM.
+        #[arg(long, value_name = "FILE")]
+        kernel_log: Option<PathBuf>,
+        /// Score the scanner on labelled logs (each `# label: ...`, `# ---`, the log):
+        /// recall and precision per class, then every log found otherwise.
+        #[arg(long, value_name = "DIR", num_args = 1.., conflicts_with_all = ["file", "kernel_log"])]
+        score: Vec<PathBuf>,
         /// The log file; standard input when absent or `-`.
         file: Option<PathBuf>,
     },

@@ -26,6 +26,11 @@ pub enum Outcome {
         finding: Option<Finding>,
         code: i32,
     },
+    /// An allocation far beyond the device or any machine: a bug, never shrunk for.
+    AbsurdRequest {
+        finding: Finding,
+        code: i32,
+    },
     Other {
         code: i32,
         exit: String,
@@ -43,6 +48,8 @@ pub enum OutcomeKind {
     CudaOom,
     HungAfterOom,
     HostOom,
+    /// An allocation far beyond the device or any machine (see `detect::absurd`).
+    AbsurdRequest,
     OtherFailure,
     Interrupted,
     /// The command could not be started at all (not found, not executable).
@@ -58,6 +65,7 @@ impl Outcome {
             Outcome::GpuOom { hung: false, .. } => OutcomeKind::CudaOom,
             Outcome::GpuOom { hung: true, .. } => OutcomeKind::HungAfterOom,
             Outcome::HostOom { .. } => OutcomeKind::HostOom,
+            Outcome::AbsurdRequest { .. } => OutcomeKind::AbsurdRequest,
             Outcome::Other { .. } => OutcomeKind::OtherFailure,
             Outcome::Interrupted { .. } => OutcomeKind::Interrupted,
         }
@@ -67,6 +75,7 @@ impl Outcome {
     pub fn finding(&self) -> Option<&Finding> {
         match self {
             Outcome::GpuOom { finding, .. } | Outcome::HostOom { finding, .. } => finding.as_ref(),
+            Outcome::AbsurdRequest { finding, .. } => Some(finding),
             _ => None,
         }
     }
@@ -80,13 +89,25 @@ pub fn classify(r: &launch::Report) -> Outcome {
     if let Some(signal) = r.interrupted {
         return Outcome::Interrupted { signal };
     }
+    let code = r.exit.status_code();
+    // An absurd request is a bug however the attempt ended (a hang after it included).
+    if let Some(f) = r
+        .scanner
+        .first_oom()
+        .filter(|f| f.kind == Kind::AbsurdRequest)
+        && (r.hung || code != 0)
+    {
+        return Outcome::AbsurdRequest {
+            finding: f.clone(),
+            code,
+        };
+    }
     if r.hung {
         return Outcome::GpuOom {
             finding: r.scanner.first_oom().cloned(),
             hung: true,
         };
     }
-    let code = r.exit.status_code();
     if code == 0 {
         return Outcome::Success;
     }

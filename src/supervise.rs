@@ -441,6 +441,13 @@ impl<'c> Run<'c> {
                 );
                 code
             }
+            Outcome::AbsurdRequest { finding, code } => {
+                eprintln!(
+                    "oomguard: the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
+                    finding.line
+                );
+                code
+            }
             Outcome::HostOom { finding, code } => {
                 let line = finding
                     .as_ref()
