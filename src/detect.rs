@@ -277,24 +277,15 @@ static NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
 
 /// Words at least one of which occurs in every line that shows life ([`RECOVERED`],
 /// [`progress::last_step`]): looked for as well while an OOM is pending.
-const LIFE_WORDS: [&str; 23] = [
+const LIFE_WORDS: [&str; 15] = [
     "step",
     "Step",
     "STEP", // step 120, global_step=120
     "iter",
     "Iter",
     "ITER", // iter 120, iteration 120
-    // a tqdm bar: "120/1000 ["
-    "0 [",
-    "1 [",
-    "2 [",
-    "3 [",
-    "4 [",
-    "5 [",
-    "6 [",
-    "7 [",
-    "8 [",
-    "9 [",
+    "/s]",
+    "/it]", // a tqdm bar ends with its rate: "120/1000 [00:10<01:30, 9.8it/s]"
     // batch-size finders
     "atch size",
     "atch_size",
@@ -313,6 +304,13 @@ static LIFE: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
 static PENDING_NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     let pattern = format!("{}|{}", NEEDLES.as_str(), LIFE.as_str());
     regex::bytes::Regex::new(&pattern).expect("pending needle pattern")
+});
+
+/// While a mention of an OOM is pending and settled: words of life, and where a fatal
+/// form of it can begin (a traceback, an OOM exception line).
+static QUIET: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    let pattern = format!("{}|Traceback|OutOfMemoryError", LIFE.as_str());
+    regex::bytes::Regex::new(&pattern).expect("quiet needle pattern")
 });
 
 /// Where a Python traceback begins (a finder built once: building one per line costs
@@ -794,6 +792,14 @@ impl Scanner {
         }
     }
 
+    /// No traceback is open and no exception's message is being read, on any stream:
+    /// the next line can be a fatal form of an OOM only by starting one.
+    fn quiet_ahead(&self) -> bool {
+        self.streams
+            .iter()
+            .all(|st| !st.traceback && st.message_until <= self.lines)
+    }
+
     /// The first OOM's numbers and kind can no longer change (windows passed, no join
     /// pending). Life, and a fatal form, are still looked for.
     fn settled(&self) -> bool {
@@ -820,8 +826,11 @@ impl Scanner {
             } else {
                 let (needles, hit) = if self.first.is_none() {
                     (&*NEEDLES, Some(true))
-                } else if self.fatal && self.settled() {
-                    (&*LIFE, None)
+                } else if self.settled() && (self.fatal || self.quiet_ahead()) {
+                    // Nothing but life can change a fatal OOM now; a settled mention
+                    // only becomes fatal through a traceback or an OOM exception line,
+                    // which `QUIET` finds (and then the full set is back).
+                    (if self.fatal { &*LIFE } else { &*QUIET }, None)
                 } else {
                     (&*PENDING_NEEDLES, None)
                 };
@@ -1377,47 +1386,71 @@ fn size_of(re: &Regex, text: &str) -> Option<u64> {
         .and_then(|m| parse_size(m.as_str()))
 }
 
+/// `size_of`, only where `word` (which the pattern needs) occurs: a substring search is
+/// much cheaper than the captures, and most messages hold only a few of the numbers.
+fn size_if(word: &str, re: &Regex, text: &str) -> Option<u64> {
+    if text.contains(word) {
+        size_of(re, text)
+    } else {
+        None
+    }
+}
+
 fn gpu_numbers(text: &str) -> OomNumbers {
     let n = &*NUMBERS;
-    let device = n.device.captures(text).and_then(|c| {
-        c.get(1)
-            .or_else(|| c.get(2))
-            .or_else(|| c.get(3))
-            .and_then(|m| m.as_str().parse().ok())
-    });
-    let tried = size_of(&n.tried, text)
+    let device = if text.contains("GPU") || text.contains("device") {
+        n.device.captures(text).and_then(|c| {
+            c.get(1)
+                .or_else(|| c.get(2))
+                .or_else(|| c.get(3))
+                .and_then(|m| m.as_str().parse().ok())
+        })
+    } else {
+        None
+    };
+    let tried = if text.contains("ried") || text.contains("RIED") {
+        size_of(&n.tried, text)
+    } else {
+        None
+    };
+    let tried = tried
         .or_else(|| {
-            n.calloc
-                .captures(text)
+            text.contains("calloc")
+                .then(|| n.calloc.captures(text))
+                .flatten()
                 .and_then(|c| c[1].parse::<u64>().ok())
         })
-        .or_else(|| size_of(&n.tried_async, text));
+        .or_else(|| size_if("Requested", &n.tried_async, text));
     OomNumbers {
         device,
         tried_to_allocate_bytes: tried,
-        total_bytes: size_of(&n.total_new, text)
-            .or_else(|| size_of(&n.total_old, text))
-            .or_else(|| size_of(&n.total_mps, text))
-            .or_else(|| size_of(&n.total_async, text)),
-        free_bytes: size_of(&n.free_new, text)
-            .or_else(|| size_of(&n.free_old, text))
-            .or_else(|| size_of(&n.free_async, text)),
-        allocated_bytes: size_of(&n.allocated_new, text)
-            .or_else(|| size_of(&n.allocated_old, text))
-            .or_else(|| size_of(&n.allocated_mps, text)),
-        reserved_unallocated_bytes: size_of(&n.reserved_unallocated, text),
-        other_processes: n
-            .process
-            .captures_iter(text)
-            .filter_map(|c| {
-                Some(ProcessUse {
-                    pid: c[1].parse().ok()?,
-                    bytes: parse_size(&c[2])?,
+        total_bytes: size_if("capac", &n.total_new, text)
+            .or_else(|| size_if("capac", &n.total_old, text))
+            .or_else(|| size_if("allowed", &n.total_mps, text))
+            .or_else(|| size_if("limit", &n.total_async, text)),
+        free_bytes: size_if("which", &n.free_new, text)
+            .or_else(|| size_if("free", &n.free_old, text))
+            .or_else(|| size_if("according", &n.free_async, text)),
+        allocated_bytes: size_if("allocated", &n.allocated_new, text)
+            .or_else(|| size_if("already", &n.allocated_old, text))
+            .or_else(|| size_if("MPS", &n.allocated_mps, text)),
+        reserved_unallocated_bytes: size_if("unallocated", &n.reserved_unallocated, text),
+        other_processes: if text.contains("Process") {
+            n.process
+                .captures_iter(text)
+                .filter_map(|c| {
+                    Some(ProcessUse {
+                        pid: c[1].parse().ok()?,
+                        bytes: parse_size(&c[2])?,
+                    })
                 })
-            })
-            .collect(),
-        reserved_total_bytes: size_of(&n.reserved_total, text),
-        tried_at_least_bytes: size_of(&n.tried_more_than, text),
+                .collect()
+        } else {
+            Vec::new()
+        },
+        reserved_total_bytes: size_if("reserved", &n.reserved_total, text)
+            .or_else(|| size_if("cached", &n.reserved_total, text)),
+        tried_at_least_bytes: size_if("than", &n.tried_more_than, text),
         victim: None,
     }
 }
