@@ -29,6 +29,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::checkpoint;
 use crate::detect::Finding;
+use crate::detect::kernel;
 use crate::envmerge::EnvSet;
 use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
@@ -98,6 +99,8 @@ struct Run<'c> {
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
     attempts: Vec<AttemptRecord>,
+    /// Whether "the kernel's log cannot be read" was said (it is said once a run).
+    kernel_unreadable_said: bool,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
@@ -195,6 +198,7 @@ impl<'c> Run<'c> {
             baseline: checkpoint::Baseline::default(),
             begun: 0,
             attempts: Vec::new(),
+            kernel_unreadable_said: false,
         }
     }
 
@@ -381,7 +385,14 @@ impl<'c> Run<'c> {
         for w in &report.warnings {
             eprintln!("oomguard: warning: {w}");
         }
-        let outcome = evidence::classify(report);
+        let (outcome, unreadable) = evidence::classify(report, &kernel::System);
+        if let Some(why) = unreadable
+            && !std::mem::replace(&mut self.kernel_unreadable_said, true)
+        {
+            eprintln!(
+                "oomguard: warning: cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"
+            );
+        }
         if let Some(f) = outcome.finding() {
             self.j.record(&Event::Oom {
                 attempt: n,
@@ -394,6 +405,8 @@ impl<'c> Run<'c> {
             status: report.exit.status_code(),
             exit: report.exit.to_string(),
             outcome: outcome.kind(),
+            why: outcome.why(),
+            kernel_oom_kill: outcome.victim(),
             duration_s: report.duration.as_secs_f64(),
             error_line: report.scanner.error_line(),
             gpu_peak: peak,
@@ -430,10 +443,10 @@ impl<'c> Run<'c> {
                 ));
                 exit::SIGNAL_BASE + signal
             }
-            Outcome::Other { code, exit } => {
-                let line = report
-                    .scanner
-                    .error_line()
+            Outcome::Other { code, exit, why } => {
+                let line = why
+                    .map(str::to_string)
+                    .or_else(|| report.scanner.error_line().map(str::to_string))
                     .map(|l| format!(": {l}"))
                     .unwrap_or_default();
                 eprintln!(
@@ -448,11 +461,19 @@ impl<'c> Run<'c> {
                 );
                 code
             }
-            Outcome::HostOom { finding, code } => {
-                let line = finding
-                    .as_ref()
-                    .map(|f| format!(": {}", f.line))
-                    .unwrap_or_else(|| " (killed by SIGKILL: the kernel's OOM killer?)".into());
+            Outcome::HostOom {
+                finding,
+                victim,
+                code,
+            } => {
+                let line = match (&victim, &finding) {
+                    (Some(v), _) => format!(": the kernel's OOM killer killed {}", v.describe()),
+                    (None, Some(f)) => format!(": {}", f.line),
+                    (None, None) => {
+                        " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer)"
+                            .into()
+                    }
+                };
                 eprintln!(
                     "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; reduce DataLoader workers or host-side buffers. Stopping with status {code}"
                 );

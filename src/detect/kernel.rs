@@ -11,10 +11,10 @@
 //! ```
 //!
 //! A victim is a process of the run when its PID is one oomguard saw in the run's process
-//! tree (sampled once a second) or one the run's output named (a launcher's `exitcode: -9
+//! tree (sampled every 250 to 500 ms while it runs) or one the run's output named (a launcher's `exitcode: -9
 //! (pid: N)`), and the kernel killed it after the attempt started.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -157,9 +157,9 @@ pub fn victims(log: &str) -> Vec<Victim> {
     out
 }
 
-/// The run's processes, as far as oomguard knows them: PID → name (empty when only the
-/// output named the PID).
-pub type RunPids = BTreeMap<u32, String>;
+/// The run's processes, as far as oomguard knows them: those it saw in the run's tree
+/// and those the output named.
+pub type RunPids = BTreeSet<u32>;
 
 /// How long before an attempt's start a kernel record may be and still be looked at:
 /// the kernel's clock and ours are both "since boot", but not the same clock.
@@ -169,7 +169,7 @@ const CLOCK_SLACK_MS: u64 = 10_000;
 pub fn of_run(victims: &[Victim], run: &RunPids, since: Option<Millis>) -> Vec<Victim> {
     victims
         .iter()
-        .filter(|v| run.contains_key(&v.pid))
+        .filter(|v| run.contains(&v.pid))
         .filter(|v| match (v.at_ms, since) {
             (Some(at), Some(since)) => at + CLOCK_SLACK_MS >= since,
             _ => true,
@@ -286,9 +286,11 @@ fn run_capture(program: &str, args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A kernel log given as text (a test's fake, `diagnose --kernel-log FILE`).
+/// A kernel log given as text (a test's fake).
+#[cfg(test)]
 pub struct Text(pub String);
 
+#[cfg(test)]
 impl Source for Text {
     fn read(&self) -> Result<String, String> {
         Ok(self.0.clone())
@@ -342,7 +344,7 @@ mod tests {
             of_run(&v, &run, None).is_empty(),
             "not a process of the run"
         );
-        run.insert(14981, String::new());
+        run.insert(14981);
         assert_eq!(of_run(&v, &run, Some(5_000_000)).len(), 1);
         assert!(
             of_run(&v, &run, Some(6_000_000)).is_empty(),
