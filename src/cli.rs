@@ -73,7 +73,7 @@ pub enum Sub {
         /// The run folder (`.oomguard/runs/<time>`).
         run_dir: PathBuf,
     },
-    /// Classify a saved log: GPU OOM, host OOM, another failure, or none.
+    /// Classify a saved log: GPU OOM, host OOM, an absurd request, another failure, or none.
     Diagnose {
         /// Print one JSON object instead of text.
         #[arg(long)]

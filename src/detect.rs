@@ -15,26 +15,42 @@
 //! The hot path never looks at a segment byte by byte. One literal-set search
 //! ([`NEEDLES`], a handful of case-sensitive words such as `emory`, `Error`, `Killed`)
 //! runs over the whole chunk at SIMD speed; only segments holding one of those words
-//! are cleaned (ANSI colours, `[rank3]:`-style prefixes, `&gt;`) and given to the
-//! regexes. Every pattern below contains at least one needle, so skipping the other
-//! segments loses nothing.
+//! are cleaned (ANSI colours, `[rank3]:`-style prefixes, `&gt;`, a paste's `> ` quote
+//! marks and `**` emphasis, full-width `：（），`) and given to the regexes: first one
+//! pass of all OOM patterns at once ([`ANY_OOM`]), then the specific one that matched.
+//! Every pattern below contains at least one needle (in the form it is printed in), so
+//! skipping the other segments loses nothing.
 //!
 //! Decisions (the "why"):
 //! - The first OOM decides (root cause wins), with two refinements:
-//!   * a *weak* host OOM (only a signal: `exitcode: -9`, `SIGKILL`, `Killed`) is replaced
-//!     by a GPU OOM printed within [`UPGRADE_WINDOW`] lines after it, since a kill says
-//!     nothing about which memory ran out and the GPU message is the specific one;
-//!     an explicit host message (DefaultCPUAllocator) is never replaced;
-//!   * a GPU OOM without numbers (NCCL `Cuda failure 'out of memory'`) takes missing
-//!     numbers from a GPU OOM line within [`ENRICH_WINDOW`] lines after it
-//!     (NCCL prints `Failed to CUDA calloc 6291456 bytes` right after).
+//!   * a *weak* host OOM (only a signal: `exitcode: -9`, `SIGKILL`, `Killed`, a launcher
+//!     killing its subprocesses) is replaced by a message that names the memory (a GPU
+//!     OOM, the kernel's OOM-killer record) printed within [`UPGRADE_WINDOW`] lines after
+//!     it, since a kill says nothing about which memory ran out; an explicit host message
+//!     (DefaultCPUAllocator) is never replaced;
+//!   * an OOM without numbers (NCCL `Cuda failure 'out of memory'`, posix_memalign's
+//!     `12 vs 0`) takes missing numbers from an OOM line of the same memory within
+//!     [`ENRICH_WINDOW`] lines after it (NCCL prints `Failed to CUDA calloc 6291456
+//!     bytes` right after).
+//! - Some lines count only in context: cuBLAS/cuDNN `*_STATUS_ALLOC_FAILED`, which a
+//!   broken CUDA setup or the wrong device also prints, only in the form a process dies
+//!   with (an exception line, or its traceback's message), never quoted in prose;
+//!   DeepSpeed's "Killing subprocess" only when no error came before it (a rank that
+//!   raised printed its exception first; one that printed nothing was killed).
+//! - An OOM asking for far more than the device (over [`ABSURD_GPU_FACTOR`] times its
+//!   stated total, over [`ABSURD_GPU_BYTES`] without one) or any machine (over
+//!   [`ABSURD_HOST_BYTES`] of host memory) is [`Kind::AbsurdRequest`]: a bug (a corrupted
+//!   size), which smaller settings cannot fix.
 //! - A message hard-wrapped by a terminal or a logger is joined with its next
 //!   segments (at most [`MAX_JOIN_SEGMENTS`], [`MAX_JOINED`] bytes), without a separator,
-//!   so `memor` + `y)` reads `memory)`; the number patterns accept missing spaces.
+//!   so `memor` + `y)` reads `memory)`, or with a space where a mail client broke the line
+//!   at one; the number patterns accept missing spaces.
 //! - Once the first OOM is settled (windows passed, no join pending) its numbers no
 //!   longer change; while it is pending, only segments holding a needle or a word of
-//!   life ([`LIFE_WORDS`]) are looked at, and once it is also fatal only for life, so
-//!   multi-GB logs stay cheap. `error_line` stops updating while an OOM is pending.
+//!   life ([`LIFE_WORDS`]) are looked at; once it is also fatal only for life, and a
+//!   settled mention (not fatal) only for life and where a fatal form of it can begin
+//!   (a traceback, an `OutOfMemoryError` line: [`QUIET`]), so multi-GB logs stay cheap.
+//!   `error_line` stops updating while an OOM is pending.
 //! - Old messages say `X cached` (torch <= 1.3) or `X reserved in total by PyTorch`:
 //!   that is the *total* reserved, kept in `reserved_total_bytes`;
 //!   `reserved_unallocated_bytes` is only filled where the message states it (2.x).
