@@ -98,11 +98,19 @@ pub enum Sub {
         /// The run folder (`.oomguard/runs/<time>`).
         run_dir: PathBuf,
     },
-    /// Classify a saved log: GPU OOM, host OOM, another failure, or none.
+    /// Classify a saved log: GPU OOM, host OOM, an absurd request, another failure, or none.
     Diagnose {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// A kernel log (`dmesg`, `journalctl -k`) from the same machine and time: a
+        /// process the kernel's OOM killer killed makes a SIGKILL a host OOM.
+        #[arg(long, value_name = "FILE")]
+        kernel_log: Option<PathBuf>,
+        /// Score the scanner on labelled logs (each `# label: ...`, `# ---`, the log):
+        /// recall and precision per class, then every log found otherwise.
+        #[arg(long, value_name = "DIR", num_args = 1.., conflicts_with_all = ["file", "kernel_log"])]
+        score: Vec<PathBuf>,
         /// The log file; standard input when absent or `-`.
         file: Option<PathBuf>,
     },

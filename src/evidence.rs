@@ -11,7 +11,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::detect::{Finding, Kind, OomNumbers, format_size};
+use crate::detect::kernel::{self, Victim};
+use crate::detect::{self, Finding, Kind, OomNumbers, format_size};
 use crate::launch;
 
 /// How one attempt ended.
@@ -24,11 +25,21 @@ pub enum Outcome {
     },
     HostOom {
         finding: Option<Finding>,
+        /// The process the kernel's OOM killer killed, when its record names one of
+        /// the run's.
+        victim: Option<Victim>,
+        code: i32,
+    },
+    /// An allocation far beyond the device or any machine: a bug, never shrunk for.
+    AbsurdRequest {
+        finding: Finding,
         code: i32,
     },
     Other {
         code: i32,
         exit: String,
+        /// Why a kill is not a host OOM ([`detect::NOT_THE_OOM_KILLER`]), if it is that.
+        why: Option<&'static str>,
     },
     Interrupted {
         signal: i32,
@@ -43,6 +54,8 @@ pub enum OutcomeKind {
     CudaOom,
     HungAfterOom,
     HostOom,
+    /// An allocation far beyond the device or any machine (see `detect::absurd`).
+    AbsurdRequest,
     OtherFailure,
     Interrupted,
     /// The command could not be started at all (not found, not executable).
@@ -58,8 +71,25 @@ impl Outcome {
             Outcome::GpuOom { hung: false, .. } => OutcomeKind::CudaOom,
             Outcome::GpuOom { hung: true, .. } => OutcomeKind::HungAfterOom,
             Outcome::HostOom { .. } => OutcomeKind::HostOom,
+            Outcome::AbsurdRequest { .. } => OutcomeKind::AbsurdRequest,
             Outcome::Other { .. } => OutcomeKind::OtherFailure,
             Outcome::Interrupted { .. } => OutcomeKind::Interrupted,
+        }
+    }
+
+    /// Why a failure is not a host OOM, when a kill made it look like one.
+    pub fn why(&self) -> Option<&'static str> {
+        match self {
+            Outcome::Other { why, .. } => *why,
+            _ => None,
+        }
+    }
+
+    /// The process the kernel's OOM killer killed, for a host OOM it explains.
+    pub fn victim(&self) -> Option<&Victim> {
+        match self {
+            Outcome::HostOom { victim, .. } => victim.as_ref(),
+            _ => None,
         }
     }
 
@@ -67,55 +97,117 @@ impl Outcome {
     pub fn finding(&self) -> Option<&Finding> {
         match self {
             Outcome::GpuOom { finding, .. } | Outcome::HostOom { finding, .. } => finding.as_ref(),
+            Outcome::AbsurdRequest { finding, .. } => Some(finding),
             _ => None,
         }
     }
 }
 
-/// Classify a finished attempt. The user's signal wins; then a success; then,
-/// for a non-zero exit, the pending OOM: the first one printed (the root cause, not
-/// the errors that follow it) unless later output showed the process went on after
-/// it (a caught OOM, see `detect`), so only an OOM that ended the process decides.
-pub fn classify(r: &launch::Report) -> Outcome {
+/// Classify a finished attempt. The user's signal wins; then an absurd request, a hang
+/// after an OOM, a success; then, for a non-zero exit, the pending OOM: the first one
+/// printed (the root cause, not the errors that follow it) unless later output showed
+/// the process went on after it (a caught OOM, see `detect`), so only an OOM that ended
+/// the process decides.
+///
+/// A death the output does not explain — a process of the run killed by SIGKILL with no
+/// message (the command itself, or a worker a launcher reports as `exitcode: -9`), or
+/// any other failure — is checked against the kernel's OOM-killer record (`kernel`,
+/// read only then): a host OOM naming the victim when the kernel killed one of the
+/// run's processes after the attempt started; otherwise a kill is "killed by SIGKILL
+/// (not by the OOM killer)". When the record cannot be read, a kill is taken for a host
+/// OOM as the output says, and the reason comes back to be said once.
+pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Option<String>) {
     if let Some(signal) = r.interrupted {
-        return Outcome::Interrupted { signal };
-    }
-    if r.hung {
-        return Outcome::GpuOom {
-            finding: r.scanner.first_oom().cloned(),
-            hung: true,
-        };
+        return (Outcome::Interrupted { signal }, None);
     }
     let code = r.exit.status_code();
+    // An absurd request is a bug however the attempt ended (a hang after it included).
+    if let Some(f) = r
+        .scanner
+        .first_oom()
+        .filter(|f| f.kind == Kind::AbsurdRequest)
+        && (r.hung || code != 0)
+    {
+        let finding = f.clone();
+        return (Outcome::AbsurdRequest { finding, code }, None);
+    }
+    if r.hung {
+        let finding = r.scanner.first_oom().cloned();
+        return (
+            Outcome::GpuOom {
+                finding,
+                hung: true,
+            },
+            None,
+        );
+    }
     if code == 0 {
-        return Outcome::Success;
+        return (Outcome::Success, None);
     }
     // Slurm cancelled the job or step (scancel, preemption, a time limit), even
     // after an OOM line: relaunching would defeat the cancel.
     if let Some(line) = r.scanner.slurm_cancelled() {
-        return Outcome::Other {
+        let outcome = Outcome::Other {
             code,
             exit: format!("{} — cancelled by Slurm: {line}", r.exit),
+            why: None,
         };
+        return (outcome, None);
     }
-    match r.scanner.first_oom() {
-        Some(f) if f.kind == Kind::GpuOom => Outcome::GpuOom {
-            finding: Some(f.clone()),
-            hung: false,
-        },
-        Some(f) => Outcome::HostOom {
-            finding: Some(f.clone()),
-            code,
-        },
-        // Killed by SIGKILL with nobody asking: the kernel's OOM killer, most likely.
-        None if matches!(r.exit, launch::Exit::Signal(9)) => Outcome::HostOom {
-            finding: None,
-            code,
-        },
-        None => Outcome::Other {
-            code,
-            exit: r.exit.to_string(),
-        },
+    let kill_line = match r.scanner.first_oom() {
+        Some(f) if f.kind == Kind::GpuOom => {
+            let finding = Some(f.clone());
+            return (
+                Outcome::GpuOom {
+                    finding,
+                    hung: false,
+                },
+                None,
+            );
+        }
+        Some(f) if !detect::only_a_kill(f) => {
+            let outcome = Outcome::HostOom {
+                finding: Some(f.clone()),
+                victim: f.numbers.victim.clone(),
+                code,
+            };
+            return (outcome, None);
+        }
+        kill => kill, // only a kill signal, or nothing
+    };
+    let killed = kill_line.is_some() || matches!(r.exit, launch::Exit::Signal(9));
+    let other = |why| Outcome::Other {
+        code,
+        exit: r.exit.to_string(),
+        why,
+    };
+    match kernel.read() {
+        Ok(log) => {
+            let mut pids = r.pids.clone();
+            pids.insert(r.pid);
+            pids.extend(r.scanner.named_pids());
+            let victims = kernel::of_run(&kernel::victims(&log), &pids, r.started_ms);
+            let outcome = match victims.into_iter().next() {
+                Some(victim) => Outcome::HostOom {
+                    finding: kill_line.cloned(),
+                    victim: Some(victim),
+                    code,
+                },
+                None if killed => other(Some(detect::NOT_THE_OOM_KILLER)),
+                None => other(None),
+            };
+            (outcome, None)
+        }
+        // Unread, a kill is what the output says it is (or what it most often is).
+        Err(why) if killed => {
+            let outcome = Outcome::HostOom {
+                finding: kill_line.cloned(),
+                victim: None,
+                code,
+            };
+            (outcome, Some(why))
+        }
+        Err(_) => (other(None), None),
     }
 }
 
@@ -245,25 +337,131 @@ mod tests {
             duration: std::time::Duration::ZERO,
             oom_at: None,
             warnings: Vec::new(),
+            pids: Default::default(),
+            started_ms: None,
         }
+    }
+
+    /// A kernel log that never has a record.
+    struct NoKernelLog;
+    impl kernel::Source for NoKernelLog {
+        fn read(&self) -> Result<String, String> {
+            Err("none in tests".into())
+        }
+    }
+
+    fn classify_plain(r: &launch::Report) -> Outcome {
+        classify(r, &NoKernelLog).0
     }
 
     #[test]
     fn only_an_oom_that_ended_the_process_decides() {
         let caught = "caught torch.OutOfMemoryError: CUDA out of memory; retrying with batch size 4\nstep 1\nstep 2\nValueError: bad label\n";
-        let o = classify(&report(caught, launch::Exit::Code(3)));
+        let o = classify_plain(&report(caught, launch::Exit::Code(3)));
         assert!(matches!(o, Outcome::Other { code: 3, .. }), "{o:?}");
         let survived =
             "torch.OutOfMemoryError: CUDA out of memory.\nstep 1\nstep 2\nValueError: x\n";
-        let o = classify(&report(survived, launch::Exit::Code(3)));
+        let o = classify_plain(&report(survived, launch::Exit::Code(3)));
         assert!(matches!(o, Outcome::Other { code: 3, .. }), "{o:?}");
         // A mention, then death with no sign of life: the OOM decides.
         let logged = "ERROR: training failed: CUDA out of memory. Tried to allocate 2.00 GiB\n";
-        let o = classify(&report(logged, launch::Exit::Code(1)));
+        let o = classify_plain(&report(logged, launch::Exit::Code(1)));
         assert_eq!(o.kind(), OutcomeKind::CudaOom);
         // A mention in a run that ends well is a success.
-        let o = classify(&report(logged, launch::Exit::Code(0)));
+        let o = classify_plain(&report(logged, launch::Exit::Code(0)));
         assert_eq!(o.kind(), OutcomeKind::Success);
+    }
+
+    fn killed(log: &str, exit: launch::Exit, kernel: &str) -> (Outcome, Option<String>) {
+        let mut r = report(log, exit);
+        r.pid = 4000;
+        r.pids.insert(4001);
+        r.started_ms = Some(100_000);
+        classify(&r, &kernel::Text(kernel.into()))
+    }
+
+    const KILLED_4001: &str = "[  120.500000] Memory cgroup out of memory: Killed process 4001 (pt_worker) total-vm:9000kB, anon-rss:2097152kB, file-rss:0kB\n";
+
+    #[test]
+    fn a_sigkill_is_a_host_oom_only_when_the_kernel_killed_a_process_of_the_run() {
+        // The command itself, or a worker of its tree, killed by the OOM killer.
+        for (kernel, pid) in [
+            (KILLED_4001, 4001),
+            (&KILLED_4001.replace("4001", "4000"), 4000),
+        ] {
+            let (o, unread) = killed("", launch::Exit::Signal(9), kernel);
+            assert!(unread.is_none());
+            let v = o.victim().unwrap_or_else(|| panic!("{o:?}"));
+            assert_eq!((v.pid, v.anon_rss_bytes), (pid, Some(2 << 30)));
+            assert_eq!(o.kind(), OutcomeKind::HostOom);
+        }
+        // The record names another process, or one killed before the attempt started.
+        let other = KILLED_4001.replace("4001", "777");
+        let early = KILLED_4001.replace("120.500000", "  3.000000");
+        for kernel in ["", other.as_str(), early.as_str()] {
+            let (o, _) = killed("", launch::Exit::Signal(9), kernel);
+            assert_eq!(o.kind(), OutcomeKind::OtherFailure, "{kernel:?}");
+            assert_eq!(o.why(), Some(detect::NOT_THE_OOM_KILLER));
+        }
+        // A launcher's summary of a worker's SIGKILL: the PID it names is the run's.
+        let summary = "  exitcode  : -9 (pid: 5150)\n";
+        let (o, _) = killed(
+            summary,
+            launch::Exit::Code(1),
+            &KILLED_4001.replace("4001", "5150"),
+        );
+        assert_eq!(o.victim().map(|v| v.pid), Some(5150));
+        assert!(o.finding().is_some_and(|f| f.line.contains("exitcode")));
+        let (o, _) = killed(summary, launch::Exit::Code(1), "");
+        assert_eq!(o.why(), Some(detect::NOT_THE_OOM_KILLER));
+        // Another failure that the OOM killer explains (a DataLoader worker it took).
+        let dl = "RuntimeError: DataLoader worker (pid(s) 812) exited unexpectedly\n";
+        let (o, _) = killed(
+            dl,
+            launch::Exit::Code(1),
+            &KILLED_4001.replace("4001", "812"),
+        );
+        assert_eq!(o.kind(), OutcomeKind::HostOom);
+        let (o, _) = killed(dl, launch::Exit::Code(1), "");
+        assert!(
+            matches!(
+                o,
+                Outcome::Other {
+                    code: 1,
+                    why: None,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_kernel_log_leaves_a_kill_a_host_oom_and_says_why() {
+        let (o, unread) = classify(&report("", launch::Exit::Signal(9)), &NoKernelLog);
+        assert_eq!(o.kind(), OutcomeKind::HostOom);
+        assert!(o.victim().is_none());
+        assert_eq!(unread.as_deref(), Some("none in tests"));
+        // An ordinary failure does not need the record: nothing to say.
+        let (o, unread) = classify(
+            &report("ValueError: x\n", launch::Exit::Code(1)),
+            &NoKernelLog,
+        );
+        assert_eq!((o.kind(), unread), (OutcomeKind::OtherFailure, None));
+    }
+
+    #[test]
+    fn an_absurd_request_is_its_own_outcome_even_after_a_hang() {
+        let log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 131062.02 GiB. GPU 0 has a total capacity of 44.53 GiB of which 40.00 GiB is free.\n";
+        let o = classify_plain(&report(log, launch::Exit::Code(1)));
+        assert_eq!(o.kind(), OutcomeKind::AbsurdRequest);
+        let mut r = report(log, launch::Exit::Signal(15));
+        r.hung = true;
+        assert_eq!(classify_plain(&r).kind(), OutcomeKind::AbsurdRequest);
+        // A real request of the same shape is an OOM.
+        let real = log.replace("131062.02", "50.00");
+        let o = classify_plain(&report(&real, launch::Exit::Code(1)));
+        assert_eq!(o.kind(), OutcomeKind::CudaOom);
     }
 
     #[test]
@@ -272,9 +470,11 @@ mod tests {
 srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n\
 slurmstepd-n1: error: *** STEP 5.0 ON n1 CANCELLED AT 2026-11-24T00:14:26 ***\n\
 srun: error: n1: task 0: Terminated\n";
-        let o = classify(&report(log, launch::Exit::Code(143)));
+        let o = classify_plain(&report(log, launch::Exit::Code(143)));
         match &o {
-            Outcome::Other { code: 143, exit } => assert!(exit.contains("CANCELLED AT"), "{exit}"),
+            Outcome::Other {
+                code: 143, exit, ..
+            } => assert!(exit.contains("CANCELLED AT"), "{exit}"),
             o => panic!("{o:?}"),
         }
         // Fed in pieces, split inside the line.
@@ -290,7 +490,7 @@ srun: error: n1: task 0: Terminated\n";
             b"order 12 CANCELLED AT the store\n",
         );
         assert!(scanner.slurm_cancelled().is_none());
-        let o = classify(&report(
+        let o = classify_plain(&report(
             "slurmstepd: error: *** JOB 9 ON n2 CANCELLED AT 2026-11-24T00:15:00 DUE TO PREEMPTION ***\n",
             launch::Exit::Code(143),
         ));
@@ -304,6 +504,7 @@ srun: error: n1: task 0: Terminated\n";
             (OutcomeKind::HungAfterOom, "hung_after_oom"),
             (OutcomeKind::OtherFailure, "other_failure"),
             (OutcomeKind::CannotExecute, "cannot_execute"),
+            (OutcomeKind::AbsurdRequest, "absurd_request"),
         ] {
             assert_eq!(serde_json::json!(k), name);
         }

@@ -90,6 +90,12 @@ pub enum Event<'a> {
         /// "exit code 1", "signal 9 (SIGKILL)".
         exit: String,
         outcome: OutcomeKind,
+        /// Why a kill is not a host OOM ("killed by SIGKILL (not by the OOM killer...)").
+        #[serde(skip_serializing_if = "Option::is_none")]
+        why: Option<&'a str>,
+        /// The run's process the kernel's OOM killer killed (pid, name, anon-rss).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        kernel_oom_kill: Option<&'a crate::detect::kernel::Victim>,
         duration_s: f64,
         error_line: Option<&'a str>,
         gpu_peak: Option<&'a PeakReport>,
@@ -247,6 +253,9 @@ pub struct OomRecord<'a> {
     allocated_bytes: Option<u64>,
     reserved_unallocated_bytes: Option<u64>,
     other_processes: &'a [ProcessUse],
+    /// The kernel's OOM-killer record, when the output shows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    victim: Option<&'a crate::detect::kernel::Victim>,
 }
 
 impl<'a> From<&'a Finding> for OomRecord<'a> {
@@ -263,6 +272,7 @@ impl<'a> From<&'a Finding> for OomRecord<'a> {
             allocated_bytes: n.allocated_bytes,
             reserved_unallocated_bytes: n.reserved_unallocated_bytes,
             other_processes: &n.other_processes,
+            victim: n.victim.as_ref(),
         }
     }
 }
@@ -622,6 +632,8 @@ mod tests {
             status: 0,
             exit: "exit code 0".into(),
             outcome: OutcomeKind::Success,
+            why: None,
+            kernel_oom_kill: None,
             duration_s: 1.5,
             error_line: None,
             gpu_peak: None,

@@ -62,7 +62,12 @@ fn run(args: Vec<OsString>) -> i32 {
         }
     };
     match cli.sub {
-        Some(cli::Sub::Diagnose { json, file }) => detect::diagnose_main(file.as_deref(), json),
+        Some(cli::Sub::Diagnose {
+            json,
+            kernel_log,
+            score,
+            file,
+        }) => detect::diagnose_cmd(file.as_deref(), kernel_log.as_deref(), &score, json),
         Some(cli::Sub::Gpus { json }) => gpu::gpus_main(json),
         Some(cli::Sub::Restore { run_dir }) => inplace::restore_main(&run_dir),
         Some(cli::Sub::Status {

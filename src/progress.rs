@@ -13,7 +13,7 @@ use regex::bytes::Regex;
 /// `global_step=120`, `iter 120`, `iteration 120`.
 static STEP: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?i)(?:\b(?:global_)?step['\x22]?\s*[=: ]\s*(\d{1,12})|\biter(?:ation)?\s*[=: ]?\s*(\d{1,12})|(?:^|[\s|])(\d{1,12})/\d{1,12} \[)",
+        r"(?i)(?:(?-u:\b)(?:global_)?step['\x22]?\s*[=: ]\s*(\d{1,12})|(?-u:\b)iter(?:ation)?\s*[=: ]?\s*(\d{1,12})|(?:^|[\s|])(\d{1,12})/\d{1,12} \[)",
     )
     .expect("valid regex")
 });
@@ -36,6 +36,10 @@ pub fn step_reached(log: &Path) -> Option<u64> {
 }
 
 pub fn last_step(buf: &[u8]) -> Option<u64> {
+    // Most lines hold no step: say so with the DFA before the slower captures.
+    if !STEP.is_match(buf) {
+        return None;
+    }
     STEP.captures_iter(buf).last().and_then(|c| {
         let m = c.get(1).or_else(|| c.get(2)).or_else(|| c.get(3))?;
         std::str::from_utf8(m.as_bytes()).ok()?.parse().ok()

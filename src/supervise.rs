@@ -29,6 +29,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::checkpoint;
 use crate::detect::Finding;
+use crate::detect::kernel;
 use crate::envmerge::EnvSet;
 use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
@@ -111,6 +112,8 @@ struct Run<'c> {
     cal: Option<crate::memory::Calibrated>,
     /// Offloads whose CPU form ran the host out of memory: never to CPU again.
     no_cpu_offload: Vec<knobs::Knob>,
+    /// Whether "the kernel's log cannot be read" was said (it is said once a run).
+    kernel_unreadable_said: bool,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
@@ -218,6 +221,7 @@ impl<'c> Run<'c> {
                 .and_then(|l| job::fitting_path(&|k| std::env::var_os(k), &l.root)),
             begun: 0,
             attempts: Vec::new(),
+            kernel_unreadable_said: false,
             cal: cfg.calibrated(),
             no_cpu_offload: Vec::new(),
         }
@@ -480,7 +484,14 @@ impl<'c> Run<'c> {
         for w in &report.warnings {
             eprintln!("oomguard: warning: {w}");
         }
-        let outcome = evidence::classify(report);
+        let (outcome, unreadable) = evidence::classify(report, &kernel::System);
+        if let Some(why) = unreadable
+            && !std::mem::replace(&mut self.kernel_unreadable_said, true)
+        {
+            eprintln!(
+                "oomguard: warning: cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"
+            );
+        }
         if let Some(f) = outcome.finding() {
             self.j.record(&Event::Oom {
                 attempt: n,
@@ -493,6 +504,8 @@ impl<'c> Run<'c> {
             status: report.exit.status_code(),
             exit: report.exit.to_string(),
             outcome: outcome.kind(),
+            why: outcome.why(),
+            kernel_oom_kill: outcome.victim(),
             duration_s: report.duration.as_secs_f64(),
             error_line: report.scanner.error_line(),
             gpu_peak: peak,
@@ -686,10 +699,10 @@ impl<'c> Run<'c> {
                 ));
                 exit::SIGNAL_BASE + signal
             }
-            Outcome::Other { code, exit } => {
-                let line = report
-                    .scanner
-                    .error_line()
+            Outcome::Other { code, exit, why } => {
+                let line = why
+                    .map(str::to_string)
+                    .or_else(|| report.scanner.error_line().map(str::to_string))
                     .map(|l| format!(": {l}"))
                     .unwrap_or_default();
                 eprintln!(
@@ -697,15 +710,30 @@ impl<'c> Run<'c> {
                 );
                 code
             }
-            Outcome::HostOom { finding, code } => {
+            Outcome::AbsurdRequest { finding, code } => {
+                eprintln!(
+                    "oomguard: the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
+                    finding.line
+                );
+                code
+            }
+            Outcome::HostOom {
+                finding,
+                victim,
+                code,
+            } => {
                 let reached = log.and_then(progress::step_reached);
                 if let Some(flow) = self.after_host_oom(rec, reached, report, started) {
                     return flow;
                 }
-                let line = finding
-                    .as_ref()
-                    .map(|f| format!(": {}", f.line))
-                    .unwrap_or_else(|| " (killed by SIGKILL: the kernel's OOM killer?)".into());
+                let line = match (&victim, &finding) {
+                    (Some(v), _) => format!(": the kernel's OOM killer killed {}", v.describe()),
+                    (None, Some(f)) => format!(": {}", f.line),
+                    (None, None) => {
+                        " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer)"
+                            .into()
+                    }
+                };
                 eprintln!(
                     "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; reduce DataLoader workers or host-side buffers. Stopping with status {code}"
                 );

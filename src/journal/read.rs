@@ -367,6 +367,8 @@ mod tests {
             outcome: OutcomeKind::CudaOom,
             duration_s: 2.5,
             error_line: None,
+            why: None,
+            kernel_oom_kill: None,
             gpu_peak: Some(&peak),
         });
         j.record(&Event::Suspect {

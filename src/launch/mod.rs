@@ -80,6 +80,9 @@ use output::{Log, RawOut, Sink};
 
 /// After the group is gone, how long to keep waiting for end of file on the output.
 const EOF_WAIT: Duration = Duration::from_millis(200);
+/// How often, at most, the attempt's process tree is looked at (for the kernel's
+/// OOM-killer record); the poll loop wakes at least every 500 ms while the child lives.
+const PID_SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// After SIGKILL, how long to wait for the processes to disappear before giving up.
 const KILL_WAIT: Duration = Duration::from_secs(2);
 
@@ -166,6 +169,11 @@ pub struct Report {
     pub oom_at: Option<Duration>,
     /// Problems that did not stop supervision, e.g. "could not write log ...: disk full".
     pub warnings: Vec<String>,
+    /// The processes of the attempt's tree seen while it ran (sampled every 250-500 ms),
+    /// the direct child first: whose death the kernel's OOM-killer record may explain.
+    pub pids: detect::kernel::RunPids,
+    /// When it started, in milliseconds since boot (the kernel log's clock).
+    pub started_ms: Option<detect::kernel::Millis>,
 }
 
 #[derive(thiserror::Error, Debug)]
@@ -253,6 +261,7 @@ pub(crate) fn run_wired(
     // Signals that arrived between attempts and only make sense for a running child.
     signals.forget_stale();
     let start = Instant::now();
+    let started_ms = detect::kernel::now_ms();
     let child = spawn::spawn_child(&resolved, &spec.argv, &env, &wiring)
         .map_err(|e| spawn::map_spawn_error(program, &resolved, e))?;
     let pid = child.id() as i32;
@@ -301,6 +310,8 @@ pub(crate) fn run_wired(
         scanner: w.scanner,
         duration: start.elapsed(),
         oom_at: w.oom_at,
+        pids: std::mem::take(&mut w.pids),
+        started_ms,
         warnings,
     })
 }
@@ -391,6 +402,9 @@ struct Watch<'a> {
     scanner: detect::Scanner,
     oom_at: Option<Duration>,
     last_output: Instant,
+    /// The attempt's processes seen so far, and when the tree was last looked at.
+    pids: detect::kernel::RunPids,
+    pids_at: Option<Instant>,
 }
 
 impl<'a> Watch<'a> {
@@ -407,6 +421,8 @@ impl<'a> Watch<'a> {
             scanner: detect::Scanner::new(),
             oom_at: None,
             last_output: Instant::now(),
+            pids: detect::kernel::RunPids::new(),
+            pids_at: None,
         }
     }
 
@@ -429,6 +445,20 @@ impl<'a> Watch<'a> {
                 ));
             }
         }
+    }
+
+    /// Note the processes of the attempt's tree, at most every 250 ms (a walk of
+    /// /proc/PID/task/PID/children from the child: a few reads for a training's tree).
+    fn sample_pids(&mut self, pid: i32) {
+        let now = Instant::now();
+        if self
+            .pids_at
+            .is_some_and(|t| now.duration_since(t) < PID_SAMPLE_EVERY)
+        {
+            return;
+        }
+        self.pids_at = Some(now);
+        tree::descendants(pid, &mut self.pids);
     }
 
     /// Our stream first (live), then the scanner, then the log.
@@ -544,6 +574,9 @@ fn supervise(
 
         // ---- the direct child
         st.reap(attempt, streams, child_signal)?;
+        if st.exited.is_none() {
+            w.sample_pids(attempt.pid);
+        }
 
         let now = Instant::now();
         st.escalate(attempt, w, now);

@@ -139,6 +139,33 @@ pub(crate) fn kill_marked(marker: &str, sig: i32) -> usize {
     pids.len()
 }
 
+/// At most this many processes of one attempt are remembered.
+const MAX_REMEMBERED: usize = 65_536;
+
+/// Adds `root` and its descendants to `into`: each process's children as its main thread
+/// lists them (/proc/PID/task/PID/children; a child forked by another thread is found only
+/// through the main thread's). Processes that left the tree (reparented) are not found.
+pub(crate) fn descendants(root: i32, into: &mut std::collections::BTreeSet<u32>) {
+    let mut stack = vec![root];
+    let mut walked = 0;
+    while let Some(pid) = stack.pop() {
+        walked += 1;
+        if pid <= 0 || walked > 4096 || into.len() >= MAX_REMEMBERED {
+            break;
+        }
+        into.insert(pid as u32);
+        let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        else {
+            continue;
+        };
+        stack.extend(
+            children
+                .split_ascii_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok()),
+        );
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn pid_alive(pid: i32) -> bool {
     read_stat(pid).is_some_and(|p| !p.zombie)

@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Dies of an absurd allocation request, as a CUDA extension built for another GPU makes
+one: a traceback ending in `torch.OutOfMemoryError` for 131062.02 GiB on a 44.53 GiB GPU.
+
+argv[1]: `exit` to exit 1 (as an uncaught exception does), `hang` to print the traceback
+and then sleep for ever without output. Flags after it are ignored (they carry the knobs).
+"""
+import sys
+import time
+import traceback
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+OutOfMemoryError.__module__ = "torch"
+
+print("step 1 loss 0.91", flush=True)
+error = OutOfMemoryError(
+    "CUDA out of memory. Tried to allocate 131062.02 GiB. GPU 0 has a total capacity of "
+    "44.53 GiB of which 40.12 GiB is free. Of the allocated memory 1.20 GiB is allocated "
+    "by PyTorch, and 0.10 GiB is reserved by PyTorch but unallocated."
+)
+if sys.argv[1] == "hang":
+    try:
+        raise error
+    except RuntimeError:
+        traceback.print_exc()
+        sys.stderr.flush()
+    while True:
+        time.sleep(3600)
+raise error
