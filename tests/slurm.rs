@@ -528,7 +528,7 @@ fn slurm_a_requeued_job_resumes_at_the_fitting_settings() {
         .unwrap();
     assert!(ok.success());
     // Slurm holds a requeued job back for a while: let it start now.
-    let started = wait_until(Duration::from_secs(60), || {
+    let started = wait_until(Duration::from_secs(180), || {
         if read().contains("SLURM_RESTART_COUNT=1") {
             return true;
         }
