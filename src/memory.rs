@@ -561,6 +561,78 @@ pub fn gib(b: f64) -> String {
     format!("{:.2} GiB", b / GIB)
 }
 
+/// The decision after an OOM when a memory model is known: the fastest
+/// settings the policy's steps can reach that the model, calibrated with this
+/// OOM, says fit with the margin — results first (a shorter sequence only when
+/// nothing with the sequence as given fits). `None` when the model cannot tell
+/// (no GPU size, or nothing fits): the caller falls back to the ladder.
+pub fn next_from_model(
+    policy: &crate::policy::Policy,
+    cur: &Settings,
+    evidence: &crate::evidence::Evidence,
+    cal: &Calibrated,
+) -> Option<crate::policy::Decision> {
+    let cands = candidates(policy, cur, cal);
+    let best = pick(&cands, cur)?;
+    let changed: Vec<String> = best
+        .settings
+        .knobs
+        .iter()
+        .filter(|(k, v)| cur.knobs.get(k) != Some(v))
+        .map(|(k, v)| {
+            let was = cur.knobs.get(k).map(|v| v.to_string()).unwrap_or_default();
+            format!("{k} {was} → {v}")
+        })
+        .collect();
+    let gb = best
+        .settings
+        .global_batch()
+        .map(|g| format!(", global batch {g} kept"))
+        .unwrap_or_default();
+    let n_fit = cands.iter().filter(|c| c.fits == Some(true)).count();
+    let why = if best.fits == Some(true) {
+        format!(
+            "the fastest of {n_fit} settings that fit with a {:.0}% margin",
+            MARGIN * 100.0
+        )
+    } else {
+        format!(
+            "none with the sequence as given fits with the {:.0}% margin: the one that needs least, which fits the GPU, before a shorter sequence",
+            MARGIN * 100.0
+        )
+    };
+    Some(crate::policy::Decision {
+        step: *best.steps.last()?,
+        before: cur.clone(),
+        after: best.settings.clone(),
+        reason: format!(
+            "{evidence}: {}{gb}; the memory model ({}) predicts {} of {} per GPU, {why}",
+            changed.join(", "),
+            cal.model.source,
+            gib(best.estimate.total()),
+            gib(cal.gpu_total.unwrap_or(0.0)),
+        ),
+    })
+}
+
+/// The decision after an OOM: from the memory model when there is one (it learns
+/// from this OOM first), else — or when the model finds nothing that fits —
+/// the policy's next step.
+pub fn decide(
+    policy: &crate::policy::Policy,
+    cur: &Settings,
+    evidence: &crate::evidence::Evidence,
+    cal: Option<&mut Calibrated>,
+) -> Option<crate::policy::Decision> {
+    if let Some(cal) = cal.filter(|_| policy.memory_model) {
+        cal.learn(cur, evidence.oom.as_ref());
+        if let Some(d) = next_from_model(policy, cur, evidence, cal) {
+            return Some(d);
+        }
+    }
+    crate::policy::next(policy, cur, evidence)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

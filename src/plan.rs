@@ -62,7 +62,8 @@ pub fn ladder(
         m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
     });
     while (rungs.len() as u32) < cfg.max_attempts {
-        let Some(d) = policy::decide(&cfg.policy, &s, &Evidence::assumed(), cal.as_mut()) else {
+        let Some(d) = crate::memory::decide(&cfg.policy, &s, &Evidence::assumed(), cal.as_mut())
+        else {
             break;
         };
         s = d.after.clone();

@@ -1,0 +1,227 @@
+//! The attempt loop inside a job of several copies (`crate::job`): following
+//! copy 0's decision, a requeued Slurm job, the settings a requeue starts at.
+
+use super::*;
+
+impl<'c> Run<'c> {
+    /// A requeued or preempted Slurm job (`SLURM_RESTART_COUNT` > 0): start
+    /// at the settings it last launched with and resume from the newest
+    /// complete checkpoint of the run; this new run folder names the old one.
+    pub(super) fn requeued(&mut self, restarts: u32) {
+        if restarts == 0 {
+            return;
+        }
+        let Some(fitting) = self.fitting.as_deref().and_then(job::load_fitting) else {
+            return;
+        };
+        for (name, value) in &fitting.knobs {
+            if let Ok(k) = name.parse::<crate::settings::Knob>()
+                && self.settings.knobs.contains_key(&k)
+            {
+                self.settings.knobs.insert(k, value.clone());
+            }
+        }
+        let res = self
+            .cfg
+            .resume(&checkpoint::Baseline::default(), Duration::from_millis(200));
+        let step = res.chosen.as_ref().and_then(checkpoint::step_for);
+        self.resume_from(&res, step);
+        self.log.info(&format!(
+            "requeued job (SLURM_RESTART_COUNT={restarts}): starting at {} (the last settings launched, from {}); {}",
+            self.settings,
+            fitting.run_dir.display(),
+            res.why
+        ));
+        let note = format!("{}\n", fitting.run_dir.display());
+        if let Err(e) = crate::job::write_previous_run(&self.cfg.run_dir, note.as_bytes()) {
+            tracing::warn!(
+                "cannot write previous-run in {}: {e}",
+                self.cfg.run_dir.display()
+            );
+        }
+    }
+
+    /// The settings about to launch are the job's last (for a requeue); only
+    /// copy 0 of a job writes them.
+    pub(super) fn save_fitting(&self) {
+        let Some(path) = &self.fitting else { return };
+        if self.cfg.job.as_ref().is_some_and(|j| !j.leader()) {
+            return;
+        }
+        let f = job::Fitting {
+            knobs: self
+                .settings
+                .knobs
+                .iter()
+                .map(|(k, v)| (k.name().to_string(), v.clone()))
+                .collect(),
+            run_dir: std::path::absolute(&self.cfg.run_dir)
+                .unwrap_or_else(|_| self.cfg.run_dir.clone()),
+        };
+        if let Err(e) = job::save_fitting(path, &f) {
+            tracing::warn!("cannot keep the job's settings in {}: {e}", path.display());
+        }
+    }
+
+    /// A follower after a failed attempt: say how it ended, wait for the
+    /// leader's decision, and take its settings and checkpoint.
+    pub(super) fn follow(
+        &mut self,
+        job: &job::Job,
+        rec: &mut AttemptRecord,
+        outcome: &Outcome,
+        report: &launch::Report,
+    ) -> Flow {
+        let n = rec.n;
+        let own = report.exit.status_code().max(1);
+        let end = job::End {
+            rank: job.rank,
+            outcome: outcome.kind(),
+            oom_line: match outcome {
+                Outcome::GpuOom { finding, .. } => Some(
+                    finding
+                        .as_ref()
+                        .map(|f| f.line.clone())
+                        .unwrap_or_else(|| "CUDA out of memory".into()),
+                ),
+                _ => None,
+            },
+        };
+        if let Err(e) = job.publish_end(n, &end) {
+            eprintln!(
+                "oomguard: warning: could not write this copy's end in {}: {e}",
+                job.dir.display()
+            );
+        }
+        self.log.info(&format!(
+            "attempt {n}: {} on copy {} of the job; waiting for copy 0's decision",
+            kind_word(outcome.kind()),
+            job.rank
+        ));
+        match job.await_decision(n) {
+            None => {
+                eprintln!(
+                    "oomguard: no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone",
+                    job.timeout,
+                    job.dir.display()
+                );
+                Flow::Stop(own)
+            }
+            Some(job::Published::Stop { code }) => {
+                self.log.info(&format!(
+                    "copy 0 of the job stopped (status {code}); stopping"
+                ));
+                Flow::Stop(if code == 0 { own } else { code })
+            }
+            Some(job::Published::Relaunch { knobs, resume }) => {
+                let before = self.settings.clone();
+                for (name, value) in knobs {
+                    if let Ok(k) = name.parse::<crate::settings::Knob>() {
+                        self.settings.knobs.insert(k, value);
+                    }
+                }
+                self.resume = match (resume, &self.cfg.layout) {
+                    (Some(p), Some(l)) => Some(knobs::ResumeArg {
+                        how: l.how.clone(),
+                        path: p.into_os_string(),
+                    }),
+                    _ => None,
+                };
+                self.log.info(&format!(
+                    "copy 0 of the job decided: {} → {}{}",
+                    before,
+                    self.settings,
+                    self.resume
+                        .as_ref()
+                        .map(|r| format!(", resuming from {}", r.path.to_string_lossy()))
+                        .unwrap_or_default()
+                ));
+                rec.next = Next::Retry;
+                Flow::Again
+            }
+        }
+    }
+
+    /// What follows an attempt: every outcome but a GPU OOM ends the run (with
+    /// a message saying why, for a failure).
+    pub(super) fn after_alone(
+        &mut self,
+        rec: &mut AttemptRecord,
+        outcome: Outcome,
+        report: &launch::Report,
+        log: Option<&Path>,
+        started: SystemTime,
+    ) -> Flow {
+        let code = match outcome {
+            Outcome::GpuOom { finding, hung } => {
+                let reached = log.and_then(progress::step_reached);
+                let ev = Evidence::gpu_oom(finding.as_ref(), hung, reached);
+                let flow = self.after_oom(rec, &ev, finding.as_ref(), report, started);
+                rec.evidence = Some(ev);
+                return flow;
+            }
+            Outcome::Success => {
+                self.gw.record_success();
+                if let Some((path, key)) = &self.cfg.remember
+                    && let Err(e) = crate::remember::record(
+                        path,
+                        key,
+                        &self.settings.knobs,
+                        &plan::shell_quote(&self.cfg.argv),
+                    )
+                {
+                    tracing::warn!("cannot remember the settings in {}: {e}", path.display());
+                }
+                exit::SUCCESS
+            }
+            Outcome::Interrupted { signal } => {
+                self.log.info(&format!(
+                    "interrupted by {}; not relaunching",
+                    signal_name(signal)
+                ));
+                exit::SIGNAL_BASE + signal
+            }
+            Outcome::Other { code, exit, why } => {
+                let line = why
+                    .map(str::to_string)
+                    .or_else(|| report.scanner.error_line().map(str::to_string))
+                    .map(|l| format!(": {l}"))
+                    .unwrap_or_default();
+                eprintln!(
+                    "oomguard: the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
+                );
+                code
+            }
+            Outcome::AbsurdRequest { finding, code } => {
+                eprintln!(
+                    "oomguard: the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
+                    finding.line
+                );
+                code
+            }
+            Outcome::HostOom {
+                finding,
+                victim,
+                code,
+            } => {
+                let reached = log.and_then(progress::step_reached);
+                if let Some(flow) = self.after_host_oom(rec, reached, report, started) {
+                    return flow;
+                }
+                let line = match (&victim, &finding) {
+                    (Some(v), _) => format!(": the kernel's OOM killer killed {}", v.describe()),
+                    (None, Some(f)) => format!(": {}", f.line),
+                    (None, None) => {
+                        " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer)"
+                            .into()
+                    }
+                };
+                eprintln!(
+                    "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; reduce DataLoader workers or host-side buffers. Stopping with status {code}"
+                );
+                code
+            }
+        };
+        Flow::Stop(code)
+    }
+}

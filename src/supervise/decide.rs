@@ -1,0 +1,300 @@
+//! The attempt loop's decisions after an OOM: another tenant's memory, the
+//! suspect same-size OOM, the policy or the memory model's pick, a host OOM
+//! after a CPU offload, and the checkpoints a relaunch passes over.
+
+use super::*;
+
+impl<'c> Run<'c> {
+    /// The policy, less the CPU offload steps a host OOM ruled out.
+    pub(super) fn policy(&self) -> std::borrow::Cow<'c, policy::Policy> {
+        if self.no_cpu_offload.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.cfg.policy);
+        }
+        let mut p = self.cfg.policy.clone();
+        p.steps.retain(|s| {
+            s.nvme_path.is_some()
+                || !self.no_cpu_offload.iter().any(|k| {
+                    matches!(
+                        (k, s.kind),
+                        (knobs::Knob::OffloadOptimizer, StepKind::OffloadOptimizer)
+                            | (knobs::Knob::OffloadParam, StepKind::OffloadParam)
+                    )
+                })
+        });
+        std::borrow::Cow::Owned(p)
+    }
+
+    /// A host OOM after a CPU offload oomguard made: undo the offload and take
+    /// the next step without it (an NVMe offload when the policy gives a path).
+    /// `None`: no such offload, or no step left: the run stops as for any host OOM.
+    pub(super) fn after_host_oom(
+        &mut self,
+        rec: &mut AttemptRecord,
+        reached: Option<u64>,
+        report: &launch::Report,
+        started: SystemTime,
+    ) -> Option<Flow> {
+        use knobs::{Knob, Offload, Value};
+        let n = rec.n;
+        let cpu = Value::Offload(Offload::Cpu);
+        let added: Vec<Knob> = [Knob::OffloadOptimizer, Knob::OffloadParam]
+            .into_iter()
+            .filter(|k| {
+                self.settings.knobs.get(k) == Some(&cpu) && self.first.knobs.get(k) != Some(&cpu)
+            })
+            .collect();
+        if added.is_empty() || n >= self.cfg.max_attempts {
+            return None;
+        }
+        let mut undone = self.settings.clone();
+        for k in &added {
+            if let Some(v) = self.first.knobs.get(k) {
+                undone.knobs.insert(*k, v.clone());
+            }
+        }
+        self.no_cpu_offload.extend(added.iter().copied());
+        let ev = Evidence {
+            outcome: OutcomeKind::HostOom,
+            oom: None,
+            step_reached: reached,
+        };
+        let Some(next) = policy::next(&self.policy(), &undone, &ev) else {
+            eprintln!(
+                "oomguard: host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead",
+                added
+                    .iter()
+                    .map(|k| format!("{k}=cpu"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            return None;
+        };
+        let undo: Vec<String> = added.iter().map(|k| format!("{k} cpu undone")).collect();
+        let d = Decision {
+            reason: format!("{}; {}", undo.join(", "), next.reason),
+            before: self.settings.clone(),
+            ..next
+        };
+        self.log
+            .info(&format!("attempt {n}: host OOM after the CPU offload"));
+        let oom_after = report.oom_at.unwrap_or(report.duration);
+        rec.next = self.decide(n, &ev, d, started, oom_after);
+        rec.evidence = Some(ev);
+        Some(Flow::Again)
+    }
+
+    /// After a GPU OOM: another tenant's memory is waited for; otherwise the
+    /// policy decides, within --max-attempts.
+    pub(super) fn after_oom(
+        &mut self,
+        rec: &mut AttemptRecord,
+        ev: &Evidence,
+        finding: Option<&Finding>,
+        report: &launch::Report,
+        started: SystemTime,
+    ) -> Flow {
+        let (n, max) = (rec.n, self.cfg.max_attempts);
+        self.log.info(&format!("attempt {n}: {ev}"));
+        self.suspect(n, ev);
+        if !ev.hung()
+            && n < max
+            && let Some(flow) = self.foreign_oom(rec, finding, report.pid)
+        {
+            return flow;
+        }
+        if n >= max {
+            eprintln!(
+                "oomguard: {n} attempts made (--max-attempts {max}); the run still does not fit"
+            );
+            return Flow::Stop(exit::EXHAUSTED);
+        }
+        let policy = self.policy();
+        let Some(d) = crate::memory::decide(&policy, &self.settings, ev, self.cal.as_mut()) else {
+            eprintln!(
+                "oomguard: the policy '{}' has no step left; the run still does not fit at {}",
+                self.cfg.policy.name, self.settings
+            );
+            for na in policy::not_applicable(&self.cfg.policy, &self.cfg.disc) {
+                eprintln!("oomguard:   {} not applicable: {}", na.step, na.why);
+            }
+            return Flow::Stop(exit::EXHAUSTED);
+        };
+        let oom_after = report.oom_at.unwrap_or(report.duration);
+        rec.next = self.decide(n, ev, d, started, oom_after);
+        Flow::Again
+    }
+
+    /// The same allocation failing again right after the micro-batch was
+    /// halved: the trainer may not be using the new value (transformers 4.36 to
+    /// early 5.x restored train_batch_size from the checkpoint's
+    /// trainer_state.json on resume).
+    pub(super) fn suspect(&mut self, n: u32, ev: &Evidence) {
+        let last = self.attempts.iter().rev().find_map(|a| match &a.next {
+            Next::Decided { decision, .. } => Some((a, decision.step)),
+            _ => None,
+        });
+        let Some((prev, StepKind::HalveMicroBatch)) = last else {
+            return;
+        };
+        let before = prev.evidence.as_ref().and_then(Evidence::tried_to_allocate);
+        if before.is_some() && before == ev.tried_to_allocate() {
+            eprintln!(
+                "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
+            );
+            self.j.record(&Event::Suspect {
+                attempt: n,
+                why: "same allocation size after halving the micro-batch",
+            });
+        }
+    }
+
+    /// Another tenant's memory, not the run's: wait for it and retry the same
+    /// settings instead of shrinking (bounded; then the policy applies).
+    /// `None`: not another tenant's, or it did not leave in time.
+    pub(super) fn foreign_oom(
+        &mut self,
+        rec: &mut AttemptRecord,
+        finding: Option<&Finding>,
+        pid: u32,
+    ) -> Option<Flow> {
+        let tenants = self.gw.tenants(finding);
+        if tenants.is_empty() {
+            return None;
+        }
+        let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+        let who = who.join("; ");
+        eprintln!("oomguard: this OOM is not the run's own: {who}");
+        self.j.record(&Event::ForeignOom {
+            attempt: rec.n,
+            tenants: &tenants,
+        });
+        rec.foreign = Some(who.clone());
+        let retries = self
+            .attempts
+            .iter()
+            .filter(|a| matches!(a.next, Next::Retry))
+            .count();
+        if retries >= TENANT_RETRIES as usize || !self.gw.wait_for_tenant(pid) {
+            eprintln!(
+                "oomguard: the memory did not come back in time (--wait-timeout); falling back to the policy"
+            );
+            return None;
+        }
+        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        self.checkpoints_passed_over(rec.n, &res);
+        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
+        self.log
+            .info("memory is free again: retrying the same settings");
+        self.j.record(&Event::RetrySameSettings {
+            attempt: rec.n,
+            step: SameSettings::RetrySameSettings,
+            before: &self.settings,
+            after: &self.settings,
+            reason: format!("another tenant held the memory: {who}"),
+            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+        });
+        rec.next = Next::Retry;
+        Some(Flow::Again)
+    }
+
+    /// Take the policy's decision: find the checkpoint to resume from, measure
+    /// the work lost, journal both, and move to the new settings.
+    pub(super) fn decide(
+        &mut self,
+        n: u32,
+        ev: &Evidence,
+        d: Decision,
+        started: SystemTime,
+        oom_after: Duration,
+    ) -> Next {
+        // The previous attempt's group is gone (launch waits for it), so a
+        // checkpoint it was writing is as complete as it will ever be.
+        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        self.checkpoints_passed_over(n, &res);
+        let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
+        let loss = Loss::measure(
+            ev.step_reached,
+            self.resumed_step,
+            new_step,
+            res.chosen
+                .as_ref()
+                .and_then(|c| checkpoint::written_at(&c.path)),
+            started,
+            oom_after,
+        );
+        self.j.record(&Event::WorkLost {
+            attempt: n,
+            step_reached: ev.step_reached,
+            started_from_step: self.resumed_step,
+            resume_from_step: new_step,
+            steps_lost: loss.steps,
+            seconds_lost: loss.seconds,
+        });
+        self.resume_from(&res, new_step);
+        self.log
+            .info(&format!("decision: {} — {}", d.step, d.reason));
+        self.log.info(&res.why);
+        self.j.record(&Event::Decision {
+            attempt: n,
+            step: d.step,
+            before: &d.before,
+            after: &d.after,
+            global_batch_before: d.before.global_batch(),
+            global_batch_after: d.after.global_batch(),
+            reason: &d.reason,
+            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+            resume_step: new_step,
+        });
+        self.settings = d.after.clone();
+        Next::Decided { decision: d, loss }
+    }
+
+    /// Say which newer checkpoints the next attempt does not resume from, and
+    /// why: the newest few skipped one by one, the rest counted; those this
+    /// run did not write in one line. (Ten thousand broken folders once wrote
+    /// ten thousand lines on every relaunch.)
+    pub(super) fn checkpoints_passed_over(&mut self, n: u32, res: &ResumeInfo) {
+        let Some(found) = &res.found else { return };
+        let named = found.skipped.len().min(checkpoint::NAMED);
+        let (first, rest) = found.skipped.split_at(named);
+        for s in first {
+            self.log
+                .info(&format!("skipped {}: {}", s.path.display(), s.why));
+            self.j.record(&Event::CheckpointSkipped {
+                attempt: n,
+                path: &s.path,
+                why: &s.why,
+            });
+        }
+        if !rest.is_empty() {
+            self.log.info(&format!(
+                "skipped {} more checkpoints: {}",
+                rest.len(),
+                checkpoint::kinds_text(rest)
+            ));
+            self.j.record(&Event::CheckpointsSkipped {
+                attempt: n,
+                count: rest.len(),
+                reasons: checkpoint::count_kinds(rest),
+            });
+        }
+        if !found.ignored.is_empty() {
+            let newest: Vec<String> = found
+                .ignored
+                .iter()
+                .take(checkpoint::NAMED)
+                .map(|s| s.path.display().to_string())
+                .collect();
+            self.log.info(&format!(
+                "ignored {}; a relaunch resumes only from checkpoints this run wrote",
+                checkpoint::ignored_text(&found.ignored)
+            ));
+            self.j.record(&Event::CheckpointsIgnored {
+                attempt: n,
+                count: found.ignored.len(),
+                newest,
+                reasons: checkpoint::count_kinds(&found.ignored),
+            });
+        }
+    }
+}
