@@ -284,10 +284,9 @@ fn without_nvml_gpu_flags_say_so_once_and_the_run_goes_on() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    if !err.contains("NVML not available") {
-        eprintln!("skipped: this machine has NVML");
-        return;
-    }
     assert_eq!(out.status.code(), Some(0), "{err}");
-    assert_eq!(err.matches("NVML not available").count(), 1, "{err}");
+    // With a driver the GPU flags work and nothing is said; without one, once.
+    let has_nvml = std::path::Path::new("/dev/nvidiactl").exists();
+    let expected = if has_nvml { 0 } else { 1 };
+    assert_eq!(err.matches("NVML not available").count(), expected, "{err}");
 }

@@ -1,6 +1,6 @@
 //! The real binary on a terminal: the command gets a terminal of the same size, and resizes
 //! reach it; `diagnose` at a terminal says what it waits for. The terminal is made by
-//! script(1) (util-linux): the resize test is skipped without it, the `diagnose` one fails.
+//! script(1) (util-linux): both tests fail without it, saying so.
 
 use std::path::Path;
 use std::process::Command;
@@ -14,10 +14,10 @@ fn have_script() -> bool {
 
 #[test]
 fn the_command_gets_our_terminal_size_and_its_changes() {
-    if !have_script() {
-        eprintln!("skipped: script(1) not found");
-        return;
-    }
+    assert!(
+        have_script(),
+        "script(1) not found: install util-linux (bsdutils) to run the terminal tests"
+    );
     let dir = tempfile::tempdir().unwrap();
     let child = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/children/print_winsize.py");
     // Inside script's terminal: set a size, start oomguard in the background of the same

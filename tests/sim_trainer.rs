@@ -8,37 +8,9 @@ mod common;
 use common::*;
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn sim() -> String {
-    repo().join("examples/sim_trainer.py").display().to_string()
-}
-
-/// The README demo's command (faster steps), writing into `out`.
-fn demo_args(out: &Path) -> Vec<String> {
-    let mut v: Vec<String> = ["python3", &sim()].iter().map(|s| s.to_string()).collect();
-    for a in [
-        "--per_device_train_batch_size",
-        "16",
-        "--gradient_accumulation_steps",
-        "2",
-        "--max_seq_length",
-        "1024",
-        "--max_steps",
-        "30",
-        "--save_steps",
-        "5",
-        "--step_seconds",
-        "0.005",
-        "--output_dir",
-    ] {
-        v.push(a.to_string());
-    }
-    v.push(out.display().to_string());
-    v
-}
 
 fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()

@@ -18,10 +18,6 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(180);
 const WHY: &str = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)";
 
-fn sim() -> String {
-    repo().join("examples/sim_trainer.py").display().to_string()
-}
-
 /// A job name no other test uses.
 fn job_name(test: &str) -> String {
     format!("oomguard-test-{test}-{}", std::process::id())

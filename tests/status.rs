@@ -13,10 +13,6 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(120);
 const QUICK: Duration = Duration::from_secs(30);
 
-fn sim() -> String {
-    repo().join("examples/sim_trainer.py").display().to_string()
-}
-
 /// The simulated trainer at micro-batch `micro` (16 and 8 OOM at sequence 1024, 4 fits),
 /// global batch 32, saving every 5 steps.
 fn trainer(out: &Path, micro: u64, max_steps: u64, step_seconds: f64) -> Vec<String> {

@@ -15,10 +15,6 @@ use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
-fn sim() -> String {
-    repo().join("examples/sim_trainer.py").display().to_string()
-}
-
 fn make_checkpoints() -> String {
     repo()
         .join("tests/children/make_checkpoints.sh")
@@ -29,26 +25,7 @@ fn make_checkpoints() -> String {
 /// The README demo (fast steps): OOMs at micro-batch 16 and 8 at step 7, after
 /// checkpoint-5 is saved; fits at 4.
 fn demo(out: &Path) -> Vec<String> {
-    let mut v = vec!["python3".to_string(), sim()];
-    for a in [
-        "--per_device_train_batch_size",
-        "16",
-        "--gradient_accumulation_steps",
-        "2",
-        "--max_seq_length",
-        "1024",
-        "--max_steps",
-        "30",
-        "--save_steps",
-        "5",
-        "--step_seconds",
-        "0.005",
-        "--output_dir",
-    ] {
-        v.push(a.to_string());
-    }
-    v.push(out.display().to_string());
-    v
+    demo_args(out)
 }
 
 fn with_run_dir(run_dir: &Path, cmd: Vec<String>) -> Vec<String> {

@@ -308,3 +308,32 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The simulated trainer (`examples/sim_trainer.py`).
+pub fn sim() -> String {
+    repo().join("examples/sim_trainer.py").display().to_string()
+}
+
+/// The README demo's command (faster steps), writing into `out`.
+pub fn demo_args(out: &Path) -> Vec<String> {
+    let mut v = vec!["python3".to_string(), sim()];
+    for a in [
+        "--per_device_train_batch_size",
+        "16",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_seq_length",
+        "1024",
+        "--max_steps",
+        "30",
+        "--save_steps",
+        "5",
+        "--step_seconds",
+        "0.005",
+        "--output_dir",
+    ] {
+        v.push(a.to_string());
+    }
+    v.push(out.display().to_string());
+    v
+}
