@@ -180,6 +180,9 @@ pub struct OomNumbers {
     pub tried_at_least_bytes: Option<u64>,
     /// The process the kernel's OOM killer killed, when the output shows its record.
     pub victim: Option<kernel::Victim>,
+    /// "4.00 GiB allowed;": the cap `torch.cuda.set_per_process_memory_fraction` set on
+    /// this process's allocator, smaller than the GPU's total.
+    pub allowed_bytes: Option<u64>,
 }
 
 /// The decisive line of a log and what it means.
@@ -535,6 +538,7 @@ struct NumberPatterns {
     total_old: Regex,
     total_new: Regex,
     total_mps: Regex,
+    allowed: Regex,
     free_old: Regex,
     free_new: Regex,
     allocated_old: Regex,
@@ -563,6 +567,7 @@ static NUMBERS: LazyLock<NumberPatterns> = LazyLock::new(|| {
         total_old: re(r"SIZE\s*total\s*capac"),
         total_new: re(r"total\s*capac[a-z]*\s*of\s*SIZE"),
         total_mps: re(r"max\s*allowed:\s*SIZE"),
+        allowed: re(r"SIZE\s*allowed\s*;"),
         free_old: re(r"SIZE\s*free\b"),
         free_new: re(r"of\s*which\s*SIZE\s*is\s*free"),
         allocated_old: re(r"SIZE\s*already\s*allocated"),
@@ -1514,6 +1519,7 @@ fn gpu_numbers(text: &str) -> OomNumbers {
             .or_else(|| size_if("cached", &n.reserved_total, text)),
         tried_at_least_bytes: size_if("than", &n.tried_more_than, text),
         victim: None,
+        allowed_bytes: size_if("allowed", &n.allowed, text),
     }
 }
 
@@ -1537,6 +1543,7 @@ fn fill_missing(into: &mut OomNumbers, from: OomNumbers) {
         .or(from.tried_to_allocate_bytes);
     into.total_bytes = into.total_bytes.or(from.total_bytes);
     into.free_bytes = into.free_bytes.or(from.free_bytes);
+    into.allowed_bytes = into.allowed_bytes.or(from.allowed_bytes);
     into.allocated_bytes = into.allocated_bytes.or(from.allocated_bytes);
     into.reserved_unallocated_bytes = into
         .reserved_unallocated_bytes

@@ -366,7 +366,13 @@ fn the_next_run_of_the_same_command_starts_from_what_fit_unless_fresh() {
     args.extend(cmd.iter().map(String::as_str));
     let out = run(t.path(), &args, &envs);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan --json");
-    assert_eq!(v["ladder"][0]["settings"]["micro_batch"], 2, "{v}");
+    let remembered: u64 = stderr
+        .split("(micro_batch=")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the remembered micro-batch in the start line");
+    assert_eq!(v["ladder"][0]["settings"]["micro_batch"], remembered, "{v}");
     let (fresh, stderr) = attempts(&["--fresh"]);
     assert_eq!(fresh, 2, "{stderr}");
     assert!(!stderr.contains("starting from the settings that fit"));

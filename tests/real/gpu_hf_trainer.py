@@ -32,14 +32,18 @@ from dataclasses import dataclass, field
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
-from transformers import (GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer,
-                          TrainerCallback, TrainingArguments)
+from transformers import (AutoConfig, AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel,
+                          HfArgumentParser, Trainer, TrainerCallback, TrainingArguments)
 
 
 @dataclass
 class ScriptArguments:
     max_seq_length: int = field(default=512)
-    gpu_mem_gib: float = field(default=4.0, metadata={"help": "cap on this process's CUDA memory"})
+    gpu_mem_gib: float = field(default=4.0, metadata={"help": "cap on this process's CUDA memory (0: none)"})
+    model_name_or_path: str = field(default="", metadata={
+        "help": "a folder with a config.json: that model, randomly initialised (default: the small GPT-2 below)"})
+    attn_implementation: str = field(default="", metadata={
+        "help": "eager, sdpa, ...; default eager for the small GPT-2, sdpa for --model_name_or_path"})
     short_until_step: int = field(default=0, metadata={
         "help": "steps before this one see batches cut to a quarter of max_seq_length "
                 "(like a dataset whose long samples come later), so a checkpoint exists before the OOM"})
@@ -71,7 +75,8 @@ def main():
     script_args, training_args = parser.parse_args_into_dataclasses(args=defaults + sys.argv[1:])
 
     total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, script_args.gpu_mem_gib * 1024 ** 3 / total), 0)
+    if script_args.gpu_mem_gib > 0:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, script_args.gpu_mem_gib * 1024 ** 3 / total), 0)
     micro, accum = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
     seq, world = script_args.max_seq_length, training_args.world_size
     print(f"micro={micro} accum={accum} world={world} seq={seq} global_batch={micro * accum * world} "
@@ -79,9 +84,16 @@ def main():
           flush=True)
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=1024,
-                        bos_token_id=0, eos_token_id=0, attn_implementation="eager")
-    model = GPT2LMHeadModel(config)
+    if script_args.model_name_or_path:
+        config = AutoConfig.from_pretrained(script_args.model_name_or_path)
+        model = AutoModelForCausalLM.from_config(
+            config, attn_implementation=script_args.attn_implementation or "sdpa")
+    else:
+        config = GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=1024,
+                            bos_token_id=0, eos_token_id=0,
+                            attn_implementation=script_args.attn_implementation or "eager")
+        model = GPT2LMHeadModel(config)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B parameters", flush=True)
     counter = StepCounter()
 
     def shorten_early_batches(module, args, kwargs):
@@ -96,7 +108,20 @@ def main():
     if training_args.resume_from_checkpoint:
         print(f"resuming from {training_args.resume_from_checkpoint}", flush=True)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    print(f"max memory allocated: {torch.cuda.max_memory_allocated() / 1024 ** 3:.2f} GiB", flush=True)
+    gib = 1024 ** 3
+    free, total = torch.cuda.mem_get_info()
+    # The CUDA context and other non-PyTorch memory of this process: what the GPU has
+    # in use beyond what the allocator holds (this process is alone on the GPU).
+    context = (total - free) - torch.cuda.memory_reserved()
+    print(f"max memory allocated: {torch.cuda.max_memory_allocated() / gib:.3f} GiB", flush=True)
+    print(f"max memory reserved: {torch.cuda.max_memory_reserved() / gib:.3f} GiB", flush=True)
+    print(f"non-PyTorch memory (context): {context / gib:.3f} GiB", flush=True)
+    # At rest after training the allocator holds the weights and the optimizer's states
+    # (the Trainer frees the gradients after each step): add the gradients back.
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    print(f"model states (weights, gradients, optimizer): "
+          f"{(torch.cuda.memory_allocated() + grads) / gib:.2f} GiB", flush=True)
+    print(f"peak device memory: {(torch.cuda.max_memory_reserved() + context) / gib:.2f} GiB", flush=True)
     print(f"training finished: global_step={trainer.state.global_step} global_batch={micro * accum * world}",
           flush=True)
 

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: real CUDA out-of-memory errors carried through by
+# oomguard, and its memory estimate against the peak PyTorch measures.
+#
+#   examples/gpu_checks.sh [RESULTS_DIR]
+#
+# 1. Ladder tier: tests/real/gpu_hf_trainer.py (a small GPT-2 with no config.json, so no
+#    memory model) capped at 4 GiB with torch.cuda.set_per_process_memory_fraction,
+#    micro-batch 32: the real CUDA OOM at step 7 is carried through by halving the
+#    micro-batch (global batch 32 kept) and resuming from checkpoint-5, to step 20.
+# 2. Memory-model tier: the same trainer with a Llama-shaped config.json (0.17B, bf16,
+#    sdpa) capped at 8 GiB, micro-batch 32 × 1024 tokens: oomguard reads the OOM's
+#    numbers (the cap shows as "X allowed;"), calibrates, picks the fix and finishes.
+# 3. tests/real/gpu_estimate_check.py: `oomguard estimate` against the measured peak.
+#
+# Environment: OOMGUARD_BIN (default target/release/oomguard, built), PYTHON (default
+# python3, with torch on CUDA and transformers). Exit 0 when every check passed, 1 when
+# one failed, 77 when torch sees no CUDA device.
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+results="${1:-$(mktemp -d "${TMPDIR:-/tmp}/gpu_checks.XXXXXX")}"
+mkdir -p "$results"
+py="${PYTHON:-python3}"
+say() { printf '[gpu_checks] %s\n' "$*" >&2; }
+
+if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    say "skipped: $py has no torch with a CUDA device"
+    exit 77
+fi
+bin="${OOMGUARD_BIN:-$repo/target/release/oomguard}"
+if [[ -z "${OOMGUARD_BIN:-}" ]]; then
+    (cd "$repo" && cargo build --release --quiet) || exit 1
+fi
+work="$(mktemp -d "${TMPDIR:-/tmp}/gpu_checks_work.XXXXXX")"
+trainer="$repo/tests/real/gpu_hf_trainer.py"
+failed=0
+check() { if "${@:2}"; then say "PASS: $1"; else say "FAIL: $1"; failed=1; fi; }
+step_of() { "$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["global_step"])' "$1" 2>/dev/null; }
+
+# ---- 1. ladder tier ----
+say "1: real CUDA OOM, no model config (the ladder)"
+"$bin" --run-dir "$work/run1" -- "$py" "$trainer" --per_device_train_batch_size 32 \
+    --gradient_accumulation_steps 1 --max_seq_length 512 --output_dir "$work/out1" \
+    --max_steps 20 --save_steps 5 --short_until_step 7 >"$results/tier1.out" 2>"$results/tier1.err"
+rc=$?
+check "tier 1: oomguard exit 0 (was $rc)" test "$rc" -eq 0
+check "tier 1: a real CUDA OOM was met" grep -q "CUDA out of memory" "$results/tier1.err" "$results/tier1.out"
+check "tier 1: relaunched with --resume_from_checkpoint" grep -q "resuming from $work/out1/checkpoint-" "$results/tier1.out"
+check "tier 1: global batch 32 kept" grep -q "global_batch=32" "$results/tier1.out"
+check "tier 1: trained to step 20" test "$(step_of "$work/out1/checkpoint-20/trainer_state.json")" = 20
+
+# ---- 2. memory-model tier ----
+say "2: real CUDA OOM with a model config (the memory model decides)"
+model="$work/llama-0.17b"
+mkdir -p "$model"
+cat >"$model/config.json" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,
+ "num_hidden_layers": 8, "intermediate_size": 2816, "num_attention_heads": 16,
+ "num_key_value_heads": 16, "vocab_size": 32000, "max_position_embeddings": 4096,
+ "hidden_act": "silu", "tie_word_embeddings": false, "rms_norm_eps": 1e-05}
+EOF
+args2=(--model_name_or_path "$model" --bf16 true --per_device_train_batch_size 32
+    --gradient_accumulation_steps 1 --max_seq_length 1024 --gpu_mem_gib 8
+    --output_dir "$work/out2" --max_steps 12 --save_steps 4 --short_until_step 5)
+"$bin" estimate --gpu-memory 8 -- "$py" "$trainer" "${args2[@]}" >"$results/tier2.estimate" 2>&1
+"$bin" --run-dir "$work/run2" -- "$py" "$trainer" "${args2[@]}" >"$results/tier2.out" 2>"$results/tier2.err"
+rc=$?
+check "tier 2: oomguard exit 0 (was $rc)" test "$rc" -eq 0
+check "tier 2: a real CUDA OOM was met" grep -q "CUDA out of memory" "$results/tier2.err" "$results/tier2.out"
+check "tier 2: global batch 32 kept" grep -q "global_batch=32" "$results/tier2.out"
+check "tier 2: trained to step 12" test "$(step_of "$work/out2/checkpoint-12/trainer_state.json")" = 12
+attempts="$(grep -c '^micro=' "$results/tier2.out")"
+say "tier 2: $attempts attempts: $(grep '^micro=' "$results/tier2.out" | cut -d' ' -f1-2,5-6 | paste -sd'|')"
+check "tier 2: at most 2 relaunches (3 attempts; was $attempts)" test "$attempts" -le 3
+cp -r "$work/run2" "$results/run2" 2>/dev/null || true
+
+# ---- 3. estimate against the measured peak ----
+say "3: oomguard estimate against the measured peak"
+"$py" "$repo/tests/real/gpu_estimate_check.py" --bin "$bin" --out "$results" --python "$py" \
+    >"$results/estimate.out" 2>&1
+rc=$?
+cat "$results/estimate.out" >&2
+check "estimate check ran every case (exit $rc)" test "$rc" -eq 0
+
+if ((failed)); then say "some checks FAILED; results in $results, work in $work"; exit 1; fi
+say "all checks passed; results in $results"
