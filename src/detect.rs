@@ -1948,24 +1948,6 @@ mod tests {
         score::expected(label).unwrap_or_else(|| panic!("unknown label {label}"))
     }
 
-    /// Fixtures whose label cannot be honoured from their text, with the reason
-    /// (tests/fixtures/label_exceptions.txt). cuda_oom-59 is a GPU OOM by accelerate's
-    /// own wording, "No executable batch size found" is only raised after repeated OOMs;
-    /// cuda_oom-63's THCudaCheck error=2 line comes before the AttributeError it causes.
-    fn label_exceptions() -> Vec<(String, String)> {
-        let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/label_exceptions.txt");
-        std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .map(|l| {
-                let (name, why) = l.split_once('\t').expect("FILE<TAB>why");
-                (name.to_string(), why.to_string())
-            })
-            .collect()
-    }
-
     /// Compare a parsed size with a header value such as "1.50 GiB", "6291456 bytes
     /// (NCCL calloc)" or "max allowed 20.40 GB", within the rounding of 2 decimals.
     fn check_size(
@@ -1992,13 +1974,11 @@ mod tests {
     }
 
     fn sweep(fixtures: &[Fixture]) -> Vec<String> {
-        let exceptions = label_exceptions();
         let mut errors = Vec::new();
         for fx in fixtures {
             let found = classify_log(&fx.body);
             let want = expected_kinds(&fx.label);
-            let excepted = exceptions.iter().any(|(n, _)| *n == fx.name);
-            if !want.contains(&found.kind) && !excepted {
+            if !want.contains(&found.kind) {
                 errors.push(format!(
                     "{}: label {} => {want:?}, found {:?} at line {}: {}",
                     fx.name, fx.label, found.kind, found.line_no, found.line
