@@ -108,7 +108,8 @@ pub enum Sub {
         #[arg(long, value_name = "FILE")]
         kernel_log: Option<PathBuf>,
         /// Score the scanner on labelled logs (each `# label: ...`, `# ---`, the log):
-        /// recall and precision per class, then every log found otherwise.
+        /// recall and precision per class, then every log found otherwise, then every
+        /// `unsettled` log (not scored) with what it was found as.
         #[arg(long, value_name = "DIR", num_args = 1.., conflicts_with_all = ["file", "kernel_log"])]
         score: Vec<PathBuf>,
         /// The log file; standard input when absent or `-`.

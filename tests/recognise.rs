@@ -1,7 +1,8 @@
 //! An allocation far beyond the GPU (a corrupted size) is a bug, not a lack of memory:
 //! through the real binary, oomguard stops at once with the command's status, says it is
 //! not fixable by smaller settings, and never shrinks the run — also when the run hangs
-//! after it.
+//! after it. So does thrust's `bad_alloc` for a device allocation, which prints no size
+//! (usually an extension built for another GPU).
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -104,4 +105,45 @@ fn an_absurd_request_stops_with_the_commands_status_and_never_shrinks_the_run() 
             "{mode}\n{why}"
         );
     }
+}
+
+#[test]
+fn thrusts_sizeless_bad_alloc_stops_with_the_commands_status_and_never_shrinks_the_run() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/children/absurd_oom.py");
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "python3",
+        script.to_str().unwrap(),
+        "thrust",
+        "--per_device_train_batch_size",
+        "8",
+    ];
+    let out = oomguard(tmp.path(), &args);
+    let why = describe(tmp.path(), &args, &out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "the command's status\n{why}");
+    for words in [
+        "cudaErrorMemoryAllocation: out of memory",
+        "not fixable by smaller settings — likely a bug",
+        "TORCH_CUDA_ARCH_LIST",
+        "If the GPU really was full",
+    ] {
+        assert!(err.contains(words), "{words:?}\n{why}");
+    }
+    let ends = events(&run_dir, "attempt_end");
+    assert_eq!(ends.len(), 1, "one attempt, never relaunched\n{why}");
+    assert_eq!(ends[0]["outcome"], "absurd_request", "{why}");
+    assert!(
+        events(&run_dir, "decision").is_empty(),
+        "no step taken\n{why}"
+    );
+    let oom = events(&run_dir, "oom");
+    assert_eq!(oom[0]["finding"]["kind"], "absurd_request", "{why}");
+    assert!(
+        oom[0]["finding"]["tried_to_allocate_bytes"].is_null(),
+        "no size printed\n{why}"
+    );
 }

@@ -1,24 +1,37 @@
 //! `oomguard diagnose --score DIR...`: how well the scanner tells labelled logs apart.
 //!
 //! Each file (`*.txt`, `*.log`) starts with `# key: value` header lines, among them
-//! `# label:` (`cuda_oom`, `hang_after_oom`, `host_oom`, `not_oom`), then a `# ---` line,
-//! then the log (the layout of `tests/fixtures/corpus/logs`). Every log is classified as
-//! `diagnose` would, and per class the recall (of the logs with that label, how many were
-//! found as such) and the precision (of the logs found as such, how many have that label)
-//! are printed, then every log found otherwise.
+//! `# label:` (`cuda_oom`, `hang_after_oom`, `host_oom`, `not_oom`, or `unsettled`), then a
+//! `# ---` line, then the log (the layout of `tests/fixtures/corpus/logs`). Every log is
+//! classified as `diagnose` would, and per class the recall (of the logs with that label,
+//! how many were found as such) and the precision (of the logs found as such, how many
+//! have that label) are printed, then every log found otherwise, then every `unsettled`
+//! log and what it was found as. An `unsettled` log is one whose thread does not settle
+//! whether memory was the cause: it is in no class and counts in no precision (there is
+//! no truth to score it against), but it is listed, never dropped.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::{Kind, classify_log};
 
+/// The label of a log whose thread does not settle whether memory was the cause.
+pub const UNSETTLED: &str = "unsettled";
+
 /// The kinds a label may be found as: a `not_oom` log is "left alone" when found as a
-/// failure that is not memory (an absurd request is one: it never shrinks the run).
+/// failure that is not memory (an absurd request is one: it never shrinks the run); an
+/// `unsettled` log claims only that the run failed, so any failure will do.
 pub fn expected(label: &str) -> Option<&'static [Kind]> {
     match label {
         "cuda_oom" | "hang_after_oom" => Some(&[Kind::GpuOom]),
         "host_oom" => Some(&[Kind::HostOom]),
         "not_oom" => Some(&[Kind::OtherFailure, Kind::AbsurdRequest]),
+        UNSETTLED => Some(&[
+            Kind::GpuOom,
+            Kind::HostOom,
+            Kind::AbsurdRequest,
+            Kind::OtherFailure,
+        ]),
         _ => None,
     }
 }
@@ -118,7 +131,17 @@ fn split_fixture(bytes: &[u8]) -> Option<(String, &[u8])> {
     Some((label, &bytes[at + sep.len()..]))
 }
 
-/// Recall and precision per class.
+/// Whether a log has a settled label (one it can be scored against).
+fn settled(s: &&Scored) -> bool {
+    s.label != UNSETTLED
+}
+
+/// The logs whose thread does not settle whether memory was the cause.
+pub fn unsettled(all: &[Scored]) -> Vec<&Scored> {
+    all.iter().filter(|s| !settled(s)).collect()
+}
+
+/// Recall and precision per class, over the logs with a settled label.
 pub fn scores(all: &[Scored]) -> Vec<ClassScore> {
     CLASSES
         .iter()
@@ -127,7 +150,7 @@ pub fn scores(all: &[Scored]) -> Vec<ClassScore> {
             let found_as = |s: &&Scored| c.kinds.contains(&s.kind);
             let logs = all.iter().filter(labelled).count();
             let found = all.iter().filter(labelled).filter(found_as).count();
-            let predicted = all.iter().filter(found_as).count();
+            let predicted = all.iter().filter(settled).filter(found_as).count();
             let ratio = |a: usize, b: usize| if b == 0 { 1.0 } else { a as f64 / b as f64 };
             ClassScore {
                 class: c.name,
@@ -169,9 +192,11 @@ pub fn render_text(all: &[Scored]) -> String {
             c.predicted
         );
     }
+    let open = unsettled(all);
+    let scored = all.len() - open.len();
     let wrong = misses(all);
     if wrong.is_empty() {
-        let _ = writeln!(s, "\nevery log found as labelled ({} logs)", all.len());
+        let _ = writeln!(s, "\nevery labelled log found as labelled ({scored} logs)");
     } else {
         let _ = writeln!(
             s,
@@ -180,39 +205,62 @@ pub fn render_text(all: &[Scored]) -> String {
             all.len()
         );
         for w in wrong {
-            let name = w.file.file_name().map(Path::new).unwrap_or(&w.file);
-            let line: String = w.line.chars().take(120).collect();
-            let _ = writeln!(
-                s,
-                "  {}: {}, found {} at line {}: {line}",
-                name.display(),
-                w.label,
-                w.kind.as_str(),
-                w.line_no
-            );
+            list(&mut s, w, true);
+        }
+    }
+    if !open.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nunsettled, not scored ({} of {} logs: the thread does not settle whether memory was the cause):",
+            open.len(),
+            all.len()
+        );
+        for u in open {
+            list(&mut s, u, false);
         }
     }
     s
 }
 
-/// The scores as one JSON object: `classes` (as the table) and `misses`.
+/// One log's line in the text: its name, (its label,) what it was found as and where.
+fn list(s: &mut String, w: &Scored, with_label: bool) {
+    let name = w.file.file_name().map(Path::new).unwrap_or(&w.file);
+    let line: String = w.line.chars().take(120).collect();
+    let label = if with_label {
+        format!("{}, ", w.label)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        s,
+        "  {}: {label}found {} at line {}: {line}",
+        name.display(),
+        w.kind.as_str(),
+        w.line_no
+    );
+}
+
+/// The scores as one JSON object: `logs` (all of them), `scored` (those with a settled
+/// label), `classes` (as the table), `misses` and `unsettled` (each with what it was
+/// found as).
 pub fn render_json(all: &[Scored]) -> String {
-    let misses: Vec<serde_json::Value> = misses(all)
-        .into_iter()
-        .map(|w| {
-            serde_json::json!({
-                "file": w.file.display().to_string(),
-                "label": w.label,
-                "kind": w.kind.as_str(),
-                "line_no": w.line_no,
-                "line": w.line,
-            })
+    let entry = |w: &Scored| {
+        serde_json::json!({
+            "file": w.file.display().to_string(),
+            "label": w.label,
+            "kind": w.kind.as_str(),
+            "line_no": w.line_no,
+            "line": w.line,
         })
-        .collect();
+    };
+    let misses: Vec<serde_json::Value> = misses(all).into_iter().map(entry).collect();
+    let open: Vec<serde_json::Value> = unsettled(all).into_iter().map(entry).collect();
     serde_json::json!({
         "logs": all.len(),
+        "scored": all.len() - open.len(),
         "classes": scores(all),
         "misses": misses,
+        "unsettled": open,
     })
     .to_string()
 }
@@ -236,5 +284,67 @@ pub fn score_main(dirs: &[PathBuf], json: bool) -> i32 {
             eprintln!("oomguard diagnose --score: cannot read {e}");
             crate::exit::USAGE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn log(name: &str, label: &str, kind: Kind) -> Scored {
+        Scored {
+            file: PathBuf::from(format!("logs/{name}")),
+            label: label.to_string(),
+            kind,
+            line_no: 3,
+            line: format!("the line of {name}"),
+        }
+    }
+
+    /// An unsettled log is in no class and in no precision, whatever it was found as,
+    /// yet the text and the JSON both name it with what it was found as.
+    #[test]
+    fn unsettled_logs_are_not_scored_but_reported() {
+        let all = vec![
+            log("gpu.txt", "cuda_oom", Kind::GpuOom),
+            log("not.txt", "not_oom", Kind::OtherFailure),
+            log("open.txt", UNSETTLED, Kind::GpuOom),
+        ];
+        let gpu = scores(&all)
+            .into_iter()
+            .find(|c| c.class == "GPU OOM")
+            .unwrap();
+        assert_eq!((gpu.logs, gpu.found, gpu.predicted), (1, 1, 1));
+        assert_eq!(gpu.precision, 1.0);
+        assert!(misses(&all).is_empty());
+        assert_eq!(unsettled(&all).len(), 1);
+
+        let text = render_text(&all);
+        assert!(
+            text.contains("every labelled log found as labelled (2 logs)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("unsettled, not scored (1 of 3 logs"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  open.txt: found gpu_oom at line 3: the line of open.txt"),
+            "{text}"
+        );
+
+        let v: serde_json::Value = serde_json::from_str(&render_json(&all)).unwrap();
+        assert_eq!(v["logs"], 3);
+        assert_eq!(v["scored"], 2);
+        assert_eq!(v["unsettled"][0]["file"], "logs/open.txt");
+        assert_eq!(v["unsettled"][0]["kind"], "gpu_oom");
+    }
+
+    /// An unsettled log found as no failure is a miss: the label still says it failed.
+    #[test]
+    fn an_unsettled_log_found_as_no_failure_is_a_miss() {
+        let all = vec![log("open.txt", UNSETTLED, Kind::NoFailure)];
+        assert_eq!(misses(&all).len(), 1);
+        assert!(render_text(&all).contains("found otherwise (1 of 1 logs)"));
     }
 }

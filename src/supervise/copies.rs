@@ -193,10 +193,19 @@ impl<'c> Run<'c> {
                 code
             }
             Outcome::AbsurdRequest { finding, code } => {
-                eprintln!(
-                    "oomguard: the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
-                    finding.line
-                );
+                if crate::detect::sizeless_thrust_alloc(&finding) {
+                    eprintln!(
+                        "oomguard: {}: {}\noomguard: {}; stopping with status {code}",
+                        crate::detect::absurd_what(&finding),
+                        finding.line,
+                        crate::detect::advice(&finding)
+                    );
+                } else {
+                    eprintln!(
+                        "oomguard: the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
+                        finding.line
+                    );
+                }
                 code
             }
             Outcome::HostOom {

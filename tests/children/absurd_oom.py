@@ -3,11 +3,26 @@
 one: a traceback ending in `torch.OutOfMemoryError` for 131062.02 GiB on a 44.53 GiB GPU.
 
 argv[1]: `exit` to exit 1 (as an uncaught exception does), `hang` to print the traceback
-and then sleep for ever without output. Flags after it are ignored (they carry the knobs).
+and then sleep for ever without output; `thrust` to die as gaussian-splatting#961 did at
+scene setup (simple-knn built for another GPU): thrust's `MemoryError: std::bad_alloc:
+cudaErrorMemoryAllocation: out of memory`, no size printed, exit 1. Flags after it are
+ignored (they carry the knobs).
 """
 import sys
 import time
 import traceback
+
+if sys.argv[1] == "thrust":
+    sys.stderr.write(
+        "Traceback (most recent call last):\n"
+        '  File "train.py", line 35, in training\n'
+        "    scene = Scene(dataset, gaussians)\n"
+        '  File "scene/gaussian_model.py", line 134, in create_from_pcd\n'
+        "    dist2 = torch.clamp_min(distCUDA2(torch.from_numpy(np.asarray(pcd.points))"
+        ".float().cuda()), 0.0000001)\n"
+        "MemoryError: std::bad_alloc: cudaErrorMemoryAllocation: out of memory\n"
+    )
+    sys.exit(1)
 
 
 class OutOfMemoryError(RuntimeError):
