@@ -147,3 +147,39 @@ fn thrusts_sizeless_bad_alloc_stops_with_the_commands_status_and_never_shrinks_t
         "no size printed\n{why}"
     );
 }
+
+/// The same sizeless thrust failure after training steps ran is memory running out
+/// (a mis-built extension fails at its first call): the run is shrunk and finishes.
+#[test]
+fn thrusts_sizeless_bad_alloc_after_training_steps_is_taken_for_a_gpu_oom() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/children/absurd_oom.py");
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "python3",
+        script.to_str().unwrap(),
+        "thrust-after-steps",
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "1",
+    ];
+    let out = oomguard(tmp.path(), &args);
+    let why = describe(tmp.path(), &args, &out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{why}");
+    assert!(
+        err.contains("after training reached step 3: taken for a GPU OOM"),
+        "{why}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("done at micro-batch 4"),
+        "{why}"
+    );
+    let decisions = events(&run_dir, "decision");
+    assert_eq!(decisions.len(), 1, "{why}");
+    assert_eq!(decisions[0]["after"]["micro_batch"], 4, "{why}");
+    assert_eq!(decisions[0]["after"]["grad_accum"], 2, "{why}");
+}

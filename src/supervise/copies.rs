@@ -193,7 +193,22 @@ impl<'c> Run<'c> {
                 code
             }
             Outcome::AbsurdRequest { finding, code } => {
-                if crate::detect::sizeless_thrust_alloc(&finding) {
+                let thrust = crate::detect::sizeless_thrust_alloc(&finding);
+                // A mis-built extension fails at its first call; thrust's sizeless
+                // failure after training steps ran is memory running out.
+                if let Some(step) = log
+                    .and_then(progress::step_reached)
+                    .filter(|s| thrust && *s > 0)
+                {
+                    self.log.info(&format!(
+                        "thrust's allocation failed with no size after training reached step {step}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)"
+                    ));
+                    let ev = Evidence::gpu_oom(Some(&finding), false, Some(step));
+                    let flow = self.after_oom(rec, &ev, Some(&finding), report, started);
+                    rec.evidence = Some(ev);
+                    return flow;
+                }
+                if thrust {
                     eprintln!(
                         "oomguard: {}: {}\noomguard: {}; stopping with status {code}",
                         crate::detect::absurd_what(&finding),

@@ -5,14 +5,24 @@ one: a traceback ending in `torch.OutOfMemoryError` for 131062.02 GiB on a 44.53
 argv[1]: `exit` to exit 1 (as an uncaught exception does), `hang` to print the traceback
 and then sleep for ever without output; `thrust` to die as gaussian-splatting#961 did at
 scene setup (simple-knn built for another GPU): thrust's `MemoryError: std::bad_alloc:
-cudaErrorMemoryAllocation: out of memory`, no size printed, exit 1. Flags after it are
-ignored (they carry the knobs).
+cudaErrorMemoryAllocation: out of memory`, no size printed, exit 1; `thrust-after-steps`
+to print three training steps first and die so only at `--per_device_train_batch_size 8`
+(finishing at any other). Other flags are ignored (they carry the knobs).
 """
 import sys
 import time
 import traceback
 
-if sys.argv[1] == "thrust":
+if sys.argv[1] in ("thrust", "thrust-after-steps"):
+    if sys.argv[1] == "thrust-after-steps":
+        # As jac99/MinkLoc3Dv2#3: the same words after training had run (real memory
+        # pressure); only at micro-batch 8: the relaunch at a smaller one finishes.
+        batch = sys.argv[sys.argv.index("--per_device_train_batch_size") + 1]
+        for step in range(1, 4):
+            print(f"step {step} loss 0.9", flush=True)
+        if batch != "8":
+            print(f"done at micro-batch {batch}", flush=True)
+            sys.exit(0)
     sys.stderr.write(
         "Traceback (most recent call last):\n"
         '  File "train.py", line 35, in training\n'
