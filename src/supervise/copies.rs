@@ -154,8 +154,8 @@ impl<'c> Run<'c> {
     ) -> Flow {
         let code = match outcome {
             Outcome::GpuOom { finding, hung } => {
-                let reached = log.and_then(progress::step_reached);
-                let ev = Evidence::gpu_oom(finding.as_ref(), hung, reached);
+                let reached = self.reached(log, started);
+                let ev = Evidence::gpu_oom(finding.as_ref(), hung, reached, self.started_from());
                 let flow = self.after_oom(rec, &ev, finding.as_ref(), report, started);
                 rec.evidence = Some(ev);
                 return flow;
@@ -204,7 +204,7 @@ impl<'c> Run<'c> {
                 victim,
                 code,
             } => {
-                let reached = log.and_then(progress::step_reached);
+                let reached = self.reached(log, started);
                 if let Some(flow) = self.after_host_oom(rec, reached, report, started) {
                     return flow;
                 }
@@ -217,7 +217,8 @@ impl<'c> Run<'c> {
                     }
                 };
                 eprintln!(
-                    "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; reduce DataLoader workers or host-side buffers. Stopping with status {code}"
+                    "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}",
+                    self.host_oom_advice(rec.n)
                 );
                 code
             }
