@@ -171,9 +171,12 @@ impl Reached {
 /// log: the last bar or step line, or, with the Trainer's `logging` interval
 /// known, its log dicts counted — whichever names the later step.
 pub fn read(log: &Path, logging: Option<Logging>, from: u64) -> Option<Reached> {
+    // A step line at or before the start (`resuming from checkpoint-5 at step 5`,
+    // `Continuing training from global step 5`) shows no step of this attempt:
+    // only that it got there.
     let printed = step_reached(log).map(|step| Reached {
         step,
-        at_least: false,
+        at_least: step <= from,
     });
     let logged = logging.and_then(|l| {
         // The whole log: oomguard keeps at most its first 8 MiB and last 4 MiB.

@@ -618,3 +618,57 @@ fn a_host_oom_without_workers_to_halve_stops_with_advice() {
         );
     }
 }
+
+/// Without a progress bar (the Trainer's `--disable_tqdm true`), the steps redone are
+/// read from its log dicts, which carry no step: counted with `--logging_steps`,
+/// exact at 1, "at least" above it, and "unknown" — never 0 — without it.
+#[test]
+fn the_steps_redone_are_read_from_the_trainers_log_dicts_or_said_unknown() {
+    for (logging, summary, lost) in [
+        (
+            Some("1"),
+            "work lost to 2 OOMs: 2 steps of redone training",
+            Some(1),
+        ),
+        (
+            Some("2"),
+            "work lost to 2 OOMs: at least 2 steps (after 2 of them only a lower bound of the step reached is known) of redone training",
+            Some(1),
+        ),
+        (
+            None,
+            "work lost to 2 OOMs: an unknown number of steps of redone training",
+            None,
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+        let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string()];
+        args.extend(demo_args(&out));
+        args.push("--disable_tqdm".into());
+        if let Some(l) = logging {
+            args.extend(["--logging_steps".to_string(), l.to_string()]);
+        }
+        let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+        run.check("exit code", Some(0), run.code);
+        run.ensure(
+            "no progress line: the trainer printed its log dicts",
+            !run.stdout.contains("step 6/30") && run.stdout.contains("{'loss': "),
+            "log dicts and no 'step N/M' lines",
+            tail(&run.stdout, 600),
+        );
+        run.ensure(
+            "the summary says the work lost as it can be told",
+            run.stderr.contains(summary),
+            summary,
+            tail(&run.stderr, 1500),
+        );
+        let j = run.journal(&run_dir);
+        let losses: Vec<Option<u64>> = events(&j, "work_lost")
+            .iter()
+            .map(|w| w["steps_lost"].as_u64())
+            .collect();
+        // Each OOM came in step 7, after checkpoint-5: step 6 redone.
+        run.check("steps lost per OOM in the journal", vec![lost; 2], losses);
+    }
+}
