@@ -473,7 +473,9 @@ impl Status {
             (Some(n), true) => format!(
                 "at least {n} (the live log stops after its first 8 MiB; the rest is written when the attempt ends)"
             ),
-            (None, _) => "none printed yet".into(),
+            (None, _) if self.state == State::Running => "none printed yet".into(),
+            // Never 0: the attempt ended without a step that can be read.
+            (None, _) => "unknown".into(),
         };
         match (&self.resumed_from, self.resumed_from_step) {
             (Some(c), Some(n)) => step += &format!("; resumed from {c} (step {n})"),

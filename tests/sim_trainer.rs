@@ -501,6 +501,16 @@ fn a_host_oom_halves_the_dataloader_workers_and_resumes() {
         "the knob's line and 'dataloader_workers 8 → 4 → 2 → 1 → 0, one halving per host OOM'",
         &p.stdout,
     );
+    // A prefetch factor needs a worker: not below 1.
+    plan.extend(["--dataloader_prefetch_factor".to_string(), "2".to_string()]);
+    let p = oomguard(tmp.path(), &strs(&plan), None, LIMIT);
+    p.ensure(
+        "with a prefetch factor the halvings stop at 1",
+        p.stdout.contains("dataloader_workers 8 → 4 → 2 → 1, one halving per host OOM")
+            && p.stdout.contains("not below 1"),
+        "'dataloader_workers 8 → 4 → 2 → 1, one halving per host OOM' and 'not below 1'",
+        &p.stdout,
+    );
 
     let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string()];
     args.extend(trainer.iter().cloned());
@@ -624,21 +634,24 @@ fn a_host_oom_without_workers_to_halve_stops_with_advice() {
 /// exact at 1, "at least" above it, and "unknown" — never 0 — without it.
 #[test]
 fn the_steps_redone_are_read_from_the_trainers_log_dicts_or_said_unknown() {
-    for (logging, summary, lost) in [
+    for (logging, summary, lost, status) in [
         (
             Some("1"),
             "work lost to 2 OOMs: 2 steps of redone training",
             Some(1),
+            "(2 steps redone)",
         ),
         (
             Some("2"),
             "work lost to 2 OOMs: at least 2 steps (after 2 of them only a lower bound of the step reached is known) of redone training",
             Some(1),
+            "(at least 2 steps redone; the exact count after 2 OOMs is unknown)",
         ),
         (
             None,
             "work lost to 2 OOMs: an unknown number of steps of redone training",
             None,
+            "(steps redone: unknown)",
         ),
     ] {
         let tmp = tempfile::tempdir().unwrap();
@@ -670,5 +683,17 @@ fn the_steps_redone_are_read_from_the_trainers_log_dicts_or_said_unknown() {
             .collect();
         // Each OOM came in step 7, after checkpoint-5: step 6 redone.
         run.check("steps lost per OOM in the journal", vec![lost; 2], losses);
+        let st = oomguard(
+            tmp.path(),
+            &["status", run_dir.to_str().unwrap()],
+            None,
+            LIMIT,
+        );
+        st.ensure(
+            "status says the steps redone as they can be told",
+            st.stdout.contains(status),
+            status,
+            &st.stdout,
+        );
     }
 }
