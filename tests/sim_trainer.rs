@@ -506,7 +506,8 @@ fn a_host_oom_halves_the_dataloader_workers_and_resumes() {
     let p = oomguard(tmp.path(), &strs(&plan), None, LIMIT);
     p.ensure(
         "with a prefetch factor the halvings stop at 1",
-        p.stdout.contains("dataloader_workers 8 → 4 → 2 → 1, one halving per host OOM")
+        p.stdout
+            .contains("dataloader_workers 8 → 4 → 2 → 1, one halving per host OOM")
             && p.stdout.contains("not below 1"),
         "'dataloader_workers 8 → 4 → 2 → 1, one halving per host OOM' and 'not below 1'",
         &p.stdout,
