@@ -142,6 +142,10 @@ def main():
                                 "global_step": trainer.state.global_step}) + "\n")
     print(f"training finished: global_step={trainer.state.global_step} global_batch={micro * accum * world}",
           flush=True)
+    # Under torchrun: a gloo process group left alive at exit can abort the process
+    # ("terminate called without an active exception") after training finished.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
