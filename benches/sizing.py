@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sizing benchmark: the blind ladder against the decision from evidence.
 
-    python3 benches/sizing.py --bin target/release/oomguard [--scenarios 40] [--seed 12]
+    python3 benches/sizing.py --bin target/release/oomguard [--scenarios 40] [--seed 12] [--spikes 20]
 
 A scenario generator draws runs that OOM as given and have a fix that keeps the
 results (random Llama-shaped models of 0.35-7B parameters, GPUs of 24/40/80 GiB,
@@ -14,6 +14,11 @@ stand-in `torchrun` on PATH gives oomguard the world size. Reported per policy:
 runs finished, relaunches (median, max), the fraction of the best fitting
 throughput kept (mean, worst; throughput model: memory.rs's `throughput`), and
 runs whose sequence was shortened although a results-preserving fix existed.
+
+With --spikes K the runs OOM as spikes instead: their typical batch (0.6 of the
+sequence) fits as given, the longest one does not, and the simulated trainer
+dies of it after K good steps ("step N/M" lines), as a run with uneven batches
+does; oomguard learns the step reached from those lines.
 """
 
 import argparse
@@ -48,7 +53,10 @@ def throughput(s):
     return t
 
 
-def fits(cfg, s, gpu_gib, factor):
+TYPICAL = 0.6  # the simulated trainer's SIM_TYPICAL default
+
+
+def fits(cfg, s, gpu_gib, factor, seq_share=1.0):
     args = types.SimpleNamespace(
         per_device_train_batch_size=s["micro_batch"],
         max_seq_length=s["seq_len"],
@@ -63,7 +71,8 @@ def fits(cfg, s, gpu_gib, factor):
         }}
     os.environ["SIM_ACT_FACTOR"] = str(factor)
     total = sum(max(2 * sim.MIB, -(-b // (2 * sim.MIB)) * 2 * sim.MIB)
-                for _, b in sim.allocations(args, cfg, ds, s["world"]))
+                for _, b in sim.allocations(args, cfg, ds, s["world"],
+                                            max(1, int(s["seq_len"] * seq_share))))
     return sim.CONTEXT + total <= gpu_gib * GIB
 
 
@@ -95,7 +104,7 @@ def model_config(rng, target):
             "num_attention_heads": hidden // 128, "vocab_size": 32000, "hidden_act": "silu"}
 
 
-def scenarios(rng, n):
+def scenarios(rng, n, spikes=0):
     out = []
     while len(out) < n:
         cfg = model_config(rng, rng.uniform(0.35e9, 7e9))
@@ -110,6 +119,9 @@ def scenarios(rng, n):
         factor = rng.uniform(0.8, 1.5)
         if fits(cfg, s0, gpu, factor):
             continue
+        # A spike: the typical batch fits as given, only the longest does not.
+        if spikes and not fits(cfg, s0, gpu, factor, TYPICAL):
+            continue
         good = [s for s in preserving(s0) if fits(cfg, s, gpu, factor)]
         if not good:
             continue
@@ -118,7 +130,7 @@ def scenarios(rng, n):
     return out
 
 
-def run_one(binary, sc, policy, work):
+def run_one(binary, sc, policy, work, spikes=0):
     d = tempfile.mkdtemp(dir=work)
     os.makedirs(os.path.join(d, "model"))
     with open(os.path.join(d, "model", "config.json"), "w") as f:
@@ -145,7 +157,8 @@ def run_one(binary, sc, policy, work):
     result = os.path.join(d, "result.jsonl")
     env = dict(os.environ, PATH=os.path.join(d, "bin") + ":" + os.environ["PATH"],
                SIM_WORLD=str(s0["world"]), SIM_GPU_GIB=str(sc["gpu"]),
-               SIM_ACT_FACTOR=str(sc["factor"]), SIM_RESULT=result)
+               SIM_ACT_FACTOR=str(sc["factor"]), SIM_RESULT=result,
+               SIM_SPIKE_STEPS=str(spikes))
     p = subprocess.run([binary, "--policy", policy, "--max-attempts", "8", "--hang-timeout", "5",
                         "--run-dir", os.path.join(d, "run"), "--"] + cmd,
                        cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -165,16 +178,18 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--scenarios", type=int, default=40)
     ap.add_argument("--seed", type=int, default=12)
+    ap.add_argument("--spikes", type=int, default=0, metavar="K",
+                    help="runs that OOM of their longest batch after K good steps (default: at step 1)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    scs = scenarios(rng, a.scenarios)
+    scs = scenarios(rng, a.scenarios, a.spikes)
     policies = [("blind ladder (old default)", os.path.join(HERE, "blind-ladder.toml")),
                 ("decide from evidence (default)", "default")]
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for name, pol in policies:
-            rs = [run_one(os.path.abspath(a.bin), sc, pol, work) for sc in scs]
+            rs = [run_one(os.path.abspath(a.bin), sc, pol, work, a.spikes) for sc in scs]
             rel = [r["relaunches"] for r in rs]
             kept = [r["kept"] for r in rs]
             rows.append((name, sum(r["finished"] for r in rs), len(rs), statistics.median(rel), max(rel),
@@ -182,9 +197,10 @@ def main():
     if a.json:
         keys = ["policy", "finished", "runs", "relaunches_median", "relaunches_max",
                 "kept_mean", "kept_worst", "shortened_needlessly"]
-        print(json.dumps({"seed": a.seed, "rows": [dict(zip(keys, r)) for r in rows]}))
+        print(json.dumps({"seed": a.seed, "spikes": a.spikes, "rows": [dict(zip(keys, r)) for r in rows]}))
         return
-    print(f"{len(scs)} scenarios (seed {a.seed}): each OOMs as given and has a results-preserving fix")
+    how = f"after {a.spikes} good steps, of its longest batch" if a.spikes else "at its first step"
+    print(f"{len(scs)} scenarios (seed {a.seed}): each OOMs as given ({how}) and has a results-preserving fix")
     print("| policy | finished | relaunches median | max | throughput kept mean | worst | sequence shortened needlessly |")
     print("|---|---|---|---|---|---|---|")
     for name, fin, n, med, mx, mean, worst, short in rows:

@@ -14,6 +14,12 @@ The true activation size differs from oomguard's model by SIM_ACT_FACTOR (the
 benchmark draws it per scenario and never tells oomguard). SIM_GPU_GIB is the
 GPU's memory, SIM_WORLD the world size (the benchmark's torchrun stand-in sets
 it), SIM_RESULT a file where the settings of every attempt are appended as JSON.
+
+SIM_SPIKE_STEPS=K makes the run's batches uneven, as real data is: its first K
+steps see typical batches, SIM_TYPICAL (0.6) of --max_seq_length long, and step
+K+1 the longest one. A run whose typical batch does not fit dies at step 1 (a
+steady overflow); one whose longest batch alone does not fit dies after K good
+steps ("step N/M" lines printed), of the longest batch's OOM (a spike).
 """
 
 import argparse
@@ -49,8 +55,9 @@ def fmt(n):
     return f"{n / GIB:.2f} GiB"
 
 
-def allocations(a, cfg, ds, world):
-    """The tensors this rank allocates, in order: (what, bytes)."""
+def allocations(a, cfg, ds, world, seq=None):
+    """The tensors this rank allocates, in order: (what, bytes), for batches of
+    `seq` tokens (default: --max_seq_length)."""
     p, h, layers, inter, vocab = params_of(cfg)
     zero = ds.get("zero_optimization", {}) if ds else {}
     stage = int(zero.get("stage", 0)) if ds else 0
@@ -71,7 +78,7 @@ def allocations(a, cfg, ds, world):
         for i in range(layers):
             out.append((f"layer {i} optimizer states", 12 * per_layer / (n if stage >= 1 else 1)))
     factor = float(os.environ.get("SIM_ACT_FACTOR", "1.0"))
-    tokens = a.per_device_train_batch_size * a.max_seq_length
+    tokens = a.per_device_train_batch_size * (seq or a.max_seq_length)
     # The per-layer and logits figures measured for a Hugging Face Trainer with --bf16 on
     # an H100 (README, "Measured on a GPU"); SIM_ACT_FACTOR is what a run deviates by.
     act = 1.9 * (16 * h + 4.5 * inter) * tokens * factor
@@ -126,18 +133,33 @@ def main():
         print("RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate "
               "26843545600 bytes. Error code 12 (Cannot allocate memory)", file=sys.stderr)
         sys.exit(1)
-    in_use = 0.0
-    failed = None
-    for what, size in allocations(a, cfg, ds, world):
-        # The caching allocator rounds to 2 MiB blocks.
-        size = max(2 * MIB, -(-size // (2 * MIB)) * (2 * MIB))
-        if CONTEXT + in_use + size > total:
-            failed = (what, size)
-            break
-        in_use += size
+    def first_failure(seq=None):
+        """The first allocation that does not fit, and what is in use then."""
+        in_use = 0.0
+        for what, size in allocations(a, cfg, ds, world, seq):
+            # The caching allocator rounds to 2 MiB blocks.
+            size = max(2 * MIB, -(-size // (2 * MIB)) * (2 * MIB))
+            if CONTEXT + in_use + size > total:
+                return (what, size), in_use
+            in_use += size
+        return None, in_use
+
+    spike_steps = int(os.environ.get("SIM_SPIKE_STEPS", "0"))
+    good = 0
+    if spike_steps:
+        typical = max(1, int(a.max_seq_length * float(os.environ.get("SIM_TYPICAL", "0.6"))))
+        failed, in_use = first_failure(typical)
+        if not failed:
+            for step in range(1, spike_steps + 1):
+                print(f"step {step}/{a.max_steps} loss 1.0", flush=True)
+            good = spike_steps
+            failed, in_use = first_failure()
+    else:
+        failed, in_use = first_failure()
     if os.environ.get("SIM_RESULT"):
         with open(os.environ["SIM_RESULT"], "a") as f:
-            f.write(json.dumps({"settings": settings, "oom": failed is not None}) + "\n")
+            f.write(json.dumps({"settings": settings, "oom": failed is not None,
+                                "good_steps": good}) + "\n")
     if failed:
         what, size = failed
         free = max(0.0, total - CONTEXT - in_use)
@@ -152,7 +174,7 @@ def main():
             file=sys.stderr,
         )
         sys.exit(1)
-    for step in range(1, a.max_steps + 1):
+    for step in range(good + 1, max(a.max_steps, good + 1) + 1):
         print(f"step {step}/{a.max_steps} loss 1.0", flush=True)
 
 

@@ -57,6 +57,15 @@ def parse_args():
     p.add_argument("--model_gib", type=float, default=2.0)
     p.add_argument("--oom_at_step", type=int, default=7,
                    help="a run that does not fit dies at the first step >= this one")
+    p.add_argument("--dataloader_num_workers", type=int, default=0)
+    p.add_argument("--host_workers", type=int,
+                   default=int(os.environ["SIM_HOST_WORKERS"]) if "SIM_HOST_WORKERS" in os.environ else None,
+                   help="the most DataLoader workers the host's memory holds: with more, the run dies "
+                        "of a host (CPU) OOM at --oom_at_step (default: any number fits)")
+    p.add_argument("--disable_tqdm", type=str2bool, nargs="?", const=True, default=False,
+                   help="print the Trainer's log dicts ({'loss': ..., 'epoch': ...}, no step in them) "
+                        "every --logging_steps steps instead of a progress line per step")
+    p.add_argument("--logging_steps", type=int, default=1)
     # Test-only behaviours.
     p.add_argument("--hang_after_oom", action="store_true", help="print the OOM, then hang (like NCCL)")
     p.add_argument("--fail_with", type=int, default=None, help="die of a non-OOM error with this code")
@@ -117,6 +126,12 @@ def training_step(args, step, need_gib):
     if step >= args.oom_at_step and args.fail_with is not None:
         raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
                            "devices, cuda:0 and cpu!")
+    if (step >= args.oom_at_step and args.host_workers is not None
+            and args.dataloader_num_workers > args.host_workers):
+        # What a DataLoader worker's batch costs the host, times too many workers.
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                           f"{args.dataloader_num_workers * 2 * GIB} bytes. Error code 12 "
+                           "(Cannot allocate memory)")
     if step >= args.oom_at_step and need_gib > args.capacity_gib:
         if args.oom_rank is not None and args.oom_rank != rank():
             # A collective with a dead peer: gloo's error once the OOM rank is gone.
@@ -188,6 +203,8 @@ def main():
           f"grad checkpointing: {args.gradient_checkpointing}")
     print(f"global batch: {global_batch}")
     print(f"memory needed: {need_gib:.2f} GiB of {args.capacity_gib:.2f} GiB", flush=True)
+    if args.dataloader_num_workers:
+        print(f"dataloader workers: {args.dataloader_num_workers}", flush=True)
 
     # The state a checkpoint carries, in the shape of HF's trainer_state.json.
     # "oomguard_sim.segments" records which settings trained which steps.
@@ -210,6 +227,7 @@ def main():
     segment = {"start_step": start, "end_step": start, "micro": micro, "accum": accum,
                "world": world, "global_batch": global_batch, "seq_len": seq,
                "gradient_checkpointing": args.gradient_checkpointing,
+               "dataloader_num_workers": args.dataloader_num_workers,
                "resumed_from": args.resume_from_checkpoint}
     state["oomguard_sim"]["segments"].append(segment)
     os.makedirs(args.output_dir, exist_ok=True)
@@ -234,7 +252,12 @@ def main():
         segment["end_step"] = step
         rate = (step - start) / max(time.time() - t0, 1e-9)
         pct = 100 * step // args.max_steps
-        if tty:   # tqdm-style bar redrawn in place
+        if args.disable_tqdm:
+            # transformers 5's PrinterCallback: floats as 4 significant digits, no step.
+            if step % args.logging_steps == 0:
+                print({"loss": f"{loss:.4g}", "grad_norm": f"{1.0 / step:.4g}",
+                       "learning_rate": "5e-05", "epoch": f"{step / args.max_steps:.4g}"}, flush=True)
+        elif tty:   # tqdm-style bar redrawn in place
             bar = "#" * (pct // 10)
             print(f"\r{pct:3d}%|{bar:<10}| {step}/{args.max_steps} [{rate:.1f}it/s, loss={loss:.3f}]",
                   end="", flush=True)
@@ -252,6 +275,7 @@ def main():
 
     final = {"global_step": args.max_steps, "global_batch": global_batch,
              "micro": micro, "accum": accum, "world": world, "seq_len": seq,
+             "dataloader_num_workers": args.dataloader_num_workers,
              "gradient_checkpointing": args.gradient_checkpointing,
              "attempts": state["oomguard_sim"]["segments"]}
     name = "final.json" if rank() == 0 else f"final-rank{rank()}.json"

@@ -180,7 +180,8 @@ pub struct RunArgs {
     /// (`micro_batch=data.batch_size`, or `micro_batch=+data.batch_size=64` to add one
     /// starting from its default), or an environment variable (`micro_batch=env:MICRO_BS`).
     /// Knobs: micro_batch, grad_accum, seq_len, grad_checkpointing, zero_stage,
-    /// offload_optimizer, offload_param. Repeatable.
+    /// offload_optimizer, offload_param, dataloader_workers (halved after a host
+    /// OOM). Repeatable.
     ///
     /// `--knob params=7e9` gives the model's parameter count when oomguard finds
     /// no model config (`--model_name_or_path` folder, the Hugging Face cache, a

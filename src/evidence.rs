@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::detect::kernel::{self, Victim};
 use crate::detect::{self, Finding, Kind, OomNumbers, format_size};
 use crate::launch;
+use crate::progress::Reached;
 
 /// How one attempt ended.
 #[derive(Debug, Clone)]
@@ -218,8 +219,12 @@ pub struct Evidence {
     pub outcome: OutcomeKind,
     /// The numbers in the OOM message (`None`: no message with numbers).
     pub oom: Option<OomNumbers>,
-    /// The last training step the attempt printed, if any.
-    pub step_reached: Option<u64>,
+    /// The training step the attempt reached (see `progress`), if it can be told.
+    pub step_reached: Option<Reached>,
+    /// The steps the attempt completed before the OOM (the step reached less
+    /// the step it started from; at least this many): many good steps make the
+    /// OOM a spike, not a steady overflow (see `memory::Calibrated::learn`).
+    pub steps_done: Option<u64>,
 }
 
 impl Evidence {
@@ -229,6 +234,7 @@ impl Evidence {
             outcome: OutcomeKind::AssumedOom,
             oom: None,
             step_reached: None,
+            steps_done: None,
         }
     }
 
@@ -239,11 +245,18 @@ impl Evidence {
             outcome: OutcomeKind::CudaOom,
             oom,
             step_reached: None,
+            steps_done: None,
         }
     }
 
-    /// The evidence of an [`Outcome::GpuOom`].
-    pub fn gpu_oom(finding: Option<&Finding>, hung: bool, step_reached: Option<u64>) -> Evidence {
+    /// The evidence of an [`Outcome::GpuOom`] of an attempt that started at
+    /// step `from` and reached `step_reached`.
+    pub fn gpu_oom(
+        finding: Option<&Finding>,
+        hung: bool,
+        step_reached: Option<Reached>,
+        from: u64,
+    ) -> Evidence {
         Evidence {
             outcome: if hung {
                 OutcomeKind::HungAfterOom
@@ -252,6 +265,7 @@ impl Evidence {
             },
             oom: finding.map(|f| f.numbers.clone()),
             step_reached,
+            steps_done: step_reached.map(|r| r.step.saturating_sub(from)),
         }
     }
 

@@ -147,10 +147,17 @@ pub enum Event<'a> {
     /// The training an OOM cost.
     WorkLost {
         attempt: u32,
+        /// `null` when the step cannot be told (never 0 for an unknown).
         step_reached: Option<u64>,
+        /// The step reached is a lower bound (a checkpoint the attempt saved,
+        /// the last log dict of a Trainer logging every N > 1 steps).
+        step_reached_at_least: bool,
         started_from_step: Option<u64>,
         resume_from_step: Option<u64>,
+        /// `null` when unknown.
         steps_lost: Option<u64>,
+        /// `steps_lost` is a lower bound.
+        steps_lost_at_least: bool,
         seconds_lost: f64,
     },
     /// The policy's step after an OOM.
@@ -566,13 +573,18 @@ impl End<'_> {
                         None => "keeps micro-batch × accumulation as the micro-batch shrank".into(),
                     }
                 }
-                Some((_, _, d)) => format!(
-                    "{} after the OOM in attempt{plural} {}",
+                Some((_, ev, d)) => format!(
+                    "{} after the {} in attempt{plural} {}",
                     // A decision from the memory model changes several knobs at
                     // once: each row names the step that changes its own knob.
                     step_of(*k)
                         .filter(|s| *s != d.step && moved(d) > 1)
                         .unwrap_or(d.step),
+                    if ev.outcome == OutcomeKind::HostOom {
+                        "host OOM"
+                    } else {
+                        "OOM"
+                    },
                     at.join(", ")
                 ),
                 None => String::new(),
@@ -597,6 +609,7 @@ fn step_of(k: Knob) -> Option<StepKind> {
         Knob::ZeroStage => StepKind::RaiseZeroStage,
         Knob::OffloadOptimizer => StepKind::OffloadOptimizer,
         Knob::OffloadParam => StepKind::OffloadParam,
+        Knob::DataloaderWorkers => StepKind::HalveDataloaderWorkers,
     })
 }
 
@@ -798,7 +811,11 @@ mod tests {
     #[test]
     fn the_summary_is_told_from_the_records() {
         let (first, last) = (settings(8, 1), settings(4, 2));
-        let oom = Evidence::gpu_oom(None, false, Some(7));
+        let reached = crate::progress::Reached {
+            step: 7,
+            at_least: false,
+        };
+        let oom = Evidence::gpu_oom(None, false, Some(reached), 0);
         let decision = Decision {
             step: StepKind::HalveMicroBatch,
             before: first.clone(),
@@ -816,6 +833,7 @@ mod tests {
         };
         let loss = Loss {
             steps: Some(2),
+            at_least: false,
             seconds: 1.0,
         };
         let attempts = [

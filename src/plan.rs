@@ -135,6 +135,9 @@ struct PlanJson<'a> {
     warnings: &'a [String],
     not_applicable: &'a [NotApplicable],
     ladder: Vec<RungJson<'a>>,
+    /// The DataLoader workers each host (CPU) OOM in turn relaunches with
+    /// (empty: no worker knob, or none to halve: a host OOM stops the run).
+    host_oom_workers: Vec<u64>,
     /// The memory model's table (`estimate --json`'s object).
     estimate: EstimateReport,
 }
@@ -232,6 +235,7 @@ impl Plan<'_> {
             warnings: &cfg.disc.warnings,
             not_applicable: &self.na,
             ladder: self.rungs.iter().map(rung_json).collect(),
+            host_oom_workers: host_oom_workers(cfg),
             estimate: EstimateReport::build(self.cfg),
         };
         // Through a `serde_json::Value`: its map sorts the keys, as `plan --json`
@@ -248,6 +252,7 @@ impl Plan<'_> {
         self.resume(&mut o);
         self.lists(&mut o);
         self.ladder(&mut o);
+        self.host_oom(&mut o);
         EstimateReport::build(self.cfg).text(&mut o, 12);
         o
     }
@@ -377,6 +382,44 @@ impl Plan<'_> {
         }
     }
 
+    /// What a host (CPU) OOM would do: halve the DataLoader's workers, or stop.
+    fn host_oom(&self, o: &mut String) {
+        let cfg = self.cfg;
+        o.push_str("\nafter a host (CPU) OOM (not a GPU one; the ladder above does not apply):\n");
+        let halvings = host_oom_workers(cfg);
+        let start = cfg.start_settings().0.int(Knob::DataloaderWorkers);
+        let _ = match start {
+            Some(w) if !halvings.is_empty() => {
+                let chain: Vec<String> = std::iter::once(w)
+                    .chain(halvings.iter().copied())
+                    .map(|n| n.to_string())
+                    .collect();
+                writeln!(
+                    o,
+                    "  dataloader_workers {}, one halving per host OOM, each relaunched from the last checkpoint (the batches are the same); {}",
+                    chain.join(" → "),
+                    if cfg.workers_floor > 0 {
+                        "not below 1: the command sets a prefetch factor or persistent workers; then oomguard stops with advice"
+                    } else {
+                        "then oomguard stops with advice"
+                    }
+                )
+            }
+            Some(w) => writeln!(
+                o,
+                "  dataloader_workers is {w}, none to halve: oomguard stops with advice"
+            ),
+            None => writeln!(
+                o,
+                "  no DataLoader worker knob (looked for {}): oomguard stops with advice; bind yours with --knob dataloader_workers=FLAG to have it halved",
+                crate::frameworks::looked_for(Knob::DataloaderWorkers)
+            ),
+        };
+        o.push_str(
+            "  (a host OOM right after a CPU offload oomguard made undoes that offload first)\n",
+        );
+    }
+
     fn ladder(&self, o: &mut String) {
         o.push_str("\nladder (attempt 1 runs as given; each OOM moves one rung down):\n");
         for (i, r) in self.rungs.iter().enumerate() {
@@ -398,6 +441,27 @@ impl Plan<'_> {
             )
         };
     }
+}
+
+/// The DataLoader workers each host (CPU) OOM in turn relaunches with, from
+/// the settings a run starts with, within --max-attempts.
+fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
+    let (mut s, _) = cfg.start_settings();
+    let mut out = Vec::new();
+    let ev = Evidence {
+        outcome: crate::evidence::OutcomeKind::HostOom,
+        oom: None,
+        step_reached: None,
+        steps_done: None,
+    };
+    while (out.len() as u32) + 1 < cfg.max_attempts {
+        let Some(d) = policy::halve_dataloader_workers(&s, cfg.workers_floor, &ev) else {
+            break;
+        };
+        s = d.after;
+        out.extend(s.int(Knob::DataloaderWorkers));
+    }
+    out
 }
 
 fn rung_json(r: &Rung) -> RungJson<'_> {

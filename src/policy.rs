@@ -40,6 +40,10 @@ pub enum StepKind {
     RaiseZeroStage,
     OffloadOptimizer,
     OffloadParam,
+    /// After a host (CPU) OOM, not a GPU one: halve the DataLoader's workers.
+    /// oomguard takes it itself; a policy cannot list it (fewer workers do
+    /// not fix a GPU OOM).
+    HalveDataloaderWorkers,
 }
 
 impl StepKind {
@@ -51,6 +55,7 @@ impl StepKind {
             StepKind::RaiseZeroStage => "raise_zero_stage",
             StepKind::OffloadOptimizer => "offload_optimizer",
             StepKind::OffloadParam => "offload_param",
+            StepKind::HalveDataloaderWorkers => "halve_dataloader_workers",
         }
     }
 }
@@ -306,6 +311,13 @@ impl PolicyText<'_> {
             StepKind::EnableGradCheckpointing
             | StepKind::OffloadOptimizer
             | StepKind::OffloadParam => at.switch(&mut step)?,
+            StepKind::HalveDataloaderWorkers => {
+                return Err(at.invalid(
+                    s.kind.span().start,
+                    "kind",
+                    "halve_dataloader_workers is not a policy step: oomguard halves the DataLoader's workers itself after a host (CPU) OOM, and fewer workers do not fix a GPU OOM".into(),
+                ));
+            }
         }
         if kind != StepKind::ShortenSeq
             && let Some(m) = &s.multiple_of
@@ -645,6 +657,8 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
         StepKind::RaiseZeroStage => raise_zero_stage(step, cur),
         StepKind::OffloadOptimizer => offload_optimizer(step, cur),
         StepKind::OffloadParam => offload_param(step, cur),
+        // Rejected when the policy is read.
+        StepKind::HalveDataloaderWorkers => None,
     }
 }
 
@@ -846,6 +860,33 @@ pub fn successors(policy: &Policy, cur: &Settings) -> Vec<(StepKind, Settings)> 
         .iter()
         .filter_map(|step| apply(step, policy, cur).map(|(s, _)| (step.kind, s)))
         .collect()
+}
+
+/// After a host (CPU) OOM: halve the DataLoader's workers (N → N/2), down to
+/// `floor` (0, or 1 where the command sets a prefetch factor or persistent
+/// workers, which PyTorch refuses without workers). `None` when the knob is
+/// not bound or already at the floor. The batches are the same with fewer
+/// workers: only the host memory their copies of the dataset hold changes.
+pub fn halve_dataloader_workers(
+    cur: &Settings,
+    floor: u64,
+    evidence: &Evidence,
+) -> Option<Decision> {
+    let n = cur.int(Knob::DataloaderWorkers)?;
+    if n <= floor {
+        return None;
+    }
+    let new = (n / 2).max(floor);
+    let mut after = cur.clone();
+    after.knobs.insert(Knob::DataloaderWorkers, Value::Int(new));
+    Some(Decision {
+        step: StepKind::HalveDataloaderWorkers,
+        before: cur.clone(),
+        after,
+        reason: format!(
+            "{evidence}: DataLoader workers {n} → {new} (each holds its own copy of the dataset and prefetched batches in host memory; the batches are the same)"
+        ),
+    })
 }
 
 /// The next decision after the OOM `evidence` shows, or `None` when the policy

@@ -1,6 +1,23 @@
-//! The training step an attempt reached, read from the tail of its saved output,
-//! and the work an OOM cost (the steps redone since the checkpoint resumed from).
+//! The training step an attempt reached, read from its saved output, and the
+//! work an OOM cost (the steps redone since the checkpoint resumed from).
+//!
+//! Theory of operation: the step is read from what the trainer prints, best
+//! source first. A tqdm bar (`120/1000 [00:10<01:20, 11.0it/s]`) or a `step N`
+//! line names it; a bar that counts something else (`Writing model shards: 1/1`,
+//! `Map: 1000/1000 [... examples/s]`) does not. Without either (the Hugging Face
+//! Trainer with `--disable_tqdm true`), the Trainer's own log dicts
+//! (`{'loss': '2.31', 'grad_norm': ..., 'learning_rate': ..., 'epoch': ...}`)
+//! are counted: they carry no step, but one is printed every `logging_steps`
+//! steps, so with that interval known the n-th dict since the attempt started
+//! names its step — exactly at `logging_steps 1`, at least that step above it
+//! (the OOM may come up to `logging_steps - 1` steps later). Without the
+//! interval the dicts say nothing about the step and are not counted. The
+//! supervisor adds the checkpoints the attempt saved (`trainer_state.json`'s
+//! `global_step`), again as "at least". A step that cannot be told is unknown,
+//! never 0: the work lost after it is "unknown", and a step known only from
+//! below makes it "at least".
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
@@ -8,6 +25,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, SystemTime};
 
 use regex::bytes::Regex;
+use serde::{Deserialize, Serialize};
 
 /// tqdm bars (`  120/1000 [`), `step 120`, `step=120`, `'step': 120`,
 /// `global_step=120`, `iter 120`, `iteration 120`.
@@ -18,8 +36,26 @@ static STEP: LazyLock<Regex> = LazyLock::new(|| {
     .expect("valid regex")
 });
 
+/// A bar's rate: `11.0it/s]`, `?it/s]`, `1.2s/it]`, `12345.67 examples/s]`, `3.2MB/s]`.
+static RATE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"([A-Za-z]+)/s(?:,[^\]]*)?\]|s/([A-Za-z]+)(?:,[^\]]*)?\]").expect("valid regex")
+});
+
+/// The Hugging Face Trainer's log dict of a training step: `loss` is its first key
+/// (`{'eval_loss': ...}` and the end's `{'train_runtime': ...}` are not steps).
+static LOG_DICT: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r#"\{\s*['"]loss['"]\s*:[^{}\n]{0,4096}\}"#).expect("valid regex"));
+
+/// What the log says when oomguard kept only its head and tail.
+const OMITTED: &[u8] = b"[oomguard: ";
+
 /// The last step number printed in the final 256 KiB of `log`.
 pub fn step_reached(log: &Path) -> Option<u64> {
+    last_step(&tail(log, 256 * 1024)?)
+}
+
+/// The last `n` bytes of a regular file.
+fn tail(log: &Path, n: u64) -> Option<Vec<u8>> {
     let mut f = File::open(log).ok()?;
     let md = f.metadata().ok()?;
     // Only a regular file: a log path that is a device or a FIFO (/dev/full,
@@ -27,12 +63,10 @@ pub fn step_reached(log: &Path) -> Option<u64> {
     if !md.is_file() {
         return None;
     }
-    const TAIL: u64 = 256 * 1024;
-    f.seek(SeekFrom::Start(md.len().saturating_sub(TAIL)))
-        .ok()?;
+    f.seek(SeekFrom::Start(md.len().saturating_sub(n))).ok()?;
     let mut buf = Vec::new();
-    f.take(TAIL).read_to_end(&mut buf).ok()?;
-    last_step(&buf)
+    f.take(n).read_to_end(&mut buf).ok()?;
+    Some(buf)
 }
 
 pub fn last_step(buf: &[u8]) -> Option<u64> {
@@ -40,24 +74,153 @@ pub fn last_step(buf: &[u8]) -> Option<u64> {
     if !STEP.is_match(buf) {
         return None;
     }
-    STEP.captures_iter(buf).last().and_then(|c| {
-        let m = c.get(1).or_else(|| c.get(2)).or_else(|| c.get(3))?;
-        std::str::from_utf8(m.as_bytes()).ok()?.parse().ok()
+    STEP.captures_iter(buf)
+        .filter_map(|c| {
+            if let Some(bar) = c.get(3) {
+                return training_bar(buf, bar.start(), c.get(0)?.end()).then_some(bar);
+            }
+            c.get(1).or_else(|| c.get(2))
+        })
+        .last()
+        .and_then(|m| std::str::from_utf8(m.as_bytes()).ok()?.parse().ok())
+}
+
+/// Whether the tqdm bar whose count starts at `at` (its `[` ends at `end`)
+/// counts training steps: no description or one that names training (HF's
+/// training bar has none), and a rate in iterations, not examples or bytes.
+/// `Writing model shards: 100%|█| 1/1 [...]` is a save, not step 1.
+fn training_bar(buf: &[u8], at: usize, end: usize) -> bool {
+    let line_start = buf[..at]
+        .iter()
+        .rposition(|b| *b == b'\n' || *b == b'\r')
+        .map_or(0, |p| p + 1);
+    // The description: what stands before the percentage (`Map: 100%|`).
+    let before = &buf[line_start..at];
+    let desc = match memchr::memmem::find(before, b"%|") {
+        Some(p) => before[..p]
+            .iter()
+            .rposition(|b| !b.is_ascii_digit() && *b != b' ' && *b != b'.')
+            .map_or(&before[..0], |q| &before[..=q]),
+        None => before,
+    };
+    let desc = String::from_utf8_lossy(desc).to_ascii_lowercase();
+    let desc = desc.trim_matches(|c: char| c.is_whitespace() || c == ':' || c == '|');
+    let named_training = ["train", "step", "iter", "epoch"]
+        .iter()
+        .any(|w| desc.contains(w));
+    if !desc.is_empty() && !named_training {
+        return false;
+    }
+    // The rate, within the bar's brackets (a bar cut at the buffer's end has none).
+    let rest = &buf[end..buf.len().min(end + 160)];
+    let rest = &rest[..rest
+        .iter()
+        .position(|b| *b == b'\n' || *b == b'\r')
+        .unwrap_or(rest.len())];
+    match RATE.captures(rest) {
+        Some(c) => {
+            let unit = c.get(1).or_else(|| c.get(2)).map(|m| m.as_bytes());
+            unit == Some(b"it")
+        }
+        None => true,
+    }
+}
+
+/// How often the Hugging Face Trainer prints its log dict: every `every`
+/// optimizer steps, and at step 1 too with `first_step` (`--logging_first_step`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Logging {
+    pub every: u64,
+    pub first_step: bool,
+}
+
+impl Logging {
+    /// The step of the `n`-th log dict (n ≥ 1) of an attempt that started at step `from`.
+    pub fn nth_step(self, n: u64, from: u64) -> u64 {
+        let every = self.every.max(1);
+        if self.first_step && from == 0 && every > 1 {
+            return if n == 1 { 1 } else { (n - 1) * every };
+        }
+        (from / every + n) * every
+    }
+}
+
+/// The step an attempt reached: exact, or only a lower bound (`at_least`: the
+/// last log dict of a Trainer logging every L > 1 steps, a checkpoint it saved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reached {
+    pub step: u64,
+    pub at_least: bool,
+}
+
+impl Reached {
+    /// The better of two readings: the higher step; at the same step an exact one.
+    pub fn max(self, other: Reached) -> Reached {
+        match self.step.cmp(&other.step) {
+            std::cmp::Ordering::Greater => self,
+            std::cmp::Ordering::Less => other,
+            std::cmp::Ordering::Equal => Reached {
+                step: self.step,
+                at_least: self.at_least && other.at_least,
+            },
+        }
+    }
+}
+
+/// The step an attempt that started at step `from` reached, from its whole
+/// log: the last bar or step line, or, with the Trainer's `logging` interval
+/// known, its log dicts counted — whichever names the later step.
+pub fn read(log: &Path, logging: Option<Logging>, from: u64) -> Option<Reached> {
+    // A step line at or before the start (`resuming from checkpoint-5 at step 5`,
+    // `Continuing training from global step 5`) shows no step of this attempt:
+    // only that it got there.
+    let printed = step_reached(log).map(|step| Reached {
+        step,
+        at_least: step <= from,
+    });
+    let logged = logging.and_then(|l| {
+        // The whole log: oomguard keeps at most its first 8 MiB and last 4 MiB.
+        let text = tail(log, 64 << 20)?;
+        logged_step(&text, l, from)
+    });
+    match (printed, logged) {
+        (Some(p), Some(l)) => Some(p.max(l)),
+        (p, l) => p.or(l),
+    }
+}
+
+/// The step the Trainer's log dicts in `text` name (see [`Logging`]); `None`
+/// without one, or when the log lost its middle (the count would be short).
+pub fn logged_step(text: &[u8], logging: Logging, from: u64) -> Option<Reached> {
+    if memchr::memmem::find(text, OMITTED).is_some() {
+        return None;
+    }
+    // Every local rank 0 of a multi-node run prints the same dict for a step
+    // (one oomguard around srun sees them all): each distinct dict counts once.
+    let dicts: HashSet<&[u8]> = LOG_DICT.find_iter(text).map(|m| m.as_bytes()).collect();
+    let n = dicts.len() as u64;
+    (n > 0).then(|| Reached {
+        step: logging.nth_step(n, from),
+        at_least: logging.every > 1,
     })
 }
 
 /// The work one OOM cost: steps redone and the seconds they took.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Loss {
+    /// `None`: unknown (the step reached was not seen, or only a lower bound
+    /// at or below the checkpoint resumed from).
     pub steps: Option<u64>,
+    /// `steps` is a lower bound: the step reached is known only from below.
+    pub at_least: bool,
     pub seconds: f64,
 }
 
 impl Loss {
-    /// `reached`: last step printed; `from`: the step this attempt started from;
-    /// `back_to`: the step the next attempt resumes from.
+    /// `reached`: the step the attempt reached; `from`: the step it started
+    /// from; `back_to`: the step the next attempt resumes from.
     pub fn measure(
-        reached: Option<u64>,
+        reached: Option<Reached>,
         from: Option<u64>,
         back_to: Option<u64>,
         ckpt_written: Option<SystemTime>,
@@ -65,7 +228,13 @@ impl Loss {
         oom_after: Duration,
     ) -> Loss {
         let base = back_to.or(from).unwrap_or(0);
-        let steps = reached.map(|r| r.saturating_sub(base));
+        let (steps, at_least) = match reached {
+            // The run got to `base` at least (it resumes from there): a step
+            // read below it, or a lower bound not above it, says nothing.
+            Some(r) if r.step < base || (r.at_least && r.step == base) => (None, false),
+            Some(r) => (Some(r.step - base), r.at_least),
+            None => (None, false),
+        };
         // Seconds: from the checkpoint resumed from (if this attempt wrote it)
         // to the OOM; otherwise the whole attempt up to the OOM.
         let oom_time = attempt_started + oom_after;
@@ -75,7 +244,35 @@ impl Loss {
             }
             _ => oom_after.as_secs_f64(),
         };
-        Loss { steps, seconds }
+        Loss {
+            steps,
+            at_least,
+            seconds,
+        }
+    }
+}
+
+/// "3 steps", "at least 3 steps (the step reached after 1 of them is
+/// unknown)", "an unknown number of steps": the steps redone after `losses`,
+/// unknown where it cannot be told — never 0 for an unknown.
+pub fn steps_text(losses: &[Loss]) -> String {
+    let steps: u64 = losses.iter().filter_map(|l| l.steps).sum();
+    let unknown = losses.iter().filter(|l| l.steps.is_none()).count();
+    let below = losses.iter().filter(|l| l.at_least).count();
+    let word = |n: u64| if n == 1 { "step" } else { "steps" };
+    if unknown == losses.len() {
+        return "an unknown number of steps".into();
+    }
+    match (unknown, below) {
+        (0, 0) => format!("{steps} {}", word(steps)),
+        (0, b) => format!(
+            "at least {steps} {} (after {b} of them only a lower bound of the step reached is known)",
+            word(steps)
+        ),
+        (u, _) => format!(
+            "at least {steps} {} (the step reached after {u} of them is unknown)",
+            word(steps)
+        ),
     }
 }
 
@@ -96,18 +293,15 @@ pub fn save_interval_advice(
         losses.len(),
         if losses.len() == 1 { "" } else { "s" },
         // An OOM whose step was not seen counts as unknown, never as 0.
-        match losses.iter().filter(|l| l.steps.is_none()).count() {
-            0 => format!("{steps} steps"),
-            n if n == losses.len() => "an unknown number of steps".into(),
-            n => format!("at least {steps} steps (the step reached after {n} of them is unknown)"),
-        },
+        steps_text(losses),
         secs
     );
     if layout.is_none() {
         out.push_str("oomguard: no checkpoints: every OOM restarted training from the beginning\n");
     }
     let relaunch = total_lost.as_secs_f64() - secs;
-    let per_oom = steps.div_ceil(losses.len() as u64);
+    let known = losses.iter().filter(|l| l.steps.is_some()).count().max(1);
+    let per_oom = steps.div_ceil(known as u64);
     if secs > relaunch.max(0.0) && per_oom >= 4 {
         let bound = (per_oom / 4).max(1);
         out.push_str(&format!(
@@ -119,25 +313,147 @@ pub fn save_interval_advice(
 
 #[cfg(test)]
 mod tests {
-    use super::last_step;
+    use super::*;
+
+    /// A real transformers 5 Trainer with `--disable_tqdm true --logging_steps 1`:
+    /// steps 1-3 logged, checkpoint-2 saved, an OOM in step 4.
+    const HF5_NO_BAR: &[u8] =
+        include_bytes!("../tests/fixtures/progress/hf5_disable_tqdm_logging_steps_1.log");
+    /// The same run with its progress bar and `--logging_steps 2`.
+    const HF5_BAR: &[u8] =
+        include_bytes!("../tests/fixtures/progress/hf5_tqdm_logging_steps_2.log");
+
+    fn every(n: u64) -> Logging {
+        Logging {
+            every: n,
+            first_step: false,
+        }
+    }
 
     #[test]
     fn an_oom_whose_step_was_not_seen_is_unknown_not_zero() {
-        use super::{Loss, save_interval_advice};
-        let l = |steps| Loss {
+        let l = |steps, at_least| Loss {
             steps,
+            at_least,
             seconds: 1.0,
         };
         let lost = std::time::Duration::from_secs(2);
-        let both = save_interval_advice(&[l(Some(3)), l(None)], None, lost).unwrap();
+        let both = save_interval_advice(&[l(Some(3), false), l(None, false)], None, lost).unwrap();
         assert!(
             both.contains("at least 3 steps (the step reached after 1 of them is unknown)"),
             "{both}"
         );
-        let none = save_interval_advice(&[l(None)], None, lost).unwrap();
+        let none = save_interval_advice(&[l(None, false)], None, lost).unwrap();
         assert!(none.contains("an unknown number of steps"), "{none}");
-        let known = save_interval_advice(&[l(Some(0))], None, lost).unwrap();
+        let known = save_interval_advice(&[l(Some(0), false)], None, lost).unwrap();
         assert!(known.contains(": 0 steps of redone"), "{known}");
+        let one = save_interval_advice(&[l(Some(1), false)], None, lost).unwrap();
+        assert!(one.contains(": 1 step of redone"), "{one}");
+        let below = save_interval_advice(&[l(Some(4), true)], None, lost).unwrap();
+        assert!(
+            below.contains(": at least 4 steps (after 1 of them only a lower bound"),
+            "{below}"
+        );
+    }
+
+    /// The case of the issue: no bar, the Trainer's log dicts only. Before, the
+    /// save's `Writing model shards: 1/1` bar was read as step 1, and resuming from
+    /// checkpoint-2 made it "0 steps of redone training" where one was redone.
+    #[test]
+    fn the_trainers_log_dicts_tell_the_step_without_a_bar() {
+        // The save's bar is not a step, and a dict names none.
+        assert_eq!(last_step(HF5_NO_BAR), None);
+        let r = logged_step(HF5_NO_BAR, every(1), 0);
+        assert_eq!(
+            r,
+            Some(Reached {
+                step: 3,
+                at_least: false
+            })
+        );
+        // Resumed from checkpoint-2: one step (3) redone, exactly.
+        let now = SystemTime::now();
+        let loss = Loss::measure(r, None, Some(2), None, now, Duration::from_secs(1));
+        assert_eq!((loss.steps, loss.at_least), (Some(1), false));
+        assert_eq!(steps_text(&[loss]), "1 step");
+        // Without the logging interval the dicts say nothing: unknown, not 0.
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("output.log");
+        std::fs::write(&log, HF5_NO_BAR).unwrap();
+        assert_eq!(read(&log, None, 0), None);
+        let loss = Loss::measure(None, None, Some(2), None, now, Duration::from_secs(1));
+        assert_eq!(steps_text(&[loss]), "an unknown number of steps");
+        assert_eq!(read(&log, Some(every(1)), 0).map(|r| r.step), Some(3));
+        // Resumed from step 2 with one more dict: step 3.
+        let resumed = b"resuming\n{'loss': '4.775', 'grad_norm': '1.045', 'learning_rate': '3.333e-05', 'epoch': '0.02344'}\n";
+        assert_eq!(logged_step(resumed, every(1), 2).map(|r| r.step), Some(3));
+    }
+
+    #[test]
+    fn the_bar_wins_and_a_save_bar_is_not_a_step() {
+        assert_eq!(last_step(HF5_BAR), Some(3));
+        // Logging every 2 steps: the one dict (step 2) is a lower bound below the bar.
+        let d = logged_step(HF5_BAR, every(2), 0).unwrap();
+        assert_eq!((d.step, d.at_least), (2, true));
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("output.log");
+        std::fs::write(&log, HF5_BAR).unwrap();
+        assert_eq!(
+            read(&log, Some(every(2)), 0),
+            Some(Reached {
+                step: 3,
+                at_least: false
+            })
+        );
+        // Bars that count something else.
+        for other in [
+            &b"Writing model shards: 100%|##########| 1/1 [00:00<00:00, 535.88it/s]"[..],
+            b"Loading checkpoint shards: 100%|##########| 2/2 [00:03<00:00,  1.52s/it]",
+            b"Map: 100%|##########| 1000/1000 [00:00<00:00, 12345.67 examples/s]",
+            b"Tokenizing train dataset: 100%|#####| 500/500 [00:01<00:00, 480.2 examples/s]",
+            b"model.safetensors:  45%|####5     | 2.25G/5.00G [00:30<00:36, 75.1MB/s]",
+        ] {
+            assert_eq!(last_step(other), None, "{}", String::from_utf8_lossy(other));
+        }
+        // Training bars: HF's (no description), Lightning's, a custom one.
+        assert_eq!(
+            last_step(b" 40%|####      | 40/100 [00:10<00:15,  3.98it/s, loss=2.1]"),
+            Some(40)
+        );
+        assert_eq!(
+            last_step(b"Epoch 0:  30%|###       | 3/10 [00:01<00:03,  2.10it/s, v_num=0]"),
+            Some(3)
+        );
+        assert_eq!(
+            last_step(b"Training: 12/50 [00:30<01:35, 2.5s/it]"),
+            Some(12)
+        );
+    }
+
+    /// transformers 4 printed the floats as they are; TRL adds keys; several local
+    /// ranks 0 (one oomguard around srun) print the same dict once each; an
+    /// evaluation's dict and the end's summary are not steps.
+    #[test]
+    fn log_dicts_of_other_versions_ranks_and_intervals() {
+        let v4 = b"{'loss': 2.3125, 'grad_norm': 1.0441, 'learning_rate': 4.9e-05, 'epoch': 0.02}\n\
+                   {'eval_loss': 2.2, 'eval_runtime': 1.0, 'epoch': 0.02}\n\
+                   {'loss': 2.2812, 'grad_norm': 0.98, 'learning_rate': 4.8e-05, 'entropy': 1.9, 'num_tokens': 4096.0, 'mean_token_accuracy': 0.41, 'epoch': 0.04}\n\
+                   [rank8]: {'loss': 2.2812, 'grad_norm': 0.98, 'learning_rate': 4.8e-05, 'entropy': 1.9, 'num_tokens': 4096.0, 'mean_token_accuracy': 0.41, 'epoch': 0.04}\n\
+                   {'train_runtime': 12.5, 'train_samples_per_second': 3.2, 'train_steps_per_second': 0.4, 'train_loss': 2.29, 'epoch': 0.04}\n";
+        assert_eq!(logged_step(v4, every(1), 0).map(|r| r.step), Some(2));
+        assert_eq!(logged_step(v4, every(10), 0).map(|r| r.step), Some(20));
+        // From a checkpoint at step 15, logging every 10: the first dict is step 20.
+        assert_eq!(logged_step(v4, every(10), 15).map(|r| r.step), Some(30));
+        // --logging_first_step: a dict at step 1, then every 10.
+        let first = Logging {
+            every: 10,
+            first_step: true,
+        };
+        assert_eq!(first.nth_step(1, 0), 1);
+        assert_eq!(first.nth_step(3, 0), 20);
+        // A log that lost its middle cannot be counted.
+        let cut = b"{'loss': 1.0, 'epoch': 0.1}\n[oomguard: 1234 bytes omitted]\n{'loss': 0.9, 'epoch': 0.9}\n";
+        assert_eq!(logged_step(cut, every(1), 0), None);
     }
 
     #[test]

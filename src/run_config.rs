@@ -50,6 +50,28 @@ pub struct RunConfig {
     pub gpu_memory: Option<f64>,
     /// This copy's place when the run is supervised by several (see `job`).
     pub job: Option<crate::job::Job>,
+    /// The fewest DataLoader workers a host OOM halves to (see [`workers_floor`]).
+    pub workers_floor: u64,
+    /// How often the trainer prints its per-step log dicts, when the command says.
+    pub logging: Option<crate::progress::Logging>,
+}
+
+/// 1 when the command sets a DataLoader prefetch factor or persistent workers
+/// (on its command line or in a config file it names): PyTorch's DataLoader
+/// and the Hugging Face Trainer refuse either with 0 workers, so a relaunch at 0
+/// would fail before training. Else 0.
+fn workers_floor(argv: &[OsString], disc: &Discovery) -> u64 {
+    let needs_workers = |t: &str| {
+        let t = t.replace('-', "_");
+        t.contains("prefetch_factor") || t.contains("persistent_workers")
+    };
+    let in_argv = argv.iter().any(|a| needs_workers(&a.to_string_lossy()));
+    let in_files = disc
+        .config
+        .files
+        .iter()
+        .any(|f| needs_workers(f.doc.text()));
+    u64::from(in_argv || in_files)
 }
 
 /// A usage error: printed and mapped to exit 2 by main.
@@ -215,6 +237,8 @@ impl RunConfig {
             .as_ref()
             .filter(|_| !args.fresh)
             .and_then(|(p, k)| crate::remember::recorded(p, k));
+        let workers_floor = workers_floor(&args.command, &disc);
+        let logging = knobs::logging(&cmd, &disc);
         Ok(RunConfig {
             job,
             layout,
@@ -236,6 +260,8 @@ impl RunConfig {
             remembered,
             // --gpu-memory wins over NVML (a GPU shared with others, MIG).
             gpu_memory: gpu_memory.or(nvml_total.map(|b| b as f64)),
+            workers_floor,
+            logging,
         })
     }
 

@@ -18,10 +18,13 @@ pub enum Knob {
     ZeroStage,
     OffloadOptimizer,
     OffloadParam,
+    /// The DataLoader's worker processes: host memory, not GPU memory. Halved
+    /// after a host OOM; never changes what the model sees.
+    DataloaderWorkers,
 }
 
 impl Knob {
-    pub const ALL: [Knob; 7] = [
+    pub const ALL: [Knob; 8] = [
         Knob::MicroBatch,
         Knob::GradAccum,
         Knob::SeqLen,
@@ -29,6 +32,7 @@ impl Knob {
         Knob::ZeroStage,
         Knob::OffloadOptimizer,
         Knob::OffloadParam,
+        Knob::DataloaderWorkers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -40,7 +44,14 @@ impl Knob {
             Knob::ZeroStage => "zero_stage",
             Knob::OffloadOptimizer => "offload_optimizer",
             Knob::OffloadParam => "offload_param",
+            Knob::DataloaderWorkers => "dataloader_workers",
         }
+    }
+
+    /// 0 is a value it can start from (ZeRO stage 0, no DataLoader workers);
+    /// for the others 0 is no starting point (nothing halves it).
+    pub fn allows_zero(self) -> bool {
+        matches!(self, Knob::ZeroStage | Knob::DataloaderWorkers)
     }
 
     pub fn is_bool(self) -> bool {
@@ -239,6 +250,6 @@ pub struct World {
 /// A knob name that is not one of [`Knob::ALL`].
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown knob '{0}': expected one of micro_batch, grad_accum, seq_len, grad_checkpointing, zero_stage, offload_optimizer, offload_param"
+    "unknown knob '{0}': expected one of micro_batch, grad_accum, seq_len, grad_checkpointing, zero_stage, offload_optimizer, offload_param, dataloader_workers"
 )]
 pub struct UnknownKnob(pub String);

@@ -92,8 +92,11 @@ pub struct Status {
     pub elapsed_s: Option<f64>,
     /// Time spent in attempts that did not succeed.
     pub lost_s: f64,
-    /// Training steps redone after OOMs, where known.
+    /// Training steps redone after OOMs, where known (`None`: none known).
     pub steps_lost: Option<u64>,
+    /// OOMs after which the steps redone are unknown or only a lower bound:
+    /// `steps_lost` is then "at least".
+    pub steps_lost_unknown: usize,
     /// The attempt running, or the last one (0 before the first).
     pub attempt: u32,
     /// How long it has run (ran, once ended).
@@ -233,11 +236,16 @@ impl Status {
                 .filter_map(|e| e.duration_s)
                 .sum(),
         };
-        let losses: Vec<u64> = run
+        let lost: Vec<&read::WorkLost> = run
             .attempts
             .iter()
-            .filter_map(|a| a.lost.as_ref()?.steps_lost)
+            .filter_map(|a| a.lost.as_ref())
             .collect();
+        let losses: Vec<u64> = lost.iter().filter_map(|l| l.steps_lost).collect();
+        let steps_lost_unknown = lost
+            .iter()
+            .filter(|l| l.steps_lost.is_none() || l.steps_lost_at_least)
+            .count();
         let original = run.start.settings.clone();
         let current = last.map_or_else(|| original.clone(), |a| a.start.settings.clone());
         let changed = current
@@ -245,7 +253,29 @@ impl Status {
             .filter(|(k, v)| original.get(k) != Some(v))
             .map(|(k, _)| k.name().to_string())
             .collect();
-        let rows: Vec<AttemptRow> = run.attempts.iter().map(|a| row(dir, a)).collect();
+        // The Trainer's log dicts name no step: their interval, from the command.
+        let argv: Vec<std::ffi::OsString> = run.start.argv.iter().map(Into::into).collect();
+        let logging = crate::frameworks::logging(
+            &crate::command::Command::parse(&argv),
+            &crate::frameworks::Ctx {
+                recipe_output_dir: None,
+                recipe_value: &|_| None,
+            },
+        );
+        let rows: Vec<AttemptRow> = run
+            .attempts
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                // The step it started from: the checkpoint the decision before it resumed.
+                let from = i
+                    .checked_sub(1)
+                    .and_then(|p| run.attempts[p].decision.as_ref())
+                    .filter(|d| d.resume.is_some() && d.resume == a.start.resume)
+                    .and_then(|d| d.resume_step);
+                row(dir, a, logging, from.unwrap_or(0))
+            })
+            .collect();
         let running = state == State::Running;
         let (step_reached, step_reached_partial) = match last {
             Some(a) => {
@@ -322,6 +352,7 @@ impl Status {
             ended,
             lost_s,
             steps_lost: (!losses.is_empty()).then(|| losses.iter().sum()),
+            steps_lost_unknown,
             attempt: last.map_or(0, |a| a.start.attempt),
             attempt_elapsed_s: last.and_then(|a| {
                 a.end
@@ -425,16 +456,26 @@ impl Status {
             );
         }
         time += &format!("; {} lost to failed attempts", duration(self.lost_s));
-        if let Some(n) = self.steps_lost {
-            time += &format!(" ({n} step{} redone)", if n == 1 { "" } else { "s" });
-        }
+        let plural = |n: u64| if n == 1 { "" } else { "s" };
+        time += &match (self.steps_lost, self.steps_lost_unknown) {
+            (Some(n), 0) => format!(" ({n} step{} redone)", plural(n)),
+            (Some(n), k) => format!(
+                " (at least {n} step{} redone; the exact count after {k} OOM{} is unknown)",
+                plural(n),
+                plural(k as u64)
+            ),
+            (None, 0) => String::new(),
+            (None, _) => " (steps redone: unknown)".into(),
+        };
         field("time", time);
         let mut step = match (self.step_reached, self.step_reached_partial) {
             (Some(n), false) => format!("{n}"),
             (Some(n), true) => format!(
                 "at least {n} (the live log stops after its first 8 MiB; the rest is written when the attempt ends)"
             ),
-            (None, _) => "none printed yet".into(),
+            (None, _) if self.state == State::Running => "none printed yet".into(),
+            // Never 0: the attempt ended without a step that can be read.
+            (None, _) => "unknown".into(),
         };
         match (&self.resumed_from, self.resumed_from_step) {
             (Some(c), Some(n)) => step += &format!("; resumed from {c} (step {n})"),
@@ -551,9 +592,11 @@ fn ended_state(code: i32, last: Option<&read::Attempt>) -> State {
     }
 }
 
-/// One attempt's row: how it ended, and the step it reached (from its output
-/// log, else from the journal's `work_lost`).
-fn row(dir: &Path, a: &read::Attempt) -> AttemptRow {
+/// One attempt's row: how it ended, and the step it reached (from the
+/// journal's `work_lost`, which the supervisor wrote knowing the checkpoints,
+/// else from its output log: bars, step lines, and with `logging` known the
+/// Trainer's log dicts since step `from`).
+fn row(dir: &Path, a: &read::Attempt, logging: Option<progress::Logging>, from: u64) -> AttemptRow {
     let n = a.start.attempt;
     let log = dir.join(format!("attempt-{n}")).join("output.log");
     AttemptRow {
@@ -567,8 +610,11 @@ fn row(dir: &Path, a: &read::Attempt) -> AttemptRow {
             .and_then(|e| e.exit.clone().or_else(|| e.error.clone())),
         status: a.end.as_ref().map(|e| e.status),
         duration_s: a.end.as_ref().and_then(|e| e.duration_s),
-        step_reached: progress::step_reached(&log)
-            .or_else(|| a.lost.as_ref().and_then(|l| l.step_reached)),
+        step_reached: a
+            .lost
+            .as_ref()
+            .and_then(|l| l.step_reached)
+            .or_else(|| progress::read(&log, logging, from).map(|r| r.step)),
         resume: a.start.resume.clone(),
         decision: a.decision.as_ref().map(|d| d.step),
     }

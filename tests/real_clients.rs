@@ -288,6 +288,193 @@ fn hf_trainer_oom_while_saving_resumes_from_the_previous_complete_checkpoint() {
     );
 }
 
+/// A host (CPU) OOM raised in a real DataLoader worker process of a real Trainer
+/// (`--dataloader_num_workers 4`, the host holds 2): the workers are halved and the
+/// relaunch resumes from the Trainer's checkpoint-2 and finishes.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn hf_trainer_host_oom_in_a_dataloader_worker_halves_the_workers() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let report = out.join("report.jsonl");
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "python",
+        "tests/real/hf_trainer_oom.py",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_seq_length",
+        "64",
+        "--budget",
+        "100000",
+        "--dataloader_num_workers",
+        "4",
+        "--host_workers",
+        "2",
+        "--oom_at_step",
+        "3",
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "2",
+        "--output_dir",
+        out.to_str().unwrap(),
+        "--oomguard_report",
+        report.to_str().unwrap(),
+    ];
+    let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    run.ensure(
+        "the host OOM came from a DataLoader worker process",
+        run.stdout
+            .contains("Caught RuntimeError in DataLoader worker process")
+            || run
+                .stderr
+                .contains("Caught RuntimeError in DataLoader worker process"),
+        "'Caught RuntimeError in DataLoader worker process' in the output",
+        tail(&run.stdout, 2000),
+    );
+    let j = run.journal(&run_dir);
+    let outcomes: Vec<_> = events(&j, "attempt_end")
+        .iter()
+        .map(|e| e["outcome"].clone())
+        .collect();
+    run.check(
+        "outcomes",
+        vec![Value::from("host_oom"), Value::from("success")],
+        outcomes,
+    );
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
+    run.check(
+        "decisions",
+        vec![Value::from("halve_dataloader_workers")],
+        steps,
+    );
+    let starts = events(&j, "attempt_start");
+    let argv2 = argv_of(starts[1]);
+    let workers = argv2
+        .iter()
+        .position(|a| a == "--dataloader_num_workers")
+        .and_then(|i| argv2.get(i + 1))
+        .cloned();
+    run.check("attempt 2's workers", Some("2".to_string()), workers);
+    run.check(
+        "attempt 2 resumes from checkpoint-2",
+        Some(out.join("checkpoint-2").display().to_string()),
+        resume_arg(&argv2),
+    );
+    // The Trainer's own record: every step once.
+    let state = run.read_json(&out.join("checkpoint-4/trainer_state.json"));
+    let logged: Vec<u64> = state["log_history"]
+        .as_array()
+        .map(|h| {
+            h.iter()
+                .filter(|e| e.get("loss").is_some())
+                .filter_map(|e| e["step"].as_u64())
+                .collect()
+        })
+        .unwrap_or_default();
+    run.check("steps in log_history", vec![1, 2, 3, 4], logged);
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    let last: Value = text
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default();
+    run.check(
+        "the finishing launch's workers",
+        Some(2),
+        last["workers"].as_u64(),
+    );
+    run.ensure(
+        "the summary's table names the knob",
+        run.stderr.contains(
+            "dataloader_workers  4       2      halve_dataloader_workers after the host OOM in attempt 1",
+        ),
+        "the dataloader_workers row",
+        tail(&run.stderr, 2000),
+    );
+}
+
+/// The case: a real Trainer under torchrun with `--disable_tqdm true` prints
+/// no bar, only its log dicts (no step in them) and the save's `Writing model shards
+/// 1/1` bar. One step is redone after the OOM (steps 1-3 done, checkpoint-2 saved, an
+/// OOM in step 4), and oomguard says 1, not 0.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn hf_trainer_without_a_bar_under_torchrun_reports_the_steps_redone() {
+    let _turn = torchrun_turn();
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "torchrun",
+        "--standalone",
+        "--nproc_per_node=2",
+        "tests/real/hf_trainer_oom.py",
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "1",
+        "--max_seq_length",
+        "64",
+        "--budget",
+        "256",
+        "--oom_at_step",
+        "4",
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "2",
+        "--disable_tqdm",
+        "true",
+        "--logging_steps",
+        "1",
+        "--output_dir",
+        out.to_str().unwrap(),
+    ];
+    let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    // The dicts go to stdout; tqdm (the save's bar) writes to stderr.
+    let output = format!("{}{}", run.stdout, run.stderr);
+    run.ensure(
+        "no training bar, the Trainer's log dicts and the save's bar",
+        run.stdout.contains("{'loss': ")
+            && output.contains("Writing model shards")
+            && !output.contains("/6 ["),
+        "log dicts, 'Writing model shards', no bar counting the 6 steps",
+        tail(&output, 3000),
+    );
+    let j = run.journal(&run_dir);
+    let lost = events(&j, "work_lost");
+    run.check("one OOM", 1, lost.len());
+    run.check("step reached", Some(3), lost[0]["step_reached"].as_u64());
+    run.check(
+        "resumed from checkpoint-2",
+        Some(2),
+        lost[0]["resume_from_step"].as_u64(),
+    );
+    run.check("steps redone", Some(1), lost[0]["steps_lost"].as_u64());
+    run.ensure(
+        "the summary says one step was redone",
+        run.stderr
+            .contains("work lost to 1 OOM: 1 step of redone training"),
+        "'work lost to 1 OOM: 1 step of redone training'",
+        tail(&run.stderr, 2000),
+    );
+    let state = run.read_json(&out.join("checkpoint-6/trainer_state.json"));
+    run.check("global_step", Some(6), state["global_step"].as_u64());
+}
+
 /// The real DeepSpeed and accelerate parsers read every derived config.
 fn check_configs(bin: &Path, files: &[PathBuf]) -> (bool, String) {
     let out = Command::new(bin.join("python"))

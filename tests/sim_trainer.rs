@@ -461,3 +461,240 @@ fn an_oom_while_saving_resumes_from_the_checkpoint_before() {
         std::fs::read_dir(&out).map(|d| d.count()).ok(),
     );
 }
+
+/// A host (CPU) OOM with a DataLoader worker knob: the workers are halved (8 → 4 → 2)
+/// and each relaunch resumes from the last checkpoint; `plan` shows the halvings first.
+#[test]
+fn a_host_oom_halves_the_dataloader_workers_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let trainer = [
+        "python3".to_string(),
+        sim(),
+        "--per_device_train_batch_size".into(),
+        "4".into(),
+        "--max_seq_length".into(),
+        "1024".into(),
+        "--max_steps".into(),
+        "12".into(),
+        "--save_steps".into(),
+        "5".into(),
+        "--step_seconds".into(),
+        "0.005".into(),
+        "--dataloader_num_workers".into(),
+        "8".into(),
+        "--host_workers".into(),
+        "2".into(),
+        "--output_dir".into(),
+        out.display().to_string(),
+    ];
+    let mut plan = vec!["plan".to_string()];
+    plan.extend(trainer.iter().cloned());
+    let p = oomguard(tmp.path(), &strs(&plan), None, LIMIT);
+    p.check("plan exit code", Some(0), p.code);
+    p.ensure(
+        "plan shows the worker knob and its halvings after a host OOM",
+        p.stdout
+            .contains("dataloader_workers  8       flag --dataloader_num_workers")
+            && p.stdout
+                .contains("dataloader_workers 8 → 4 → 2 → 1 → 0, one halving per host OOM"),
+        "the knob's line and 'dataloader_workers 8 → 4 → 2 → 1 → 0, one halving per host OOM'",
+        &p.stdout,
+    );
+    // A prefetch factor needs a worker: not below 1.
+    plan.extend(["--dataloader_prefetch_factor".to_string(), "2".to_string()]);
+    let p = oomguard(tmp.path(), &strs(&plan), None, LIMIT);
+    p.ensure(
+        "with a prefetch factor the halvings stop at 1",
+        p.stdout
+            .contains("dataloader_workers 8 → 4 → 2 → 1, one halving per host OOM")
+            && p.stdout.contains("not below 1"),
+        "'dataloader_workers 8 → 4 → 2 → 1, one halving per host OOM' and 'not below 1'",
+        &p.stdout,
+    );
+
+    let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string()];
+    args.extend(trainer.iter().cloned());
+    let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+    run.check("exit code", Some(0), run.code);
+    let fin = run.read_json(&out.join("final.json"));
+    run.check("final global_step", Some(12), fin["global_step"].as_u64());
+    let segments = fin["attempts"].as_array().cloned().unwrap_or_default();
+    // Each launch says how many workers it runs (the second saved no checkpoint, so
+    // final.json keeps the first and the last launch only).
+    let workers: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("dataloader workers: "))
+        .collect();
+    run.check("workers of each launch", vec!["8", "4", "2"], workers);
+    run.check("launches in final.json", 2, segments.len());
+    for s in &segments[1..] {
+        run.ensure(
+            "each relaunch resumed from checkpoint-5",
+            s["resumed_from"]
+                .as_str()
+                .is_some_and(|p| p.ends_with("checkpoint-5")),
+            "resumed_from ending in checkpoint-5",
+            s,
+        );
+    }
+    let j = run.journal(&run_dir);
+    let resumes: Vec<Option<String>> = events(&j, "attempt_start")
+        .iter()
+        .map(|s| resume_arg(&argv_of(s)))
+        .collect();
+    let ckpt5 = Some(out.join("checkpoint-5").display().to_string());
+    run.check(
+        "attempts 2 and 3 resume from checkpoint-5",
+        vec![None, ckpt5.clone(), ckpt5],
+        resumes,
+    );
+    let outcomes: Vec<_> = events(&j, "attempt_end")
+        .iter()
+        .map(|e| e["outcome"].clone())
+        .collect();
+    run.check(
+        "outcomes",
+        vec![
+            Value::from("host_oom"),
+            Value::from("host_oom"),
+            Value::from("success"),
+        ],
+        outcomes,
+    );
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
+    run.check(
+        "decisions",
+        vec![Value::from("halve_dataloader_workers"); 2],
+        steps,
+    );
+    run.ensure(
+        "the summary names the knob, before and after, and why",
+        run.stderr.contains(
+            "dataloader_workers  8       2      halve_dataloader_workers after the host OOM in attempts 1, 2",
+        ) && run
+            .stderr
+            .contains("host OOM: DataLoader workers 8 → 4 (each holds its own copy"),
+        "the table row and the decision's reason",
+        tail(&run.stderr, 3000),
+    );
+}
+
+/// A host OOM without a worker knob (or with none left to halve) stops with the
+/// command's status and says what to do.
+#[test]
+fn a_host_oom_without_workers_to_halve_stops_with_advice() {
+    for (workers, advice) in [
+        (
+            None,
+            "no DataLoader worker setting was found in the command",
+        ),
+        (
+            Some("0"),
+            "the DataLoader already loads in the main process (0 workers)",
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("out");
+        let mut args: Vec<String> = vec![
+            "python3".into(),
+            sim(),
+            "--per_device_train_batch_size".into(),
+            "4".into(),
+            "--max_steps".into(),
+            "8".into(),
+            "--step_seconds".into(),
+            "0.005".into(),
+            "--host_workers".into(),
+            "-1".into(),
+            "--output_dir".into(),
+            out.display().to_string(),
+        ];
+        if let Some(w) = workers {
+            args.extend(["--dataloader_num_workers".to_string(), w.to_string()]);
+        }
+        let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+        run.check("exit code: the command's", Some(1), run.code);
+        run.ensure(
+            "one attempt, and the advice",
+            run.stderr.contains("host (CPU) memory ran out")
+                && run.stderr.contains(advice)
+                && run.stderr.contains("stopped (exit 1) after 1 attempt;"),
+            advice,
+            tail(&run.stderr, 2000),
+        );
+    }
+}
+
+/// Without a progress bar (the Trainer's `--disable_tqdm true`), the steps redone are
+/// read from its log dicts, which carry no step: counted with `--logging_steps`,
+/// exact at 1, "at least" above it, and "unknown" — never 0 — without it.
+#[test]
+fn the_steps_redone_are_read_from_the_trainers_log_dicts_or_said_unknown() {
+    for (logging, summary, lost, status) in [
+        (
+            Some("1"),
+            "work lost to 2 OOMs: 2 steps of redone training",
+            Some(1),
+            "(2 steps redone)",
+        ),
+        (
+            Some("2"),
+            "work lost to 2 OOMs: at least 2 steps (after 2 of them only a lower bound of the step reached is known) of redone training",
+            Some(1),
+            "(at least 2 steps redone; the exact count after 2 OOMs is unknown)",
+        ),
+        (
+            None,
+            "work lost to 2 OOMs: an unknown number of steps of redone training",
+            None,
+            "(steps redone: unknown)",
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+        let mut args = vec!["--run-dir".to_string(), run_dir.display().to_string()];
+        args.extend(demo_args(&out));
+        args.push("--disable_tqdm".into());
+        if let Some(l) = logging {
+            args.extend(["--logging_steps".to_string(), l.to_string()]);
+        }
+        let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);
+        run.check("exit code", Some(0), run.code);
+        run.ensure(
+            "no progress line: the trainer printed its log dicts",
+            !run.stdout.contains("step 6/30") && run.stdout.contains("{'loss': "),
+            "log dicts and no 'step N/M' lines",
+            tail(&run.stdout, 600),
+        );
+        run.ensure(
+            "the summary says the work lost as it can be told",
+            run.stderr.contains(summary),
+            summary,
+            tail(&run.stderr, 1500),
+        );
+        let j = run.journal(&run_dir);
+        let losses: Vec<Option<u64>> = events(&j, "work_lost")
+            .iter()
+            .map(|w| w["steps_lost"].as_u64())
+            .collect();
+        // Each OOM came in step 7, after checkpoint-5: step 6 redone.
+        run.check("steps lost per OOM in the journal", vec![lost; 2], losses);
+        let st = oomguard(
+            tmp.path(),
+            &["status", run_dir.to_str().unwrap()],
+            None,
+            LIMIT,
+        );
+        st.ensure(
+            "status says the steps redone as they can be told",
+            st.stdout.contains(status),
+            status,
+            &st.stdout,
+        );
+    }
+}

@@ -437,3 +437,90 @@ fn a_host_oom_after_a_cpu_offload_undoes_it_and_offloads_to_nvme() {
     assert_eq!(devices, ["none", "cpu", "nvme"], "{stderr}");
     assert!(stderr.contains("offload_optimizer cpu undone"), "{stderr}");
 }
+
+/// An OOM after many good steps is a spike: the step reached is read from the
+/// trainer's `step N/M` lines, the decision says so, and the fix still fits in one
+/// relaunch, with the sequence kept.
+#[test]
+fn an_oom_after_many_good_steps_is_calibrated_as_a_spike() {
+    let t = tempfile::tempdir().unwrap();
+    let m = model(t.path());
+    let cmd = trainer_args(&m);
+    let results = t.path().join("results.jsonl");
+    let run_dir = t.path().join("run");
+    let mut args = vec![
+        "--run-dir".to_string(),
+        run_dir.display().to_string(),
+        "--hang-timeout".into(),
+        "5".into(),
+    ];
+    args.extend(cmd.iter().cloned());
+    args.extend(["--max_steps".to_string(), "30".to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // 90 GiB: micro-batch 16's typical batches (0.6 of the sequence, about 77 GiB)
+    // fit, its longest one (about 114 GiB) does not.
+    let out = run(
+        t.path(),
+        &args,
+        &[
+            ("SIM_GPU_GIB", "90"),
+            ("SIM_ACT_FACTOR", "1.0"),
+            ("SIM_SPIKE_STEPS", "20"),
+            ("SIM_RESULT", results.to_str().unwrap()),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&results)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "one relaunch: {lines:?}");
+    assert_eq!(lines[0]["good_steps"], 20, "{lines:?}");
+    assert_eq!(lines[1]["settings"]["seq_len"], 2048);
+    assert!(
+        stderr.contains("after 20 good steps (a spike: the model is calibrated to need the OOM's figure at its peak"),
+        "{stderr}"
+    );
+    let journal = std::fs::read_to_string(run_dir.join("journal.jsonl")).unwrap();
+    let lost: serde_json::Value = journal
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["event"] == "work_lost")
+        .unwrap();
+    assert_eq!(lost["step_reached"], 20, "{lost}");
+}
+
+/// The same targets when every run's OOM is a spike (`--spikes 20`: the typical
+/// batch fits, the longest does not, after 20 good steps), and no second relaunch.
+#[test]
+fn the_sizing_benchmark_meets_its_targets_when_the_oom_is_a_spike() {
+    let out = Command::new("python3")
+        .args([
+            root().join("benches/sizing.py").to_str().unwrap(),
+            "--bin",
+            BIN,
+            "--scenarios",
+            "12",
+            "--seed",
+            "12",
+            "--spikes",
+            "20",
+            "--json",
+        ])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let new = &v["rows"][1];
+    assert_eq!(new["finished"], new["runs"], "{v}");
+    assert_eq!(new["relaunches_max"], 1, "{v}");
+    assert!(new["kept_mean"].as_f64().unwrap() >= 0.95, "{v}");
+    assert!(new["kept_worst"].as_f64().unwrap() >= 0.75, "{v}");
+    assert_eq!(new["shortened_needlessly"], 0, "{v}");
+}

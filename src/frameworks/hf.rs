@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use super::{AbsentValue, Family};
 use crate::checkpoint::{Kind, Layout, ResumeHow};
 use crate::command::Command;
+use crate::progress::Logging;
 use crate::settings::Knob;
 
 /// Only the Trainer's own spelling says "Hugging Face": adding a flag that the
@@ -30,6 +31,47 @@ fn layout(cmd: &Command, _: &super::Ctx) -> Option<Layout> {
         user_resume: cmd
             .value(&["--resume_from_checkpoint", "--resume-from-checkpoint"])
             .map(PathBuf::from),
+    })
+}
+
+/// How often the Trainer prints its log dict (`{'loss': ..., 'epoch': ...}`):
+/// `--logging_steps N` or a recipe's `logging_steps: N` (the flag wins), with
+/// `--logging_first_step`. `None` when the interval is not given (its default
+/// differs by script: 500 in `TrainingArguments`, 10 in TRL's configs), is a
+/// ratio of the run (`0.01`), or the strategy is not `steps`.
+fn logging(cmd: &Command, ctx: &super::Ctx) -> Option<Logging> {
+    use crate::files::Scalar;
+    let text = |flags: &[&str], key: &str| {
+        cmd.value(flags)
+            .map(str::to_string)
+            .or_else(|| (ctx.recipe_value)(key).map(|s| s.to_string()))
+    };
+    let strategy = text(
+        &["--logging_strategy", "--logging-strategy"],
+        "logging_strategy",
+    );
+    if strategy.is_some_and(|s| !s.trim_matches(['"', '\'']).eq_ignore_ascii_case("steps")) {
+        return None;
+    }
+    let every: f64 = text(&["--logging_steps", "--logging-steps"], "logging_steps")?
+        .trim_matches(['"', '\''])
+        .parse()
+        .ok()?;
+    if !(every >= 1.0 && every.fract() == 0.0 && every < 1e12) {
+        return None;
+    }
+    let first = &["--logging_first_step", "--logging-first-step"];
+    let first_step = match cmd.value(first) {
+        Some(v) => !matches!(v.to_ascii_lowercase().as_str(), "false" | "0" | "no"),
+        None if cmd.has_flag(first) => true,
+        None => matches!(
+            (ctx.recipe_value)("logging_first_step"),
+            Some(Scalar::Bool(true))
+        ),
+    };
+    Some(Logging {
+        every: every as u64,
+        first_step,
     })
 }
 
@@ -83,6 +125,16 @@ pub static FAMILY: Family = Family {
                 "--activation_checkpointing",
             ],
         ),
+        (
+            Knob::DataloaderWorkers,
+            &[
+                "--dataloader_num_workers",
+                "--dataloader-num-workers",
+                // Plain argparse scripts name the DataLoader's workers so.
+                "--num_workers",
+                "--num-workers",
+            ],
+        ),
     ],
     added_flags: &[
         (
@@ -97,6 +149,7 @@ pub static FAMILY: Family = Family {
         ),
     ],
     layout,
+    logging,
     output_hint: "--output_dir",
     ..Family::NONE
 };

@@ -44,6 +44,10 @@ pub static FAMILY: Family = Family {
                 "enable_gradient_checkpointing",
             ],
         ),
+        (
+            Knob::DataloaderWorkers,
+            &["num_workers", "dataloader_num_workers"],
+        ),
     ],
     file_keys: &[(Knob::SeqLen, &["variables.max_seq_len"])],
     ..Family::NONE

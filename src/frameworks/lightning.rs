@@ -46,14 +46,27 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
 
 pub static FAMILY: Family = Family {
     name: "lightning",
-    flags: &[(
-        Knob::GradAccum,
-        &[
-            "--accumulate_grad_batches",
-            "--trainer.accumulate_grad_batches",
-        ],
-    )],
-    file_keys: &[(Knob::GradAccum, &["accumulate_grad_batches"])],
+    flags: &[
+        (
+            Knob::GradAccum,
+            &[
+                "--accumulate_grad_batches",
+                "--trainer.accumulate_grad_batches",
+            ],
+        ),
+        // A LightningDataModule's (and LitGPT's data modules') workers.
+        (
+            Knob::DataloaderWorkers,
+            &["--data.num_workers", "--data.init_args.num_workers"],
+        ),
+    ],
+    file_keys: &[
+        (Knob::GradAccum, &["accumulate_grad_batches"]),
+        (
+            Knob::DataloaderWorkers,
+            &["data.num_workers", "data.init_args.num_workers"],
+        ),
+    ],
     layout,
     output_hint: "--ckpt_path, ckpt_path=",
     ..Family::NONE

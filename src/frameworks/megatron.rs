@@ -35,7 +35,10 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
 
 pub static FAMILY: Family = Family {
     name: "megatron",
-    flags: &[(Knob::SeqLen, &["--seq_length", "--seq-length"])],
+    flags: &[
+        (Knob::SeqLen, &["--seq_length", "--seq-length"]),
+        (Knob::DataloaderWorkers, &["--num-workers", "--num_workers"]),
+    ],
     file_keys: &[(Knob::SeqLen, &["seq_length"])],
     layout,
     output_hint: "--save",

@@ -182,6 +182,9 @@ pub struct Family {
     pub world: fn(&Command, Env, &Ctx) -> Option<World>,
     /// Its accumulation counts the micro-batches of all ranks together.
     pub accum_covers_world: fn(&Command) -> bool,
+    /// How often it prints a log line for a step that names no step (the
+    /// Hugging Face Trainer's log dicts), when the command says.
+    pub logging: fn(&Command, &Ctx) -> Option<crate::progress::Logging>,
 }
 
 impl Family {
@@ -207,6 +210,7 @@ impl Family {
         output_hint: "",
         world: |_, _, _| None,
         accum_covers_world: |_| false,
+        logging: |_, _| None,
     };
 }
 
@@ -376,6 +380,12 @@ pub fn world(cmd: &Command, env: Env, ctx: &Ctx) -> World {
 /// Whether the command's accumulation counts all ranks together.
 pub fn accum_covers_world(cmd: &Command) -> bool {
     recognised(cmd).any(|f| (f.accum_covers_world)(cmd))
+}
+
+/// How often the command's trainer prints a log line per step that names no
+/// step (see `progress`): the first family that knows.
+pub fn logging(cmd: &Command, ctx: &Ctx) -> Option<crate::progress::Logging> {
+    FAMILIES.iter().find_map(|f| (f.logging)(cmd, ctx))
 }
 
 /// "--a, --b, key:, ..." — the spellings oomguard looks for, for notes.

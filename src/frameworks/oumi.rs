@@ -55,6 +55,10 @@ pub static FAMILY: Family = Family {
             Knob::GradCheckpointing,
             &["training.enable_gradient_checkpointing"],
         ),
+        (
+            Knob::DataloaderWorkers,
+            &["training.dataloader_num_workers"],
+        ),
     ],
     config_flags: &["-c", "--config"],
     dotted_flags: true,

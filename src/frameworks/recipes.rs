@@ -92,6 +92,10 @@ pub static FAMILY: Family = Family {
                 "checkpoint_activations",
             ],
         ),
+        (
+            Knob::DataloaderWorkers,
+            &["dataloader_num_workers", "num_workers"],
+        ),
     ],
     config_flags: &["--config"],
     layout,

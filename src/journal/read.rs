@@ -106,6 +106,9 @@ pub struct WorkLost {
     pub attempt: u32,
     pub step_reached: Option<u64>,
     pub steps_lost: Option<u64>,
+    /// Journals before this field said nothing: their counts were taken as exact.
+    #[serde(default)]
+    pub steps_lost_at_least: bool,
 }
 
 /// The step of a `decision` line: the policy's, or the same settings again
@@ -285,6 +288,7 @@ impl Oom {
                 ..OomNumbers::default()
             }),
             step_reached: None,
+            steps_done: None,
         }
         .to_string()
     }
@@ -378,9 +382,11 @@ mod tests {
         j.record(&Event::WorkLost {
             attempt: 1,
             step_reached: Some(7),
+            step_reached_at_least: true,
             started_from_step: None,
             resume_from_step: Some(5),
             steps_lost: Some(2),
+            steps_lost_at_least: true,
             seconds_lost: 0.5,
         });
         j.record(&Event::Decision {
@@ -424,6 +430,7 @@ mod tests {
         let p = a1.end.as_ref().unwrap().gpu_peak.as_ref().unwrap();
         assert_eq!(p.per_gpu, peak.per_gpu);
         assert_eq!(a1.lost.as_ref().unwrap().step_reached, Some(7));
+        assert!(a1.lost.as_ref().unwrap().steps_lost_at_least);
         // The later decision line (the retry) is the one kept.
         let d = a1.decision.as_ref().unwrap();
         assert_eq!(d.step, DecisionStep::Same(SameSettings::RetrySameSettings));

@@ -138,7 +138,7 @@ pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
             Scalar::Str(x) => x.parse::<u64>().ok(),
             s => scalar_int(s).and_then(|n| u64::try_from(n).ok()),
         }
-        .filter(|n| *n > 0 || knob == Knob::ZeroStage)
+        .filter(|n| *n > 0 || knob.allows_zero())
         .map(Value::Int),
     }
 }

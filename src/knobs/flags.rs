@@ -51,9 +51,16 @@ fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static 
         let v = occ.value.clone().unwrap_or_default();
         v.parse::<u64>()
             .ok()
-            .filter(|n| *n > 0 || knob == Knob::ZeroStage)
+            .filter(|n| *n > 0 || knob.allows_zero())
             .map(Value::Int)
-            .ok_or((v, "a positive whole number"))
+            .ok_or((
+                v,
+                if knob.allows_zero() {
+                    "a whole number"
+                } else {
+                    "a positive whole number"
+                },
+            ))
     }
 }
 
@@ -792,6 +799,61 @@ mod tests {
         let m = mat(&a, &d, &s, None);
         assert_eq!(m.argv[4], a[4]);
         assert_eq!(m.argv[3], OsString::from("4"));
+    }
+
+    /// Every family's spelling of the DataLoader's workers is found (0 included:
+    /// it is a value, not a missing one), and a halving is written where it was.
+    #[test]
+    fn dataloader_workers_are_found_in_each_familys_spelling_and_halved_there() {
+        let t = tempfile::tempdir().unwrap();
+        let recipe = t.path().join("recipe.yaml");
+        std::fs::write(
+            &recipe,
+            "model_name_or_path: m\nper_device_train_batch_size: 4\ndataloader_num_workers: 8 # host RAM\n",
+        )
+        .unwrap();
+        let litgpt = t.path().join("litgpt.yaml");
+        std::fs::write(
+            &litgpt,
+            "data:\n  class_path: litgpt.data.Alpaca2k\n  init_args:\n    num_workers: 4\n",
+        )
+        .unwrap();
+        let cases = [
+            ("python train.py --per_device_train_batch_size 4 --dataloader_num_workers 8 --output_dir o".to_string(), 8, "--dataloader_num_workers 4"),
+            ("python train.py --per_device_train_batch_size 4 --dataloader_num_workers=0 --output_dir o".to_string(), 0, ""),
+            ("python train.py --batch-size 4 --num-workers 6".to_string(), 6, "--num-workers 3"),
+            ("torchrun pretrain_gpt.py --micro-batch-size 4 --num-workers 2 --save ckpt".to_string(), 2, "--num-workers 1"),
+            ("python cli.py fit --data.batch_size 8 --data.num_workers 8".to_string(), 8, "--data.num_workers 4"),
+            ("python train.py data.micro_batch_size_per_gpu=4 data.num_workers=8".to_string(), 8, "data.num_workers=4"),
+            (format!("accelerate launch sft.py --config {}", recipe.display()), 8, "dataloader_num_workers: 4 # host RAM"),
+            (format!("litgpt finetune_lora m --config {}", litgpt.display()), 4, "    num_workers: 2"),
+        ];
+        for (cmd, start, written) in cases {
+            let a = argv(&cmd);
+            let d = discover_all(&a, &[], &no_env).unwrap();
+            let s = d.settings();
+            assert_eq!(s.int(Knob::DataloaderWorkers), Some(start), "{cmd}");
+            if start == 0 {
+                continue;
+            }
+            let mut next = s.clone();
+            next.knobs
+                .insert(Knob::DataloaderWorkers, Value::Int(start / 2));
+            let m = mat(&a, &d, &next, None);
+            let out = match m.files.first() {
+                Some(f) => f.text.clone(),
+                None => strs(&m.argv),
+            };
+            assert!(out.contains(written), "{cmd}: {written:?} in {out}");
+        }
+        // No spelling in the command: not bound (a host OOM stops with advice).
+        let d = discover_all(
+            &argv("python train.py --per_device_train_batch_size 4"),
+            &[],
+            &no_env,
+        )
+        .unwrap();
+        assert!(!d.knobs.contains_key(&Knob::DataloaderWorkers));
     }
 
     #[test]

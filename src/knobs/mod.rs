@@ -247,7 +247,7 @@ pub enum KnobError {
 fn expected_value(knob: Knob) -> &'static str {
     match knob {
         Knob::OffloadOptimizer | Knob::OffloadParam => "none, cpu or nvme",
-        Knob::ZeroStage => "a whole number",
+        Knob::ZeroStage | Knob::DataloaderWorkers => "a whole number",
         k if k.is_bool() => "true or false",
         _ => "a positive whole number",
     }
@@ -673,6 +673,23 @@ pub fn layout(
         recipe_value: &recipe_value,
     };
     frameworks::layout(cmd, &ctx)
+}
+
+/// How often the command's trainer prints its per-step log dicts (see
+/// `progress`), from its flags and the recipes it names.
+pub fn logging(cmd: &Command, disc: &Discovery) -> Option<crate::progress::Logging> {
+    let recipe_value = |key: &str| {
+        disc.config
+            .files
+            .iter()
+            .filter(|f| f.role.is_recipe())
+            .find_map(|f| f.doc.get(key).ok().flatten())
+    };
+    let ctx = frameworks::Ctx {
+        recipe_output_dir: None,
+        recipe_value: &recipe_value,
+    };
+    frameworks::logging(cmd, &ctx)
 }
 
 /// A knob to add as `{prefix}{key}=N` when it changes: (knob, its current value, key, prefix).

@@ -154,8 +154,8 @@ impl<'c> Run<'c> {
     ) -> Flow {
         let code = match outcome {
             Outcome::GpuOom { finding, hung } => {
-                let reached = log.and_then(progress::step_reached);
-                let ev = Evidence::gpu_oom(finding.as_ref(), hung, reached);
+                let reached = self.reached(log, started);
+                let ev = Evidence::gpu_oom(finding.as_ref(), hung, reached, self.started_from());
                 let flow = self.after_oom(rec, &ev, finding.as_ref(), report, started);
                 rec.evidence = Some(ev);
                 return flow;
@@ -196,14 +196,16 @@ impl<'c> Run<'c> {
                 let thrust = crate::detect::sizeless_thrust_alloc(&finding);
                 // A mis-built extension fails at its first call; thrust's sizeless
                 // failure after training steps ran is memory running out.
-                if let Some(step) = log
-                    .and_then(progress::step_reached)
-                    .filter(|s| thrust && *s > 0)
+                let from = self.started_from();
+                if let Some(reached) = self
+                    .reached(log, started)
+                    .filter(|r| thrust && r.step > from)
                 {
                     self.log.info(&format!(
-                        "thrust's allocation failed with no size after training reached step {step}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)"
+                        "thrust's allocation failed with no size after training reached step {}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)",
+                        reached.step
                     ));
-                    let ev = Evidence::gpu_oom(Some(&finding), false, Some(step));
+                    let ev = Evidence::gpu_oom(Some(&finding), false, Some(reached), from);
                     let flow = self.after_oom(rec, &ev, Some(&finding), report, started);
                     rec.evidence = Some(ev);
                     return flow;
@@ -228,7 +230,7 @@ impl<'c> Run<'c> {
                 victim,
                 code,
             } => {
-                let reached = log.and_then(progress::step_reached);
+                let reached = self.reached(log, started);
                 if let Some(flow) = self.after_host_oom(rec, reached, report, started) {
                     return flow;
                 }
@@ -241,7 +243,8 @@ impl<'c> Run<'c> {
                     }
                 };
                 eprintln!(
-                    "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; reduce DataLoader workers or host-side buffers. Stopping with status {code}"
+                    "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}",
+                    self.host_oom_advice(rec.n)
                 );
                 code
             }

@@ -24,18 +24,24 @@ impl<'c> Run<'c> {
         std::borrow::Cow::Owned(p)
     }
 
-    /// A host OOM after a CPU offload oomguard made: undo the offload and take
-    /// the next step without it (an NVMe offload when the policy gives a path).
-    /// `None`: no such offload, or no step left: the run stops as for any host OOM.
+    /// After a host (CPU) OOM, in this order: a CPU offload oomguard made is
+    /// undone and the next step taken without it (an NVMe offload when the
+    /// policy gives a path); otherwise (no such offload, or no step left
+    /// without it) the DataLoader's workers are halved when the command has
+    /// them. `None`: neither applies (or --max-attempts is reached): the run
+    /// stops as for any host OOM.
     pub(super) fn after_host_oom(
         &mut self,
         rec: &mut AttemptRecord,
-        reached: Option<u64>,
+        reached: Option<Reached>,
         report: &launch::Report,
         started: SystemTime,
     ) -> Option<Flow> {
         use knobs::{Knob, Offload, Value};
         let n = rec.n;
+        if n >= self.cfg.max_attempts {
+            return None;
+        }
         let cpu = Value::Offload(Offload::Cpu);
         let added: Vec<Knob> = [Knob::OffloadOptimizer, Knob::OffloadParam]
             .into_iter()
@@ -43,8 +49,8 @@ impl<'c> Run<'c> {
                 self.settings.knobs.get(k) == Some(&cpu) && self.first.knobs.get(k) != Some(&cpu)
             })
             .collect();
-        if added.is_empty() || n >= self.cfg.max_attempts {
-            return None;
+        if added.is_empty() {
+            return self.halve_workers(rec, reached, report, started);
         }
         let mut undone = self.settings.clone();
         for k in &added {
@@ -53,12 +59,13 @@ impl<'c> Run<'c> {
             }
         }
         self.no_cpu_offload.extend(added.iter().copied());
-        let ev = Evidence {
-            outcome: OutcomeKind::HostOom,
-            oom: None,
-            step_reached: reached,
-        };
+        let ev = self.host_evidence(reached);
         let Some(next) = policy::next(&self.policy(), &undone, &ev) else {
+            // Undone, the GPU would overflow again: fewer workers, with the
+            // offload kept, may make the room in host memory instead.
+            if let Some(flow) = self.halve_workers(rec, reached, report, started) {
+                return Some(flow);
+            }
             eprintln!(
                 "oomguard: host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead",
                 added
@@ -81,6 +88,92 @@ impl<'c> Run<'c> {
         rec.next = self.decide(n, &ev, d, started, oom_after);
         rec.evidence = Some(ev);
         Some(Flow::Again)
+    }
+
+    /// A host OOM with DataLoader workers above their floor: halve them and
+    /// relaunch from the last checkpoint. `None`: no worker knob, or at its floor.
+    fn halve_workers(
+        &mut self,
+        rec: &mut AttemptRecord,
+        reached: Option<Reached>,
+        report: &launch::Report,
+        started: SystemTime,
+    ) -> Option<Flow> {
+        let n = rec.n;
+        let ev = self.host_evidence(reached);
+        let d = policy::halve_dataloader_workers(&self.settings, self.cfg.workers_floor, &ev)?;
+        self.log.info(&format!(
+            "attempt {n}: host OOM: halving the DataLoader's workers"
+        ));
+        let oom_after = report.oom_at.unwrap_or(report.duration);
+        rec.next = self.decide(n, &ev, d, started, oom_after);
+        rec.evidence = Some(ev);
+        Some(Flow::Again)
+    }
+
+    /// The evidence of a host OOM of the attempt that reached `reached`.
+    fn host_evidence(&self, reached: Option<Reached>) -> Evidence {
+        Evidence {
+            outcome: OutcomeKind::HostOom,
+            oom: None,
+            step_reached: reached,
+            steps_done: reached.map(|r| r.step.saturating_sub(self.started_from())),
+        }
+    }
+
+    /// The step the attempt that ran since `started` began from: the checkpoint
+    /// it resumed from, else the user's own resume argument's, else 0.
+    pub(super) fn started_from(&self) -> u64 {
+        self.resumed_step
+            .or_else(|| {
+                let user = self.cfg.layout.as_ref()?.user_resume.as_ref()?;
+                checkpoint::recorded_step(user)
+            })
+            .unwrap_or(0)
+    }
+
+    /// The step the attempt that ran since `started` reached: what its log
+    /// shows (bars, step lines, the Trainer's log dicts), or the newest
+    /// checkpoint it saved when that is later (a lower bound: it went on
+    /// after saving). `None`: it cannot be told.
+    pub(super) fn reached(&self, log: Option<&Path>, started: SystemTime) -> Option<Reached> {
+        let printed = log.and_then(|l| progress::read(l, self.cfg.logging, self.started_from()));
+        let res = self.cfg.resume(&self.baseline, Duration::ZERO);
+        let saved = res
+            .chosen
+            .as_ref()
+            .filter(|c| checkpoint::written_at(&c.path).is_some_and(|w| w > started))
+            .and_then(checkpoint::step_for)
+            .map(|step| Reached {
+                step,
+                at_least: true,
+            });
+        match (printed, saved) {
+            (Some(p), Some(s)) => Some(p.max(s)),
+            (p, s) => p.or(s),
+        }
+    }
+
+    /// What to do about a host OOM oomguard cannot fix by itself.
+    pub(super) fn host_oom_advice(&self, n: u32) -> String {
+        let buffers = "reduce host-side buffers (load checkpoints with low_cpu_mem_usage or mmap, less CPU offload) or use a machine with more RAM";
+        match self.settings.int(knobs::Knob::DataloaderWorkers) {
+            Some(w) if w > self.cfg.workers_floor && n >= self.cfg.max_attempts => format!(
+                "{n} attempts made (--max-attempts {}), so the DataLoader's {w} workers are not halved again; {buffers}",
+                self.cfg.max_attempts
+            ),
+            Some(0) => {
+                format!("the DataLoader already loads in the main process (0 workers); {buffers}")
+            }
+            Some(w) if self.cfg.workers_floor > 0 => format!(
+                "the DataLoader already runs with {w} worker (the command sets a prefetch factor or persistent workers, which need one); {buffers}"
+            ),
+            Some(w) => format!("the DataLoader already runs with {w} workers; {buffers}"),
+            None => format!(
+                "no DataLoader worker setting was found in the command (looked for {}; bind yours with --knob dataloader_workers=FLAG and oomguard halves it after a host OOM); {buffers}",
+                crate::frameworks::looked_for(knobs::Knob::DataloaderWorkers)
+            ),
+        }
     }
 
     /// After a GPU OOM: another tenant's memory is waited for; otherwise the
@@ -224,10 +317,12 @@ impl<'c> Run<'c> {
         );
         self.j.record(&Event::WorkLost {
             attempt: n,
-            step_reached: ev.step_reached,
+            step_reached: ev.step_reached.map(|r| r.step),
+            step_reached_at_least: ev.step_reached.is_some_and(|r| r.at_least),
             started_from_step: self.resumed_step,
             resume_from_step: new_step,
             steps_lost: loss.steps,
+            steps_lost_at_least: loss.at_least,
             seconds_lost: loss.seconds,
         });
         self.resume_from(&res, new_step);

@@ -45,7 +45,7 @@ use crate::knobs::{self, Settings};
 use crate::launch;
 use crate::plan;
 use crate::policy::{self, Decision, StepKind};
-use crate::progress::{self, Loss};
+use crate::progress::{self, Loss, Reached};
 use crate::run_config::{ResumeInfo, RunConfig};
 use crate::runfolder::{self, RunDirError};
 

@@ -6,7 +6,11 @@ torch.OutOfMemoryError while per_device_train_batch_size x max_seq_length > --bu
         --budget 256 --output_dir /tmp/hf-out --max_steps 6 --save_steps 2 [--oom_at_step 3]
 
 The OOM is raised from a forward pre-hook on the model, so it surfaces through the
-Trainer's own training_step like a real one. Checkpoints are the Trainer's own
+Trainer's own training_step like a real one. With --host_workers K and more than K
+--dataloader_num_workers, a real DataLoader worker process raises the C++ allocator's
+host OOM instead when it fetches the first batch of step --oom_at_step, and the
+DataLoader re-raises it in the Trainer ("Caught RuntimeError in DataLoader worker
+process N"). Checkpoints are the Trainer's own
 (checkpoint-N/ with trainer_state.json); --resume_from_checkpoint resumes for real.
 Each launch appends one line to --oomguard_report (if given): the settings it ran
 with, the checkpoint it resumed from and the global_step it reached.
@@ -35,18 +39,30 @@ class ScriptArguments:
     oom_while_saving_at: int = field(default=0, metadata={
         "help": "a run that does not fit dies half-way through saving checkpoint-N (weights written, "
                 "optimizer and trainer_state.json not)"})
+    host_workers: Optional[int] = field(default=None, metadata={
+        "help": "the most DataLoader workers the host's memory holds (default: any number)"})
     oomguard_report: Optional[str] = field(default=None)
 
 
 class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, n, seq_len, vocab):
+    def __init__(self, n, seq_len, vocab, host_oom_at_batch=None, micro=1):
         g = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, vocab, (n, seq_len), generator=g)
+        self.host_oom_at_batch, self.micro, self.calls = host_oom_at_batch, micro, 0
 
     def __len__(self):
         return len(self.ids)
 
     def __getitem__(self, i):
+        info = torch.utils.data.get_worker_info()
+        if info is not None and self.host_oom_at_batch is not None:
+            # Worker w fetches batches w, w + W, w + 2W, ... (this copy of the dataset
+            # is the worker's own, and so is its count).
+            batch = info.id + (self.calls // self.micro) * info.num_workers
+            self.calls += 1
+            if batch >= self.host_oom_at_batch:
+                raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                   f"{info.num_workers * 2 ** 31} bytes. Error code 12 (Cannot allocate memory)")
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
@@ -93,8 +109,15 @@ def main():
             raise torch.OutOfMemoryError(oom_message(b * s))
 
     model.register_forward_pre_hook(fake_oom, with_kwargs=True)
+    workers = training_args.dataloader_num_workers
+    host_oom_at_batch = None
+    if script_args.host_workers is not None and workers > script_args.host_workers:
+        # Step k trains on batches (k-1)*accum ... k*accum-1, and accelerate's
+        # DataLoader fetches one batch ahead: batch k*accum is fetched in step k.
+        host_oom_at_batch = script_args.oom_at_step * accum
+    print(f"dataloader workers: {workers}", flush=True)
     trainer = Trainer(model=model, args=training_args, callbacks=[counter],
-                      train_dataset=RandomTokens(256, seq, 128))
+                      train_dataset=RandomTokens(256, seq, 128, host_oom_at_batch, micro))
     if script_args.oom_while_saving_at and micro * seq > script_args.budget:
         # The Trainer saves the weights, then the optimizer, then trainer_state.json:
         # an OOM while gathering the optimizer state leaves a checkpoint without it.
@@ -114,10 +137,15 @@ def main():
     if script_args.oomguard_report and trainer.is_world_process_zero():
         with open(script_args.oomguard_report, "a") as f:
             f.write(json.dumps({"micro": micro, "accum": accum, "world": world, "seq": seq,
+                                "workers": workers,
                                 "global_batch": micro * accum * world, "resumed_from": resume,
                                 "global_step": trainer.state.global_step}) + "\n")
     print(f"training finished: global_step={trainer.state.global_step} global_batch={micro * accum * world}",
           flush=True)
+    # Under torchrun: a gloo process group left alive at exit can abort the process
+    # ("terminate called without an active exception") after training finished.
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
