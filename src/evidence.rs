@@ -44,6 +44,15 @@ pub enum Outcome {
     Interrupted {
         signal: i32,
     },
+    /// The command failed because a peer of the distributed run did (`Connection closed
+    /// by peer`, a rendezvous or store error, NCCL's watchdog), printing no error of its
+    /// own and no OOM; or the job's copy 0 (or a copy's failure) ended the attempt while
+    /// it still ran. In a job of several copies: wait for the decision, never stop alone.
+    PeerFailure {
+        code: i32,
+        /// The peer-failure line, or why the job ended the attempt.
+        line: String,
+    },
 }
 
 /// An outcome's name, as the journal writes it (`"outcome": "cuda_oom"`).
@@ -58,6 +67,8 @@ pub enum OutcomeKind {
     AbsurdRequest,
     OtherFailure,
     Interrupted,
+    /// Ended because a peer of the distributed run failed (see [`Outcome::PeerFailure`]).
+    PeerFailure,
     /// The command could not be started at all (not found, not executable).
     CannotExecute,
     /// `plan`'s dry run: nothing ran, an OOM is assumed.
@@ -74,6 +85,7 @@ impl Outcome {
             Outcome::AbsurdRequest { .. } => OutcomeKind::AbsurdRequest,
             Outcome::Other { .. } => OutcomeKind::OtherFailure,
             Outcome::Interrupted { .. } => OutcomeKind::Interrupted,
+            Outcome::PeerFailure { .. } => OutcomeKind::PeerFailure,
         }
     }
 
@@ -141,6 +153,22 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
             None,
         );
     }
+    // The job ended the attempt while it ran (copy 0 decided, or another copy's
+    // attempt failed): never a success, and an OOM it printed itself still counts.
+    if let Some(why) = &r.stopped {
+        let own_oom = r.scanner.first_oom().filter(|f| f.kind == Kind::GpuOom);
+        let outcome = match own_oom {
+            Some(f) => Outcome::GpuOom {
+                finding: Some(f.clone()),
+                hung: false,
+            },
+            None => Outcome::PeerFailure {
+                code: if code == 0 { 1 } else { code },
+                line: why.clone(),
+            },
+        };
+        return (outcome, None);
+    }
     if code == 0 {
         return (Outcome::Success, None);
     }
@@ -175,6 +203,18 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
         }
         kill => kill, // only a kill signal, or nothing
     };
+    // A peer's failure, with no error of its own before it: the run's root cause
+    // is elsewhere (another rank, another node).
+    if kill_line.is_none()
+        && !matches!(r.exit, launch::Exit::Signal(9))
+        && let Some(line) = r.scanner.peer_failure()
+    {
+        let outcome = Outcome::PeerFailure {
+            code,
+            line: line.to_string(),
+        };
+        return (outcome, None);
+    }
     let killed = kill_line.is_some() || matches!(r.exit, launch::Exit::Signal(9));
     let other = |why| Outcome::Other {
         code,
@@ -339,6 +379,9 @@ mod tests {
             warnings: Vec::new(),
             pids: Default::default(),
             started_ms: None,
+            stopped: None,
+            task_files: Vec::new(),
+            oom_file: None,
         }
     }
 

@@ -25,9 +25,16 @@
 //! its own attempt did not end in an OOM, reads the followers' ends: the first
 //! OOM among them decides, as if it had been its own.
 //!
-//! Known limit: a copy learns of the decision only when its own attempt has
-//! ended; a rank that hangs for ever without an OOM of its own (NCCL without a
-//! timeout) keeps its copy in the attempt.
+//! While an attempt runs, each copy also watches the folder
+//! ([`Job::moved_on`], asked by the launch loop every half second): a follower
+//! whose leader has published the attempt's decision, and a leader one of whose
+//! followers has written an end, stop their own processes at once (SIGTERM,
+//! SIGKILL after the grace period) instead of waiting for NCCL's or the
+//! rendezvous' timeout — a rank whose peer died, or hung after its OOM, may
+//! wait in a collective for many minutes without a word. A decision counts
+//! only when it is newer than this copy's own `ready-N-R` (the same
+//! filesystem's clock), so one left by an earlier job with the same key never
+//! ends an attempt.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -83,6 +90,32 @@ pub enum Published {
     Stop {
         code: i32,
     },
+}
+
+/// What a copy of a job does after one of its attempts ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterAttempt {
+    /// As a run of one copy would (a success, the user's interrupt; the leader's
+    /// own OOM or absurd request), the leader then publishing what it decided.
+    Alone,
+    /// A follower's failure, whatever it was: say how it ended, and wait for the
+    /// leader's decision. Never stop alone: a peer's OOM shows here as a peer's
+    /// failure (`Connection closed by peer`, a rendezvous or NCCL error).
+    WaitForDecision,
+    /// The leader's failure that is not an OOM of its own (a peer's failure,
+    /// another error): read the followers' ends first, whose OOM decides.
+    CollectEnds,
+}
+
+/// What a copy does after an attempt that ended with `outcome`.
+pub fn after_attempt(leader: bool, outcome: OutcomeKind) -> AfterAttempt {
+    use OutcomeKind as K;
+    match (leader, outcome) {
+        (_, K::Success | K::Interrupted) => AfterAttempt::Alone,
+        (false, _) => AfterAttempt::WaitForDecision,
+        (true, K::OtherFailure | K::HostOom | K::PeerFailure) => AfterAttempt::CollectEnds,
+        (true, _) => AfterAttempt::Alone,
+    }
 }
 
 /// Why copies cannot act as one job (a warning; each then decides alone).
@@ -284,7 +317,59 @@ impl Job {
 
     /// A follower: the leader's decision after attempt `n`, or None after the timeout.
     pub fn await_decision(&self, n: u32) -> Option<Published> {
-        self.wait(|| self.read(&format!("decision-{n}.json")))
+        self.wait(|| self.decision(n))
+    }
+
+    /// The leader's decision after attempt `n`, if it is there and this job's: newer
+    /// than this copy's own `ready-n-R` (an earlier job's with the same key is not).
+    fn decision(&self, n: u32) -> Option<Published> {
+        let name = format!("decision-{n}.json");
+        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let ours = mtime(&self.dir.join(format!("ready-{n}-{}", self.rank)));
+        let theirs = mtime(&self.dir.join(&name))?;
+        if ours.is_some_and(|r| theirs < r) {
+            return None;
+        }
+        self.read(&name)
+    }
+
+    /// While attempt `n` runs: why this copy should end it now, because the job
+    /// has moved on without it — for a follower, the leader's decision is out; for
+    /// the leader, a follower's attempt ended (its ranks are gone, so this copy's
+    /// are waiting in a collective that cannot complete).
+    pub fn moved_on(&self, n: u32) -> Option<String> {
+        if !self.leader() {
+            return self.decision(n).map(|d| match d {
+                Published::Relaunch { .. } => {
+                    format!("copy 0 of the job decided to relaunch after attempt {n}")
+                }
+                Published::Stop { code } => {
+                    format!("copy 0 of the job stopped after attempt {n} (status {code})")
+                }
+            });
+        }
+        // One listing of the folder, then only the files that are there (cheap on
+        // a shared filesystem, whatever the number of copies).
+        let prefix = format!("end-{n}-");
+        let names: Vec<String> = std::fs::read_dir(&self.dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(&prefix) && name.ends_with(".json"))
+            .collect();
+        let ends: Vec<End> = names.iter().filter_map(|name| self.read(name)).collect();
+        let end = ends
+            .iter()
+            .find(|e| e.oom_line.is_some())
+            .or_else(|| ends.first())?;
+        Some(format!(
+            "copy {} of the job ended attempt {n} ({})",
+            end.rank,
+            serde_json::to_value(end.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ))
     }
 }
 

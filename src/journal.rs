@@ -82,6 +82,13 @@ pub enum Event<'a> {
         finding: OomRecord<'a>,
         /// Seconds from launch to the OOM line.
         after_s: Option<f64>,
+        /// The per-task output file the OOM line is in (`srun --output=...%t`), when
+        /// it is in one.
+        #[serde(
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "lossy_opt_path"
+        )]
+        file: Option<&'a Path>,
     },
     AttemptEnd {
         attempt: u32,

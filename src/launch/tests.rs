@@ -40,6 +40,8 @@ fn spec(argv: &[&str]) -> Spec {
         log_tail_bytes: 1 << 20,
         hang_timeout: Duration::from_secs(60),
         grace: Duration::from_secs(2),
+        task_files: None,
+        stop_when: None,
     }
 }
 

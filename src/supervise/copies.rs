@@ -93,8 +93,12 @@ impl<'c> Run<'c> {
                 job.dir.display()
             );
         }
+        let why = match outcome {
+            Outcome::PeerFailure { line, .. } => format!(" ({line})"),
+            _ => String::new(),
+        };
         self.log.info(&format!(
-            "attempt {n}: {} on copy {} of the job; waiting for copy 0's decision",
+            "attempt {n}: {} on copy {} of the job{why}; waiting for copy 0's decision",
             kind_word(outcome.kind()),
             job.rank
         ));
@@ -189,6 +193,15 @@ impl<'c> Run<'c> {
                     .unwrap_or_default();
                 eprintln!(
                     "oomguard: the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
+                );
+                code
+            }
+            Outcome::PeerFailure { code, line } => {
+                // A copy alone (no job channel, or oomguard around one launcher): the
+                // rank that failed first is elsewhere, and its output is not here.
+                eprintln!(
+                    "oomguard: the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}",
+                    report.exit
                 );
                 code
             }
