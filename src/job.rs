@@ -567,6 +567,51 @@ mod tests {
     }
 
     #[test]
+    fn a_running_copy_hears_that_the_job_moved_on() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("job");
+        let (leader, follower) = (job(&dir, 0), job(&dir, 1));
+        // A decision an earlier job with the same key left: older than this copy's
+        // ready file, so it is not this job's.
+        let d = Published::Relaunch {
+            knobs: BTreeMap::new(),
+            resume: None,
+        };
+        leader.publish_decision(1, &d).unwrap();
+        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join("decision-1.json"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(follower.meet(1)));
+            assert!(leader.meet(1));
+        });
+        assert_eq!(follower.moved_on(1), None, "an earlier job's decision");
+        assert_eq!(leader.moved_on(1), None, "no follower has ended");
+        // The follower's attempt ends: the leader hears it while its own still runs.
+        let end = End {
+            rank: 1,
+            outcome: OutcomeKind::HungAfterOom,
+            oom_line: Some("torch.OutOfMemoryError: CUDA out of memory.".into()),
+        };
+        follower.publish_end(1, &end).unwrap();
+        let why = leader.moved_on(1).expect("the leader hears the end");
+        assert!(why.contains("copy 1") && why.contains("hung_after_oom"), "{why}");
+        // The leader decides: the follower hears it while its own attempt still runs.
+        leader.publish_decision(1, &d).unwrap();
+        let why = follower.moved_on(1).expect("the follower hears the decision");
+        assert!(why.contains("copy 0 of the job decided to relaunch"), "{why}");
+        assert_eq!(follower.moved_on(2), None, "not the next attempt's");
+        leader
+            .publish_decision(2, &Published::Stop { code: 1 })
+            .unwrap();
+        assert!(follower.moved_on(2).unwrap().contains("stopped"));
+    }
+
+    #[test]
     fn waits_are_bounded() {
         let t = tempfile::tempdir().unwrap();
         let mut j = job(t.path(), 1);

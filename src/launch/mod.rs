@@ -286,6 +286,8 @@ pub(crate) fn run_wired(
     let mut env = spec.env_set.clone();
     env.push((MARKER_VAR.into(), marker.clone().into()));
 
+    // Noted before the command starts: what the task files held before is not its.
+    let files = spec.task_files.as_ref().map(taskfiles::Reader::new);
     // Signals that arrived between attempts and only make sense for a running child.
     signals.forget_stale();
     let start = Instant::now();
@@ -324,6 +326,7 @@ pub(crate) fn run_wired(
     }
 
     let mut w = Watch::new(spec, start, out, err);
+    w.files = files;
     if let Some(files) = w.files.as_ref()
         && attempt.srun
     {
@@ -464,8 +467,7 @@ impl<'a> Watch<'a> {
             last_output: Instant::now(),
             pids: detect::kernel::RunPids::new(),
             pids_at: None,
-            // Noted before the command starts: what the files held before is not its.
-            files: spec.task_files.as_ref().map(taskfiles::Reader::new),
+            files: None,
             oom_file: None,
         }
     }

@@ -385,7 +385,7 @@ impl Reader {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some((job, step));
                         return;
                     }
-                    std::thread::sleep(Duration::from_millis(500));
+                    std::thread::sleep(Duration::from_millis(200));
                 }
             });
         if let Err(e) = spawned {
@@ -409,7 +409,12 @@ impl Reader {
             self.known.job = Some(job);
             self.known.step = Some(step);
         }
-        if !self.known.gave_up && self.known.step.is_none() && self.started.elapsed() >= STEP_WAIT {
+        // A step too short to be looked up, or no controller to ask: any number,
+        // the changed-since-the-start rule keeping older steps' files out.
+        if !self.known.gave_up
+            && self.known.step.is_none()
+            && (last || self.started.elapsed() >= STEP_WAIT)
+        {
             self.known.gave_up = true;
         }
         if last || self.listed_at.is_none_or(|t| now >= t + LIST_EVERY) {

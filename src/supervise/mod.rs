@@ -460,9 +460,8 @@ impl<'c> Run<'c> {
         if let Some(f) = outcome.finding() {
             if let Some(file) = &report.oom_file {
                 self.log.info(&format!(
-                    "attempt {n}: the OOM is in {} (srun's per-task output file): {}",
-                    file.display(),
-                    f.line
+                    "attempt {n}: the OOM was found in {} (srun's per-task output file)",
+                    file.display()
                 ));
             }
             self.j.record(&Event::Oom {
