@@ -509,7 +509,10 @@ mod tests {
 
     #[test]
     fn an_attempt_the_job_ended_is_a_peers_failure_unless_it_printed_its_own_oom() {
-        let mut r = report("step 5\nrank 1: waiting for a peer\n", launch::Exit::Signal(15));
+        let mut r = report(
+            "step 5\nrank 1: waiting for a peer\n",
+            launch::Exit::Signal(15),
+        );
         r.stopped = Some("copy 0 of the job decided to relaunch after attempt 1".into());
         let o = classify_plain(&r);
         assert!(

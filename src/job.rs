@@ -339,13 +339,16 @@ impl Job {
     /// are waiting in a collective that cannot complete).
     pub fn moved_on(&self, n: u32) -> Option<String> {
         if !self.leader() {
-            return self.decision(n).map(|d| match d {
-                Published::Relaunch { .. } => {
-                    format!("copy 0 of the job decided to relaunch after attempt {n}")
-                }
-                Published::Stop { code } => {
-                    format!("copy 0 of the job stopped after attempt {n} (status {code})")
-                }
+            // Copy 0's success is no reason to stop: this copy's ranks are
+            // finishing too (ending them would turn a success into a failure).
+            return self.decision(n).and_then(|d| match d {
+                Published::Relaunch { .. } => Some(format!(
+                    "copy 0 of the job decided to relaunch after attempt {n}"
+                )),
+                Published::Stop { code: 0 } => None,
+                Published::Stop { code } => Some(format!(
+                    "copy 0 of the job stopped after attempt {n} (status {code})"
+                )),
             });
         }
         // One listing of the folder, then only the files that are there (cheap on
@@ -599,16 +602,29 @@ mod tests {
         };
         follower.publish_end(1, &end).unwrap();
         let why = leader.moved_on(1).expect("the leader hears the end");
-        assert!(why.contains("copy 1") && why.contains("hung_after_oom"), "{why}");
+        assert!(
+            why.contains("copy 1") && why.contains("hung_after_oom"),
+            "{why}"
+        );
         // The leader decides: the follower hears it while its own attempt still runs.
         leader.publish_decision(1, &d).unwrap();
-        let why = follower.moved_on(1).expect("the follower hears the decision");
-        assert!(why.contains("copy 0 of the job decided to relaunch"), "{why}");
+        let why = follower
+            .moved_on(1)
+            .expect("the follower hears the decision");
+        assert!(
+            why.contains("copy 0 of the job decided to relaunch"),
+            "{why}"
+        );
         assert_eq!(follower.moved_on(2), None, "not the next attempt's");
+        // Copy 0 finished: this copy's ranks finish too, unhurried.
         leader
-            .publish_decision(2, &Published::Stop { code: 1 })
+            .publish_decision(2, &Published::Stop { code: 0 })
             .unwrap();
-        assert!(follower.moved_on(2).unwrap().contains("stopped"));
+        assert_eq!(follower.moved_on(2), None);
+        leader
+            .publish_decision(3, &Published::Stop { code: 1 })
+            .unwrap();
+        assert!(follower.moved_on(3).unwrap().contains("stopped"));
     }
 
     #[test]

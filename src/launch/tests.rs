@@ -452,8 +452,11 @@ fn an_oom_in_a_task_file_is_found_and_named() {
     let t = tempfile::tempdir().unwrap();
     let logs = t.path().join("logs");
     std::fs::create_dir(&logs).unwrap();
-    std::fs::write(logs.join("0.out"), "old: torch.OutOfMemoryError: CUDA out of memory.\n")
-        .unwrap();
+    std::fs::write(
+        logs.join("0.out"),
+        "old: torch.OutOfMemoryError: CUDA out of memory.\n",
+    )
+    .unwrap();
     let script = format!(
         "cd {}; echo 'step 1' > logs/0.out; printf 'Traceback (most recent call last):\\n  File \"t.py\", line 1\\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\\n' > logs/1.out; echo through; sleep 60",
         t.path().display()

@@ -4,7 +4,9 @@
     torchrun --nproc_per_node=2 tests/real/ddp_oom.py --per_device_train_batch_size 8 \
         --gradient_accumulation_steps 1 --budget 4 --max_steps 6 --output_dir /tmp/ddp-out
 
-Rank 1 (--oom_rank) raises `torch.OutOfMemoryError` (the real exception class, with the
+Rank 1 (--oom_rank; or, with --oom_env NAME, the rank whose environment has NAME=1:
+torchrun's c10d rendezvous numbers the nodes by arrival, so a test picks the node that
+runs out by its environment) raises `torch.OutOfMemoryError` (the real exception class, with the
 text a PyTorch 2.x CUDA OOM carries) from inside its forward pass when the micro-batch is
 larger than --budget (from step --oom_at_step on), while rank 0 waits in the gradient
 all-reduce; torchrun then stops rank 0 and prints its ChildFailedError summary, as on a
@@ -52,11 +54,12 @@ class TinyModel(nn.Module):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
         self.args, self.rank, self.step = args, rank, 0
+        self.ooms = (os.environ.get(args.oom_env) == "1") if args.oom_env else rank == args.oom_rank
 
     def forward(self, x):
         # One rank stands in for the one GPU that runs out first.
         a = self.args
-        if self.rank == a.oom_rank and x.shape[0] > a.budget and self.step >= a.oom_at_step:
+        if self.ooms and x.shape[0] > a.budget and self.step >= a.oom_at_step:
             raise torch.OutOfMemoryError(oom_message(x.shape[0] * 256 * 1024 ** 2, device=self.rank))
         return self.net(x)
 
@@ -86,6 +89,7 @@ def main():
     p.add_argument("--output_dir", required=True)
     p.add_argument("--budget", type=int, required=True, help="largest micro-batch that 'fits' on the OOM rank")
     p.add_argument("--oom_rank", type=int, default=1)
+    p.add_argument("--oom_env", default=None, help="the rank whose environment has this variable =1 OOMs")
     p.add_argument("--oom_at_step", type=int, default=1)
     p.add_argument("--save_steps", type=int, default=0)
     p.add_argument("--resume_from_checkpoint", default=None)
