@@ -43,15 +43,22 @@ static CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// holds the cluster for the calling test.
 fn cluster_up() -> std::sync::MutexGuard<'static, ()> {
     let guard = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
-    let out = Command::new("sinfo")
-        .args(["-h", "-N", "-o", "%N %T"])
-        .output();
-    let ok = out.as_ref().is_ok_and(|o| {
-        String::from_utf8_lossy(&o.stdout).matches("idle").count() >= 2
-            || String::from_utf8_lossy(&o.stdout).contains("mix")
-            || String::from_utf8_lossy(&o.stdout).contains("alloc")
-    });
-    assert!(ok, "the test cluster is not up ({out:?}): {WHY}");
+    let up = || {
+        let out = Command::new("sinfo")
+            .args(["-h", "-N", "-o", "%N %T"])
+            .output();
+        let ok = out.as_ref().is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout).matches("idle").count() >= 2
+                || String::from_utf8_lossy(&o.stdout).contains("mix")
+                || String::from_utf8_lossy(&o.stdout).contains("alloc")
+        });
+        (ok, out)
+    };
+    // A node still completing an earlier test's job comes back within seconds.
+    if !wait_until(Duration::from_secs(30), || up().0) {
+        let (_, out) = up();
+        panic!("the test cluster is not up ({out:?}): {WHY}");
+    }
     guard
 }
 
