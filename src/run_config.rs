@@ -101,7 +101,7 @@ fn task_files(
         return None;
     }
     disc.notes.push(format!(
-        "srun writes the tasks' output to {}: oomguard reads those files as the step runs (relative to this folder; %j and %s once the step is known, any task, node, user or job name)",
+        "srun writes the tasks' output to {}: oomguard reads those files as the step runs (relative to this folder; %j and %s once the step is known, any task, node or job name)",
         patterns.join(" and ")
     ));
     Some(crate::launch::TaskFiles {

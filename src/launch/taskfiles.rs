@@ -8,9 +8,9 @@
 //! `%J` (job.step) become the step's own numbers once they are known — the
 //! allocation's `SLURM_JOB_ID`, and the step that srun's host and pid name in
 //! `scontrol show step` (looked up on a helper thread, so a slow controller never
-//! holds the output loop) — and the per-task and per-node fields (`%t`, `%n`,
-//! `%N`), the user (`%u`), the job name (`%x`) and the array fields (`%A`, `%a`,
-//! `%b`) match any value. Relative patterns are relative to srun's working
+//! holds the output loop) — and `%u` our user's name; the per-task and per-node
+//! fields (`%t`, `%n`, `%N`), the job name (`%x`) and the array fields (`%A`,
+//! `%a`, `%b`) match any value. Relative patterns are relative to srun's working
 //! directory (oomguard's), as srun opens them: `--chdir` moves the tasks, not
 //! the files.
 //!
@@ -238,6 +238,8 @@ impl Pattern {
 struct Known {
     job: Option<String>,
     step: Option<String>,
+    /// Our user's name (`%u`): srun runs the tasks as the user who runs it.
+    user: Option<String>,
     /// Past [`STEP_WAIT`] without the step: `%s` matches any number.
     gave_up: bool,
 }
@@ -254,7 +256,8 @@ impl Known {
                 _ => r"\d+\.\d+".into(),
             },
             't' | 'n' | 'a' | 'A' | 'b' => any_number,
-            _ => r"[^/]+".into(), // %N %u %x
+            'u' => self.user.as_deref().map_or(r"[^/]+".into(), regex::escape),
+            _ => r"[^/]+".into(), // %N %x
         }
     }
 
@@ -358,6 +361,10 @@ impl Reader {
             patterns,
             known: Known {
                 job: spec.job.clone(),
+                user: nix::unistd::User::from_uid(nix::unistd::getuid())
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name),
                 ..Known::default()
             },
             started: Instant::now(),
@@ -564,6 +571,7 @@ mod tests {
         Known {
             job: job.map(str::to_string),
             step: step.map(str::to_string),
+            user: Some("alice".into()),
             gave_up: false,
         }
     }
@@ -586,6 +594,7 @@ mod tests {
         let m = step.matchers(&known(Some("17"), Some("2")));
         assert!(m[0].is_match("o-17.2-n1-train-alice.txt"));
         assert!(!m[0].is_match("o-17.3-n1-train-alice.txt"));
+        assert!(!m[0].is_match("o-17.2-n1-train-bob.txt"), "another user's");
         // A backslash turns replacement off; an unknown letter stays as written.
         let lit = Pattern::parse("a\\%t.log", Path::new("/w"));
         assert_eq!(lit.root, Path::new("/w/a%t.log"));
