@@ -479,19 +479,22 @@ impl<'a> Watch<'a> {
         let Some(files) = self.files.as_mut() else {
             return;
         };
-        for l in files.read(now, last) {
-            if self.scanner.feed(detect::Stream::Files, &l.bytes) {
-                self.oom_at = Some(self.start.elapsed());
-                self.oom_file = Some(l.path.to_path_buf());
-            } else if self.scanner.first_oom().is_none() {
-                self.oom_at = None;
-                self.oom_file = None;
+        let (scanner, log) = (&mut self.scanner, &mut self.log);
+        let (oom_at, oom_file) = (&mut self.oom_at, &mut self.oom_file);
+        let (start, last_output) = (self.start, &mut self.last_output);
+        files.read(now, last, |path, bytes| {
+            if scanner.feed(detect::Stream::Files, bytes) {
+                *oom_at = Some(start.elapsed());
+                *oom_file = Some(path.to_path_buf());
+            } else if scanner.first_oom().is_none() {
+                *oom_at = None;
+                *oom_file = None;
             }
-            if let Some(log) = self.log.as_mut() {
-                log.feed(&l.bytes);
+            if let Some(log) = log.as_mut() {
+                log.feed(bytes);
             }
-            self.last_output = now;
-        }
+            *last_output = now;
+        });
     }
 
     /// The output is over: let the scanner and the log finish, and turn what

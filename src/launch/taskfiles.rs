@@ -22,10 +22,14 @@
 //! for the new step). So an older step's OOM in a reused file is never taken for
 //! this attempt's, whatever the open mode.
 //!
-//! Files are looked for every second and read every [`READ_EVERY`], whole lines
-//! at a time (a line is the scanner's unit; the last, unfinished one waits for
-//! its end, or for the end of the attempt), bounded per look so that a task
-//! writing gigabytes cannot stall the output loop.
+//! Files are looked for every second and read every [`READ_EVERY`] — less often
+//! with many files, at most [`READS_PER_SECOND`] file reads a second, so that a
+//! job of hundreds of tasks does not load a shared filesystem — whole lines at a
+//! time (a line is the scanner's unit; the last, unfinished one waits for its
+//! end, or for the end of the attempt). A look reads at most [`READ_CHUNK`] of a
+//! file; a reader left more than [`MAX_LAG`] behind skips to the file's last
+//! bytes, and the last look, after the step, reads at most the last
+//! [`FINAL_READ`]: a rank's death is at the end of its file.
 //!
 //! Known limit: a field a pattern holds in a folder name (`logs/%j/%t.out`) is
 //! matched folder by folder, at most [`MAX_ENTRIES`] entries a look.
@@ -40,18 +44,23 @@ use std::time::{Duration, Instant, SystemTime};
 
 use regex::Regex;
 
-/// How often the known files are read while the step runs.
+/// How often the known files are read while the step runs (with few of them).
 pub(crate) const READ_EVERY: Duration = Duration::from_millis(250);
-/// How often the folders are listed for new files.
+/// At most this many file reads a second, whatever the number of files.
+const READS_PER_SECOND: u32 = 200;
+/// How often the folders are listed for new files (at least; with many files,
+/// four reads' time).
 const LIST_EVERY: Duration = Duration::from_secs(1);
+/// Farther behind than this, reading skips to the file's last [`READ_CHUNK`].
+const MAX_LAG: u64 = 64 << 20;
 /// When the step's numbers are still unknown this long after the start (no
 /// `scontrol`, a controller that does not answer), `%j`/`%s` match any number:
 /// the changed-since-the-start rule still keeps older steps' files out.
 const STEP_WAIT: Duration = Duration::from_secs(10);
 /// At most this many bytes of one file per read (the rest comes next time).
 const READ_CHUNK: usize = 1 << 20;
-/// At the end of the attempt, at most this much more of each file.
-const FINAL_READ: u64 = 64 << 20;
+/// At the end of the attempt, at most the last this-many bytes of each file.
+const FINAL_READ: u64 = 16 << 20;
 /// A line longer than this is passed on unfinished (the scanner bounds lines too).
 const MAX_PARTIAL: usize = 256 * 1024;
 /// The first bytes of a file that tell an append from a rewrite.
@@ -311,6 +320,8 @@ struct Tail {
     offset: u64,
     /// The unfinished last line.
     partial: Vec<u8>,
+    /// Skipped ahead: what comes before the next line's start is not read.
+    skipping: bool,
 }
 
 /// The step srun runs, found on a helper thread: (job, step).
@@ -329,12 +340,6 @@ pub(crate) struct Reader {
     stop_lookup: Arc<std::sync::atomic::AtomicBool>,
     listed_at: Option<Instant>,
     read_at: Option<Instant>,
-}
-
-/// New lines of one file.
-pub(crate) struct Lines<'a> {
-    pub(crate) path: &'a Path,
-    pub(crate) bytes: Vec<u8>,
 }
 
 impl Reader {
@@ -383,7 +388,11 @@ impl Reader {
         let spawned = std::thread::Builder::new()
             .name("oomguard-step".into())
             .spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let since = Instant::now();
+                // Past STEP_WAIT the fields match any number anyway.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                    && since.elapsed() < STEP_WAIT
+                {
                     if let Some(step) = super::slurm::step_of_srun(pid) {
                         let (job, step) = match step.split_once('.') {
                             Some((j, s)) => (j.to_string(), s.to_string()),
@@ -400,16 +409,23 @@ impl Reader {
         }
     }
 
-    /// When the next look is due.
-    pub(crate) fn next_at(&self) -> Instant {
-        self.read_at.map_or(self.started, |t| t + READ_EVERY)
+    /// How long between two reads of the files.
+    fn every(&self) -> Duration {
+        let n = u32::try_from(self.tails.len()).unwrap_or(u32::MAX);
+        READ_EVERY.max(Duration::from_secs(1) * n / READS_PER_SECOND)
     }
 
-    /// New whole lines of this attempt's files (`last`: the attempt is over:
-    /// everything, unfinished lines too). Looks only when due, unless `last`.
-    pub(crate) fn read(&mut self, now: Instant, last: bool) -> Vec<Lines<'_>> {
+    /// When the next look is due.
+    pub(crate) fn next_at(&self) -> Instant {
+        self.read_at.map_or(self.started, |t| t + self.every())
+    }
+
+    /// Gives `sink` the new whole lines of this attempt's files, one file at a
+    /// time (`last`: the attempt is over: the end of each file, unfinished lines
+    /// too). Looks only when due, unless `last`.
+    pub(crate) fn read(&mut self, now: Instant, last: bool, mut sink: impl FnMut(&Path, &[u8])) {
         if !last && now < self.next_at() {
-            return Vec::new();
+            return;
         }
         self.read_at = Some(now);
         if let Some((job, step)) = self.step.lock().unwrap_or_else(|e| e.into_inner()).clone() {
@@ -424,19 +440,17 @@ impl Reader {
         {
             self.known.gave_up = true;
         }
-        if last || self.listed_at.is_none_or(|t| now >= t + LIST_EVERY) {
+        let list_every = LIST_EVERY.max(4 * self.every());
+        if last || self.listed_at.is_none_or(|t| now >= t + list_every) {
             self.listed_at = Some(now);
             self.adopt();
         }
-        let mut out = Vec::new();
         for (path, tail) in &mut self.tails {
-            let limit = if last { FINAL_READ } else { READ_CHUNK as u64 };
-            let bytes = read_lines(path, tail, limit, last);
+            let bytes = read_lines(path, tail, last);
             if !bytes.is_empty() {
-                out.push(Lines { path, bytes });
+                sink(path, &bytes);
             }
         }
-        out
     }
 
     /// Starts reading the files that became this attempt's.
@@ -468,6 +482,7 @@ impl Reader {
                     Tail {
                         offset,
                         partial: Vec::new(),
+                        skipping: false,
                     },
                 );
             }
@@ -487,10 +502,11 @@ impl Drop for Reader {
     }
 }
 
-/// Reads what `path` holds past `tail.offset` (at most `limit` bytes): the whole
-/// lines of it (with the unfinished line kept before them), and at the `last`
-/// read the unfinished line too, ended.
-fn read_lines(path: &Path, tail: &mut Tail, limit: u64, last: bool) -> Vec<u8> {
+/// Reads what `path` holds past `tail.offset` (at most [`READ_CHUNK`], or at the
+/// `last` read the rest, up to its last [`FINAL_READ`]; far behind, only its end):
+/// the whole lines of it (with the unfinished line kept before them), and at the
+/// `last` read the unfinished line too, ended.
+fn read_lines(path: &Path, tail: &mut Tail, last: bool) -> Vec<u8> {
     let mut fresh = Vec::new();
     if let Ok(mut f) = std::fs::File::open(path) {
         let len = f.metadata().map(|m| m.len()).unwrap_or(0);
@@ -499,8 +515,33 @@ fn read_lines(path: &Path, tail: &mut Tail, limit: u64, last: bool) -> Vec<u8> {
             tail.offset = 0;
             tail.partial.clear();
         }
+        let (keep, limit) = if last {
+            (FINAL_READ, FINAL_READ)
+        } else {
+            (MAX_LAG, READ_CHUNK as u64)
+        };
+        if len - tail.offset > keep {
+            // Too far behind: the end of the file is what tells how a rank died.
+            tail.offset = len - limit;
+            tail.partial.clear();
+            tail.skipping = true;
+        }
         if f.seek(SeekFrom::Start(tail.offset)).is_ok() {
             let _ = (&mut f).take(limit).read_to_end(&mut fresh);
+        }
+    }
+    if std::mem::take(&mut tail.skipping) {
+        // Landed in the middle of a line: it starts at the next one.
+        match memchr::memchr(b'\n', &fresh) {
+            Some(i) => {
+                tail.offset += (i + 1) as u64;
+                fresh.drain(..=i);
+            }
+            None => {
+                tail.offset += fresh.len() as u64;
+                tail.skipping = true;
+                return Vec::new();
+            }
         }
     }
     tail.offset += fresh.len() as u64;
@@ -646,7 +687,17 @@ mod tests {
         };
         let mut r = Reader::new(&spec);
         let now = Instant::now();
-        assert!(r.read(now, false).is_empty(), "nothing new yet");
+        let read = |r: &mut Reader, at: Instant, last: bool| {
+            let mut got = BTreeMap::new();
+            r.read(at, last, |path, bytes| {
+                got.insert(
+                    path.file_name().unwrap().to_string_lossy().into_owned(),
+                    String::from_utf8(bytes.to_vec()).unwrap(),
+                );
+            });
+            got
+        };
+        assert!(read(&mut r, now, false).is_empty(), "nothing new yet");
         // Task 0 appends; task 1's file is rewritten (truncated by srun); task 2
         // is not written; task 3's file is new, its last line unfinished.
         use std::io::Write;
@@ -657,30 +708,39 @@ mod tests {
         f.write_all(b"step 1\n").unwrap();
         std::fs::write(logs.join("1.out"), "step 1 of the new step\n").unwrap();
         std::fs::write(logs.join("3.out"), "step 1\nstep 2 unfini").unwrap();
-        let got: BTreeMap<String, String> = r
-            .read(now + LIST_EVERY, false)
-            .into_iter()
-            .map(|l| {
-                (
-                    l.path.file_name().unwrap().to_string_lossy().into_owned(),
-                    String::from_utf8(l.bytes).unwrap(),
-                )
-            })
-            .collect();
         assert_eq!(
-            got,
+            read(&mut r, now + LIST_EVERY, false),
             BTreeMap::from([
                 ("0.out".to_string(), "step 1\n".to_string()),
                 ("1.out".to_string(), "step 1 of the new step\n".to_string()),
                 ("3.out".to_string(), "step 1\n".to_string()),
             ])
         );
-        let last: Vec<String> = r
-            .read(now + 2 * LIST_EVERY, true)
-            .into_iter()
-            .map(|l| String::from_utf8(l.bytes).unwrap())
-            .collect();
-        assert_eq!(last, ["step 2 unfini\n"]);
+        assert_eq!(
+            read(&mut r, now + 2 * LIST_EVERY, true),
+            BTreeMap::from([("3.out".to_string(), "step 2 unfini\n".to_string())])
+        );
         assert_eq!(r.files().len(), 3);
+    }
+
+    /// A reader far behind a chatty file skips to its end (where a death is),
+    /// starting at a whole line.
+    #[test]
+    fn a_reader_far_behind_skips_to_the_end_of_the_file() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("big.out");
+        let mut text = "step 1 of a very chatty task\n".repeat((MAX_LAG as usize) / 29 + 10);
+        text.push_str("torch.OutOfMemoryError: CUDA out of memory.\n");
+        std::fs::write(&path, &text).unwrap();
+        let mut tail = Tail {
+            offset: 0,
+            partial: Vec::new(),
+            skipping: false,
+        };
+        let got = read_lines(&path, &mut tail, false);
+        assert!(got.len() <= READ_CHUNK, "{}", got.len());
+        assert!(got.starts_with(b"step 1 of a very chatty task\n"));
+        assert!(got.ends_with(b"torch.OutOfMemoryError: CUDA out of memory.\n"));
+        assert_eq!(tail.offset, text.len() as u64);
     }
 }
