@@ -516,7 +516,11 @@ static PEER_FAILURE: LazyLock<Regex> = LazyLock::new(|| {
         r"(?x)
         Connection\ (?:closed|reset)\ by\ (?:remote\ )?peer
         | gloo::IoException
-        | (?-u:\b)Dist(?:Store|Network)Error(?-u:\b)
+        | (?-u:\b)DistStoreError(?-u:\b)
+        # the store's client when its server (a peer's torchrun) is gone; not
+        # DistNetworkError as such, which is also this node's own port in use
+        | Connection\ was\ likely\ closed
+        | Did\ the\ remote\ server\ shutdown
         | (?-u:\b)Rendezvous(?:Closed|Timeout|Connection)Error(?-u:\b)
         | (?i:rendezvous)\ (?:timed\ out|is\ closed|has\ been\ closed)
         | NCCL\ communicator\ was\ aborted
@@ -541,7 +545,7 @@ static CONSEQUENCE: LazyLock<Regex> = LazyLock::new(|| {
 /// before the pattern, on error lines only).
 static PEER_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(
-        "by peer|by remote peer|gloo::|DistStore|DistNetwork|endezvous|was aborted|Watchdog caught|remote process|ncclRemote|Timed out waiting|Socket Timeout|workers joined",
+        "by peer|by remote peer|gloo::|DistStore|likely closed|remote server|endezvous|was aborted|Watchdog caught|remote process|ncclRemote|Timed out waiting|Socket Timeout|workers joined",
     )
     .expect("peer words")
 });

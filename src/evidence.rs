@@ -500,6 +500,8 @@ mod tests {
         // Other errors are not a peer's failure.
         for own in [
             "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1287, invalid usage, NCCL version 2.17.1\n",
+            // This node's own store cannot listen: not a peer's doing.
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n",
             "RuntimeError: CUDA error: an illegal memory access was encountered\n",
         ] {
             let o = classify_plain(&report(own, launch::Exit::Code(1)));

@@ -472,6 +472,9 @@ pub struct End<'a> {
     pub begun: u32,
     pub code: i32,
     pub journal: Option<&'a Path>,
+    /// Who decided the changes, when this copy of a job followed another
+    /// (`copy 0 of the job`): the table's "why" for them.
+    pub decided_by: Option<&'a str>,
 }
 
 impl End<'_> {
@@ -582,7 +585,10 @@ impl End<'_> {
                         .unwrap_or(d.step),
                     at.join(", ")
                 ),
-                None => String::new(),
+                None => self
+                    .decided_by
+                    .map(|who| format!("{who} decided"))
+                    .unwrap_or_default(),
             };
             rows.push(Row {
                 knob: k.name().into(),
@@ -842,6 +848,7 @@ mod tests {
             begun: 3,
             code: 0,
             journal: Some(Path::new("run/journal.jsonl")),
+            decided_by: None,
         };
         assert_eq!(lost(&attempts), Duration::from_secs(4));
         assert_eq!(end.losses().len(), 1);

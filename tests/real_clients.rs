@@ -567,6 +567,10 @@ fn two_node_torchrun_one_decision_per_job() {
 /// hangs silently (NCCL without async error handling; the process group's
 /// timeout is 600 s). Copy 0 decides after its hang timer; copy 1 hears the
 /// decision while its rank still hangs, stops it, and relaunches with it.
+/// With torchrun's static rendezvous (`--master_addr`, `--master_port`): node 1's
+/// torchrun does not watch a store, so nothing but copy 1 ends its hung rank (with
+/// c10d, a store on node 0 going away ends node 1's torchrun at once, and copy 1
+/// waits for the decision as after any peer's failure).
 #[test]
 #[ignore = "needs the real-client venv: run bash tests/run.sh"]
 fn two_node_torchrun_follows_copy_0_while_its_rank_hangs() {
@@ -600,6 +604,7 @@ fn two_node(case: TwoNode) {
         std::env::var("PATH").unwrap_or_default()
     );
     let rdzv_id = format!("two-node-test-{}-{}", std::process::id(), case.oom_node);
+    let port_s = port.to_string();
     let copies: Vec<(Running, PathBuf)> = (0..2)
         .map(|r| {
             let run_dir = tmp.path().join(format!("run{r}"));
@@ -618,12 +623,20 @@ fn two_node(case: TwoNode) {
                 &rank,
                 "--nproc_per_node",
                 "1",
-                "--rdzv_backend",
-                "c10d",
-                "--rdzv_endpoint",
-                &endpoint,
-                "--rdzv_id",
-                &rdzv_id,
+            ];
+            if case.hang {
+                args.extend(["--master_addr", "127.0.0.1", "--master_port", &port_s]);
+            } else {
+                args.extend([
+                    "--rdzv_backend",
+                    "c10d",
+                    "--rdzv_endpoint",
+                    &endpoint,
+                    "--rdzv_id",
+                    &rdzv_id,
+                ]);
+            }
+            args.extend([
                 "tests/real/ddp_oom.py",
                 "--per_device_train_batch_size",
                 "8",
@@ -641,7 +654,7 @@ fn two_node(case: TwoNode) {
                 "DDP_OOM",
                 "--output_dir",
                 out.to_str().unwrap(),
-            ];
+            ]);
             if case.hang {
                 args.extend(["--hang_after_oom", "--peer_hangs"]);
             }

@@ -662,7 +662,9 @@ fn slurm_one_oomguard_per_node_around_torchrun() {
 /// rank 0, whose all-reduce then fails, hangs silently (NCCL without async error
 /// handling; the process group's timeout is 600 s): node 1's copy ends its rank on
 /// its hang timer, and node 0's copy hears that end while its rank still hangs,
-/// stops it, and decides for both.
+/// stops it, and decides for both. With torchrun's static rendezvous
+/// (`--master_addr`, `--master_port`; node 0's torchrun holds the store, as with a
+/// c10d endpoint on node 0), node 0's torchrun does not end with node 1's.
 #[test]
 #[ignore = "needs a Slurm cluster and the real-client venv: bash tests/run.sh"]
 fn slurm_one_oomguard_per_node_around_torchrun_when_the_oom_rank_hangs() {
@@ -692,7 +694,7 @@ fn per_node(hang: bool) {
     );
     let script = format!(
         "DDP_OOM=$SLURM_PROCID exec oomguard --hang-timeout 5 --grace 3 --run-dir {tmp}/run$SLURM_PROCID torchrun --nnodes 2 --node_rank $SLURM_NODEID \
-         --nproc_per_node 1 --rdzv_backend c10d --rdzv_endpoint localhost:{port} --rdzv_id $SLURM_JOB_ID \
+         --nproc_per_node 1 {rdzv} \
          tests/real/ddp_oom.py --per_device_train_batch_size 8 --gradient_accumulation_steps 1 \
          --budget 4 --max_steps 6 --save_steps 2 --oom_at_step 3 --oom_env DDP_OOM {hang} --output_dir {out}",
         tmp = tmp.path().display(),
@@ -701,6 +703,11 @@ fn per_node(hang: bool) {
             "--hang_after_oom --peer_hangs"
         } else {
             ""
+        },
+        rdzv = if hang {
+            format!("--master_addr 127.0.0.1 --master_port {port}")
+        } else {
+            format!("--rdzv_backend c10d --rdzv_endpoint localhost:{port} --rdzv_id $SLURM_JOB_ID")
         }
     );
     let mut cmd = Command::new("srun");

@@ -581,6 +581,12 @@ impl<'c> Run<'c> {
             begun: self.begun,
             code,
             journal: path.as_deref(),
+            decided_by: self
+                .cfg
+                .job
+                .as_ref()
+                .filter(|j| !j.leader())
+                .map(|_| "copy 0 of the job"),
         };
         eprint!("{}", end.summary());
         if let Some(p) = self.gw.peak_summary() {
