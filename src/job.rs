@@ -13,8 +13,9 @@
 //!
 //! * `ready-N-R`: copy R is about to launch attempt N. Every copy waits until
 //!   all have written theirs (the meeting), so the copies launch together.
-//! * `end-N-R.json`: how attempt N ended for follower R (its outcome and the
-//!   OOM line it saw, if any), written when it failed.
+//! * `end-N-R.json`: how attempt N ended for copy R (its outcome and the OOM
+//!   line it saw, if any), written when it failed; the leader reads the
+//!   followers'.
 //! * `decision-N.json`: what the leader decided after attempt N: relaunch with
 //!   these knob values and this checkpoint, or stop with this status.
 //!
@@ -26,15 +27,15 @@
 //! OOM among them decides, as if it had been its own.
 //!
 //! While an attempt runs, each copy also watches the folder
-//! ([`Job::moved_on`], asked by the launch loop every half second): a follower
-//! whose leader has published the attempt's decision, and a leader one of whose
-//! followers has written an end, stop their own processes at once (SIGTERM,
-//! SIGKILL after the grace period) instead of waiting for NCCL's or the
-//! rendezvous' timeout — a rank whose peer died, or hung after its OOM, may
-//! wait in a collective for many minutes without a word. A decision counts
-//! only when it is newer than this copy's own `ready-N-R` (the same
-//! filesystem's clock), so one left by an earlier job with the same key never
-//! ends an attempt.
+//! ([`Job::moved_on`], asked by the launch loop every half second): a copy
+//! another copy of which has written an end for this attempt, and a follower
+//! whose leader has published the attempt's decision, stop their own processes
+//! at once (SIGTERM, SIGKILL after the grace period) instead of waiting for
+//! NCCL's or the rendezvous' timeout — a rank whose peer died, or hung after
+//! its OOM, may wait in a collective for many minutes without a word — and
+//! then go on as after any failure. A file counts only when it is not older
+//! than this copy's own `ready-N-R` (the same filesystem's clock), so one left
+//! by an earlier job with the same key never ends an attempt.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -287,7 +288,7 @@ impl Job {
         .is_some()
     }
 
-    /// A follower's end of attempt `n`.
+    /// This copy's end of attempt `n`.
     pub fn publish_end(&self, n: u32, end: &End) -> std::io::Result<()> {
         let json = serde_json::to_vec(end).expect("End serialises");
         self.write(&format!("end-{n}-{}.json", self.rank), &json)
@@ -320,28 +321,32 @@ impl Job {
         self.wait(|| self.decision(n))
     }
 
-    /// The leader's decision after attempt `n`, if it is there and this job's: newer
-    /// than this copy's own `ready-n-R` (an earlier job's with the same key is not).
-    fn decision(&self, n: u32) -> Option<Published> {
-        let name = format!("decision-{n}.json");
+    /// `dir/name` as attempt `n`'s, if it is there and this job's: not older than
+    /// this copy's own `ready-n-R` (an earlier job's with the same key is).
+    fn fresh<T: for<'de> Deserialize<'de>>(&self, n: u32, name: &str) -> Option<T> {
         let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
         let ours = mtime(&self.dir.join(format!("ready-{n}-{}", self.rank)));
-        let theirs = mtime(&self.dir.join(&name))?;
+        let theirs = mtime(&self.dir.join(name))?;
         if ours.is_some_and(|r| theirs < r) {
             return None;
         }
-        self.read(&name)
+        self.read(name)
+    }
+
+    /// The leader's decision after attempt `n`, if it is there and this job's.
+    fn decision(&self, n: u32) -> Option<Published> {
+        self.fresh(n, &format!("decision-{n}.json"))
     }
 
     /// While attempt `n` runs: why this copy should end it now, because the job
-    /// has moved on without it — for a follower, the leader's decision is out; for
-    /// the leader, a follower's attempt ended (its ranks are gone, so this copy's
-    /// are waiting in a collective that cannot complete).
+    /// has moved on without it — another copy's attempt ended in failure (its
+    /// ranks are gone, so this copy's wait in a collective that cannot complete),
+    /// or, for a follower, the leader's decision is out.
     pub fn moved_on(&self, n: u32) -> Option<String> {
         if !self.leader() {
             // Copy 0's success is no reason to stop: this copy's ranks are
             // finishing too (ending them would turn a success into a failure).
-            return self.decision(n).and_then(|d| match d {
+            let decided = self.decision(n).and_then(|d| match d {
                 Published::Relaunch { .. } => Some(format!(
                     "copy 0 of the job decided to relaunch after attempt {n}"
                 )),
@@ -350,17 +355,24 @@ impl Job {
                     "copy 0 of the job stopped after attempt {n} (status {code})"
                 )),
             });
+            if decided.is_some() {
+                return decided;
+            }
         }
         // One listing of the folder, then only the files that are there (cheap on
         // a shared filesystem, whatever the number of copies).
         let prefix = format!("end-{n}-");
+        let own = format!("end-{n}-{}.json", self.rank);
         let names: Vec<String> = std::fs::read_dir(&self.dir)
             .ok()?
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|name| name.starts_with(&prefix) && name.ends_with(".json"))
+            .filter(|name| name.starts_with(&prefix) && name.ends_with(".json") && *name != own)
             .collect();
-        let ends: Vec<End> = names.iter().filter_map(|name| self.read(name)).collect();
+        let ends: Vec<End> = names
+            .iter()
+            .filter_map(|name| self.fresh(n, name))
+            .collect();
         let end = ends
             .iter()
             .find(|e| e.oom_line.is_some())
@@ -604,6 +616,21 @@ mod tests {
         let why = leader.moved_on(1).expect("the leader hears the end");
         assert!(
             why.contains("copy 1") && why.contains("hung_after_oom"),
+            "{why}"
+        );
+        assert_eq!(follower.moved_on(1), None, "its own end is no news");
+        // The leader's own attempt failed: the follower hears that too.
+        let own = End {
+            rank: 0,
+            outcome: OutcomeKind::PeerFailure,
+            oom_line: None,
+        };
+        leader.publish_end(1, &own).unwrap();
+        let why = follower
+            .moved_on(1)
+            .expect("the follower hears copy 0's end");
+        assert!(
+            why.contains("copy 0 of the job ended attempt 1 (peer_failure)"),
             "{why}"
         );
         // The leader decides: the follower hears it while its own attempt still runs.

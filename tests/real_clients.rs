@@ -565,8 +565,9 @@ fn two_node_torchrun_one_decision_per_job() {
 /// As above, but the OOM is node 0's (copy 0's), and it hangs after it (a rank stuck in
 /// NCCL's teardown); node 1's rank, blocked in the all-reduce and then failing,
 /// hangs silently (NCCL without async error handling; the process group's
-/// timeout is 600 s). Copy 0 decides after its hang timer; copy 1 hears the
-/// decision while its rank still hangs, stops it, and relaunches with it.
+/// timeout is 600 s). Copy 0's hang timer ends its rank; copy 1 hears copy 0's
+/// end (or its decision) while its rank still hangs, stops it, and relaunches
+/// with copy 0's decision.
 /// With torchrun's static rendezvous (`--master_addr`, `--master_port`): node 1's
 /// torchrun does not watch a store, so nothing but copy 1 ends its hung rank (with
 /// c10d, a store on node 0 going away ends node 1's torchrun at once, and copy 1
@@ -747,12 +748,15 @@ fn two_node(case: TwoNode) {
             "'attempt 1: hung after OOM'",
             tail(&leader.stderr, 2000),
         );
+        // Copy 0 writes its end before it decides: either ends copy 1's attempt.
         follower.ensure(
-            "copy 1 stopped its hung rank when copy 0 decided",
+            "copy 1 stopped its hung rank when copy 0's attempt ended",
             follower.stderr.contains(
+                "copy 0 of the job ended attempt 1 (hung_after_oom) while this copy's ranks still ran; stopped them",
+            ) || follower.stderr.contains(
                 "copy 0 of the job decided to relaunch after attempt 1 while this copy's ranks still ran; stopped them",
             ),
-            "'... while this copy's ranks still ran; stopped them'",
+            "'copy 0 of the job ended attempt 1 (...)' or '... decided ...' '... while this copy's ranks still ran; stopped them'",
             tail(&follower.stderr, 2000),
         );
         follower.ensure(

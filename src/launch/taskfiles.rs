@@ -561,9 +561,9 @@ fn read_lines(path: &Path, tail: &mut Tail, last: bool) -> Vec<u8> {
     lines
 }
 
-/// The per-task files srun's options and environment name, and what the
-/// others mean: `(files, a warning for output thrown away)`. `value(short,
-/// long)` reads an srun option; `env` the environment.
+/// The per-task files srun's `--output` and `--error` values (else its
+/// `SLURM_STDOUTMODE`/`SLURM_STDERRMODE` environment) name, and what the other
+/// values mean: `(files, a warning for output thrown away)`.
 pub fn from_srun(
     output: Option<&str>,
     error: Option<&str>,

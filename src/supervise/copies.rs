@@ -63,17 +63,9 @@ impl<'c> Run<'c> {
         }
     }
 
-    /// A follower after a failed attempt: say how it ended, wait for the
-    /// leader's decision, and take its settings and checkpoint.
-    pub(super) fn follow(
-        &mut self,
-        job: &job::Job,
-        rec: &mut AttemptRecord,
-        outcome: &Outcome,
-        report: &launch::Report,
-    ) -> Flow {
-        let n = rec.n;
-        let own = report.exit.status_code().max(1);
+    /// Say in the job's folder how this copy's attempt `n` failed (its OOM line,
+    /// for an OOM).
+    pub(super) fn publish_end(&self, job: &job::Job, n: u32, outcome: &Outcome) {
         let end = job::End {
             rank: job.rank,
             outcome: outcome.kind(),
@@ -93,6 +85,20 @@ impl<'c> Run<'c> {
                 job.dir.display()
             );
         }
+    }
+
+    /// A follower after a failed attempt: say how it ended, wait for the
+    /// leader's decision, and take its settings and checkpoint.
+    pub(super) fn follow(
+        &mut self,
+        job: &job::Job,
+        rec: &mut AttemptRecord,
+        outcome: &Outcome,
+        report: &launch::Report,
+    ) -> Flow {
+        let n = rec.n;
+        let own = report.exit.status_code().max(1);
+        self.publish_end(job, n, outcome);
         let why = match outcome {
             Outcome::PeerFailure { line, .. } => format!(" ({line})"),
             _ => String::new(),

@@ -501,7 +501,13 @@ impl<'c> Run<'c> {
             return self.after_alone(rec, outcome, report, log, started);
         };
         let n = rec.n;
-        let outcome = match job::after_attempt(job.leader(), outcome.kind()) {
+        let after = job::after_attempt(job.leader(), outcome.kind());
+        if job.leader() && !matches!(outcome, Outcome::Success | Outcome::Interrupted { .. }) {
+            // The followers' ranks cannot go on without this copy's: they end
+            // theirs when they see this (see `job`), and say how.
+            self.publish_end(&job, n, &outcome);
+        }
+        let outcome = match after {
             job::AfterAttempt::WaitForDecision => {
                 return self.follow(&job, rec, &outcome, report);
             }
