@@ -93,8 +93,19 @@ fn task_files(
         .launchers
         .first()
         .filter(|l| l.kind == crate::command::LauncherKind::Srun)?;
-    let output = cmd.launcher_option(l, &["-o"], &["--output"]);
-    let error = cmd.launcher_option(l, &["-e"], &["--error"]);
+    // `-ologs/%t.out`: getopt's attached form, whatever the value starts with.
+    let attached = |short: &str| {
+        cmd.args[l.opts.clone()]
+            .iter()
+            .rev()
+            .find_map(|a| a.strip_prefix(short).filter(|v| !v.is_empty()))
+    };
+    let output = cmd
+        .launcher_option(l, &["-o"], &["--output"])
+        .or_else(|| attached("-o"));
+    let error = cmd
+        .launcher_option(l, &["-e"], &["--error"])
+        .or_else(|| attached("-e"));
     let (patterns, lost) = crate::launch::task_files_of_srun(output, error, env);
     disc.warnings.extend(lost);
     if patterns.is_empty() {

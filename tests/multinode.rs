@@ -225,6 +225,7 @@ fn per_task_output_files_are_read_and_discarded_output_is_warned_of() {
     for (opt, envs) in [
         (&["--output=logs/%j-%t.out"][..], &[][..]),
         (&["-o", "logs/%j-%t.out"][..], &[][..]),
+        (&["-ologs/%j-%t.out"][..], &[][..]),
         (&[][..], &[("SLURM_STDOUTMODE", "logs/%j-%t.out")][..]),
     ] {
         let v = with(opt, envs);
