@@ -76,6 +76,9 @@ def parse_args():
     p.add_argument("--oom_rank", type=int, default=None,
                    help="only this rank OOMs; the others wait at that step for the dead peer, "
                         "then fail with gloo's 'Connection closed by peer'")
+    p.add_argument("--peer_wait", type=float, default=2.0,
+                   help="how long the other ranks wait for the OOM rank before that error "
+                        "(a long one: they hang in the collective, as NCCL does without a timeout)")
     return p.parse_args()
 
 
@@ -136,7 +139,7 @@ def training_step(args, step, need_gib):
         if args.oom_rank is not None and args.oom_rank != rank():
             # A collective with a dead peer: gloo's error once the OOM rank is gone.
             print(f"rank {rank()}: waiting for a peer", flush=True)
-            time.sleep(2.0)
+            time.sleep(args.peer_wait)
             raise ConnectionError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
                                   "Connection closed by peer [127.0.0.1]:29500")
         if args.oom_rank is not None:

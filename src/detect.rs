@@ -210,7 +210,13 @@ pub struct Finding {
 pub enum Stream {
     Out,
     Err,
+    /// Files the command's tasks write instead (`srun --output=logs/%j-%t.out`),
+    /// fed whole lines at a time, one file's lines after another's.
+    Files,
 }
+
+/// How many [`Stream`]s there are.
+const STREAMS: usize = 3;
 
 /// Longest segment (line) looked at whole; a longer one is looked at as its first and
 /// its last `MAX_SEGMENT / 2` bytes.
@@ -524,6 +530,57 @@ static OTHER_ERROR_LINE: LazyLock<Regex> = LazyLock::new(|| {
     .expect("other error pattern")
 });
 
+/// A process of a distributed run that failed because a peer did: the connection to a
+/// dead rank closed or reset (gloo, NCCL's sockets, the c10d store), the rendezvous
+/// closed or timed out, the store timed out, a collective timed out waiting for a rank
+/// that is gone (NCCL's watchdog, gloo), NCCL's "remote process exited". Such an ending
+/// says nothing of its own: in a job of several copies it means "wait for the decision".
+/// Every form is an error line (it holds a needle: `Error`, `Exception`, `Watchdog`,
+/// `terminate called`), so it is looked for only where errors are.
+static PEER_FAILURE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r"(?x)
+        Connection\ (?:closed|reset)\ by\ (?:remote\ )?peer
+        | gloo::IoException
+        | (?-u:\b)DistStoreError(?-u:\b)
+        # the store's client when its server (a peer's torchrun) is gone; not
+        # DistNetworkError as such, which is also this node's own port in use
+        | Connection\ was\ likely\ closed
+        | Did\ the\ remote\ server\ shutdown
+        | (?-u:\b)Rendezvous(?:Closed|Timeout|Connection)Error(?-u:\b)
+        | (?i:rendezvous)\ (?:timed\ out|is\ closed|has\ been\ closed)
+        | NCCL\ communicator\ was\ aborted
+        | Watchdog\ caught\ collective\ operation\ timeout
+        | remote\ process\ exited\ or\ there\ was\ a\ network\ error
+        | ncclRemoteError
+        | Timed\ out\ waiting\ \d+\s*ms\ for\ (?:recv|send)\ operation
+        | (?-u:\b)Socket\ Timeout(?-u:\b)
+        | waiting\ for\ workers\.\ \d+/\d+\ workers\ joined",
+    )
+    .expect("peer failure pattern")
+});
+
+/// Error lines that only say a process died (a launcher's summary, a C++ abort whose
+/// reason follows): they are not an error of the process's own.
+static CONSEQUENCE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"failed\ \(exitcode:|killed\ by\ signal|terminate\ called\ after\ throwing")
+        .expect("consequence pattern")
+});
+
+/// Words one of which every [`PEER_FAILURE`] form contains (a cheap literal search
+/// before the pattern, on error lines only).
+static PEER_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+    regex::bytes::Regex::new(
+        "by peer|by remote peer|gloo::|DistStore|likely closed|remote server|endezvous|was aborted|Watchdog caught|remote process|ncclRemote|Timed out waiting|Socket Timeout|workers joined",
+    )
+    .expect("peer words")
+});
+
+/// Whether an error line says a peer of the run failed (see [`PEER_FAILURE`]).
+pub fn is_peer_failure(line: &str) -> bool {
+    PEER_WORDS.is_match(line.as_bytes()) && PEER_FAILURE.is_match(line)
+}
+
 /// The launcher prefix a segment starts with (`[rank1]:`, `[1,0]<stderr>:`), spaces
 /// removed, or "" — which process printed it, as far as the output says.
 fn source_of(seg: &[u8]) -> String {
@@ -674,8 +731,8 @@ impl StreamState {
 /// Incremental scanner over a child's stdout and stderr. See the module docs.
 #[derive(Debug, Default)]
 pub struct Scanner {
-    streams: [StreamState; 2],
-    /// `\n`-terminated lines seen so far (both streams).
+    streams: [StreamState; STREAMS],
+    /// `\n`-terminated lines seen so far (all streams).
     lines: u64,
     /// The pending OOM: the first one since the start or since the last sign of life.
     first: Option<Finding>,
@@ -698,10 +755,16 @@ pub struct Scanner {
     /// time limit), if one was seen.
     cancelled: Option<String>,
     /// The last bytes of each stream's previous chunk, for a cancel line split across chunks.
-    cancel_carry: [Vec<u8>; 2],
+    cancel_carry: [Vec<u8>; STREAMS],
     /// PIDs that OOM and error lines name ("exitcode: -9 (pid: 3309)", "DataLoader
     /// worker (pid(s) 812) exited"): processes of the run, for the kernel's record.
     named_pids: BTreeSet<u32>,
+    /// The first error line saying a peer of a distributed run failed ([`PEER_FAILURE`]),
+    /// when no error of the process's own came before it (the root cause wins).
+    peer: Option<(String, u64)>,
+    /// An error line of the process's own (an exception or a telling error that is not
+    /// a peer's failure) was seen.
+    own_error: bool,
 }
 
 static CANCELLED: LazyLock<memchr::memmem::Finder<'static>> =
@@ -799,7 +862,7 @@ impl Scanner {
     /// Flush partial last lines (end of output). Feeding after `finish` goes on counting.
     pub fn finish(&mut self) {
         self.found_now = false;
-        for si in 0..2 {
+        for si in 0..STREAMS {
             if !self.streams[si].partial.is_empty() {
                 self.end_partial(si);
                 self.lines += 1;
@@ -827,6 +890,13 @@ impl Scanner {
     /// assertion, `failed (exitcode: 1)`), else a launcher's summary (`ChildFailedError`).
     pub fn error_line(&self) -> Option<&str> {
         self.error.as_ref().map(|(_, line, _)| line.as_str())
+    }
+
+    /// The line saying a peer of a distributed run failed (`Connection closed by peer`,
+    /// a rendezvous or store error, NCCL's watchdog after a peer died), when the process
+    /// printed no error of its own before it: the attempt ended because another rank did.
+    pub fn peer_failure(&self) -> Option<&str> {
+        self.peer.as_ref().map(|(line, _)| line.as_str())
     }
 
     /// PIDs the output's OOM and error lines named (a launcher's "exitcode: -9 (pid:
@@ -1289,6 +1359,17 @@ impl Scanner {
         } else {
             return;
         };
+        if priority >= 2 {
+            if is_peer_failure(text) {
+                if !self.own_error && self.peer.is_none() {
+                    self.peer = Some((text.to_string(), line_no));
+                }
+            } else if priority == 3 || !CONSEQUENCE.is_match(text) {
+                // An exception of its own, or a telling error (an illegal memory access,
+                // a failed assertion) — not a launcher's word that a process died.
+                self.own_error = true;
+            }
+        }
         self.note_pids(text);
         match &mut self.error {
             Some((p, line, n)) if priority >= *p => {

@@ -45,6 +45,15 @@ pub enum Outcome {
     Interrupted {
         signal: i32,
     },
+    /// The command failed because a peer of the distributed run did (`Connection closed
+    /// by peer`, a rendezvous or store error, NCCL's watchdog), printing no error of its
+    /// own and no OOM; or the job's copy 0 (or a copy's failure) ended the attempt while
+    /// it still ran. In a job of several copies: wait for the decision, never stop alone.
+    PeerFailure {
+        code: i32,
+        /// The peer-failure line, or why the job ended the attempt.
+        line: String,
+    },
 }
 
 /// An outcome's name, as the journal writes it (`"outcome": "cuda_oom"`).
@@ -59,6 +68,8 @@ pub enum OutcomeKind {
     AbsurdRequest,
     OtherFailure,
     Interrupted,
+    /// Ended because a peer of the distributed run failed (see [`Outcome::PeerFailure`]).
+    PeerFailure,
     /// The command could not be started at all (not found, not executable).
     CannotExecute,
     /// `plan`'s dry run: nothing ran, an OOM is assumed.
@@ -75,6 +86,7 @@ impl Outcome {
             Outcome::AbsurdRequest { .. } => OutcomeKind::AbsurdRequest,
             Outcome::Other { .. } => OutcomeKind::OtherFailure,
             Outcome::Interrupted { .. } => OutcomeKind::Interrupted,
+            Outcome::PeerFailure { .. } => OutcomeKind::PeerFailure,
         }
     }
 
@@ -142,6 +154,22 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
             None,
         );
     }
+    // The job ended the attempt while it ran (copy 0 decided, or another copy's
+    // attempt failed): never a success, and an OOM it printed itself still counts.
+    if let Some(why) = &r.stopped {
+        let own_oom = r.scanner.first_oom().filter(|f| f.kind == Kind::GpuOom);
+        let outcome = match own_oom {
+            Some(f) => Outcome::GpuOom {
+                finding: Some(f.clone()),
+                hung: false,
+            },
+            None => Outcome::PeerFailure {
+                code: if code == 0 { 1 } else { code },
+                line: why.clone(),
+            },
+        };
+        return (outcome, None);
+    }
     if code == 0 {
         return (Outcome::Success, None);
     }
@@ -176,6 +204,18 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
         }
         kill => kill, // only a kill signal, or nothing
     };
+    // A peer's failure, with no error of its own before it: the run's root cause
+    // is elsewhere (another rank, another node).
+    if kill_line.is_none()
+        && !matches!(r.exit, launch::Exit::Signal(9))
+        && let Some(line) = r.scanner.peer_failure()
+    {
+        let outcome = Outcome::PeerFailure {
+            code,
+            line: line.to_string(),
+        };
+        return (outcome, None);
+    }
     let killed = kill_line.is_some() || matches!(r.exit, launch::Exit::Signal(9));
     let other = |why| Outcome::Other {
         code,
@@ -353,6 +393,9 @@ mod tests {
             warnings: Vec::new(),
             pids: Default::default(),
             started_ms: None,
+            stopped: None,
+            task_files: Vec::new(),
+            oom_file: None,
         }
     }
 
@@ -384,6 +427,123 @@ mod tests {
         // A mention in a run that ends well is a success.
         let o = classify_plain(&report(logged, launch::Exit::Code(0)));
         assert_eq!(o.kind(), OutcomeKind::Success);
+    }
+
+    /// How ranks end when a peer died (PyTorch's, gloo's, NCCL's and torchrun's own
+    /// wordings, as they print them): a peer's failure, which in a job means "wait for
+    /// the decision" (a follower) or "collect the followers' ends" (the leader) —
+    /// never "stop" — and, in a run of one copy, a stop that says where to look.
+    const PEER_ENDINGS: &[&str] = &[
+        // gloo, a rank whose peer's process exited (torch 1.x and 2.x paths)
+        "Traceback (most recent call last):\n  File \"train.py\", line 88, in <module>\n    loss.backward()\nRuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:10895\n",
+        "[rank0]:     work.wait()\n[rank0]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.3.7]:28048\n",
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [192.168.70.92]:25266: Connection reset by peer\n",
+        "terminate called after throwing an instance of 'gloo::IoException'\n  what():  [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.3.7]:4321\n",
+        // gloo's collective timing out on a rank that is gone
+        "[rank2]: RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete\n",
+        // the c10d store and torchrun's rendezvous
+        "torch.distributed.DistStoreError: Socket Timeout\n",
+        "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for workers. 1/2 workers joined.\n",
+        "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server shutdown or crash?\ntorch.distributed.DistNetworkError: Connection reset by peer\n",
+        "    raise RendezvousClosedError()\ntorch.distributed.elastic.rendezvous.api.RendezvousClosedError\n",
+        "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n",
+        "RendezvousConnectionError: The connection to the C10d store has failed. See inner exception for details.\n",
+        // NCCL after a peer died: the watchdog, the aborted communicator, remote errors
+        "[rank1]:[E424 01:11:21.160832730 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4, OpType=BROADCAST, NumelIn=112, NumelOut=112, Timeout(ms)=1800000) ran for 1800010 milliseconds before timing out.\n",
+        "RuntimeError: NCCL communicator was aborted on rank 1.  Original reason for failure was: [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2511984, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1809553 milliseconds before timing out.\n",
+        "[rank3]: torch.distributed.DistBackendError: NCCL error in: /opt/pytorch/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3763, remote process exited or there was a network error, NCCL version 2.28.8\n[rank3]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n",
+    ];
+
+    /// NCCL reporting a dead peer as an internal error (its "Last error" line holds no
+    /// error word the scanner looks at): not told from an error of the rank's own, it
+    /// still waits for the decision on a follower, and the leader collects the ends.
+    const PEER_ENDINGS_UNTOLD: &[&str] = &[
+        "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, internal error, NCCL version 2.14.3\nncclInternalError: Internal check failed.\nLast error:\nNet : Connection closed by remote peer node2<43236>\n",
+    ];
+
+    #[test]
+    fn a_peers_failure_waits_for_the_decision_and_never_stops_a_copy() {
+        for log in PEER_ENDINGS {
+            // What torchrun prints after its worker died of it changes nothing.
+            let log = format!(
+                "{log}E0213 12:07:20.086000 870572 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 0 (pid: 876053) of binary: /usr/bin/python3\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+            );
+            let o = classify_plain(&report(&log, launch::Exit::Code(1)));
+            assert!(
+                matches!(o, Outcome::PeerFailure { code: 1, .. }),
+                "{log}\n→ {o:?}"
+            );
+            let follower = crate::job::after_attempt(false, o.kind());
+            assert_eq!(follower, crate::job::AfterAttempt::WaitForDecision, "{log}");
+            let leader = crate::job::after_attempt(true, o.kind());
+            assert_eq!(leader, crate::job::AfterAttempt::CollectEnds, "{log}");
+        }
+        for log in PEER_ENDINGS_UNTOLD {
+            let o = classify_plain(&report(log, launch::Exit::Code(1)));
+            assert_eq!(o.kind(), OutcomeKind::OtherFailure, "{log}");
+            let follower = crate::job::after_attempt(false, o.kind());
+            assert_eq!(follower, crate::job::AfterAttempt::WaitForDecision, "{log}");
+            let leader = crate::job::after_attempt(true, o.kind());
+            assert_eq!(leader, crate::job::AfterAttempt::CollectEnds, "{log}");
+        }
+    }
+
+    #[test]
+    fn the_first_error_decides_between_a_peers_failure_and_ones_own() {
+        // The OOM printed before the peers' errors is the cause (root cause wins).
+        let oom_first = format!(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free.\n{}",
+            PEER_ENDINGS[0]
+        );
+        let o = classify_plain(&report(&oom_first, launch::Exit::Code(1)));
+        assert_eq!(o.kind(), OutcomeKind::CudaOom);
+        // An error of the rank's own before a peer's: its own failure.
+        let own_first = format!("KeyError: 'labels'\n{}", PEER_ENDINGS[0]);
+        let o = classify_plain(&report(&own_first, launch::Exit::Code(1)));
+        assert_eq!(o.kind(), OutcomeKind::OtherFailure, "{o:?}");
+        // A peer's failure first, then what the same node's other ranks print.
+        let peer_first = format!("{}ValueError: bad value\n", PEER_ENDINGS[1]);
+        let o = classify_plain(&report(&peer_first, launch::Exit::Code(1)));
+        assert_eq!(o.kind(), OutcomeKind::PeerFailure, "{o:?}");
+        // The words in prose are no error line; a run that ends well is a success.
+        let prose = "step 3: retrying after Connection reset by peer (network blip)\n";
+        let o = classify_plain(&report(prose, launch::Exit::Code(1)));
+        assert_eq!(o.kind(), OutcomeKind::OtherFailure, "{o:?}");
+        let o = classify_plain(&report(PEER_ENDINGS[0], launch::Exit::Code(0)));
+        assert_eq!(o.kind(), OutcomeKind::Success);
+        // Other errors are not a peer's failure.
+        for own in [
+            "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1287, invalid usage, NCCL version 2.17.1\n",
+            // This node's own store cannot listen: not a peer's doing.
+            "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n",
+            "RuntimeError: CUDA error: an illegal memory access was encountered\n",
+        ] {
+            let o = classify_plain(&report(own, launch::Exit::Code(1)));
+            assert_eq!(o.kind(), OutcomeKind::OtherFailure, "{own}");
+        }
+    }
+
+    #[test]
+    fn an_attempt_the_job_ended_is_a_peers_failure_unless_it_printed_its_own_oom() {
+        let mut r = report(
+            "step 5\nrank 1: waiting for a peer\n",
+            launch::Exit::Signal(15),
+        );
+        r.stopped = Some("copy 0 of the job decided to relaunch after attempt 1".into());
+        let o = classify_plain(&r);
+        assert!(
+            matches!(&o, Outcome::PeerFailure { code: 143, line } if line.contains("copy 0")),
+            "{o:?}"
+        );
+        // Exit 0 after the SIGTERM is no success: the job moved on without it.
+        r.exit = launch::Exit::Code(0);
+        assert_eq!(classify_plain(&r).kind(), OutcomeKind::PeerFailure);
+        let mut r = report(
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n",
+            launch::Exit::Signal(15),
+        );
+        r.stopped = Some("copy 0 of the job decided".into());
+        assert_eq!(classify_plain(&r).kind(), OutcomeKind::CudaOom);
     }
 
     fn killed(log: &str, exit: launch::Exit, kernel: &str) -> (Outcome, Option<String>) {

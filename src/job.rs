@@ -13,8 +13,9 @@
 //!
 //! * `ready-N-R`: copy R is about to launch attempt N. Every copy waits until
 //!   all have written theirs (the meeting), so the copies launch together.
-//! * `end-N-R.json`: how attempt N ended for follower R (its outcome and the
-//!   OOM line it saw, if any), written when it failed.
+//! * `end-N-R.json`: how attempt N ended for copy R (its outcome and the OOM
+//!   line it saw, if any), written when it failed; the leader reads the
+//!   followers'.
 //! * `decision-N.json`: what the leader decided after attempt N: relaunch with
 //!   these knob values and this checkpoint, or stop with this status.
 //!
@@ -25,9 +26,16 @@
 //! its own attempt did not end in an OOM, reads the followers' ends: the first
 //! OOM among them decides, as if it had been its own.
 //!
-//! Known limit: a copy learns of the decision only when its own attempt has
-//! ended; a rank that hangs for ever without an OOM of its own (NCCL without a
-//! timeout) keeps its copy in the attempt.
+//! While an attempt runs, each copy also watches the folder
+//! ([`Job::moved_on`], asked by the launch loop every half second): a copy
+//! another copy of which has written an end for this attempt, and a follower
+//! whose leader has published the attempt's decision, stop their own processes
+//! at once (SIGTERM, SIGKILL after the grace period) instead of waiting for
+//! NCCL's or the rendezvous' timeout — a rank whose peer died, or hung after
+//! its OOM, may wait in a collective for many minutes without a word — and
+//! then go on as after any failure. A file counts only when it is not older
+//! than this copy's own `ready-N-R` (the same filesystem's clock), so one left
+//! by an earlier job with the same key never ends an attempt.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -83,6 +91,32 @@ pub enum Published {
     Stop {
         code: i32,
     },
+}
+
+/// What a copy of a job does after one of its attempts ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterAttempt {
+    /// As a run of one copy would (a success, the user's interrupt; the leader's
+    /// own OOM or absurd request), the leader then publishing what it decided.
+    Alone,
+    /// A follower's failure, whatever it was: say how it ended, and wait for the
+    /// leader's decision. Never stop alone: a peer's OOM shows here as a peer's
+    /// failure (`Connection closed by peer`, a rendezvous or NCCL error).
+    WaitForDecision,
+    /// The leader's failure that is not an OOM of its own (a peer's failure,
+    /// another error): read the followers' ends first, whose OOM decides.
+    CollectEnds,
+}
+
+/// What a copy does after an attempt that ended with `outcome`.
+pub fn after_attempt(leader: bool, outcome: OutcomeKind) -> AfterAttempt {
+    use OutcomeKind as K;
+    match (leader, outcome) {
+        (_, K::Success | K::Interrupted) => AfterAttempt::Alone,
+        (false, _) => AfterAttempt::WaitForDecision,
+        (true, K::OtherFailure | K::HostOom | K::PeerFailure) => AfterAttempt::CollectEnds,
+        (true, _) => AfterAttempt::Alone,
+    }
 }
 
 /// Why copies cannot act as one job (a warning; each then decides alone).
@@ -254,7 +288,7 @@ impl Job {
         .is_some()
     }
 
-    /// A follower's end of attempt `n`.
+    /// This copy's end of attempt `n`.
     pub fn publish_end(&self, n: u32, end: &End) -> std::io::Result<()> {
         let json = serde_json::to_vec(end).expect("End serialises");
         self.write(&format!("end-{n}-{}.json", self.rank), &json)
@@ -284,7 +318,73 @@ impl Job {
 
     /// A follower: the leader's decision after attempt `n`, or None after the timeout.
     pub fn await_decision(&self, n: u32) -> Option<Published> {
-        self.wait(|| self.read(&format!("decision-{n}.json")))
+        self.wait(|| self.decision(n))
+    }
+
+    /// `dir/name` as attempt `n`'s, if it is there and this job's: not older than
+    /// this copy's own `ready-n-R` (an earlier job's with the same key is).
+    fn fresh<T: for<'de> Deserialize<'de>>(&self, n: u32, name: &str) -> Option<T> {
+        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let ours = mtime(&self.dir.join(format!("ready-{n}-{}", self.rank)));
+        let theirs = mtime(&self.dir.join(name))?;
+        if ours.is_some_and(|r| theirs < r) {
+            return None;
+        }
+        self.read(name)
+    }
+
+    /// The leader's decision after attempt `n`, if it is there and this job's.
+    fn decision(&self, n: u32) -> Option<Published> {
+        self.fresh(n, &format!("decision-{n}.json"))
+    }
+
+    /// While attempt `n` runs: why this copy should end it now, because the job
+    /// has moved on without it — another copy's attempt ended in failure (its
+    /// ranks are gone, so this copy's wait in a collective that cannot complete),
+    /// or, for a follower, the leader's decision is out.
+    pub fn moved_on(&self, n: u32) -> Option<String> {
+        if !self.leader() {
+            // Copy 0's success is no reason to stop: this copy's ranks are
+            // finishing too (ending them would turn a success into a failure).
+            let decided = self.decision(n).and_then(|d| match d {
+                Published::Relaunch { .. } => Some(format!(
+                    "copy 0 of the job decided to relaunch after attempt {n}"
+                )),
+                Published::Stop { code: 0 } => None,
+                Published::Stop { code } => Some(format!(
+                    "copy 0 of the job stopped after attempt {n} (status {code})"
+                )),
+            });
+            if decided.is_some() {
+                return decided;
+            }
+        }
+        // One listing of the folder, then only the files that are there (cheap on
+        // a shared filesystem, whatever the number of copies).
+        let prefix = format!("end-{n}-");
+        let own = format!("end-{n}-{}.json", self.rank);
+        let names: Vec<String> = std::fs::read_dir(&self.dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(&prefix) && name.ends_with(".json") && *name != own)
+            .collect();
+        let ends: Vec<End> = names
+            .iter()
+            .filter_map(|name| self.fresh(n, name))
+            .collect();
+        let end = ends
+            .iter()
+            .find(|e| e.oom_line.is_some())
+            .or_else(|| ends.first())?;
+        Some(format!(
+            "copy {} of the job ended attempt {n} ({})",
+            end.rank,
+            serde_json::to_value(end.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ))
     }
 }
 
@@ -479,6 +579,79 @@ mod tests {
         save_fitting(&path, &f).unwrap();
         save_fitting(&path, &f).unwrap();
         assert_eq!(load_fitting(&path), Some(f));
+    }
+
+    #[test]
+    fn a_running_copy_hears_that_the_job_moved_on() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("job");
+        let (leader, follower) = (job(&dir, 0), job(&dir, 1));
+        // A decision an earlier job with the same key left: older than this copy's
+        // ready file, so it is not this job's.
+        let d = Published::Relaunch {
+            knobs: BTreeMap::new(),
+            resume: None,
+        };
+        leader.publish_decision(1, &d).unwrap();
+        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join("decision-1.json"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| assert!(follower.meet(1)));
+            assert!(leader.meet(1));
+        });
+        assert_eq!(follower.moved_on(1), None, "an earlier job's decision");
+        assert_eq!(leader.moved_on(1), None, "no follower has ended");
+        // The follower's attempt ends: the leader hears it while its own still runs.
+        let end = End {
+            rank: 1,
+            outcome: OutcomeKind::HungAfterOom,
+            oom_line: Some("torch.OutOfMemoryError: CUDA out of memory.".into()),
+        };
+        follower.publish_end(1, &end).unwrap();
+        let why = leader.moved_on(1).expect("the leader hears the end");
+        assert!(
+            why.contains("copy 1") && why.contains("hung_after_oom"),
+            "{why}"
+        );
+        assert_eq!(follower.moved_on(1), None, "its own end is no news");
+        // The leader's own attempt failed: the follower hears that too.
+        let own = End {
+            rank: 0,
+            outcome: OutcomeKind::PeerFailure,
+            oom_line: None,
+        };
+        leader.publish_end(1, &own).unwrap();
+        let why = follower
+            .moved_on(1)
+            .expect("the follower hears copy 0's end");
+        assert!(
+            why.contains("copy 0 of the job ended attempt 1 (peer_failure)"),
+            "{why}"
+        );
+        // The leader decides: the follower hears it while its own attempt still runs.
+        leader.publish_decision(1, &d).unwrap();
+        let why = follower
+            .moved_on(1)
+            .expect("the follower hears the decision");
+        assert!(
+            why.contains("copy 0 of the job decided to relaunch"),
+            "{why}"
+        );
+        assert_eq!(follower.moved_on(2), None, "not the next attempt's");
+        // Copy 0 finished: this copy's ranks finish too, unhurried.
+        leader
+            .publish_decision(2, &Published::Stop { code: 0 })
+            .unwrap();
+        assert_eq!(follower.moved_on(2), None);
+        leader
+            .publish_decision(3, &Published::Stop { code: 1 })
+            .unwrap();
+        assert!(follower.moved_on(3).unwrap().contains("stopped"));
     }
 
     #[test]

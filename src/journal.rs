@@ -82,6 +82,13 @@ pub enum Event<'a> {
         finding: OomRecord<'a>,
         /// Seconds from launch to the OOM line.
         after_s: Option<f64>,
+        /// The per-task output file the OOM line is in (`srun --output=...%t`), when
+        /// it is in one.
+        #[serde(
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "lossy_opt_path"
+        )]
+        file: Option<&'a Path>,
     },
     AttemptEnd {
         attempt: u32,
@@ -472,6 +479,9 @@ pub struct End<'a> {
     pub begun: u32,
     pub code: i32,
     pub journal: Option<&'a Path>,
+    /// Who decided the changes, when this copy of a job followed another
+    /// (`copy 0 of the job`): the table's "why" for them.
+    pub decided_by: Option<&'a str>,
 }
 
 impl End<'_> {
@@ -587,7 +597,10 @@ impl End<'_> {
                     },
                     at.join(", ")
                 ),
-                None => String::new(),
+                None => self
+                    .decided_by
+                    .map(|who| format!("{who} decided"))
+                    .unwrap_or_default(),
             };
             rows.push(Row {
                 knob: k.name().into(),
@@ -853,6 +866,7 @@ mod tests {
             begun: 3,
             code: 0,
             journal: Some(Path::new("run/journal.jsonl")),
+            decided_by: None,
         };
         assert_eq!(lost(&attempts), Duration::from_secs(4));
         assert_eq!(end.losses().len(), 1);

@@ -54,6 +54,9 @@ pub struct RunConfig {
     pub workers_floor: u64,
     /// How often the trainer prints its per-step log dicts, when the command says.
     pub logging: Option<crate::progress::Logging>,
+    /// The files srun writes its tasks' output to (`srun --output=logs/%j-%t.out`),
+    /// read as the step runs; `None` when the output comes through srun.
+    pub task_files: Option<crate::launch::TaskFiles>,
 }
 
 /// 1 when the command sets a DataLoader prefetch factor or persistent workers
@@ -98,6 +101,47 @@ pub enum ConfigError {
 
 fn real_env(name: &str) -> Option<OsString> {
     std::env::var_os(name)
+}
+
+/// When oomguard runs `srun` and srun sends its tasks' output to files
+/// (`--output`/`--error`, `SLURM_STDOUTMODE`/`SLURM_STDERRMODE`): those files, read
+/// as the step runs, said in a note; output srun throws away, said in a warning.
+fn task_files(
+    cmd: &Command,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    disc: &mut Discovery,
+) -> Option<crate::launch::TaskFiles> {
+    let l = cmd
+        .launchers
+        .first()
+        .filter(|l| l.kind == crate::command::LauncherKind::Srun)?;
+    // `-ologs/%t.out`: getopt's attached form, whatever the value starts with.
+    let attached = |short: &str| {
+        cmd.args[l.opts.clone()]
+            .iter()
+            .rev()
+            .find_map(|a| a.strip_prefix(short).filter(|v| !v.is_empty()))
+    };
+    let output = cmd
+        .launcher_option(l, &["-o"], &["--output"])
+        .or_else(|| attached("-o"));
+    let error = cmd
+        .launcher_option(l, &["-e"], &["--error"])
+        .or_else(|| attached("-e"));
+    let (patterns, lost) = crate::launch::task_files_of_srun(output, error, env);
+    disc.warnings.extend(lost);
+    if patterns.is_empty() {
+        return None;
+    }
+    disc.notes.push(format!(
+        "srun writes the tasks' output to {}: oomguard reads those files as the step runs (relative to this folder; %j and %s once the step is known, any task, node or job name)",
+        patterns.join(" and ")
+    ));
+    Some(crate::launch::TaskFiles {
+        patterns,
+        cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+        job: env("SLURM_JOB_ID").and_then(|v| v.into_string().ok()),
+    })
 }
 
 fn secs(flag: &'static str, v: f64, min: f64) -> Result<Duration, ConfigError> {
@@ -179,13 +223,7 @@ impl RunConfig {
                 ));
             }
         }
-        if let Some(l) = cmd.launcher(crate::command::LauncherKind::Srun)
-            && let Some(file) = cmd.launcher_option(l, &["-o", "-e"], &["--output", "--error"])
-        {
-            disc.warnings.push(format!(
-                "srun --output/--error {file}: the tasks' output goes to that file, not through oomguard, so an OOM written there is not seen (the attempt would end as 'not an out-of-memory error'); drop the option: oomguard passes the output through and keeps each attempt's in its run folder"
-            ));
-        }
+        let task_files = task_files(&cmd, &env, &mut disc);
         if program == Some("salloc") {
             disc.warnings.push(
                 "salloc: oomguard sees salloc, not the srun steps it starts, so a Ctrl-C or a kill cannot cancel them; wrap the srun instead: `salloc -N2 oomguard srun ...` (README, Clusters)".into(),
@@ -241,6 +279,7 @@ impl RunConfig {
         let logging = knobs::logging(&cmd, &disc);
         Ok(RunConfig {
             job,
+            task_files,
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,

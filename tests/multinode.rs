@@ -207,13 +207,12 @@ fn sbatch_is_refused_with_where_to_put_oomguard_and_salloc_warned() {
     assert!(warnings.contains("salloc -N2 oomguard srun"), "{warnings}");
 }
 
+/// srun's per-task output files are read (a note names them); output srun
+/// throws away (`none`, a single task's number) is named in a warning.
 #[test]
-fn per_task_output_files_are_named_in_a_warning() {
+fn per_task_output_files_are_read_and_discarded_output_is_warned_of() {
     let t = tempfile::tempdir().unwrap();
-    for opt in [
-        &["--output=logs/%j-%t.out"][..],
-        &["-o", "logs/%j-%t.out"][..],
-    ] {
+    let with = |opt: &[&str], envs: &[(&str, &str)]| {
         let argv: Vec<&str> = ["srun", "-n2"]
             .iter()
             .chain(opt.iter())
@@ -221,10 +220,44 @@ fn per_task_output_files_are_named_in_a_warning() {
             .chain(HF.iter())
             .copied()
             .collect();
-        let v = plan(t.path(), &argv, &[]);
+        plan(t.path(), &argv, envs)
+    };
+    for (opt, envs) in [
+        (&["--output=logs/%j-%t.out"][..], &[][..]),
+        (&["-o", "logs/%j-%t.out"][..], &[][..]),
+        (&["-ologs/%j-%t.out"][..], &[][..]),
+        (&[][..], &[("SLURM_STDOUTMODE", "logs/%j-%t.out")][..]),
+    ] {
+        let v = with(opt, envs);
+        let notes = v["notes"].to_string();
+        assert!(
+            notes.contains(
+                "srun writes the tasks' output to logs/%j-%t.out: oomguard reads those files"
+            ),
+            "{opt:?} {envs:?}: {notes}"
+        );
+        assert!(
+            !v["warnings"].to_string().contains("%t"),
+            "{}",
+            v["warnings"]
+        );
+    }
+    let v = with(&["--error", "err-%t.log", "--output=out-%t.log"], &[]);
+    let notes = v["notes"].to_string();
+    assert!(notes.contains("out-%t.log and err-%t.log"), "{notes}");
+    for (opt, said) in [
+        (
+            "--output=none",
+            "--output=none: the tasks' output is thrown away",
+        ),
+        (
+            "--error=0",
+            "--error=0: only task 0's output comes through srun",
+        ),
+    ] {
+        let v = with(&[opt], &[]);
         let warnings = v["warnings"].to_string();
-        assert!(warnings.contains("logs/%j-%t.out"), "{argv:?}: {warnings}");
-        assert!(warnings.contains("not seen"), "{warnings}");
+        assert!(warnings.contains(said), "{opt}: {warnings}");
     }
 }
 

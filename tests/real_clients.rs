@@ -736,12 +736,46 @@ fn torchtune_packaged_config_is_read_from_the_installed_torchtune() {
 
 /// Two "nodes" on one host: a copy of oomguard around each `torchrun --nnodes 2
 /// --node_rank R --rdzv_backend c10d`, real torch on gloo. Global rank 1 (node 1)
-/// raises a real `torch.OutOfMemoryError`; node 0 dies of its peer's failure.
-/// Copy 0 decides for both (through `out/.oomguard-job/`), and both relaunch
-/// with the same settings.
+/// raises a real `torch.OutOfMemoryError` at step 3, after checkpoint-2; node 0
+/// dies of its peer's failure. Copy 0 decides for both (through
+/// `out/.oomguard-job/`), and both relaunch with the same settings from the same
+/// checkpoint.
 #[test]
 #[ignore = "needs the real-client venv: run bash tests/run.sh"]
 fn two_node_torchrun_one_decision_per_job() {
+    two_node(TwoNode {
+        oom_node: 1,
+        hang: false,
+    });
+}
+
+/// As above, but the OOM is node 0's (copy 0's), and it hangs after it (a rank stuck in
+/// NCCL's teardown); node 1's rank, blocked in the all-reduce and then failing,
+/// hangs silently (NCCL without async error handling; the process group's
+/// timeout is 600 s). Copy 0's hang timer ends its rank; copy 1 hears copy 0's
+/// end (or its decision) while its rank still hangs, stops it, and relaunches
+/// with copy 0's decision.
+/// With torchrun's static rendezvous (`--master_addr`, `--master_port`): node 1's
+/// torchrun does not watch a store, so nothing but copy 1 ends its hung rank (with
+/// c10d, a store on node 0 going away ends node 1's torchrun at once, and copy 1
+/// waits for the decision as after any peer's failure).
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn two_node_torchrun_follows_copy_0_while_its_rank_hangs() {
+    two_node(TwoNode {
+        oom_node: 0,
+        hang: true,
+    });
+}
+
+struct TwoNode {
+    /// The copy whose node's rank runs out of memory.
+    oom_node: u32,
+    /// It hangs after its OOM, and the other node's rank hangs once its all-reduce fails.
+    hang: bool,
+}
+
+fn two_node(case: TwoNode) {
     let _turn = torchrun_turn();
     let bin = venv_bin();
     let tmp = tempfile::tempdir().unwrap();
@@ -757,11 +791,17 @@ fn two_node_torchrun_one_decision_per_job() {
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    let rdzv_id = format!("two-node-test-{}-{}", std::process::id(), case.oom_node);
+    let port_s = port.to_string();
     let copies: Vec<(Running, PathBuf)> = (0..2)
         .map(|r| {
             let run_dir = tmp.path().join(format!("run{r}"));
             let rank = r.to_string();
-            let args = [
+            let mut args = vec![
+                "--hang-timeout",
+                "5",
+                "--grace",
+                "3",
                 "--run-dir",
                 run_dir.to_str().unwrap(),
                 "torchrun",
@@ -771,12 +811,20 @@ fn two_node_torchrun_one_decision_per_job() {
                 &rank,
                 "--nproc_per_node",
                 "1",
-                "--rdzv_backend",
-                "c10d",
-                "--rdzv_endpoint",
-                &endpoint,
-                "--rdzv_id",
-                "two-node-test",
+            ];
+            if case.hang {
+                args.extend(["--master_addr", "127.0.0.1", "--master_port", &port_s]);
+            } else {
+                args.extend([
+                    "--rdzv_backend",
+                    "c10d",
+                    "--rdzv_endpoint",
+                    &endpoint,
+                    "--rdzv_id",
+                    &rdzv_id,
+                ]);
+            }
+            args.extend([
                 "tests/real/ddp_oom.py",
                 "--per_device_train_batch_size",
                 "8",
@@ -785,11 +833,27 @@ fn two_node_torchrun_one_decision_per_job() {
                 "--budget",
                 "4",
                 "--max_steps",
-                "4",
+                "6",
+                "--save_steps",
+                "2",
+                "--oom_at_step",
+                "3",
+                "--oom_env",
+                "DDP_OOM",
                 "--output_dir",
                 out.to_str().unwrap(),
+            ]);
+            if case.hang {
+                args.extend(["--hang_after_oom", "--peer_hangs"]);
+            }
+            // The node that runs out is picked by its environment: c10d numbers the
+            // ranks by arrival at the rendezvous.
+            let oom = if r == case.oom_node { "1" } else { "0" };
+            let env = [
+                ("PATH", path.as_str()),
+                ("OOMGUARD_JOB_TIMEOUT", "180"),
+                ("DDP_OOM", oom),
             ];
-            let env = [("PATH", path.as_str()), ("OOMGUARD_JOB_TIMEOUT", "180")];
             (spawn_env(&repo(), &args, &env), run_dir)
         })
         .collect();
@@ -808,9 +872,32 @@ fn two_node_torchrun_one_decision_per_job() {
     }
     let (leader, follower) = (&runs[0].0, &runs[1].0);
     let fin = leader.read_json(&out.join("final.json"));
+    let fin1 = leader.read_json(&out.join("final-rank1.json"));
     leader.check("final micro-batch", Some(4), fin["micro"].as_u64());
+    leader.check(
+        "rank 1's final micro-batch",
+        Some(4),
+        fin1["micro"].as_u64(),
+    );
     leader.check("world size", Some(2), fin["world"].as_u64());
     leader.check("global batch kept", Some(16), fin["global_batch"].as_u64());
+    let resumed = |f: &Value| {
+        f["attempts"]
+            .as_array()
+            .and_then(|a| a.last())
+            .map(|s| s["resumed_from"].clone())
+    };
+    leader.check(
+        "both ranks' last launch resumed from the same checkpoint",
+        resumed(&fin),
+        resumed(&fin1),
+    );
+    leader.ensure(
+        "resumed from checkpoint-2",
+        resumed(&fin).is_some_and(|p| p.as_str().is_some_and(|p| p.ends_with("checkpoint-2"))),
+        "checkpoint-2",
+        resumed(&fin),
+    );
     let j = leader.journal(&runs[0].1);
     let steps: Vec<_> = events(&j, "decision")
         .iter()
@@ -841,4 +928,29 @@ fn two_node_torchrun_one_decision_per_job() {
         "--per_device_train_batch_size 4",
         &argvs[1],
     );
+    if case.hang {
+        leader.ensure(
+            "copy 0's rank hung after its OOM",
+            leader.stderr.contains("attempt 1: hung after OOM"),
+            "'attempt 1: hung after OOM'",
+            tail(&leader.stderr, 2000),
+        );
+        // Copy 0 writes its end before it decides: either ends copy 1's attempt.
+        follower.ensure(
+            "copy 1 stopped its hung rank when copy 0's attempt ended",
+            follower.stderr.contains(
+                "copy 0 of the job ended attempt 1 (hung_after_oom) while this copy's ranks still ran; stopped them",
+            ) || follower.stderr.contains(
+                "copy 0 of the job decided to relaunch after attempt 1 while this copy's ranks still ran; stopped them",
+            ),
+            "'copy 0 of the job ended attempt 1 (...)' or '... decided ...' '... while this copy's ranks still ran; stopped them'",
+            tail(&follower.stderr, 2000),
+        );
+        follower.ensure(
+            "far from the process group's 600 s",
+            follower.elapsed < Duration::from_secs(200),
+            "< 200 s",
+            follower.elapsed,
+        );
+    }
 }

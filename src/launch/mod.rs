@@ -53,6 +53,7 @@ mod output;
 mod signals;
 mod slurm;
 mod spawn;
+mod taskfiles;
 mod tree;
 
 #[cfg(test)]
@@ -74,6 +75,7 @@ use crate::detect;
 
 pub use guard::guard_main;
 pub use signals::Signals;
+pub use taskfiles::{TaskFiles, from_srun as task_files_of_srun};
 pub use tree::MARKER_VAR;
 
 use output::{Log, RawOut, Sink};
@@ -85,6 +87,21 @@ const EOF_WAIT: Duration = Duration::from_millis(200);
 const PID_SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// After SIGKILL, how long to wait for the processes to disappear before giving up.
 const KILL_WAIT: Duration = Duration::from_secs(2);
+/// How often [`Spec::stop_when`] is asked while the command runs.
+const STOP_CHECK_EVERY: Duration = Duration::from_millis(500);
+
+/// Asked every [`STOP_CHECK_EVERY`] while the command runs; `Some(why)` ends the
+/// attempt as a hang does (SIGTERM to its processes, SIGKILL after the grace
+/// period), and the report says why (`Report::stopped`). A job's copy uses it to
+/// hear, while its own ranks still run, that the job has moved on.
+#[derive(Clone)]
+pub struct StopWhen(pub std::sync::Arc<dyn Fn() -> Option<String> + Send + Sync>);
+
+impl fmt::Debug for StopWhen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StopWhen(..)")
+    }
+}
 
 /// What to run and how.
 #[derive(Debug, Clone)]
@@ -107,6 +124,11 @@ pub struct Spec {
     pub hang_timeout: Duration,
     /// SIGTERM -> wait `grace` -> SIGKILL.
     pub grace: Duration,
+    /// When the command is `srun` writing its tasks' output to files
+    /// (`--output=logs/%j-%t.out`): those files are read and scanned too.
+    pub task_files: Option<TaskFiles>,
+    /// Ends the attempt early when it answers (see [`StopWhen`]).
+    pub stop_when: Option<StopWhen>,
 }
 
 /// How the direct child ended.
@@ -174,6 +196,12 @@ pub struct Report {
     pub pids: detect::kernel::RunPids,
     /// When it started, in milliseconds since boot (the kernel log's clock).
     pub started_ms: Option<detect::kernel::Millis>,
+    /// Why [`Spec::stop_when`] ended the attempt, if it did.
+    pub stopped: Option<String>,
+    /// The per-task output files read (see [`Spec::task_files`]).
+    pub task_files: Vec<PathBuf>,
+    /// The per-task file the pending OOM was found in, when it was in one.
+    pub oom_file: Option<PathBuf>,
 }
 
 #[derive(thiserror::Error, Debug)]
@@ -258,6 +286,8 @@ pub(crate) fn run_wired(
     let mut env = spec.env_set.clone();
     env.push((MARKER_VAR.into(), marker.clone().into()));
 
+    // Noted before the command starts: what the task files held before is not its.
+    let files = spec.task_files.as_ref().map(taskfiles::Reader::new);
     // Signals that arrived between attempts and only make sense for a running child.
     signals.forget_stale();
     let start = Instant::now();
@@ -296,10 +326,17 @@ pub(crate) fn run_wired(
     }
 
     let mut w = Watch::new(spec, start, out, err);
+    w.files = files;
+    if let Some(files) = w.files.as_ref()
+        && attempt.srun
+    {
+        files.find_step(pid as u32);
+    }
     let outcome = supervise(&mut attempt, &mut streams, &mut w, signals, master.as_ref())?;
     drop(streams);
     attempt.finish();
 
+    w.read_files(Instant::now(), true);
     w.finish(&mut warnings);
     warnings.extend(outcome.warnings);
     Ok(Report {
@@ -312,6 +349,9 @@ pub(crate) fn run_wired(
         oom_at: w.oom_at,
         pids: std::mem::take(&mut w.pids),
         started_ms,
+        stopped: outcome.stopped,
+        task_files: w.files.as_ref().map(|f| f.files()).unwrap_or_default(),
+        oom_file: w.oom_file.take(),
         warnings,
     })
 }
@@ -405,6 +445,10 @@ struct Watch<'a> {
     /// The attempt's processes seen so far, and when the tree was last looked at.
     pids: detect::kernel::RunPids,
     pids_at: Option<Instant>,
+    /// The tasks' output files, when srun writes them (see `taskfiles`).
+    files: Option<taskfiles::Reader>,
+    /// The file the pending OOM came from, when it came from one.
+    oom_file: Option<PathBuf>,
 }
 
 impl<'a> Watch<'a> {
@@ -423,7 +467,34 @@ impl<'a> Watch<'a> {
             last_output: Instant::now(),
             pids: detect::kernel::RunPids::new(),
             pids_at: None,
+            files: None,
+            oom_file: None,
         }
+    }
+
+    /// New lines of the tasks' output files (when due, or all of them at the
+    /// `last` read): scanned and logged, not passed through (srun sent them to
+    /// files, not to the terminal); they count as output for the hang timer.
+    fn read_files(&mut self, now: Instant, last: bool) {
+        let Some(files) = self.files.as_mut() else {
+            return;
+        };
+        let (scanner, log) = (&mut self.scanner, &mut self.log);
+        let (oom_at, oom_file) = (&mut self.oom_at, &mut self.oom_file);
+        let (start, last_output) = (self.start, &mut self.last_output);
+        files.read(now, last, |path, bytes| {
+            if scanner.feed(detect::Stream::Files, bytes) {
+                *oom_at = Some(start.elapsed());
+                *oom_file = Some(path.to_path_buf());
+            } else if scanner.first_oom().is_none() {
+                *oom_at = None;
+                *oom_file = None;
+            }
+            if let Some(log) = log.as_mut() {
+                log.feed(bytes);
+            }
+            *last_output = now;
+        });
     }
 
     /// The output is over: let the scanner and the log finish, and turn what
@@ -469,8 +540,10 @@ impl<'a> Watch<'a> {
         }
         if self.scanner.feed(kind, chunk) {
             self.oom_at = Some(self.start.elapsed());
+            self.oom_file = None;
         } else if self.scanner.first_oom().is_none() {
             self.oom_at = None; // the OOM was survived (see detect's "pending")
+            self.oom_file = None;
         }
         if let Some(log) = self.log.as_mut() {
             log.feed(chunk);
@@ -540,6 +613,7 @@ struct Outcome {
     exit: Exit,
     interrupted: Option<i32>,
     hung: bool,
+    stopped: Option<String>,
     warnings: Vec<String>,
 }
 
@@ -579,6 +653,10 @@ fn supervise(
         }
 
         let now = Instant::now();
+        if st.exited.is_none() {
+            w.read_files(now, false);
+        }
+        st.check_stop(attempt, w, now);
         st.escalate(attempt, w, now);
 
         // ---- done?
@@ -590,6 +668,7 @@ fn supervise(
                     exit,
                     interrupted: st.interrupted,
                     hung: st.hung,
+                    stopped: st.stop_why,
                     warnings: st.warnings,
                 });
             }
@@ -606,6 +685,9 @@ struct LoopState {
     gone_at: Option<Instant>,
     hung: bool,
     interrupted: Option<i32>,
+    /// Why `Spec::stop_when` ended the attempt, and when it was last asked.
+    stop_why: Option<String>,
+    stop_checked: Instant,
     /// How many of each user interrupt arrived: a second SIGINT, SIGTERM or SIGHUP
     /// kills the group at once (a first SIGTERM or SIGHUP starts the grace period).
     sigints: usize,
@@ -630,6 +712,8 @@ impl LoopState {
             gone_at: None,
             hung: false,
             interrupted: None,
+            stop_why: None,
+            stop_checked: Instant::now(),
             sigints: 0,
             sigterms: 0,
             sighups: 0,
@@ -652,6 +736,12 @@ impl LoopState {
             at(now + Duration::from_millis(500));
             if w.scanner.armed() && self.term_at.is_none() && !self.stopped {
                 at(w.last_output + w.spec.hang_timeout);
+            }
+            if w.spec.stop_when.is_some() && self.term_at.is_none() {
+                at(self.stop_checked + STOP_CHECK_EVERY);
+            }
+            if let Some(f) = &w.files {
+                at(f.next_at());
             }
         } else {
             // Cleanup: watch the group closely (each look scans /proc).
@@ -770,6 +860,29 @@ impl LoopState {
             }
         }
         Ok(())
+    }
+
+    /// Asks `Spec::stop_when` (when due, while the command runs and is not being
+    /// ended already); an answer ends the attempt as a hang does.
+    fn check_stop(&mut self, attempt: &Attempt, w: &Watch<'_>, now: Instant) {
+        let Some(stop) = &w.spec.stop_when else {
+            return;
+        };
+        if self.exited.is_some()
+            || self.term_at.is_some()
+            || now < self.stop_checked + STOP_CHECK_EVERY
+        {
+            return;
+        }
+        self.stop_checked = now;
+        if let Some(why) = (stop.0)() {
+            let pgid = attempt.pid;
+            tracing::info!("{why}: terminating process group {pgid}");
+            tree::kill_group(pgid, libc::SIGTERM);
+            tree::kill_marked(&attempt.marker, libc::SIGTERM);
+            self.term_at = Some(now);
+            self.stop_why = Some(why);
+        }
     }
 
     /// The next step towards nothing of the attempt being alive: SIGTERM on a

@@ -102,12 +102,18 @@ pub(crate) fn cancel_target(step: &str, own_job: Option<&str>) -> String {
     }
 }
 
+/// The step (`JOB.STEP`) that srun `pid` on this host runs, if the controller
+/// lists it.
+pub(crate) fn step_of_srun(pid: u32) -> Option<String> {
+    let host = hostname()?;
+    let listing = client("scontrol", &["show", "step", "-o"])?;
+    step_of(&listing, &host, pid)
+}
+
 /// Cancels the step (or the job) that srun `pid` runs, if the controller knows
 /// one; says what it did. Called before srun is killed.
 pub(crate) fn cancel_step_of(pid: u32) -> Option<String> {
-    let host = hostname()?;
-    let listing = client("scontrol", &["show", "step", "-o"])?;
-    let step = step_of(&listing, &host, pid)?;
+    let step = step_of_srun(pid)?;
     let own = std::env::var("SLURM_JOB_ID").ok();
     let target = cancel_target(&step, own.as_deref());
     tracing::info!("scancel {target} (srun {pid} runs step {step})");

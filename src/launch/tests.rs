@@ -40,6 +40,8 @@ fn spec(argv: &[&str]) -> Spec {
         log_tail_bytes: 1 << 20,
         hang_timeout: Duration::from_secs(60),
         grace: Duration::from_secs(2),
+        task_files: None,
+        stop_when: None,
     }
 }
 
@@ -412,6 +414,71 @@ fn a_hang_after_an_oom_is_killed() {
         r.duration
     );
     assert!(String::from_utf8_lossy(&err).contains("CUDA out of memory"));
+}
+
+/// `stop_when` ends a command that would run for a minute, as soon as it answers
+/// (asked every half second), and the report says why.
+#[test]
+fn stop_when_ends_a_running_command_and_says_why() {
+    let _g = shared();
+    let t = tempfile::tempdir().unwrap();
+    let flag = t.path().join("decision");
+    let mut s = spec(&["sh", "-c", "echo started; sleep 60"]);
+    s.grace = Duration::from_millis(500);
+    let f = flag.clone();
+    s.stop_when = Some(StopWhen(Arc::new(move || {
+        f.exists().then(|| "copy 0 decided".to_string())
+    })));
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(700));
+        std::fs::write(&flag, "").unwrap();
+    });
+    let (r, out, err) = run_captured(&s);
+    writer.join().unwrap();
+    let r = ok(r, &out, &err);
+    assert_eq!(r.stopped.as_deref(), Some("copy 0 decided"));
+    assert_eq!(r.exit, Exit::Signal(libc::SIGTERM));
+    assert!(!r.hung);
+    assert!(r.duration < Duration::from_secs(5), "{:?}", r.duration);
+    assert_eq!(out, b"started\n");
+}
+
+/// Task files (as `srun --output=logs/%t.out` writes them) are read while the
+/// command runs: the OOM in one of them is found, named, arms the hang timer, and
+/// their lines reach neither our stdout nor stderr; a file's older content is not read.
+#[test]
+fn an_oom_in_a_task_file_is_found_and_named() {
+    let _g = shared();
+    let t = tempfile::tempdir().unwrap();
+    let logs = t.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    std::fs::write(
+        logs.join("0.out"),
+        "old: torch.OutOfMemoryError: CUDA out of memory.\n",
+    )
+    .unwrap();
+    let script = format!(
+        "cd {}; echo 'step 1' > logs/0.out; printf 'Traceback (most recent call last):\\n  File \"t.py\", line 1\\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\\n' > logs/1.out; echo through; sleep 60",
+        t.path().display()
+    );
+    let mut s = spec(&["sh", "-c", &script]);
+    s.hang_timeout = Duration::from_millis(1500);
+    s.grace = Duration::from_millis(500);
+    s.task_files = Some(TaskFiles {
+        patterns: vec!["logs/%t.out".into()],
+        cwd: t.path().to_path_buf(),
+        job: None,
+    });
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    assert_eq!(r.oom_file.as_deref(), Some(logs.join("1.out").as_path()));
+    let f = r.scanner.first_oom().expect("the OOM in logs/1.out");
+    assert!(f.line.starts_with("torch.OutOfMemoryError"), "{}", f.line);
+    assert!(r.hung, "the OOM in the file armed the hang timer");
+    assert!(r.duration < Duration::from_secs(10), "{:?}", r.duration);
+    assert_eq!(r.task_files, [logs.join("0.out"), logs.join("1.out")]);
+    assert_eq!(out, b"through\n");
+    assert!(err.is_empty(), "{}", String::from_utf8_lossy(&err));
 }
 
 #[test]

@@ -63,17 +63,9 @@ impl<'c> Run<'c> {
         }
     }
 
-    /// A follower after a failed attempt: say how it ended, wait for the
-    /// leader's decision, and take its settings and checkpoint.
-    pub(super) fn follow(
-        &mut self,
-        job: &job::Job,
-        rec: &mut AttemptRecord,
-        outcome: &Outcome,
-        report: &launch::Report,
-    ) -> Flow {
-        let n = rec.n;
-        let own = report.exit.status_code().max(1);
+    /// Say in the job's folder how this copy's attempt `n` failed (its OOM line,
+    /// for an OOM).
+    pub(super) fn publish_end(&self, job: &job::Job, n: u32, outcome: &Outcome) {
         let end = job::End {
             rank: job.rank,
             outcome: outcome.kind(),
@@ -93,8 +85,26 @@ impl<'c> Run<'c> {
                 job.dir.display()
             );
         }
+    }
+
+    /// A follower after a failed attempt: say how it ended, wait for the
+    /// leader's decision, and take its settings and checkpoint.
+    pub(super) fn follow(
+        &mut self,
+        job: &job::Job,
+        rec: &mut AttemptRecord,
+        outcome: &Outcome,
+        report: &launch::Report,
+    ) -> Flow {
+        let n = rec.n;
+        let own = report.exit.status_code().max(1);
+        self.publish_end(job, n, outcome);
+        let why = match outcome {
+            Outcome::PeerFailure { line, .. } => format!(" ({line})"),
+            _ => String::new(),
+        };
         self.log.info(&format!(
-            "attempt {n}: {} on copy {} of the job; waiting for copy 0's decision",
+            "attempt {n}: {} on copy {} of the job{why}; waiting for copy 0's decision",
             kind_word(outcome.kind()),
             job.rank
         ));
@@ -189,6 +199,15 @@ impl<'c> Run<'c> {
                     .unwrap_or_default();
                 eprintln!(
                     "oomguard: the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
+                );
+                code
+            }
+            Outcome::PeerFailure { code, line } => {
+                // A copy alone (no job channel, or oomguard around one launcher): the
+                // rank that failed first is elsewhere, and its output is not here.
+                eprintln!(
+                    "oomguard: the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}",
+                    report.exit
                 );
                 code
             }

@@ -351,6 +351,13 @@ impl<'c> Run<'c> {
             log_tail_bytes: 4 << 20,
             hang_timeout: cfg.hang_timeout,
             grace: cfg.grace,
+            task_files: cfg.task_files.clone(),
+            // A copy of a job hears while its ranks still run that the job moved on
+            // (copy 0 decided, or another copy's ranks are gone): see `job`.
+            stop_when: cfg
+                .job
+                .clone()
+                .map(|job| launch::StopWhen(std::sync::Arc::new(move || job.moved_on(n)))),
         };
         Ok((spec, started))
     }
@@ -428,6 +435,20 @@ impl<'c> Run<'c> {
         for w in &report.warnings {
             eprintln!("oomguard: warning: {w}");
         }
+        if let Some(why) = &report.stopped {
+            self.log.info(&format!(
+                "attempt {n}: {why} while this copy's ranks still ran; stopped them"
+            ));
+        }
+        if let Some(tf) = &self.cfg.task_files
+            && report.task_files.is_empty()
+        {
+            eprintln!(
+                "oomguard: warning: attempt {n}: no file of srun's {} was written by this step in {}; an OOM printed there could not be seen",
+                tf.patterns.join(", "),
+                tf.cwd.display()
+            );
+        }
         let (outcome, unreadable) = evidence::classify(report, &kernel::System);
         if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
@@ -437,10 +458,17 @@ impl<'c> Run<'c> {
             );
         }
         if let Some(f) = outcome.finding() {
+            if let Some(file) = &report.oom_file {
+                self.log.info(&format!(
+                    "attempt {n}: the OOM was found in {} (srun's per-task output file)",
+                    file.display()
+                ));
+            }
             self.j.record(&Event::Oom {
                 attempt: n,
                 finding: f.into(),
                 after_s: report.oom_at.map(|d| d.as_secs_f64()),
+                file: report.oom_file.as_deref(),
             });
         }
         self.j.record(&Event::AttemptEnd {
@@ -473,15 +501,21 @@ impl<'c> Run<'c> {
             return self.after_alone(rec, outcome, report, log, started);
         };
         let n = rec.n;
-        let failed = !matches!(outcome, Outcome::Success | Outcome::Interrupted { .. });
-        if !job.leader() {
-            if !failed {
+        let after = job::after_attempt(job.leader(), outcome.kind());
+        if job.leader() && !matches!(outcome, Outcome::Success | Outcome::Interrupted { .. }) {
+            // The followers' ranks cannot go on without this copy's: they end
+            // theirs when they see this (see `job`), and say how.
+            self.publish_end(&job, n, &outcome);
+        }
+        let outcome = match after {
+            job::AfterAttempt::WaitForDecision => {
+                return self.follow(&job, rec, &outcome, report);
+            }
+            job::AfterAttempt::Alone if !job.leader() => {
                 return self.after_alone(rec, outcome, report, log, started);
             }
-            return self.follow(&job, rec, &outcome, report);
-        }
-        let outcome = match outcome {
-            o @ (Outcome::Other { .. } | Outcome::HostOom { .. }) => {
+            job::AfterAttempt::Alone => outcome,
+            job::AfterAttempt::CollectEnds => {
                 // A peer's OOM ends this copy as "connection closed by peer",
                 // a rendezvous error, an NCCL error: the followers say what they saw.
                 let ends = job.await_ends(n);
@@ -490,7 +524,7 @@ impl<'c> Run<'c> {
                         self.log.info(&format!(
                             "attempt {n}: copy {} of the job ran out of memory; this copy ended with {}",
                             e.rank,
-                            kind_word(o.kind())
+                            kind_word(outcome.kind())
                         ));
                         let line = e.oom_line.clone().unwrap_or_default();
                         Outcome::GpuOom {
@@ -498,10 +532,9 @@ impl<'c> Run<'c> {
                             hung: e.outcome == OutcomeKind::HungAfterOom,
                         }
                     }
-                    None => o,
+                    None => outcome,
                 }
             }
-            o => o,
         };
         let flow = self.after_alone(rec, outcome, report, log, started);
         let published = match flow {
@@ -554,6 +587,12 @@ impl<'c> Run<'c> {
             begun: self.begun,
             code,
             journal: path.as_deref(),
+            decided_by: self
+                .cfg
+                .job
+                .as_ref()
+                .filter(|j| !j.leader())
+                .map(|_| "copy 0 of the job"),
         };
         eprint!("{}", end.summary());
         if let Some(p) = self.gw.peak_summary() {
