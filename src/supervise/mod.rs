@@ -59,6 +59,10 @@ struct Log {
     quiet: bool,
 }
 
+/// How long a copy's ranks may go on after it heard that the job moved on before
+/// it stops them (see `job::Job::moved_on`).
+const JOB_END_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Log {
     fn info(&self, msg: &str) {
         if !self.quiet {
@@ -354,10 +358,18 @@ impl<'c> Run<'c> {
             task_files: cfg.task_files.clone(),
             // A copy of a job hears while its ranks still run that the job moved on
             // (copy 0 decided, or another copy's ranks are gone): see `job`.
-            stop_when: cfg
-                .job
-                .clone()
-                .map(|job| launch::StopWhen(std::sync::Arc::new(move || job.moved_on(n)))),
+            // Ranks finishing on their own get [`JOB_END_GRACE`] first: at the end of
+            // a run one node's teardown can fail as its peers exit (a gloo or store
+            // connection closed), and that end must not kill this copy's finishing ranks.
+            stop_when: cfg.job.clone().map(|job| {
+                let seen = std::sync::Mutex::new(None::<std::time::Instant>);
+                launch::StopWhen(std::sync::Arc::new(move || {
+                    let why = job.moved_on(n)?;
+                    let mut first = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    let at = *first.get_or_insert_with(std::time::Instant::now);
+                    (at.elapsed() >= JOB_END_GRACE).then_some(why)
+                }))
+            }),
         };
         Ok((spec, started))
     }
