@@ -52,14 +52,9 @@ check "tier 1: trained to step 20" test "$(step_of "$work/out1/checkpoint-20/tra
 
 # ---- 2. memory-model tier ----
 say "2: real CUDA OOM with a model config (the memory model decides)"
-model="$work/llama-0.17b"
-mkdir -p "$model"
-cat >"$model/config.json" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,
- "num_hidden_layers": 8, "intermediate_size": 2816, "num_attention_heads": 16,
- "num_key_value_heads": 16, "vocab_size": 32000, "max_position_embeddings": 4096,
- "hidden_act": "silu", "tie_word_embeddings": false, "rms_norm_eps": 1e-05}
-EOF
+# The same 0.17B Llama-shaped config.json the estimate check writes.
+model="$("$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); import gpu_estimate_check as g
+print(g.write_config(sys.argv[2], "llama-0.17b"))' "$repo/tests/real" "$work")"
 args2=(--model_name_or_path "$model" --bf16 true --per_device_train_batch_size 32
     --gradient_accumulation_steps 1 --max_seq_length 1024 --gpu_mem_gib 8
     --output_dir "$work/out2" --max_steps 12 --save_steps 4 --short_until_step 5)

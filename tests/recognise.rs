@@ -107,8 +107,16 @@ fn an_absurd_request_stops_with_the_commands_status_and_never_shrinks_the_run() 
     }
 }
 
-#[test]
-fn thrusts_sizeless_bad_alloc_stops_with_the_commands_status_and_never_shrinks_the_run() {
+/// oomguard around `tests/children/absurd_oom.py MODE` at micro-batch 8 (and
+/// accumulation 1): its run folder, output and a description for failures.
+struct ThrustRun {
+    _tmp: tempfile::TempDir,
+    run_dir: std::path::PathBuf,
+    out: Output,
+    why: String,
+}
+
+fn thrust_run(mode: &str) -> ThrustRun {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/children/absurd_oom.py");
     let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
@@ -117,12 +125,30 @@ fn thrusts_sizeless_bad_alloc_stops_with_the_commands_status_and_never_shrinks_t
         run_dir.to_str().unwrap(),
         "python3",
         script.to_str().unwrap(),
-        "thrust",
+        mode,
         "--per_device_train_batch_size",
         "8",
+        "--gradient_accumulation_steps",
+        "1",
     ];
     let out = oomguard(tmp.path(), &args);
     let why = describe(tmp.path(), &args, &out);
+    ThrustRun {
+        _tmp: tmp,
+        run_dir,
+        out,
+        why,
+    }
+}
+
+#[test]
+fn thrusts_sizeless_bad_alloc_stops_with_the_commands_status_and_never_shrinks_the_run() {
+    let ThrustRun {
+        _tmp: _keep,
+        run_dir,
+        out,
+        why,
+    } = thrust_run("thrust");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "the command's status\n{why}");
     for words in [
@@ -152,22 +178,12 @@ fn thrusts_sizeless_bad_alloc_stops_with_the_commands_status_and_never_shrinks_t
 /// (a mis-built extension fails at its first call): the run is shrunk and finishes.
 #[test]
 fn thrusts_sizeless_bad_alloc_after_training_steps_is_taken_for_a_gpu_oom() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/children/absurd_oom.py");
-    let tmp = tempfile::tempdir().unwrap();
-    let run_dir = tmp.path().join("run");
-    let args = [
-        "--run-dir",
-        run_dir.to_str().unwrap(),
-        "python3",
-        script.to_str().unwrap(),
-        "thrust-after-steps",
-        "--per_device_train_batch_size",
-        "8",
-        "--gradient_accumulation_steps",
-        "1",
-    ];
-    let out = oomguard(tmp.path(), &args);
-    let why = describe(tmp.path(), &args, &out);
+    let ThrustRun {
+        _tmp: _keep,
+        run_dir,
+        out,
+        why,
+    } = thrust_run("thrust-after-steps");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{why}");
     assert!(

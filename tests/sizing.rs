@@ -215,23 +215,14 @@ fn an_oom_is_fixed_in_one_relaunch_by_the_models_pick() {
     assert!(old.len() > new.len(), "{old:?}");
 }
 
-/// The sizing benchmark's done-when targets, on a small draw of scenarios
-/// (`benches/sizing.py`; the README has the full table): every run finishes,
-/// median ≤ 1 relaunch and max ≤ 3, mean ≥ 0.90 and worst ≥ 0.75 of the best
-/// fitting throughput, and no needless shortening.
-#[test]
-fn the_sizing_benchmark_meets_its_targets_against_the_blind_ladder() {
+/// `benches/sizing.py` on 12 scenarios of seed 12 (and `extra`), as JSON.
+fn benchmark(extra: &[&str]) -> serde_json::Value {
+    let script = root().join("benches/sizing.py");
+    let mut args = vec![script.to_str().unwrap(), "--bin", BIN];
+    args.extend(["--scenarios", "12", "--seed", "12", "--json"]);
+    args.extend(extra);
     let out = Command::new("python3")
-        .args([
-            root().join("benches/sizing.py").to_str().unwrap(),
-            "--bin",
-            BIN,
-            "--scenarios",
-            "12",
-            "--seed",
-            "12",
-            "--json",
-        ])
+        .args(&args)
         .output()
         .expect("python3");
     assert!(
@@ -239,7 +230,16 @@ fn the_sizing_benchmark_meets_its_targets_against_the_blind_ladder() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The sizing benchmark's done-when targets, on a small draw of scenarios
+/// (`benches/sizing.py`; the README has the full table): every run finishes,
+/// median ≤ 1 relaunch and max ≤ 3, mean ≥ 0.90 and worst ≥ 0.75 of the best
+/// fitting throughput, and no needless shortening.
+#[test]
+fn the_sizing_benchmark_meets_its_targets_against_the_blind_ladder() {
+    let v = benchmark(&[]);
     let new = &v["rows"][1];
     assert_eq!(new["finished"], new["runs"], "{v}");
     assert!(new["relaunches_median"].as_f64().unwrap() <= 1.0, "{v}");
@@ -496,27 +496,7 @@ fn an_oom_after_many_good_steps_is_calibrated_as_a_spike() {
 /// batch fits, the longest does not, after 20 good steps), and no second relaunch.
 #[test]
 fn the_sizing_benchmark_meets_its_targets_when_the_oom_is_a_spike() {
-    let out = Command::new("python3")
-        .args([
-            root().join("benches/sizing.py").to_str().unwrap(),
-            "--bin",
-            BIN,
-            "--scenarios",
-            "12",
-            "--seed",
-            "12",
-            "--spikes",
-            "20",
-            "--json",
-        ])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = benchmark(&["--spikes", "20"]);
     let new = &v["rows"][1];
     assert_eq!(new["finished"], new["runs"], "{v}");
     assert_eq!(new["relaunches_max"], 1, "{v}");

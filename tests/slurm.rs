@@ -18,6 +18,25 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(180);
 const WHY: &str = "needs a Slurm cluster: sudo tests/slurm/start.sh (tests/run.sh does it)";
 
+/// The simulated trainer's flags where rank 1 alone runs out of memory at
+/// micro-batch 16 (global batch kept by accumulation), saving every 5 steps.
+const ONE_RANK_OOMS: &[&str] = &[
+    "--per_device_train_batch_size",
+    "16",
+    "--gradient_accumulation_steps",
+    "2",
+    "--max_seq_length",
+    "1024",
+    "--max_steps",
+    "20",
+    "--save_steps",
+    "5",
+    "--step_seconds",
+    "0.01",
+    "--oom_rank",
+    "1",
+];
+
 /// A job name no other test uses.
 fn job_name(test: &str) -> String {
     format!("oomguard-test-{test}-{}", std::process::id())
@@ -153,26 +172,7 @@ fn around_srun(hang: bool) {
         .map(|s| s.to_string())
         .collect();
     args.push(run_dir.display().to_string());
-    args.extend(srun_sim(
-        &name,
-        &out,
-        &[
-            "--per_device_train_batch_size",
-            "16",
-            "--gradient_accumulation_steps",
-            "2",
-            "--max_seq_length",
-            "1024",
-            "--max_steps",
-            "20",
-            "--save_steps",
-            "5",
-            "--step_seconds",
-            "0.01",
-            "--oom_rank",
-            "1",
-        ],
-    ));
+    args.extend(srun_sim(&name, &out, ONE_RANK_OOMS));
     if hang {
         for a in ["--hang_after_oom", "--peer_wait", "600"] {
             args.push(a.into());
@@ -537,26 +537,7 @@ fn per_task_files(test: &str, output_option: &str, file_of_rank1: &str) {
         .map(|s| s.to_string())
         .collect();
     args.push(run_dir.display().to_string());
-    let mut sim_args = srun_sim(
-        &name,
-        &out,
-        &[
-            "--per_device_train_batch_size",
-            "16",
-            "--gradient_accumulation_steps",
-            "2",
-            "--max_seq_length",
-            "1024",
-            "--max_steps",
-            "20",
-            "--save_steps",
-            "5",
-            "--step_seconds",
-            "0.01",
-            "--oom_rank",
-            "1",
-        ],
-    );
+    let mut sim_args = srun_sim(&name, &out, ONE_RANK_OOMS);
     sim_args.insert(1, output_option.to_string());
     args.extend(sim_args);
     let run = oomguard(tmp.path(), &strs(&args), None, LIMIT);

@@ -212,24 +212,7 @@ impl<'c> Run<'c> {
                 code
             }
             Outcome::AbsurdRequest { finding, code } => {
-                let thrust = crate::detect::sizeless_thrust_alloc(&finding);
-                // A mis-built extension fails at its first call; thrust's sizeless
-                // failure after training steps ran is memory running out.
-                let from = self.started_from();
-                if let Some(reached) = self
-                    .reached(log, started)
-                    .filter(|r| thrust && r.step > from)
-                {
-                    self.log.info(&format!(
-                        "thrust's allocation failed with no size after training reached step {}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)",
-                        reached.step
-                    ));
-                    let ev = Evidence::gpu_oom(Some(&finding), false, Some(reached), from);
-                    let flow = self.after_oom(rec, &ev, Some(&finding), report, started);
-                    rec.evidence = Some(ev);
-                    return flow;
-                }
-                if thrust {
+                if crate::detect::sizeless_thrust_alloc(&finding) {
                     eprintln!(
                         "oomguard: {}: {}\noomguard: {}; stopping with status {code}",
                         crate::detect::absurd_what(&finding),

@@ -121,6 +121,38 @@ impl<'c> Run<'c> {
         }
     }
 
+    /// thrust's sizeless `bad_alloc` is taken for a bug (an extension built for
+    /// another GPU fails at its first call); after training steps ran in this
+    /// attempt it is memory running out: a GPU OOM.
+    pub(super) fn thrust_after_steps(
+        &self,
+        outcome: Outcome,
+        log: Option<&Path>,
+        started: SystemTime,
+    ) -> Outcome {
+        let Outcome::AbsurdRequest { finding, code } = outcome else {
+            return outcome;
+        };
+        let from = self.started_from();
+        let reached = crate::detect::sizeless_thrust_alloc(&finding)
+            .then(|| self.reached(log, started))
+            .flatten()
+            .filter(|r| r.step > from);
+        match reached {
+            Some(r) => {
+                self.log.info(&format!(
+                    "thrust's allocation failed with no size after training reached step {}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)",
+                    r.step
+                ));
+                Outcome::GpuOom {
+                    finding: Some(finding),
+                    hung: false,
+                }
+            }
+            None => Outcome::AbsurdRequest { finding, code },
+        }
+    }
+
     /// The step the attempt that ran since `started` began from: the checkpoint
     /// it resumed from, else the user's own resume argument's, else 0.
     pub(super) fn started_from(&self) -> u64 {

@@ -261,7 +261,7 @@ impl<'c> Run<'c> {
             Ok(r) => r,
             Err(code) => return Flow::Stop(code),
         };
-        let outcome = self.ended(n, &report, peak.as_ref());
+        let outcome = self.ended(n, &report, peak.as_ref(), spec.log.as_deref(), started);
         let mut rec = AttemptRecord {
             n,
             pid: report.pid,
@@ -443,7 +443,14 @@ impl<'c> Run<'c> {
     }
 
     /// Classify how the attempt ended and journal it.
-    fn ended(&mut self, n: u32, report: &launch::Report, peak: Option<&PeakReport>) -> Outcome {
+    fn ended(
+        &mut self,
+        n: u32,
+        report: &launch::Report,
+        peak: Option<&PeakReport>,
+        log: Option<&Path>,
+        started: SystemTime,
+    ) -> Outcome {
         for w in &report.warnings {
             eprintln!("oomguard: warning: {w}");
         }
@@ -462,6 +469,7 @@ impl<'c> Run<'c> {
             );
         }
         let (outcome, unreadable) = evidence::classify(report, &kernel::System);
+        let outcome = self.thrust_after_steps(outcome, log, started);
         if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
