@@ -861,6 +861,12 @@ fn two_node(case: TwoNode) {
         .into_iter()
         .map(|(c, d)| (c.wait(LIMIT), d))
         .collect();
+    if runs.iter().any(|(r, _)| r.code != Some(0)) {
+        eprintln!(
+            "copy 1's stderr (a copy failed):\n{}",
+            tail(&runs[1].0.stderr, 8000)
+        );
+    }
     for (run, _) in &runs {
         run.check("exit code", Some(0), run.code);
         run.ensure(

@@ -156,6 +156,13 @@ def main():
     if rank == 0:
         print(f"training finished: global_batch={global_batch}", flush=True)
     dist.destroy_process_group()
+    # PyTorch's teardown at interpreter exit can abort a finished rank ("terminate
+    # called without an active exception", SIGABRT: a c10d background thread destroyed
+    # while joinable; seen under load with gloo). Training is over and every file is
+    # written: leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
