@@ -281,9 +281,122 @@ fn seconds(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// A command that starts with `-` where no `--` came before it: almost always a
+/// mistyped oomguard option (`--max-attemps 3 python train.py`), which clap's
+/// trailing argument would otherwise take for the program to run ("command not
+/// found", 127, and a run folder left behind). `raw` is the whole argv, `command`
+/// what clap took as the command. The error names the nearest oomguard option.
+pub fn mistyped_option(raw: &[OsString], command: &[OsString]) -> Option<String> {
+    let first = command.first()?.to_str()?;
+    if !first.starts_with('-') || first == "-" {
+        return None;
+    }
+    // `oomguard -- -weird-program`: the user said where the command starts.
+    let at = raw.iter().position(|a| a == first)?;
+    if raw[..at].iter().any(|a| a == "--") {
+        return None;
+    }
+    let typed = first.split('=').next().unwrap_or(first);
+    let mut options: Vec<String> = Vec::new();
+    let root = <Cli as clap::CommandFactory>::command();
+    let subcommand = raw[1..at]
+        .iter()
+        .filter_map(|a| a.to_str())
+        .find_map(|a| root.find_subcommand(a));
+    let cmd = subcommand.unwrap_or(&root);
+    for arg in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+        if let Some(long) = arg.get_long() {
+            options.push(format!("--{long}"));
+        }
+        if let Some(short) = arg.get_short() {
+            options.push(format!("-{short}"));
+        }
+    }
+    options.extend(["--help".to_string(), "--version".to_string()]);
+    let nearest = options
+        .iter()
+        .map(|o| (edit_distance(typed, o), o))
+        .min_by_key(|(d, _)| *d)
+        .filter(|(d, o)| *d <= (o.len() / 3).max(2))
+        .map(|(_, o)| o.clone());
+    let hint = match nearest {
+        Some(o) => format!("did you mean '{o}'? "),
+        None => String::new(),
+    };
+    Some(format!(
+        "'{typed}' is not an oomguard option; {hint}(`oomguard --help` lists them). \
+         The command to run starts at the first word that is not an option: \
+         write `oomguard -- {first} ...` if the program's name really starts with '-'. \
+         Nothing was run."
+    ))
+}
+
+/// Levenshtein distance over chars (option names are short).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn argv(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+
+    fn check(line: &str) -> Option<String> {
+        let raw = argv(line);
+        let cli = Cli::try_parse_from(&raw).expect("parses");
+        let command = match cli.sub {
+            Some(Sub::Plan { run, .. }) | Some(Sub::Estimate { run, .. }) => run.command,
+            _ => cli.run.command,
+        };
+        mistyped_option(&raw, &command)
+    }
+
+    #[test]
+    fn a_mistyped_option_before_the_command_names_the_nearest_one() {
+        let e = check("oomguard --max-attemps 3 python train.py").expect("refused");
+        assert!(
+            e.contains("'--max-attemps' is not an oomguard option"),
+            "{e}"
+        );
+        assert!(e.contains("did you mean '--max-attempts'?"), "{e}");
+        let e = check("oomguard --hang-timout=5 python train.py").expect("refused");
+        assert!(e.contains("did you mean '--hang-timeout'?"), "{e}");
+        let e = check("oomguard plan --polcy x python train.py").expect("refused");
+        assert!(e.contains("did you mean '--policy'?"), "{e}");
+        let e = check("oomguard --zzzzzzzzzzzz python train.py").expect("refused");
+        assert!(!e.contains("did you mean"), "{e}");
+    }
+
+    #[test]
+    fn commands_and_their_own_options_are_left_alone() {
+        assert_eq!(check("oomguard python train.py --max-attemps 3"), None);
+        assert_eq!(check("oomguard -v torchrun --nproc_per_node 2 t.py"), None);
+        assert_eq!(check("oomguard -- -odd-program --x"), None);
+        assert_eq!(check("oomguard --max-attempts 3 -- python t.py"), None);
+    }
+
+    #[test]
+    fn edit_distance_counts_single_changes() {
+        assert_eq!(edit_distance("--max-attemps", "--max-attempts"), 1);
+        assert_eq!(edit_distance("abc", "abc"), 0);
+        assert_eq!(edit_distance("", "ab"), 2);
+    }
 
     #[test]
     fn seconds_are_finite_and_at_most_a_year() {

@@ -38,6 +38,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Read the inherited signal dispositions before anything changes one (nohup's SIGHUP).
+    launch::inherited_ignored();
     let args: Vec<OsString> = std::env::args_os().collect();
     // The guardian that kills the command's process group if oomguard dies
     // (see launch::guard). Dispatched before clap: it is not a user command.
@@ -49,7 +51,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Vec<OsString>) -> i32 {
-    let cli = match cli::Cli::try_parse_from(args) {
+    let cli = match cli::Cli::try_parse_from(&args) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -61,6 +63,13 @@ fn run(args: Vec<OsString>) -> i32 {
             };
         }
     };
+    let command = match &cli.sub {
+        Some(cli::Sub::Plan { run, .. }) | Some(cli::Sub::Estimate { run, .. }) => &run.command,
+        _ => &cli.run.command,
+    };
+    if let Some(e) = cli::mistyped_option(&args, command) {
+        return usage_error(&e);
+    }
     match cli.sub {
         Some(cli::Sub::Diagnose {
             json,

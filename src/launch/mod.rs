@@ -74,7 +74,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use crate::detect;
 
 pub use guard::guard_main;
-pub use signals::Signals;
+pub use signals::{Signals, inherited_ignored};
 pub use taskfiles::{TaskFiles, from_srun as task_files_of_srun};
 pub use tree::MARKER_VAR;
 

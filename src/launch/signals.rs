@@ -32,6 +32,37 @@ const HANDLED: [i32; 10] = [
 
 const NSIG: usize = 65;
 
+/// Signals whose inherited "ignored" disposition is not carried on: SIGCHLD (ignored, the
+/// kernel would reap our children before we could wait for them) and SIGPIPE (Rust's
+/// runtime ignores it before `main`, so what the shell gave us cannot be read).
+const NEVER_KEPT_IGNORED: [i32; 2] = [libc::SIGCHLD, libc::SIGPIPE];
+
+/// The signals this process inherited as ignored (bit N for signal N), read once, before
+/// oomguard changes any disposition: `nohup` ignores SIGHUP, a non-interactive shell's `&`
+/// ignores SIGINT and SIGQUIT. These stay ignored, for oomguard (no handler is installed)
+/// and for the command it starts (`child_setup`), exactly as they would be without oomguard.
+pub fn inherited_ignored() -> u64 {
+    static INHERITED: OnceLock<u64> = OnceLock::new();
+    *INHERITED.get_or_init(|| {
+        let mut mask = 0u64;
+        for sig in 1..NSIG as i32 {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP || NEVER_KEPT_IGNORED.contains(&sig) {
+                continue;
+            }
+            // SAFETY: a null new action only reads the current disposition into `old`.
+            let ignored = unsafe {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                    && old.sa_sigaction == libc::SIG_IGN
+            };
+            if ignored {
+                mask |= 1 << sig;
+            }
+        }
+        mask
+    })
+}
+
 struct Shared {
     counts: [AtomicUsize; NSIG],
     /// The read end of the self-pipe; made non-blocking.
@@ -51,6 +82,8 @@ fn install_handlers() -> io::Result<&'static Shared> {
     if let Some(shared) = SHARED.get() {
         return Ok(shared);
     }
+    // Read before any handler below replaces an inherited SIG_IGN.
+    let ignored = inherited_ignored();
     let (read, write) = UnixStream::pair()?;
     read.set_nonblocking(true)?;
     let shared = Shared {
@@ -63,6 +96,11 @@ fn install_handlers() -> io::Result<&'static Shared> {
     }
     let shared = SHARED.get().expect("set above");
     for &sig in &HANDLED {
+        // Why: under `nohup` SIGHUP is ignored; a handler here would make a closed terminal
+        // end the run (and the command would get SIGHUP back at its default).
+        if ignored & (1 << sig) != 0 {
+            continue;
+        }
         let counter: &'static AtomicUsize = &shared.counts[sig as usize];
         // SAFETY: the action only does an atomic increment, which is async-signal-safe.
         unsafe {

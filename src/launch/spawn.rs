@@ -271,24 +271,32 @@ pub(crate) fn spawn_child(
     // SAFETY: getpid is async-signal-safe; the closure below only makes async-signal-safe
     // calls (sigaction, sigprocmask, setsid, ioctl, prctl, getppid, kill) and allocates nothing.
     let parent = unsafe { libc::getpid() };
+    let ignored = super::signals::inherited_ignored();
     unsafe {
-        cmd.pre_exec(move || child_setup(parent, tty));
+        cmd.pre_exec(move || child_setup(parent, tty, ignored));
     }
     cmd.spawn()
 }
 
 /// Runs in the child between fork and exec. Async-signal-safe calls only.
-fn child_setup(parent: libc::pid_t, tty: bool) -> io::Result<()> {
+/// `ignored`: the signals oomguard itself inherited as ignored (bit N for signal N).
+fn child_setup(parent: libc::pid_t, tty: bool, ignored: u64) -> io::Result<()> {
     // SAFETY: all calls are async-signal-safe and operate on this (child) process only.
     unsafe {
-        // Reset every disposition oomguard changed or inherited as "ignored" (e.g. SIGTTIN,
-        // SIGPIPE, or SIGHUP under nohup): the child starts as if run from a shell. Handlers
-        // are reset by exec anyway; ignored signals would not be.
+        // Give the child the dispositions oomguard inherited: what oomguard ignores for its
+        // own sake (SIGTTIN, SIGPIPE) goes back to the default, what the user's shell or
+        // `nohup` ignored (SIGHUP, SIGINT/SIGQUIT after `&`) stays ignored, as without
+        // oomguard. Handlers are reset by exec anyway; ignored signals would not be.
         for sig in 1..65 {
             if sig == libc::SIGKILL || sig == libc::SIGSTOP {
                 continue;
             }
-            libc::signal(sig, libc::SIG_DFL); // fails harmlessly for glibc-reserved numbers
+            let action = if sig < 64 && ignored & (1 << sig) != 0 {
+                libc::SIG_IGN
+            } else {
+                libc::SIG_DFL
+            };
+            libc::signal(sig, action); // fails harmlessly for glibc-reserved numbers
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
