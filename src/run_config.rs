@@ -201,8 +201,13 @@ impl RunConfig {
         let gpu = GpuWatch::open(gpu_opts, &args.command).map_err(ConfigError::Gpu)?;
         // `--gpus auto:N` sets CUDA_VISIBLE_DEVICES, and the world size follows it.
         let picked = gpu.cuda_visible.clone();
+        // Tools that start one process per GPU (accelerate and LLaMA-Factory
+        // without a count, torchrun `--nproc_per_node gpu`) count what NVML sees
+        // when CUDA_VISIBLE_DEVICES is unset.
+        let nvml_gpus = (!gpu.gpus.is_empty()).then(|| OsString::from(gpu.gpus.len().to_string()));
         let env = move |name: &str| match (&picked, name) {
             (Some(v), "CUDA_VISIBLE_DEVICES") => Some(OsString::from(v)),
+            (_, crate::frameworks::launchers::NVML_GPUS) => nvml_gpus.clone(),
             _ => real_env(name),
         };
         let cmd = Command::parse(&args.command);

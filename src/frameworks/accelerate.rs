@@ -2,24 +2,39 @@
 //! `$HF_HOME/accelerate/default_config.yaml`), whose DeepSpeed plugin keys
 //! are knobs when `distributed_type: DEEPSPEED`, and `num_processes`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use super::{Family, FileKind, KeySpec};
+use super::{Env, Family, FileKind, KeySpec};
 use crate::command::{Command, LauncherKind};
 use crate::files::{Doc, Scalar};
 use crate::settings::Knob;
 
 fn default_config() -> Option<PathBuf> {
-    let base = std::env::var_os("HF_HOME")
+    default_config_in(&|k| std::env::var_os(k))
+}
+
+/// accelerate's default config: `$HF_HOME/accelerate/default_config.yaml`
+/// (`$XDG_CACHE_HOME/huggingface`, `~/.cache/huggingface` without `HF_HOME`),
+/// when it is a file.
+pub fn default_config_in(env: Env) -> Option<PathBuf> {
+    let base = env("HF_HOME")
         .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("huggingface"))
-        })
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface"))
-        })?;
+        .or_else(|| env("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("huggingface")))
+        .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface")))?;
     let p = base.join("accelerate").join("default_config.yaml");
     p.is_file().then_some(p)
+}
+
+/// An accelerate config's `num_processes` and `num_machines`, where readable.
+pub fn processes_in(path: &Path) -> (Option<u64>, Option<u64>) {
+    let Ok(doc) = Doc::load(path) else {
+        return (None, None);
+    };
+    let count = |key: &str| match doc.get(key) {
+        Ok(Some(Scalar::Int(n))) if n > 0 => Some(n as u64),
+        _ => None,
+    };
+    (count("num_processes"), count("num_machines"))
 }
 
 /// The plugin keys are knobs only when this config runs DeepSpeed itself

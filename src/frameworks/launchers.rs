@@ -8,6 +8,11 @@ use std::ffi::OsString;
 use crate::command::{Command, Launcher, LauncherKind};
 use crate::settings::World;
 
+/// What the environment closure answers, instead of a variable, with the
+/// number of GPUs NVML sees when `CUDA_VISIBLE_DEVICES` is unset (`run_config`
+/// asks the GPU probe; `OOMGUARD_FAKE_GPUS` in tests). No shell can set it.
+pub const NVML_GPUS: &str = "oomguard:nvml-gpus";
+
 fn visible_devices(env: &dyn Fn(&str) -> Option<OsString>) -> Option<u64> {
     let v = env("CUDA_VISIBLE_DEVICES")?;
     let v = v.to_string_lossy();
@@ -16,6 +21,35 @@ fn visible_devices(env: &dyn Fn(&str) -> Option<OsString>) -> Option<u64> {
         return None;
     }
     Some(v.split(',').filter(|s| !s.trim().is_empty()).count() as u64)
+}
+
+/// The GPUs the command's processes see, as a tool that starts one process per
+/// GPU counts them (`torch.cuda.device_count()`): `CUDA_VISIBLE_DEVICES` when
+/// set, else every GPU NVML sees. (count, where it comes from).
+pub fn visible_gpus(env: &dyn Fn(&str) -> Option<OsString>) -> Option<(u64, String)> {
+    if env("CUDA_VISIBLE_DEVICES").is_some() {
+        return visible_devices(env).map(|n| (n, format!("{n} GPUs in CUDA_VISIBLE_DEVICES")));
+    }
+    let n = env(NVML_GPUS)?
+        .to_string_lossy()
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    (n > 0).then(|| {
+        (
+            n,
+            format!("{n} GPUs visible (NVML; CUDA_VISIBLE_DEVICES unset)"),
+        )
+    })
+}
+
+fn is_enabled(env: &dyn Fn(&str) -> Option<OsString>, name: &str) -> bool {
+    env(name).is_some_and(|v| {
+        matches!(
+            v.to_string_lossy().trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "y" | "yes"
+        )
+    })
 }
 
 /// The world size from the launchers' own options; one process without a launcher.
@@ -28,7 +62,7 @@ pub fn world_size(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Worl
     let (inner, nodes) = if cmd.launcher(LauncherKind::Torchrun).is_some() {
         torchrun(cmd, env)
     } else if cmd.launcher(LauncherKind::Accelerate).is_some() {
-        accelerate(cmd)
+        accelerate(cmd, env)
     } else if cmd.launcher(LauncherKind::DeepSpeed).is_some() {
         deepspeed(cmd, env)
     } else {
@@ -206,27 +240,37 @@ fn mpirun(cmd: &Command, l: &Launcher) -> Tasks {
 /// `torchrun --nproc_per_node N|gpu|auto --nnodes M|MIN:MAX`.
 fn torchrun(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> (World, u64) {
     let t = LauncherKind::Torchrun;
-    let (per_node, mut uncertain, mut source) = match cmd
-        .launcher_value(t, &["--nproc_per_node", "--nproc-per-node"])
-    {
-        None => (1, false, "torchrun default --nproc_per_node 1".to_string()),
-        Some(v) => match (v.parse::<u64>(), visible_devices(env)) {
-            (Ok(n), _) => (n, false, format!("torchrun --nproc_per_node {n}")),
-            (Err(_), Some(n)) => (
-                n,
-                false,
-                format!("torchrun --nproc_per_node {v}: {n} GPUs in CUDA_VISIBLE_DEVICES"),
-            ),
+    torchrun_rules(
+        "torchrun",
+        cmd.launcher_value(t, &["--nproc_per_node", "--nproc-per-node"]),
+        cmd.launcher_value(t, &["--nnodes"]),
+        env,
+    )
+}
+
+/// torchrun's own rules for its two options, however the command gives them
+/// (`who` names where they came from: `torchrun`, `axolotl train --launcher torchrun --`).
+fn torchrun_rules(
+    who: &str,
+    nproc: Option<&str>,
+    nnodes: Option<&str>,
+    env: &dyn Fn(&str) -> Option<OsString>,
+) -> (World, u64) {
+    let (per_node, mut uncertain, mut source) = match nproc {
+        None => (1, false, format!("{who} default --nproc_per_node 1")),
+        Some(v) => match (v.parse::<u64>(), visible_gpus(env)) {
+            (Ok(n), _) => (n, false, format!("{who} --nproc_per_node {n}")),
+            (Err(_), Some((n, seen))) => (n, false, format!("{who} --nproc_per_node {v}: {seen}")),
             (Err(_), None) => (
                 1,
                 true,
                 format!(
-                    "torchrun --nproc_per_node {v}: GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
+                    "{who} --nproc_per_node {v}: GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
                 ),
             ),
         },
     };
-    let nodes = match cmd.launcher_value(t, &["--nnodes"]) {
+    let nodes = match nnodes {
         None => 1,
         Some(v) => match v.parse::<u64>() {
             Ok(n) => {
@@ -254,35 +298,279 @@ fn torchrun(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> (World, u6
     (world, nodes)
 }
 
-/// `accelerate launch --num_processes N`; without it the accelerate config decides.
-fn accelerate(cmd: &Command) -> (World, u64) {
-    let machines = cmd
-        .launcher_value(
-            LauncherKind::Accelerate,
-            &["--num_machines", "--num-machines"],
-        )
+/// `accelerate launch --num_processes N`; without it the accelerate config
+/// decides (its `num_processes`, read with the config file); without a config,
+/// accelerate starts one process per visible GPU.
+fn accelerate(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> (World, u64) {
+    let a = LauncherKind::Accelerate;
+    let has_config = cmd
+        .launcher_value(a, &["--config_file", "--config-file"])
+        .is_some()
+        || super::accelerate::default_config_in(env).is_some();
+    let opts = AccelerateOpts {
+        who: "accelerate launch",
+        num_processes: cmd.launcher_value(a, &["--num_processes", "--num-processes"]),
+        num_machines: cmd.launcher_value(a, &["--num_machines", "--num-machines"]),
+        config: if has_config {
+            AccelerateConfig::ReadElsewhere
+        } else {
+            AccelerateConfig::Absent
+        },
+    };
+    accelerate_rules(&opts, env)
+}
+
+/// What decides how many processes `accelerate launch` starts.
+struct AccelerateOpts<'a> {
+    who: &'a str,
+    num_processes: Option<&'a str>,
+    num_machines: Option<&'a str>,
+    config: AccelerateConfig,
+}
+
+/// Whether an accelerate config file applies, and what it says.
+enum AccelerateConfig {
+    /// None: accelerate counts the visible GPUs.
+    Absent,
+    /// One applies, read with the other config files (`Found::file_world`).
+    ReadElsewhere,
+    /// One applies, read here: its `num_processes`, `num_machines` and path.
+    Read {
+        processes: Option<u64>,
+        machines: Option<u64>,
+        name: String,
+    },
+}
+
+/// accelerate's rules (`accelerate launch`'s `_validate_launch_command`): the
+/// option, else the config file's `num_processes`, else (no config file) one
+/// process per visible GPU. `num_processes` counts every machine's processes.
+fn accelerate_rules(o: &AccelerateOpts, env: &dyn Fn(&str) -> Option<OsString>) -> (World, u64) {
+    let who = o.who;
+    let file_machines = match &o.config {
+        AccelerateConfig::Read { machines, .. } => *machines,
+        _ => None,
+    };
+    let machines = o
+        .num_machines
         .and_then(|v| v.parse::<u64>().ok())
+        .or(file_machines)
+        .filter(|m| *m > 0)
         .unwrap_or(1);
-    let world = match cmd
-        .launcher_value(
-            LauncherKind::Accelerate,
-            &["--num_processes", "--num-processes"],
-        )
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        Some(n) => World {
+    if let Some(n) = o.num_processes.and_then(|v| v.parse::<u64>().ok()) {
+        let world = World {
             size: n,
-            source: format!("accelerate launch --num_processes {n}"),
+            source: format!("{who} --num_processes {n}"),
+            uncertain: false,
+        };
+        return (world, machines);
+    }
+    let world = match (&o.config, visible_gpus(env)) {
+        (
+            AccelerateConfig::Read {
+                processes: Some(n),
+                name,
+                ..
+            },
+            _,
+        ) if *n > 0 => World {
+            size: *n,
+            source: format!("{who}: accelerate config {name} num_processes: {n}"),
             uncertain: false,
         },
-        None => World {
+        (AccelerateConfig::ReadElsewhere | AccelerateConfig::Read { .. }, _) => World {
             size: 1,
-            source: "accelerate launch without --num_processes (the accelerate config decides); assuming 1"
-                .into(),
+            source: format!(
+                "{who} without --num_processes (the accelerate config decides); assuming 1"
+            ),
+            uncertain: true,
+        },
+        (AccelerateConfig::Absent, Some((n, seen))) => World {
+            size: n,
+            source: format!(
+                "{who} without --num_processes or an accelerate config: one process per GPU ({seen})"
+            ),
+            uncertain: false,
+        },
+        (AccelerateConfig::Absent, None) => World {
+            size: 1,
+            source: format!(
+                "{who} without --num_processes or an accelerate config starts one process per visible GPU; count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
+            ),
             uncertain: true,
         },
     };
     (world, machines)
+}
+
+/// `axolotl train CONFIG [--launcher accelerate|torchrun|python] [-- LAUNCHER ARGS]`
+/// (older releases: `--accelerate/--no-accelerate`): axolotl starts
+/// `accelerate launch` by default, so accelerate's rules count the processes
+/// (`--num-processes`, the launcher's own options after `--`, its config file,
+/// else one per visible GPU); `--launcher torchrun` starts torchrun with the
+/// options after `--` (one process per node unless they say more).
+pub fn axolotl(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Option<World> {
+    if cmd.subcommand() != Some("train") {
+        return None;
+    }
+    let start = cmd.args_start();
+    let dashes = cmd.args[start..]
+        .iter()
+        .position(|a| a == "--")
+        .map(|i| start + i);
+    let own = start..dashes.unwrap_or(cmd.args.len());
+    let passed = dashes.map(|d| d + 1..cmd.args.len()).unwrap_or(0..0);
+    let launcher = cmd.value_in(own.clone(), &["--launcher"]);
+    let python = launcher == Some("python") || cmd.has_flag(&["--no-accelerate"]);
+    if python {
+        return Some(World {
+            size: 1,
+            source: "axolotl train without a launcher (--launcher python): one process".into(),
+            uncertain: false,
+        });
+    }
+    if cmd.has_flag(&["--use-ray", "--use_ray"]) || launcher == Some("ray") {
+        return Some(World {
+            size: 1,
+            source: "axolotl train on Ray: Ray starts the workers; count unknown here; assuming 1"
+                .into(),
+            uncertain: true,
+        });
+    }
+    let legacy = cmd.value_in(own.clone(), &["--num-processes", "--num_processes"]);
+    if launcher == Some("torchrun") {
+        let nproc = cmd
+            .value_in(passed.clone(), &["--nproc_per_node", "--nproc-per-node"])
+            .or(legacy);
+        let (w, _) = torchrun_rules(
+            "axolotl train --launcher torchrun",
+            nproc,
+            cmd.value_in(passed, &["--nnodes"]),
+            env,
+        );
+        return Some(w);
+    }
+    let config_file = cmd
+        .value_in(passed.clone(), &["--config_file", "--config-file"])
+        .map(std::path::PathBuf::from)
+        .or_else(|| super::accelerate::default_config_in(env));
+    let config = match config_file {
+        Some(p) => {
+            let (processes, machines) = super::accelerate::processes_in(&p);
+            AccelerateConfig::Read {
+                processes,
+                machines,
+                name: p.display().to_string(),
+            }
+        }
+        None => AccelerateConfig::Absent,
+    };
+    let opts = AccelerateOpts {
+        who: "axolotl train (accelerate launch)",
+        num_processes: cmd
+            .value_in(passed.clone(), &["--num_processes", "--num-processes"])
+            .or(legacy),
+        num_machines: cmd.value_in(passed, &["--num_machines", "--num-machines"]),
+        config,
+    };
+    Some(accelerate_rules(&opts, env).0)
+}
+
+/// `llamafactory-cli train` (`lmf train`): LLaMA-Factory starts `torchrun
+/// --nnodes $NNODES --nproc_per_node $NPROC_PER_NODE` itself when
+/// `FORCE_TORCHRUN` is set or more than one GPU is visible
+/// (`NPROC_PER_NODE` defaults to the visible GPUs, `NNODES` to 1); else it
+/// trains in one process. With `USE_RAY`, Ray starts the workers.
+pub fn llamafactory(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Option<World> {
+    if cmd.subcommand() != Some("train") {
+        return None;
+    }
+    let tool = "llamafactory-cli train";
+    if is_enabled(env, "USE_RAY") {
+        return Some(World {
+            size: 1,
+            source: format!(
+                "{tool} with USE_RAY: Ray starts the workers; count unknown here; assuming 1"
+            ),
+            uncertain: true,
+        });
+    }
+    let var = |name: &str| {
+        env(name)
+            .map(|v| v.to_string_lossy().trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let gpus = visible_gpus(env);
+    let forced = is_enabled(env, "FORCE_TORCHRUN");
+    let many = gpus.as_ref().is_some_and(|(n, _)| *n > 1);
+    if !forced && !many {
+        return Some(match gpus {
+            Some((_, seen)) => World {
+                size: 1,
+                source: format!("{tool}: one process ({seen}, FORCE_TORCHRUN unset)"),
+                uncertain: false,
+            },
+            None => World {
+                size: 1,
+                source: format!(
+                    "{tool} starts torchrun with one process per GPU when more than one is visible; GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
+                ),
+                uncertain: true,
+            },
+        });
+    }
+    let why = if forced {
+        "FORCE_TORCHRUN set"
+    } else {
+        "more than one GPU visible"
+    };
+    let (per_node, mut uncertain, mut source) = match (var("NPROC_PER_NODE"), &gpus) {
+        (Some(v), _) => match v.parse::<u64>() {
+            Ok(n) if n > 0 => (
+                n,
+                false,
+                format!("{tool} starts torchrun ({why}): NPROC_PER_NODE={n}"),
+            ),
+            _ => (
+                1,
+                true,
+                format!(
+                    "{tool} starts torchrun ({why}): NPROC_PER_NODE={v} is not a count; assuming 1"
+                ),
+            ),
+        },
+        (None, Some((n, seen))) => (
+            *n,
+            false,
+            format!("{tool} starts torchrun ({why}): one process per GPU, {seen}"),
+        ),
+        (None, None) => (
+            1,
+            true,
+            format!(
+                "{tool} starts torchrun ({why}) with one process per GPU; GPU count unknown here (set CUDA_VISIBLE_DEVICES or NPROC_PER_NODE); assuming 1"
+            ),
+        ),
+    };
+    let nodes = match var("NNODES") {
+        None => 1,
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) if n > 0 => {
+                source.push_str(&format!(" × NNODES={n}"));
+                n
+            }
+            _ => {
+                uncertain = true;
+                source.push_str(&format!(" × NNODES={v} (not a count; assuming 1)"));
+                1
+            }
+        },
+    };
+    Some(World {
+        size: per_node.saturating_mul(nodes),
+        source,
+        uncertain,
+    })
 }
 
 /// `deepspeed --num_gpus N --num_nodes M`; without `--num_gpus`, every visible GPU.
@@ -295,15 +583,15 @@ fn deepspeed(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> (World, u
     let gpus = cmd
         .launcher_value(d, &["--num_gpus", "--num-gpus"])
         .and_then(|v| v.parse::<u64>().ok());
-    let world = match (gpus, visible_devices(env)) {
+    let world = match (gpus, visible_gpus(env)) {
         (Some(n), _) => World {
             size: n.saturating_mul(nodes),
             source: format!("deepspeed --num_gpus {n} × --num_nodes {nodes}"),
             uncertain: false,
         },
-        (None, Some(n)) => World {
+        (None, Some((n, seen))) => World {
             size: n.saturating_mul(nodes),
-            source: format!("deepspeed: {n} GPUs in CUDA_VISIBLE_DEVICES"),
+            source: format!("deepspeed: {seen}"),
             uncertain: false,
         },
         (None, None) => World {
@@ -453,6 +741,81 @@ mod tests {
     fn script_flags_do_not_count() {
         // --nproc_per_node after the script belongs to the script.
         assert_eq!(ws("torchrun t.py --nproc_per_node 4", None).size, 1);
+    }
+
+    /// The world size of a tool that starts its own ranks, through the registry.
+    fn tool(cmd: &str, vars: &[(&str, &str)]) -> (u64, bool, String) {
+        let argv: Vec<OsString> = cmd.split_whitespace().map(OsString::from).collect();
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env = move |k: &str| {
+            vars.iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| OsString::from(v))
+        };
+        let ctx = crate::frameworks::Ctx {
+            recipe_output_dir: None,
+            recipe_value: &|_| None,
+        };
+        let w = crate::frameworks::world(&Command::parse(&argv), &env, &ctx);
+        (w.size, w.uncertain, w.source)
+    }
+
+    #[test]
+    fn llamafactory_starts_torchrun_by_its_own_rules() {
+        let lf = "llamafactory-cli train sft.yaml";
+        let two = [("CUDA_VISIBLE_DEVICES", "0,1")];
+        assert_eq!(tool(lf, &two).0, 2, "{:?}", tool(lf, &two));
+        let one = [("CUDA_VISIBLE_DEVICES", "0")];
+        let w = tool(lf, &one);
+        assert_eq!((w.0, w.1), (1, false), "{}", w.2);
+        // No GPU count known and nothing forced: said, not guessed silently.
+        assert!(tool(lf, &[]).1);
+        let forced = [("FORCE_TORCHRUN", "1"), ("NPROC_PER_NODE", "4")];
+        assert_eq!(tool(lf, &forced).0, 4);
+        let nodes = [
+            ("FORCE_TORCHRUN", "true"),
+            ("NPROC_PER_NODE", "8"),
+            ("NNODES", "2"),
+        ];
+        assert_eq!(tool(lf, &nodes).0, 16);
+        // FORCE_TORCHRUN with the default NPROC_PER_NODE: every visible GPU,
+        // from NVML when CUDA_VISIBLE_DEVICES is unset.
+        let nvml = [("FORCE_TORCHRUN", "1"), (NVML_GPUS, "8")];
+        assert_eq!(tool(lf, &nvml).0, 8, "{:?}", tool(lf, &nvml));
+        assert_eq!(tool("lmf train sft.yaml", &two).0, 2);
+        // Not training: no ranks.
+        assert_eq!(tool("llamafactory-cli chat sft.yaml", &two).0, 1);
+    }
+
+    #[test]
+    fn axolotl_train_counts_by_accelerate_or_torchrun_rules() {
+        let cvd = [("CUDA_VISIBLE_DEVICES", "0,1,2")];
+        assert_eq!(tool("axolotl train c.yml", &cvd).0, 3);
+        assert_eq!(tool("axolotl train c.yml --num-processes 2", &cvd).0, 2);
+        assert_eq!(tool("axolotl train c.yml -- --num_processes 2", &cvd).0, 2);
+        assert_eq!(
+            tool(
+                "axolotl train c.yml --launcher torchrun -- --nproc_per_node 4 --nnodes 2",
+                &cvd
+            )
+            .0,
+            8
+        );
+        assert_eq!(tool("axolotl train c.yml --launcher torchrun", &cvd).0, 1);
+        assert_eq!(tool("axolotl train c.yml --launcher python", &cvd).0, 1);
+        assert_eq!(tool("axolotl train c.yml --no-accelerate", &cvd).0, 1);
+        assert!(tool("axolotl train c.yml", &[]).1);
+    }
+
+    #[test]
+    fn accelerate_without_a_config_starts_one_process_per_gpu() {
+        let w = ws("accelerate launch t.py", Some("0,1"));
+        assert_eq!(size(&w), (2, false), "{}", w.source);
+        let w = ws_env("accelerate launch t.py", &[(NVML_GPUS, "4")]);
+        assert_eq!(size(&w), (4, false), "{}", w.source);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::command::Command;
 use crate::files::{Doc, Scalar};
 use crate::settings::{Knob, Offload, Value, World};
 
-mod accelerate;
+pub mod accelerate;
 mod deepspeed;
 mod hf;
 mod hydra;

@@ -6,10 +6,10 @@
 
 use std::path::PathBuf;
 
-use super::{Ctx, Family};
+use super::{Ctx, Env, Family, launchers};
 use crate::checkpoint::{Kind, Layout, ResumeHow};
 use crate::command::Command;
-use crate::settings::Knob;
+use crate::settings::{Knob, World};
 
 fn axolotl(cmd: &Command) -> bool {
     cmd.tool() == Some("axolotl") || cmd.module().is_some_and(|m| m.starts_with("axolotl.cli"))
@@ -49,6 +49,18 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         how,
         user_resume: user.map(PathBuf::from),
     })
+}
+
+/// The processes the tool starts itself: axolotl through `accelerate launch`
+/// (or torchrun), LLaMA-Factory through torchrun (see `launchers`).
+fn world(cmd: &Command, env: Env, _: &Ctx) -> Option<World> {
+    if axolotl(cmd) && cmd.tool().is_some() {
+        launchers::axolotl(cmd, env)
+    } else if llamafactory(cmd) {
+        launchers::llamafactory(cmd, env)
+    } else {
+        None
+    }
 }
 
 pub static FAMILY: Family = Family {
@@ -99,6 +111,7 @@ pub static FAMILY: Family = Family {
     ],
     config_flags: &["--config"],
     layout,
+    world,
     output_hint: "a recipe's output_dir:",
     ..Family::NONE
 };
