@@ -7,9 +7,12 @@ a traceback ending in `torch.OutOfMemoryError: CUDA out of memory. ...` and exit
 It saves and resumes real-shaped `checkpoint-N/trainer_state.json` folders, so
 oomguard can be tried end to end on any machine:
 
-    oomguard python3 examples/sim_trainer.py --per_device_train_batch_size 16 \
-        --gradient_accumulation_steps 2 --max_seq_length 1024 \
-        --output_dir /tmp/sim-out --max_steps 30 --save_steps 5
+    demo=$(mktemp -d) && oomguard python3 examples/sim_trainer.py \
+        --per_device_train_batch_size 16 --gradient_accumulation_steps 2 \
+        --max_seq_length 1024 --output_dir "$demo/out" --max_steps 30 --save_steps 5
+
+(a fresh private folder: a fixed one under /tmp would belong to whoever ran
+the demo first on a shared server).
 
 Memory model (GiB): model_gib + micro_batch * seq_len * gib_per_sample_token,
 with the activation part x0.4 under gradient checkpointing. With the defaults

@@ -39,6 +39,28 @@ pub fn shell_quote(argv: &[OsString]) -> String {
         .join(" ")
 }
 
+/// [`shell_quote`], continued with ` \\` onto lines of about `width`
+/// characters (an argument is never split), indented by four spaces.
+pub fn shell_lines(argv: &[OsString], width: usize) -> String {
+    let mut out = String::new();
+    let mut line = 0;
+    for (i, a) in argv.iter().enumerate() {
+        let q = shell_quote(std::slice::from_ref(a));
+        if i > 0 {
+            if line + 1 + q.chars().count() + 2 > width {
+                out.push_str(" \\\n    ");
+                line = 4;
+            } else {
+                out.push(' ');
+                line += 1;
+            }
+        }
+        line += q.chars().count();
+        out.push_str(&q);
+    }
+    out
+}
+
 /// One rung of the ladder: the settings an attempt would run with.
 pub struct Rung {
     /// `None` for the first attempt, which runs as given.
@@ -62,8 +84,7 @@ pub fn ladder(
         m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
     });
     while (rungs.len() as u32) < cfg.max_attempts {
-        let Some(d) = crate::memory::decide(&cfg.policy, &s, &Evidence::assumed(), cal.as_mut())
-        else {
+        let Some(d) = after_oom(cfg, &s, cal.as_mut()) else {
             break;
         };
         s = d.after.clone();
@@ -75,6 +96,51 @@ pub fn ladder(
         });
     }
     Ok(rungs)
+}
+
+/// What a run does after an OOM at settings `s`, as `plan` assumes one: the
+/// memory model's pick (calibrated by the OOM), else the policy's next step.
+/// `plan`'s ladder and `estimate`'s pick (`*`) are both this function, so the
+/// two never name different settings for the same command.
+pub fn after_oom(
+    cfg: &RunConfig,
+    s: &Settings,
+    cal: Option<&mut crate::memory::Calibrated>,
+) -> Option<Decision> {
+    crate::memory::decide(&cfg.policy, s, &Evidence::assumed(), cal)
+}
+
+/// Every knob a decision changes, `knob before → after`, in the knobs' order:
+/// a step's name alone does not say that halving the micro-batch doubles the
+/// accumulation, or that an offload raises the ZeRO stage it needs.
+pub fn changes_of(d: &Decision) -> Vec<(Knob, String, String)> {
+    Knob::ALL
+        .iter()
+        .filter_map(|k| {
+            let after = d.after.knobs.get(k)?;
+            let before = d.before.knobs.get(k);
+            (before != Some(after)).then(|| {
+                (
+                    *k,
+                    before.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+                    after.to_string(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The rung's name: the step, and every knob it changes.
+fn step_label(d: &Decision) -> String {
+    let parts: Vec<String> = changes_of(d)
+        .iter()
+        .map(|(k, a, b)| format!("{k} {a} → {b}"))
+        .collect();
+    if parts.is_empty() {
+        d.step.name().to_string()
+    } else {
+        format!("{} ({})", d.step.name(), parts.join(", "))
+    }
 }
 
 /// Everything `plan` shows, computed once for both renderings.
@@ -169,6 +235,9 @@ struct ResumeJson<'a> {
 #[derive(Serialize)]
 struct RungJson<'a> {
     step: &'static str,
+    /// Every knob this rung changes from the one before (the step's own knob
+    /// and those it changes with it: accumulation, the ZeRO stage, ...).
+    changes: Vec<ChangeJson>,
     #[serde(serialize_with = "knob_values")]
     settings: &'a Settings,
     global_batch: Option<u64>,
@@ -177,6 +246,13 @@ struct RungJson<'a> {
     env: BTreeMap<&'a str, &'a str>,
     files: Vec<FileJson<'a>>,
     reason: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ChangeJson {
+    knob: &'static str,
+    from: String,
+    to: String,
 }
 
 #[derive(Serialize)]
@@ -467,6 +543,18 @@ fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
 fn rung_json(r: &Rung) -> RungJson<'_> {
     RungJson {
         step: r.step.as_ref().map(|d| d.step.name()).unwrap_or("as_given"),
+        changes: r
+            .step
+            .as_ref()
+            .map(changes_of)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, from, to)| ChangeJson {
+                knob: k.name(),
+                from,
+                to,
+            })
+            .collect(),
         settings: &r.settings,
         global_batch: r.settings.global_batch(),
         argv: &r.m.argv,
@@ -491,7 +579,11 @@ fn rung_json(r: &Rung) -> RungJson<'_> {
 }
 
 fn rung_text(o: &mut String, n: usize, r: &Rung) {
-    let step = r.step.as_ref().map(|d| d.step.name()).unwrap_or("as given");
+    let step = r
+        .step
+        .as_ref()
+        .map(step_label)
+        .unwrap_or_else(|| "as given".into());
     let _ = writeln!(o, "  {n}. {step}: {}", r.settings);
     if let Some(d) = &r.step {
         let _ = writeln!(o, "     why:  {}", d.reason);
@@ -541,17 +633,26 @@ pub struct EstimateReport {
     /// Bytes per GPU, `None` when unknown (no NVML, no `--gpu-memory`).
     pub gpu_total_bytes: Option<f64>,
     pub margin: f64,
+    /// The settings a run starts with (as given, or what fit last time).
     pub given: Option<crate::memory::Candidate>,
-    /// Candidates, the one the model would pick first, then those that fit
-    /// (longest sequence, fastest first), then the rest.
+    /// Candidates: the pick first, then those that fit (longest sequence,
+    /// fastest first), then the rest.
     pub candidates: Vec<crate::memory::Candidate>,
+    /// What a run relaunches with after an OOM at `given`: `plan`'s rung 2
+    /// (the same function, [`after_oom`]).
     pub pick: Option<usize>,
     pub why: String,
+    /// When nothing the policy can reach is predicted to fit: the ways out
+    /// that apply to this command, each with what it would need per GPU.
+    pub advice: Vec<String>,
 }
+
+/// The widest line of the `estimate` table (a 100-column pane).
+pub const WIDTH: usize = 100;
 
 impl EstimateReport {
     pub fn build(cfg: &RunConfig) -> EstimateReport {
-        let start = cfg.disc.settings();
+        let (start, remembered) = cfg.start_settings();
         let Some(cal) = cfg.calibrated() else {
             return EstimateReport {
                 model: None,
@@ -561,6 +662,7 @@ impl EstimateReport {
                 candidates: Vec::new(),
                 pick: None,
                 why: "no model config found (a local --model_name_or_path folder's config.json, the Hugging Face cache for a hub name, a recipe's base_model): give --knob params=7e9; without a model oomguard follows the policy's ladder".into(),
+                advice: Vec::new(),
             };
         };
         let given = crate::memory::Candidate {
@@ -580,13 +682,39 @@ impl EstimateReport {
                 .then(b.throughput.total_cmp(&a.throughput))
                 .then(a.steps.len().cmp(&b.steps.len()))
         });
-        let picked = crate::memory::pick(&cands, &start).map(|p| p.settings.clone());
+        // The pick is what `plan` shows as rung 2: the same decision.
+        let picked = after_oom(cfg, &start, Some(&mut cal.clone())).map(|d| d.after);
         let pick = picked.and_then(|p| cands.iter().position(|c| c.settings == p));
-        let why = match (cal.gpu_total, given.fits, pick) {
-            (None, _, _) => "the GPU's memory is unknown (no NVML here): give --gpu-memory GIB to say which settings fit".to_string(),
-            (Some(_), Some(true), _) => "the settings as given are predicted to fit".to_string(),
-            (Some(_), _, Some(_)) => "the settings as given are predicted not to fit; after an OOM oomguard takes the fastest candidate that fits (marked *), calibrated by the OOM's numbers".to_string(),
-            (Some(_), _, None) => "nothing the policy can reach is predicted to fit".to_string(),
+        if let Some(i) = pick {
+            let c = cands.remove(i);
+            cands.insert(0, c);
+        }
+        let pick = pick.map(|_| 0);
+        let any_fits = cands.iter().any(|c| c.fits == Some(true));
+        let start_words = if remembered.is_some() {
+            "the settings that fit last time"
+        } else {
+            "the settings as given"
+        };
+        let mut why = match (cal.gpu_total, given.fits) {
+            (None, _) => "the GPU's memory is unknown (no NVML here): give --gpu-memory GIB to say which settings fit".to_string(),
+            (Some(_), Some(true)) => format!(
+                "{start_words} are predicted to fit; if they OOM anyway, oomguard relaunches with * (plan's rung 2)"
+            ),
+            (Some(_), _) if any_fits => format!(
+                "{start_words} are predicted not to fit; after the OOM oomguard relaunches with * (plan's rung 2: the fastest that fits once the model is calibrated by the OOM)"
+            ),
+            (Some(_), _) => format!(
+                "nothing the policy can reach from {start_words} is predicted to fit on this GPU"
+            ),
+        };
+        let advice = if cal.gpu_total.is_some() && given.fits != Some(true) && !any_fits {
+            why.push_str(
+                "; after an OOM oomguard follows the policy's ladder (* is plan's rung 2), but the run is unlikely to fit as it is",
+            );
+            ways_out(&cal, &given, &cands)
+        } else {
+            Vec::new()
         };
         EstimateReport {
             model: Some(cal.model.clone()),
@@ -596,30 +724,37 @@ impl EstimateReport {
             candidates: cands,
             pick,
             why,
+            advice,
         }
     }
 
     pub fn text(&self, o: &mut String, limit: usize) {
         use crate::memory::{GIB, gib};
         let Some(m) = &self.model else {
-            let _ = writeln!(o, "\nmemory per GPU: {}", self.why);
+            wrap(o, "", &format!("\nmemory per GPU: {}", self.why));
             return;
         };
-        let _ = writeln!(
+        wrap(
             o,
-            "\nmemory per GPU (model from {}: {:.2}B parameters, hidden {}, {} layers; GPU {}):",
-            m.source,
-            m.params / 1e9,
-            m.hidden,
-            m.layers,
-            self.gpu_total_bytes
-                .map(|t| format!("{:.1} GiB, {:.0}% margin", t / GIB, self.margin * 100.0))
-                .unwrap_or_else(|| "memory unknown".into())
+            "  ",
+            &format!(
+                "\nmemory per GPU (model from {}: {:.2}B parameters, hidden {}, {} layers; GPU {}):",
+                m.source,
+                m.params / 1e9,
+                m.hidden,
+                m.layers,
+                self.gpu_total_bytes
+                    .map(|t| format!("{:.1} GiB, {:.0}% margin", t / GIB, self.margin * 100.0))
+                    .unwrap_or_else(|| "memory unknown".into())
+            ),
         );
+        // Columns: mark, settings (wrapped onto a line of its own when longer),
+        // five sizes, fits, speed, why — WIDTH columns at most.
+        const LABEL: usize = 29;
         let _ = writeln!(
             o,
-            "  {:<2}{:<70} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<4} {:>5}  why",
-            "", "settings", "weights", "grads", "optim", "activ.", "total", "fits", "speed"
+            "  {:<2}{:<LABEL$} {:>6} {:>6} {:>6} {:>6} {:>6} {:<4} {:>5}  why",
+            "", "settings", "weight", "grads", "optim", "activ.", "total", "fits", "speed"
         );
         let budget = self.gpu_total_bytes.map(|t| t * (1.0 - self.margin));
         let row = |o: &mut String, mark: &str, label: String, c: &crate::memory::Candidate| {
@@ -628,20 +763,25 @@ impl EstimateReport {
             // Why it fits or not: the room left under the budget (GPU less the
             // margin), or how far over it the estimate is.
             let why = match budget {
-                None => "GPU memory unknown".to_string(),
+                None => "GPU size unknown".to_string(),
                 Some(b) if e.total() <= b => format!("{:.2} GiB to spare", (b - e.total()) / GIB),
                 Some(b) if c.fits_without_margin => {
-                    format!(
-                        "within the GPU, {:.2} GiB into the margin",
-                        (e.total() - b) / GIB
-                    )
+                    format!("{:.2} GiB in margin", (e.total() - b) / GIB)
                 }
                 Some(b) => format!("{:.2} GiB over", (e.total() - b) / GIB),
             };
+            let label = if label.chars().count() > LABEL {
+                for line in wrap_words(&label, ", ", WIDTH - 4) {
+                    let _ = writeln!(o, "  {mark:<2}{line}");
+                }
+                String::new()
+            } else {
+                label
+            };
             let _ = writeln!(
                 o,
-                "  {:<2}{:<70} {:>8} {:>8} {:>8} {:>8} {:>8}  {:<4} {:>5.2}  {why}",
-                mark,
+                "  {:<2}{:<LABEL$} {:>6} {:>6} {:>6} {:>6} {:>6} {:<4} {:>5.2}  {why}",
+                if label.is_empty() { "" } else { mark },
                 label,
                 g(e.weights),
                 g(e.gradients),
@@ -670,13 +810,196 @@ impl EstimateReport {
                 );
             }
         }
-        let _ = writeln!(
+        wrap(
             o,
-            "  (GiB per GPU, context {} included in total; speed: relative throughput; activations from the architecture, calibrated by each OOM; * the pick)",
-            gib(crate::memory::CONTEXT_BYTES)
+            "  ",
+            &format!(
+                "  (GiB per GPU, context {} included in total; speed: relative throughput; activations from the architecture, calibrated by each OOM; * what a run relaunches with after an OOM, as plan's rung 2)",
+                gib(crate::memory::CONTEXT_BYTES)
+            ),
         );
-        let _ = writeln!(o, "  {}", self.why);
+        wrap(o, "  ", &format!("  {}", self.why));
+        if !self.advice.is_empty() {
+            wrap(
+                o,
+                "  ",
+                "  ways out (none of them is a change oomguard makes by itself):",
+            );
+            for a in &self.advice {
+                wrap(o, "      ", &format!("    - {a}"));
+            }
+        }
     }
+}
+
+/// Split `text` at `sep` into lines of at most `width` characters (a part
+/// longer than that gets a line of its own).
+fn wrap_words(text: &str, sep: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    let parts: Vec<&str> = text.split(sep).collect();
+    for (i, part) in parts.iter().enumerate() {
+        let piece = if i + 1 < parts.len() {
+            format!("{part}{}", sep.trim_end())
+        } else {
+            part.to_string()
+        };
+        let extra = if cur.is_empty() { 0 } else { 1 };
+        if !cur.is_empty() && cur.chars().count() + extra + piece.chars().count() > width {
+            lines.push(std::mem::take(&mut cur));
+        }
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(&piece);
+    }
+    if !cur.is_empty() {
+        lines.push(cur);
+    }
+    lines
+}
+
+/// Write `text` (leading newlines kept) word-wrapped at [`WIDTH`] columns,
+/// continuation lines indented by `indent`.
+fn wrap(o: &mut String, indent: &str, text: &str) {
+    let body = text.trim_start_matches('\n');
+    for _ in 0..text.len() - body.len() {
+        o.push('\n');
+    }
+    let lead: String = body.chars().take_while(|c| *c == ' ').collect();
+    let mut line = lead.clone();
+    let mut empty = true;
+    for word in body.split(' ').filter(|w| !w.is_empty()) {
+        if !empty && line.chars().count() + 1 + word.chars().count() > WIDTH {
+            let _ = writeln!(o, "{line}");
+            line = indent.to_string();
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    let _ = writeln!(o, "{line}");
+}
+
+/// The ways out when nothing the policy can reach fits: those that apply to
+/// this command (what it does not do yet), each with the memory per GPU the
+/// smallest settings would need with it.
+fn ways_out(
+    cal: &crate::memory::Calibrated,
+    given: &crate::memory::Candidate,
+    cands: &[crate::memory::Candidate],
+) -> Vec<String> {
+    use crate::knobs::Offload;
+    use crate::memory::{GIB, estimate};
+    let Some(total) = cal.gpu_total else {
+        return Vec::new();
+    };
+    let budget = total * (1.0 - crate::memory::MARGIN);
+    let smallest = cands
+        .iter()
+        .chain(std::iter::once(given))
+        .min_by(|a, b| a.estimate.total().total_cmp(&b.estimate.total()))
+        .unwrap_or(given);
+    let s = &smallest.settings;
+    let need = |spec: &crate::memory::ModelSpec, s: &Settings| {
+        let t = estimate(spec, s, cal.scale).total();
+        format!(
+            "{:.1} GiB per GPU{}",
+            t / GIB,
+            if t <= budget {
+                ", which fits"
+            } else {
+                ", still over"
+            }
+        )
+    };
+    let world = s.world_size.max(1);
+    let stage = s.int(Knob::ZeroStage);
+    let off = |k: Knob| {
+        s.knobs
+            .get(&k)
+            .and_then(Value::as_offload)
+            .is_some_and(|o| !matches!(o, Offload::None | Offload::Other(_)))
+    };
+    let with = |f: &dyn Fn(&mut Settings)| {
+        let mut t = s.clone();
+        f(&mut t);
+        t
+    };
+    let mut out = vec![format!(
+        "the smallest settings oomguard can reach ({}) need {:.1} GiB per GPU; this GPU has {:.1} GiB ({:.1} GiB with the {:.0}% margin)",
+        if smallest.settings == given.settings {
+            "as given".to_string()
+        } else {
+            changes(&given.settings, &smallest.settings)
+        },
+        smallest.estimate.total() / GIB,
+        total / GIB,
+        budget / GIB,
+        crate::memory::MARGIN * 100.0
+    )];
+    if stage.unwrap_or(0) < 3 && world > 1 {
+        let z3 = with(&|t| {
+            t.knobs.insert(Knob::ZeroStage, Value::Int(3));
+        });
+        out.push(format!(
+            "ZeRO-3 or FSDP: shard the weights, gradients and optimizer states over the {world} GPUs (DeepSpeed `zero_optimization.stage: 3` in a --deepspeed JSON, or FSDP `full_shard`): {}",
+            need(&cal.model, &z3)
+        ));
+    }
+    if !off(Knob::OffloadOptimizer) || !off(Knob::OffloadParam) {
+        let cpu = with(&|t| {
+            t.knobs.insert(Knob::ZeroStage, Value::Int(3));
+            t.knobs
+                .insert(Knob::OffloadOptimizer, Value::Offload(Offload::Cpu));
+            t.knobs
+                .insert(Knob::OffloadParam, Value::Offload(Offload::Cpu));
+        });
+        let bound = s.knobs.contains_key(&Knob::OffloadOptimizer);
+        out.push(format!(
+            "CPU offload: optimizer states and parameters in CPU memory (DeepSpeed ZeRO-3 `offload_optimizer`/`offload_param` `device: cpu`, or FSDP `cpu_offload`; slower steps{}): {}",
+            if bound {
+                ""
+            } else {
+                "; the command has no DeepSpeed config for oomguard to change"
+            },
+            need(&cal.model, &cpu)
+        ));
+    }
+    if cal.model.trainable > 0.5 {
+        let mut lora = cal.model.clone();
+        lora.trainable = 0.01;
+        out.push(format!(
+            "LoRA: train adapters (about 1% of the weights) instead of the whole model (PEFT `--use_peft`, axolotl `adapter: lora`, LLaMA-Factory `finetuning_type: lora`; QLoRA's 4-bit base needs less still): {}",
+            need(&lora, s)
+        ));
+    }
+    // More GPUs: the fewest (a power of two, up to 1024) over which ZeRO-3
+    // makes the smallest settings fit.
+    let z3 = |n: u64| {
+        with(&|t| {
+            t.knobs.insert(Knob::ZeroStage, Value::Int(3));
+            t.world_size = n;
+        })
+    };
+    let more = (1..=10)
+        .map(|p| 1u64 << p)
+        .filter(|n| *n > world)
+        .find(|n| estimate(&cal.model, &z3(*n), cal.scale).total() <= budget);
+    match more {
+        Some(n) => out.push(format!(
+            "more GPUs: with ZeRO-3 or FSDP over {n} GPUs (now {world}) the smallest settings need {} (keep the global batch: fewer accumulation steps per GPU)",
+            need(&cal.model, &z3(n))
+        )),
+        None => out.push(format!(
+            "more GPUs alone do not make it fit: the activations of one micro-batch ({:.1} GiB) stay on each GPU whatever their number; a larger GPU, or a shorter sequence",
+            smallest.estimate.activations / GIB
+        )),
+    }
+    out
 }
 
 /// The knobs `to` changes from `from`, as `knob value`.
@@ -708,7 +1031,7 @@ pub fn estimate_main(cfg: &RunConfig, as_json: bool) -> i32 {
         let _ = writeln!(
             o,
             "oomguard estimate: nothing is run\n\ncommand: {}",
-            shell_quote(&cfg.argv)
+            shell_lines(&cfg.argv, WIDTH - "command: ".len())
         );
         r.text(&mut o, 15);
         print!("{o}");
