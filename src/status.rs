@@ -123,6 +123,12 @@ pub struct Status {
     pub attempts: Vec<AttemptRow>,
     /// Journal lines this version could not read.
     pub unreadable_lines: usize,
+    /// Files this run edited in place (`--edit-in-place`) that still hold its
+    /// edit: put back when the run ends; after a hard kill, by `oomguard restore`.
+    pub still_edited: Vec<String>,
+    /// The run has ended (or its oomguard is gone) and `still_edited` is not
+    /// empty: `oomguard restore RUN_DIR` puts the originals back.
+    pub restore_needed: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -330,6 +336,7 @@ impl Status {
                 })
             })
             .collect();
+        let still_edited = crate::inplace::still_edited(dir);
         let gpu_now = match (running, liveness, &sup, gpus) {
             (true, Liveness::Alive, Some(s), Some(p)) => held_now(p.as_mut(), s.pid),
             _ => None,
@@ -381,6 +388,11 @@ impl Status {
             gpu_now,
             attempts: rows,
             unreadable_lines: run.unreadable,
+            restore_needed: !still_edited.is_empty() && state.ended(),
+            still_edited: still_edited
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
         }
     }
 
@@ -522,6 +534,25 @@ impl Status {
                     gib(p.run_peak_bytes).trim_end_matches(" GiB"),
                     gib(p.total_bytes)
                 ),
+            );
+        }
+        if !self.still_edited.is_empty() {
+            let files = self.still_edited.join(", ");
+            field(
+                "edited",
+                if self.restore_needed {
+                    format!(
+                        "{files} still {} this run's in-place edit: run `oomguard restore {}` to put the original back (a new run refuses to start until then)",
+                        if self.still_edited.len() == 1 {
+                            "holds"
+                        } else {
+                            "hold"
+                        },
+                        self.run_dir
+                    )
+                } else {
+                    format!("{files} edited in place by this run (put back when it ends)")
+                },
             );
         }
         if self.unreadable_lines > 0 {
@@ -826,6 +857,10 @@ struct RunLine {
     elapsed_s: Option<f64>,
     command: Vec<String>,
     error: Option<String>,
+    /// Files the run edited in place that still hold its edit.
+    still_edited: Vec<String>,
+    /// It has ended with them edited: `oomguard restore RUN_DIR` puts them back.
+    restore_needed: bool,
 }
 
 /// `oomguard runs [--json]`: the runs under `.oomguard/runs` here, oldest first.
@@ -853,6 +888,8 @@ pub fn runs_main(json: bool) -> i32 {
                     elapsed_s: st.elapsed_s,
                     command: st.command,
                     error: None,
+                    still_edited: st.still_edited,
+                    restore_needed: st.restore_needed,
                 }
             }
             Err(e) => RunLine {
@@ -864,6 +901,8 @@ pub fn runs_main(json: bool) -> i32 {
                 elapsed_s: None,
                 command: Vec::new(),
                 error: Some(e.to_string()),
+                still_edited: Vec::new(),
+                restore_needed: false,
             },
         })
         .collect();
@@ -890,11 +929,14 @@ pub fn runs_main(json: bool) -> i32 {
                     l.error.clone().unwrap_or_default(),
                 ];
             };
-            let what = match (state, l.exit_code) {
+            let mut what = match (state, l.exit_code) {
                 (State::Running, _) => format!("running (attempt {})", l.attempts),
                 (State::Failed, Some(c)) => format!("failed (exit {c})"),
                 (s, _) => s.words().to_string(),
             };
+            if l.restore_needed {
+                what += ", still edited";
+            }
             [
                 name,
                 what,
@@ -927,6 +969,19 @@ pub fn runs_main(json: bool) -> i32 {
         );
         text += line.trim_end();
         text += "\n";
+    }
+    for l in lines.iter().filter(|l| l.restore_needed) {
+        text += &format!(
+            "oomguard: {} still {} the in-place edit of {}: run `oomguard restore {}`\n",
+            l.still_edited.join(", "),
+            if l.still_edited.len() == 1 {
+                "holds"
+            } else {
+                "hold"
+            },
+            l.run_dir,
+            l.run_dir
+        );
     }
     out(&text);
     exit::SUCCESS

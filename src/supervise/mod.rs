@@ -132,6 +132,18 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         eprintln!("oomguard: error: {e}");
         return exit::USAGE;
     }
+    // A module still holding the edit of a run that did not finish would be
+    // read as the original: refused before anything is created.
+    let in_place: Vec<&Path> = cfg
+        .disc
+        .in_place_files()
+        .into_iter()
+        .map(|(_, path, _)| path)
+        .collect();
+    if let Err(e) = crate::inplace::check_unfinished(&in_place) {
+        eprintln!("oomguard: error: {e}");
+        return exit::USAGE;
+    }
     // The run folder is created fresh and private, or refused before anything
     // runs; so are the files --edit-in-place would edit.
     let run_dir = match runfolder::create_run_dir(&cfg.run_dir, cfg.run_dir_given) {
