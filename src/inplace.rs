@@ -95,6 +95,12 @@ pub enum InPlaceError {
         dir.display(), dir.display()
     )]
     PendingRestore { dir: PathBuf },
+    #[error(
+        "{} still holds the in-place edit of an oomguard run that did not finish (killed?); its original is kept in {}. \
+         Run `oomguard restore {}` first, then start again: a run now would take the edited values for the original ones",
+        path.display(), dir.display(), dir.display()
+    )]
+    Unfinished { path: PathBuf, dir: PathBuf },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
 }
@@ -353,6 +359,12 @@ fn lock_dir() -> Option<PathBuf> {
     Some(cache.join("oomguard/locks"))
 }
 
+/// The lock file of the module at `path` (absolute), in `dir`.
+fn lock_file(dir: &Path, path: &Path) -> PathBuf {
+    let key = sha256(runfolder::path_bytes(path));
+    dir.join(format!("{}.lock", &key[..32]))
+}
+
 impl Lock {
     fn open(path: &Path) -> Result<File, InPlaceError> {
         let lock_err = |why: String| InPlaceError::Lock {
@@ -363,8 +375,7 @@ impl Lock {
             lock_err("neither XDG_RUNTIME_DIR nor HOME says where the lock files go".into())
         })?;
         runfolder::ensure_private_dir(&dir).map_err(|e| lock_err(e.to_string()))?;
-        let key = sha256(runfolder::path_bytes(path));
-        let file = dir.join(format!("{}.lock", &key[..32]));
+        let file = lock_file(&dir, path);
         OpenOptions::new()
             .read(true)
             .write(true)
@@ -410,6 +421,121 @@ impl Lock {
             }),
         }
     }
+}
+
+/// At most this much of a module or a lock file is read to tell its content.
+const READ_CAP: u64 = 16 << 20;
+
+/// A regular file's content, read without following a link or blocking (a
+/// FIFO planted at the name), at most [`READ_CAP`] bytes; `None` otherwise.
+fn read_small(path: &Path) -> Option<Vec<u8>> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    let m = f.metadata().ok()?;
+    if !m.is_file() || m.len() > READ_CAP {
+        return None;
+    }
+    let mut buf = Vec::new();
+    f.take(READ_CAP).read_to_end(&mut buf).ok()?;
+    Some(buf)
+}
+
+/// The run folder the lock file of `real` names: the last run that locked it.
+fn last_locker(real: &Path) -> Option<PathBuf> {
+    let text = read_small(&lock_file(&lock_dir()?, real))?;
+    let text = String::from_utf8_lossy(&text);
+    let (_, dir) = text.lines().next()?.split_once(", run folder ")?;
+    let dir = PathBuf::from(dir);
+    dir.is_absolute().then_some(dir)
+}
+
+/// Whether a run that is going holds the lock of `real` now (its lock file
+/// exists and cannot be locked).
+fn locked_now(real: &Path) -> bool {
+    use nix::fcntl::{Flock, FlockArg};
+    let Some(dir) = lock_dir() else {
+        return false;
+    };
+    let Ok(f) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(lock_file(&dir, real))
+    else {
+        return false;
+    };
+    matches!(
+        Flock::lock(f, FlockArg::LockExclusiveNonblock),
+        Err((_, nix::errno::Errno::EWOULDBLOCK))
+    )
+}
+
+/// The edits in `entries` that `real` (content hash `now`) still holds.
+fn holds_edit(entries: &[Entry], real: &Path, now: &str) -> bool {
+    entries.iter().any(|e| {
+        e.original == real && e.original_sha256 != now && e.written_sha256.iter().any(|w| w == now)
+    })
+}
+
+/// Before anything is created or run: a file to be edited in place that still
+/// holds the edit of a run that did not finish (oomguard SIGKILLed, the machine
+/// rebooted) is refused, naming that run's folder to `oomguard restore`. A run
+/// started now would read the edited values as the originals, and its own
+/// restore would put the edited text back: the user's config would drift for
+/// good. That run is found by the lock file of the module (which names the last
+/// run folder that locked it) and among the run folders under `.oomguard/runs`
+/// here; its `restore.json` must be trusted and name this file, and the file
+/// must hold a text that run wrote. A run still going (it holds the lock) is
+/// left to [`InPlace::prepare`], which names it.
+pub fn check_unfinished(files: &[&Path]) -> Result<(), InPlaceError> {
+    for path in files {
+        let Ok(real) = fs::canonicalize(path) else {
+            continue;
+        };
+        let Some(now) = read_small(&real) else {
+            continue;
+        };
+        let now = sha256(&now);
+        let mut dirs: Vec<PathBuf> = last_locker(&real).into_iter().collect();
+        if let Ok(rd) = fs::read_dir(".oomguard/runs") {
+            let mut here: Vec<PathBuf> = rd
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect();
+            here.sort();
+            dirs.extend(here);
+        }
+        for dir in dirs {
+            let Ok(Some(entries)) = read_manifest(&dir) else {
+                continue;
+            };
+            if holds_edit(&entries, &real, &now) && !locked_now(&real) {
+                return Err(InPlaceError::Unfinished {
+                    path: path.to_path_buf(),
+                    dir,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The files the restore record of `run_dir` names that still hold a text its
+/// run wrote: edited in place and not put back (`oomguard status`, `runs`).
+pub fn still_edited(run_dir: &Path) -> Vec<PathBuf> {
+    let Ok(Some(entries)) = read_manifest(run_dir) else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter(|e| {
+            read_small(&e.original).is_some_and(|b| holds_edit(&entries, &e.original, &sha256(&b)))
+        })
+        .map(|e| e.original.clone())
+        .collect()
 }
 
 /// Restore `entries` (recorded in `run_dir`): the lines for the user, and the
@@ -510,12 +636,29 @@ fn restore_one(run_dir: &Path, e: &Entry) -> (String, bool) {
 /// writable by nobody else, of this version, naming absolute paths.
 fn read_manifest(run_dir: &Path) -> Result<Option<Vec<Entry>>, String> {
     let path = manifest(run_dir);
-    let (text, m) = match runfolder::read_nofollow(&path) {
-        Ok(x) => x,
+    // Without blocking (a FIFO planted at the name) and only a regular file,
+    // with a size cap: a run folder may be another run's, read by `status`.
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path);
+    let (text, m) = match opened.and_then(|f| Ok((f.metadata()?, f))) {
+        Ok((m, f)) if m.is_file() && m.len() <= READ_CAP => {
+            let mut buf = Vec::new();
+            f.take(READ_CAP)
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            (buf, m)
+        }
+        Ok((m, _)) => (Vec::new(), m),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    if !m.is_file() || m.uid() != nix::unistd::geteuid().as_raw() || m.mode() & 0o022 != 0 {
+    if !m.is_file()
+        || m.len() > READ_CAP
+        || m.uid() != nix::unistd::geteuid().as_raw()
+        || m.mode() & 0o022 != 0
+    {
         return Err(format!(
             "{} is not a file of yours that only you can write: it is not trusted",
             path.display()

@@ -196,13 +196,191 @@ pub enum Event<'a> {
         #[serde(serialize_with = "lossy_opt_path")]
         resume: Option<&'a Path>,
     },
+    /// The time OOMs cost, from an OOM until a relaunch got back to the step
+    /// the failed attempt died at (restart and redone steps): written when a
+    /// relaunch follows a failed attempt (`behind`), and when that stretch ends
+    /// (`back`, `not_back`, `unknown`).
+    TimeLost {
+        /// The attempt that failed (`behind`), or the one that ended the stretch.
+        attempt: u32,
+        state: SetbackState,
+        /// The failed attempts of the stretch: the first OOM starts it, an
+        /// attempt that fails again before it is back joins it.
+        ooms: &'a [u32],
+        /// The step to get back to (the highest the failed attempts reached);
+        /// `null`: not seen.
+        back_to_step: Option<u64>,
+        /// When the first OOM of the stretch ended its attempt (RFC 3339).
+        since: String,
+        /// `back`: the time from the OOM until the relaunch printed that step;
+        /// `not_back`: the time until the run ended without it (a lower bound);
+        /// `null` otherwise.
+        seconds: Option<f64>,
+    },
     RunEnd {
         exit_code: i32,
         attempts: u32,
+        /// Seconds spent in attempts that did not succeed (the whole attempt).
         lost_s: f64,
         #[serde(serialize_with = "knob_values")]
         settings: &'a Settings,
+        /// The time from each OOM back to the step it died at, summed over the
+        /// `time_lost` stretches that got back or ended (see `time_lost`).
+        time_lost_s: f64,
+        /// Every stretch got back (`time_lost_s` is exact, not a lower bound
+        /// nor missing an unknown one).
+        time_lost_complete: bool,
+        /// The last attempt's command line, shell-quoted, with the environment
+        /// variables its knobs set in front.
+        last_command: Option<&'a str>,
     },
+}
+
+/// "4.2 s", "3m 05s", "2h 03m", "1d 04h".
+pub fn duration(secs: f64) -> String {
+    let s = secs.max(0.0);
+    if s < 60.0 {
+        return format!("{s:.1} s");
+    }
+    let t = s as u64;
+    match t {
+        ..3600 => format!("{}m {:02}s", t / 60, t % 60),
+        3600..86400 => format!("{}h {:02}m", t / 3600, t % 3600 / 60),
+        _ => format!("{}d {:02}h", t / 86400, t % 86400 / 3600),
+    }
+}
+
+/// Where a stretch of time lost to OOMs stands (see [`Event::TimeLost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SetbackState {
+    /// A relaunch follows the OOM and has not got back yet.
+    Behind,
+    /// A relaunch printed the step the failed attempt died at.
+    Back,
+    /// The run ended before a relaunch printed that step.
+    NotBack,
+    /// The step the failed attempt died at was not seen: the time back cannot be told.
+    Unknown,
+}
+
+/// One stretch of time lost to OOMs, in memory (see [`Event::TimeLost`]).
+#[derive(Debug, Clone)]
+pub struct Setback {
+    pub ooms: Vec<u32>,
+    pub step: Option<u64>,
+    pub since: std::time::SystemTime,
+    pub state: SetbackState,
+    /// The attempt that ended it (got back, or was the last).
+    pub ended_in: Option<u32>,
+    pub seconds: Option<f64>,
+    /// Still `behind` in the journal, but the running (or killed) attempt's log
+    /// already shows the step: back, at a time only its end would journal.
+    pub seen_back: bool,
+}
+
+impl Setback {
+    /// The seconds counted into the one figure (back, or a lower bound).
+    pub fn counted(&self) -> f64 {
+        match self.state {
+            SetbackState::Back | SetbackState::NotBack => self.seconds.unwrap_or(0.0),
+            _ => 0.0,
+        }
+    }
+}
+
+/// The one figure of time lost to OOMs: "0.8 s from each OOM back to the step it
+/// died at (restart and redone steps)", "at least …" with what was not seen
+/// said, "unknown …" without a number. `None` without an OOM that was relaunched.
+/// `going`: the run still runs (an open stretch is "not back yet", not "had not").
+pub fn time_lost_text(setbacks: &[Setback], going: bool) -> Option<String> {
+    if setbacks.is_empty() {
+        return None;
+    }
+    let total: f64 = setbacks
+        .iter()
+        .map(|s| match s.state {
+            SetbackState::Behind if s.seen_back => 0.0,
+            SetbackState::Behind => s.seconds.unwrap_or(0.0),
+            _ => s.counted(),
+        })
+        .sum();
+    let measured = setbacks.iter().any(|s| {
+        matches!(s.state, SetbackState::Back | SetbackState::NotBack)
+            || (s.state == SetbackState::Behind && s.seconds.is_some() && !s.seen_back)
+    });
+    let exact = setbacks.iter().all(|s| s.state == SetbackState::Back);
+    let each = if setbacks.iter().map(|s| s.ooms.len()).sum::<usize>() == 1 {
+        "the OOM back to the step it died at"
+    } else {
+        "each OOM back to the step it died at"
+    };
+    let mut out = if !measured {
+        format!("the time from {each} is unknown")
+    } else {
+        format!(
+            "{}{} from {each} (restart and redone steps)",
+            if exact { "" } else { "at least " },
+            duration(total)
+        )
+    };
+    let who = |ooms: &[u32]| {
+        let n: Vec<String> = ooms.iter().map(u32::to_string).collect();
+        format!(
+            "attempt{} {}",
+            if ooms.len() == 1 { "" } else { "s" },
+            n.join(", ")
+        )
+    };
+    let mut unknown: Vec<u32> = Vec::new();
+    for s in setbacks {
+        match s.state {
+            SetbackState::Back => {}
+            SetbackState::Unknown => unknown.extend(&s.ooms),
+            SetbackState::Behind if s.seen_back => {
+                out += &format!(
+                    "; {} is back at step {}, at a time {}",
+                    s.ended_in
+                        .map_or("the relaunch".to_string(), |n| format!("attempt {n}")),
+                    s.step.map_or("?".into(), |n| n.to_string()),
+                    if going {
+                        "journaled when it ends"
+                    } else {
+                        "not journaled (oomguard was killed first)"
+                    }
+                )
+            }
+            SetbackState::Behind if going => {
+                out += &format!(
+                    "; {} is not back at step {} yet ({} since the OOM in {})",
+                    s.ended_in
+                        .map_or("the relaunch".to_string(), |n| format!("attempt {n}")),
+                    s.step.map_or("?".into(), |n| n.to_string()),
+                    duration(s.seconds.unwrap_or(0.0)),
+                    who(&s.ooms)
+                )
+            }
+            SetbackState::NotBack | SetbackState::Behind => {
+                out += &format!(
+                    "; {} had not got back to step {} when the run ended ({} after the OOM in {})",
+                    s.ended_in
+                        .map_or("the relaunch".to_string(), |n| format!("attempt {n}")),
+                    s.step.map_or("?".into(), |n| n.to_string()),
+                    duration(s.seconds.unwrap_or(0.0)),
+                    who(&s.ooms)
+                )
+            }
+        }
+    }
+    if !unknown.is_empty() {
+        out += &format!(
+            "; the step {} died at {} not seen exactly, so the time back after {} cannot be told",
+            who(&unknown),
+            if unknown.len() == 1 { "was" } else { "were" },
+            if unknown.len() == 1 { "it" } else { "them" },
+        );
+    }
+    Some(out)
 }
 
 impl<'a> Event<'a> {
@@ -482,6 +660,28 @@ pub struct End<'a> {
     /// Who decided the changes, when this copy of a job followed another
     /// (`copy 0 of the job`): the table's "why" for them.
     pub decided_by: Option<&'a str>,
+    /// The run's whole duration.
+    pub elapsed: Duration,
+    /// The time lost to OOMs, stretch by stretch.
+    pub setbacks: &'a [Setback],
+    /// The last attempt's command line, and what to know about it, when it is
+    /// not the command as the user wrote it.
+    pub last_command: Option<&'a LastCommand>,
+}
+
+/// The command line the last attempt ran, for the summary.
+#[derive(Debug, Clone, Default)]
+pub struct LastCommand {
+    /// Shell-quoted, with the environment variables the knobs set in front.
+    pub line: String,
+    /// Config copies it reads: (the user's file, oomguard's copy).
+    pub copies: Vec<(PathBuf, PathBuf)>,
+    /// Files it read edited in place (put back at the end).
+    pub in_place: Vec<PathBuf>,
+    /// The checkpoint oomguard told it to resume from.
+    pub resume: Option<String>,
+    /// It differs from the user's command.
+    pub changed: bool,
 }
 
 impl End<'_> {
@@ -520,10 +720,29 @@ impl End<'_> {
             c => format!("stopped (exit {c})"),
         };
         let mut out = format!(
-            "\noomguard: {status} after {attempts} attempt{}; {:.1} s lost to failed attempts\n",
+            "\noomguard: {status} after {attempts} attempt{}; {} in all\n",
             if attempts == 1 { "" } else { "s" },
-            lost(self.attempts).as_secs_f64()
+            duration(self.elapsed.as_secs_f64())
         );
+        // One figure for the work the OOMs cost: the steps redone, and the time
+        // from each OOM until a relaunch was back at the step it died at.
+        let losses = self.losses();
+        let time = time_lost_text(self.setbacks, false);
+        if !losses.is_empty() {
+            out += &format!(
+                "oomguard: work lost to {} OOM{}: {} of redone training",
+                losses.len(),
+                if losses.len() == 1 { "" } else { "s" },
+                crate::progress::steps_text(&losses)
+            );
+            out += &time.map(|t| format!("; {t}\n")).unwrap_or("\n".into());
+        } else if let Some(t) = time {
+            let n: usize = self.setbacks.iter().map(|s| s.ooms.len()).sum();
+            out += &format!(
+                "oomguard: time lost to {n} OOM{}: {t}\n",
+                if n == 1 { "" } else { "s" }
+            );
+        }
         if rows.is_empty() {
             out.push_str("oomguard: no setting was changed\n");
         } else {
@@ -534,6 +753,31 @@ impl End<'_> {
         }
         if let Some(p) = self.journal {
             out.push_str(&format!("oomguard: journal: {}\n", p.display()));
+        }
+        if let Some(c) = self.last_command.filter(|c| c.changed) {
+            out += &if code == 0 {
+                format!("oomguard: to rerun at the settings that fit: {}\n", c.line)
+            } else {
+                format!("oomguard: the last attempt ran: {}\n", c.line)
+            };
+            for (orig, copy) in &c.copies {
+                out += &format!(
+                    "oomguard:   {} is oomguard's copy of {} with the changed settings (kept in the run folder)\n",
+                    copy.display(),
+                    orig.display()
+                );
+            }
+            for f in &c.in_place {
+                out += &format!(
+                    "oomguard:   {} was edited in place for it and is now put back: the line alone runs at its original values\n",
+                    f.display()
+                );
+            }
+            if let Some(r) = &c.resume {
+                out += &format!(
+                    "oomguard:   it resumes from {r} (added by oomguard): leave that out to start over\n"
+                );
+            }
         }
         for a in self.attempts {
             let Some(who) = &a.foreign else {
@@ -822,6 +1066,49 @@ mod tests {
     }
 
     #[test]
+    fn the_time_lost_is_one_figure_said_as_far_as_it_is_known() {
+        let s = |ooms: Vec<u32>, step, state, seconds| Setback {
+            ooms,
+            step,
+            since: std::time::SystemTime::UNIX_EPOCH,
+            state,
+            ended_in: Some(3),
+            seconds,
+            seen_back: false,
+        };
+        use SetbackState::*;
+        assert_eq!(time_lost_text(&[], false), None);
+        assert_eq!(
+            time_lost_text(&[s(vec![1], Some(6), Back, Some(2.0))], false).unwrap(),
+            "2.0 s from the OOM back to the step it died at (restart and redone steps)"
+        );
+        assert_eq!(
+            time_lost_text(
+                &[
+                    s(vec![1], Some(6), Back, Some(2.0)),
+                    s(vec![2], Some(6), NotBack, Some(1.5))
+                ],
+                false
+            )
+            .unwrap(),
+            "at least 3.5 s from each OOM back to the step it died at (restart and redone steps); attempt 3 had not got back to step 6 when the run ended (1.5 s after the OOM in attempt 2)"
+        );
+        let unknown = time_lost_text(&[s(vec![1], None, Unknown, None)], false).unwrap();
+        assert_eq!(
+            unknown,
+            "the time from the OOM back to the step it died at is unknown; the step attempt 1 died at was not seen exactly, so the time back after it cannot be told"
+        );
+        assert!(!unknown.contains("0.0 s"));
+        assert!(
+            time_lost_text(&[s(vec![1], Some(6), Behind, Some(4.0))], true)
+                .unwrap()
+                .ends_with(
+                    "attempt 3 is not back at step 6 yet (4.0 s since the OOM in attempt 1)"
+                )
+        );
+    }
+
+    #[test]
     fn the_summary_is_told_from_the_records() {
         let (first, last) = (settings(8, 1), settings(4, 2));
         let reached = crate::progress::Reached {
@@ -859,6 +1146,24 @@ mod tests {
             ),
             record(3, OutcomeKind::Success, Next::Stop, None),
         ];
+        let t0 = std::time::SystemTime::UNIX_EPOCH;
+        let setback = |ooms: Vec<u32>, state, seconds| Setback {
+            ooms,
+            step: Some(7),
+            since: t0,
+            state,
+            ended_in: Some(3),
+            seconds,
+            seen_back: false,
+        };
+        let setbacks = [setback(vec![1, 2], SetbackState::Back, Some(1.25))];
+        let last_command = LastCommand {
+            line: "python3 train.py --bs 4 --accum 2 --resume out/checkpoint-5".into(),
+            copies: vec![("ds.json".into(), "run/attempt-3/ds.json".into())],
+            in_place: Vec::new(),
+            resume: Some("out/checkpoint-5".into()),
+            changed: true,
+        };
         let end = End {
             first: &first,
             last: &last,
@@ -867,18 +1172,25 @@ mod tests {
             code: 0,
             journal: Some(Path::new("run/journal.jsonl")),
             decided_by: None,
+            elapsed: Duration::from_secs(9),
+            setbacks: &setbacks,
+            last_command: Some(&last_command),
         };
         assert_eq!(lost(&attempts), Duration::from_secs(4));
         assert_eq!(end.losses().len(), 1);
         let text = end.summary();
         assert_eq!(
             text,
-            "\noomguard: finished after 3 attempts; 4.0 s lost to failed attempts\n\
+            "\noomguard: finished after 3 attempts; 9.0 s in all\n\
+             oomguard: work lost to 1 OOM: 2 steps of redone training; 1.2 s from each OOM back to the step it died at (restart and redone steps)\n\
              \x20 knob         before  after  why\n\
              \x20 micro_batch  8       4      halve_micro_batch after the OOM in attempt 2\n\
              \x20 grad_accum   1       2      keeps the global batch at 16 as the micro-batch shrank\n\
              \x20 attempt 2: OOM → halve_micro_batch\n\
              oomguard: journal: run/journal.jsonl\n\
+             oomguard: to rerun at the settings that fit: python3 train.py --bs 4 --accum 2 --resume out/checkpoint-5\n\
+             oomguard:   run/attempt-3/ds.json is oomguard's copy of ds.json with the changed settings (kept in the run folder)\n\
+             oomguard:   it resumes from out/checkpoint-5 (added by oomguard): leave that out to start over\n\
              oomguard: attempt 1: OOM caused by another tenant (pid 9 (bob)); waited and retried the same settings\n\
              oomguard: attempt 2: another tenant (pid 9 (bob)) held the memory past --wait-timeout; the policy applied\n"
         );

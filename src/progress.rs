@@ -205,6 +205,69 @@ pub fn logged_step(text: &[u8], logging: Logging, from: u64) -> Option<Reached> 
     })
 }
 
+/// While a relaunch runs: the first moment its output shows it back at `step`
+/// (the step an earlier attempt died at), read as [`read`] reads a log — a bar
+/// or a step line at or past it, or with the Trainer's `logging` interval the
+/// log dicts counted since `from`. Fed the output as it comes, on any stream.
+#[derive(Debug, Clone)]
+pub struct StepWatch {
+    step: u64,
+    from: u64,
+    logging: Option<Logging>,
+    /// The unfinished last line of each stream.
+    carry: [Vec<u8>; 3],
+    dicts: HashSet<Vec<u8>>,
+    back: bool,
+}
+
+/// A line longer than this is cut from the front before it is read for a step.
+const WATCH_CARRY: usize = 64 * 1024;
+
+impl StepWatch {
+    /// Watch for `step` in an attempt that starts at step `from`. A step at or
+    /// before `from` (nothing to redo) is back at the first step past `from`.
+    pub fn new(step: u64, from: u64, logging: Option<Logging>) -> StepWatch {
+        StepWatch {
+            step: step.max(from + 1),
+            from,
+            logging,
+            carry: Default::default(),
+            dicts: HashSet::new(),
+            back: false,
+        }
+    }
+
+    /// Feed output of stream `stream` (0..3); true the first time it is back.
+    pub fn feed(&mut self, stream: usize, chunk: &[u8]) -> bool {
+        if self.back {
+            return false;
+        }
+        let carry = &mut self.carry[stream.min(2)];
+        let Some(end) = memchr::memrchr2(b'\n', b'\r', chunk) else {
+            carry.extend_from_slice(chunk);
+            if carry.len() > WATCH_CARRY {
+                carry.drain(..carry.len() - WATCH_CARRY);
+            }
+            return false;
+        };
+        let mut text = std::mem::take(carry);
+        text.extend_from_slice(&chunk[..=end]);
+        carry.extend_from_slice(&chunk[end + 1..]);
+        if last_step(&text).is_some_and(|s| s >= self.step) {
+            self.back = true;
+        } else if let Some(l) = self.logging {
+            for m in LOG_DICT.find_iter(&text) {
+                if self.dicts.len() < 1 << 20 {
+                    self.dicts.insert(m.as_bytes().to_vec());
+                }
+            }
+            let n = self.dicts.len() as u64;
+            self.back = n > 0 && l.nth_step(n, self.from) >= self.step;
+        }
+        self.back
+    }
+}
+
 /// The work one OOM cost: steps redone and the seconds they took.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Loss {
@@ -288,14 +351,8 @@ pub fn save_interval_advice(
     }
     let steps: u64 = losses.iter().filter_map(|l| l.steps).sum();
     let secs: f64 = losses.iter().map(|l| l.seconds).sum();
-    let mut out = format!(
-        "oomguard: work lost to {} OOM{}: {} of redone training ({:.1} s)\n",
-        losses.len(),
-        if losses.len() == 1 { "" } else { "s" },
-        // An OOM whose step was not seen counts as unknown, never as 0.
-        steps_text(losses),
-        secs
-    );
+    // The work lost itself is in the summary's one line (`journal::End`).
+    let mut out = String::new();
     if layout.is_none() {
         out.push_str("oomguard: no checkpoints: every OOM restarted training from the beginning\n");
     }
@@ -308,7 +365,7 @@ pub fn save_interval_advice(
             "oomguard: the save interval costs more than the OOMs: each lost about {per_oom} steps; saving every {bound} steps would bound each loss to {bound} steps\n"
         ));
     }
-    Some(out)
+    (!out.is_empty()).then_some(out)
 }
 
 #[cfg(test)]
@@ -337,23 +394,41 @@ mod tests {
             at_least,
             seconds: 1.0,
         };
+        let both = steps_text(&[l(Some(3), false), l(None, false)]);
+        assert_eq!(
+            both,
+            "at least 3 steps (the step reached after 1 of them is unknown)"
+        );
+        assert_eq!(steps_text(&[l(None, false)]), "an unknown number of steps");
+        assert_eq!(steps_text(&[l(Some(0), false)]), "0 steps");
+        assert_eq!(steps_text(&[l(Some(1), false)]), "1 step");
+        assert!(
+            steps_text(&[l(Some(4), true)])
+                .starts_with("at least 4 steps (after 1 of them only a lower bound"),
+        );
+        // Without checkpoints the advice says every OOM started over.
         let lost = std::time::Duration::from_secs(2);
-        let both = save_interval_advice(&[l(Some(3), false), l(None, false)], None, lost).unwrap();
-        assert!(
-            both.contains("at least 3 steps (the step reached after 1 of them is unknown)"),
-            "{both}"
-        );
         let none = save_interval_advice(&[l(None, false)], None, lost).unwrap();
-        assert!(none.contains("an unknown number of steps"), "{none}");
-        let known = save_interval_advice(&[l(Some(0), false)], None, lost).unwrap();
-        assert!(known.contains(": 0 steps of redone"), "{known}");
-        let one = save_interval_advice(&[l(Some(1), false)], None, lost).unwrap();
-        assert!(one.contains(": 1 step of redone"), "{one}");
-        let below = save_interval_advice(&[l(Some(4), true)], None, lost).unwrap();
-        assert!(
-            below.contains(": at least 4 steps (after 1 of them only a lower bound"),
-            "{below}"
-        );
+        assert!(none.contains("no checkpoints"), "{none}");
+    }
+
+    #[test]
+    fn a_relaunch_is_back_when_its_output_shows_the_step_it_died_at() {
+        // Resumed from step 5, back at step 6: a bar split over chunks, on stderr.
+        let mut w = StepWatch::new(6, 5, None);
+        assert!(!w.feed(0, b"resuming from checkpoint-5 at step 5\n"));
+        assert!(!w.feed(1, b"\r 17%|##  | 5/30 [00:01<00:05, 4.0it/s]\r 20%|## | 6/"));
+        assert!(w.feed(1, b"30 [00:01<00:05, 4.0it/s]\r"));
+        assert!(!w.feed(1, b"step 7\n"), "once");
+        // A save's bar is not a step.
+        let mut w = StepWatch::new(6, 5, None);
+        assert!(!w.feed(
+            1,
+            b"Writing model shards: 100%|#| 9/9 [00:00<00:00, 9.0it/s]\n"
+        ));
+        // Log dicts counted with the interval; nothing to redo: the first step past 5.
+        let mut w = StepWatch::new(3, 5, Some(every(1)));
+        assert!(w.feed(0, b"{'loss': '2.5', 'epoch': '0.2'}\n"));
     }
 
     /// The case of the issue: no bar, the Trainer's log dicts only. Before, the

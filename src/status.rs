@@ -92,6 +92,17 @@ pub struct Status {
     pub elapsed_s: Option<f64>,
     /// Time spent in attempts that did not succeed.
     pub lost_s: f64,
+    /// The time from each OOM until a relaunch was back at the step it died
+    /// at (restart and redone steps), where it can be told; `null` when it
+    /// cannot be told at all or there was no OOM relaunched.
+    pub time_lost_s: Option<f64>,
+    /// `time_lost_s` is the whole figure: every relaunch got back and every
+    /// step died at was seen (else it is a lower bound, or misses some).
+    pub time_lost_exact: bool,
+    /// The same in words, as the summary says it.
+    pub time_lost: Option<String>,
+    /// The last attempt's command line (as the summary has it, once ended).
+    pub last_command: Option<String>,
     /// Training steps redone after OOMs, where known (`None`: none known).
     pub steps_lost: Option<u64>,
     /// OOMs after which the steps redone are unknown or only a lower bound:
@@ -123,6 +134,12 @@ pub struct Status {
     pub attempts: Vec<AttemptRow>,
     /// Journal lines this version could not read.
     pub unreadable_lines: usize,
+    /// Files this run edited in place (`--edit-in-place`) that still hold its
+    /// edit: put back when the run ends; after a hard kill, by `oomguard restore`.
+    pub still_edited: Vec<String>,
+    /// The run has ended (or its oomguard is gone) and `still_edited` is not
+    /// empty: `oomguard restore RUN_DIR` puts the originals back.
+    pub restore_needed: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -222,7 +239,9 @@ impl Status {
         };
         let ended = match (&run.end, state) {
             (Some(e), _) => Some(e.time.clone()),
-            (None, State::Killed) => run.last_time.clone(),
+            // Killed: its last sign of life, the journal's last line or the
+            // last attempt's output, whichever is later.
+            (None, State::Killed) => last_sign_of_life(dir, run),
             _ => None,
         };
         let until = ended.as_deref().and_then(parse_time).unwrap_or(now);
@@ -330,6 +349,49 @@ impl Status {
                 })
             })
             .collect();
+        let still_edited = crate::inplace::still_edited(dir);
+        let last_step = rows.last().and_then(|r| r.step_reached);
+        let setbacks: Vec<crate::journal::Setback> = run
+            .setbacks
+            .iter()
+            .filter_map(|t| {
+                let since = parse_time(&t.since)?;
+                let open = t.state == crate::journal::SetbackState::Behind;
+                Some(crate::journal::Setback {
+                    ooms: t.ooms.clone(),
+                    step: t.back_to_step,
+                    since: since.into(),
+                    state: t.state,
+                    ended_in: if open {
+                        last.map(|a| a.start.attempt)
+                    } else {
+                        Some(t.attempt)
+                    },
+                    seconds: if open {
+                        Some(((until - since).num_milliseconds() as f64 / 1000.0).max(0.0))
+                    } else {
+                        t.seconds
+                    },
+                    seen_back: open
+                        && last.is_some_and(|a| a.end.is_none())
+                        && t.back_to_step.zip(last_step).is_some_and(|(s, r)| r >= s),
+                })
+            })
+            .collect();
+        let measured = setbacks
+            .iter()
+            .any(|s| s.state != crate::journal::SetbackState::Unknown && !s.seen_back);
+        let time_lost_s = measured.then(|| {
+            setbacks
+                .iter()
+                .filter(|s| s.state != crate::journal::SetbackState::Unknown && !s.seen_back)
+                .filter_map(|s| s.seconds)
+                .sum()
+        });
+        let time_lost_exact = setbacks
+            .iter()
+            .all(|s| s.state == crate::journal::SetbackState::Back);
+        let time_lost = crate::journal::time_lost_text(&setbacks, !state.ended());
         let gpu_now = match (running, liveness, &sup, gpus) {
             (true, Liveness::Alive, Some(s), Some(p)) => held_now(p.as_mut(), s.pid),
             _ => None,
@@ -351,6 +413,10 @@ impl Status {
             elapsed_s: secs(&run.start.time, until),
             ended,
             lost_s,
+            time_lost_s,
+            time_lost_exact,
+            time_lost,
+            last_command: run.end.as_ref().and_then(|e| e.last_command.clone()),
             steps_lost: (!losses.is_empty()).then(|| losses.iter().sum()),
             steps_lost_unknown,
             attempt: last.map_or(0, |a| a.start.attempt),
@@ -381,6 +447,11 @@ impl Status {
             gpu_now,
             attempts: rows,
             unreadable_lines: run.unreadable,
+            restore_needed: !still_edited.is_empty() && state.ended(),
+            still_edited: still_edited
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
         }
     }
 
@@ -455,7 +526,13 @@ impl Status {
                 }
             );
         }
-        time += &format!("; {} lost to failed attempts", duration(self.lost_s));
+        if self.state == State::Killed {
+            time += " until it was killed (its last journal line or output)";
+        }
+        if let Some(t) = &self.time_lost {
+            // The steps redone follow in their own parentheses.
+            time += &format!("; {}", t.replacen(" (restart and redone steps)", "", 1));
+        }
         let plural = |n: u64| if n == 1 { "" } else { "s" };
         time += &match (self.steps_lost, self.steps_lost_unknown) {
             (Some(n), 0) => format!(" ({n} step{} redone)", plural(n)),
@@ -524,6 +601,25 @@ impl Status {
                 ),
             );
         }
+        if !self.still_edited.is_empty() {
+            let files = self.still_edited.join(", ");
+            field(
+                "edited",
+                if self.restore_needed {
+                    format!(
+                        "{files} still {} this run's in-place edit: run `oomguard restore {}` to put the original back (a new run refuses to start until then)",
+                        if self.still_edited.len() == 1 {
+                            "holds"
+                        } else {
+                            "hold"
+                        },
+                        self.run_dir
+                    )
+                } else {
+                    format!("{files} edited in place by this run (put back when it ends)")
+                },
+            );
+        }
         if self.unreadable_lines > 0 {
             field(
                 "note",
@@ -569,6 +665,34 @@ impl Status {
         }
         s
     }
+}
+
+/// When a run whose oomguard is gone last showed it was alive: the later of
+/// its journal's last line and the last change of its journal or of its last
+/// attempt's output log (a killed run's real duration, not its last event's).
+fn last_sign_of_life(dir: &Path, run: &Run) -> Option<String> {
+    let mut best = run.last_time.as_deref().and_then(parse_time);
+    let mut files = vec![dir.join("journal.jsonl")];
+    if let Some(a) = run.attempts.last() {
+        files.push(
+            dir.join(format!("attempt-{}", a.start.attempt))
+                .join("output.log"),
+        );
+    }
+    for f in files {
+        let Ok(m) = std::fs::symlink_metadata(&f) else {
+            continue;
+        };
+        let Ok(t) = m.modified() else {
+            continue;
+        };
+        let t: DateTime<Local> = t.into();
+        let t = t.fixed_offset();
+        if best.is_none_or(|b| t > b) {
+            best = Some(t);
+        }
+    }
+    best.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, false))
 }
 
 /// How a run that journaled its end ended. oomguard's own codes (75, 128+N
@@ -650,19 +774,7 @@ fn quote(argv: &[String]) -> String {
     crate::plan::shell_quote(&argv)
 }
 
-/// "4.2 s", "3m 05s", "2h 03m", "1d 04h".
-pub fn duration(secs: f64) -> String {
-    let s = secs.max(0.0);
-    if s < 60.0 {
-        return format!("{s:.1} s");
-    }
-    let t = s as u64;
-    match t {
-        ..3600 => format!("{}m {:02}s", t / 60, t % 60),
-        3600..86400 => format!("{}h {:02}m", t / 3600, t % 3600 / 60),
-        _ => format!("{}d {:02}h", t / 86400, t % 86400 / 3600),
-    }
-}
+pub use crate::journal::duration;
 
 /// "2026-11-21 07:31:55" in local time; the stamp as written if unreadable.
 fn local_time(t: &str) -> String {
@@ -826,6 +938,10 @@ struct RunLine {
     elapsed_s: Option<f64>,
     command: Vec<String>,
     error: Option<String>,
+    /// Files the run edited in place that still hold its edit.
+    still_edited: Vec<String>,
+    /// It has ended with them edited: `oomguard restore RUN_DIR` puts them back.
+    restore_needed: bool,
 }
 
 /// `oomguard runs [--json]`: the runs under `.oomguard/runs` here, oldest first.
@@ -853,6 +969,8 @@ pub fn runs_main(json: bool) -> i32 {
                     elapsed_s: st.elapsed_s,
                     command: st.command,
                     error: None,
+                    still_edited: st.still_edited,
+                    restore_needed: st.restore_needed,
                 }
             }
             Err(e) => RunLine {
@@ -864,6 +982,8 @@ pub fn runs_main(json: bool) -> i32 {
                 elapsed_s: None,
                 command: Vec::new(),
                 error: Some(e.to_string()),
+                still_edited: Vec::new(),
+                restore_needed: false,
             },
         })
         .collect();
@@ -890,11 +1010,14 @@ pub fn runs_main(json: bool) -> i32 {
                     l.error.clone().unwrap_or_default(),
                 ];
             };
-            let what = match (state, l.exit_code) {
+            let mut what = match (state, l.exit_code) {
                 (State::Running, _) => format!("running (attempt {})", l.attempts),
                 (State::Failed, Some(c)) => format!("failed (exit {c})"),
                 (s, _) => s.words().to_string(),
             };
+            if l.restore_needed {
+                what += ", still edited";
+            }
             [
                 name,
                 what,
@@ -927,6 +1050,19 @@ pub fn runs_main(json: bool) -> i32 {
         );
         text += line.trim_end();
         text += "\n";
+    }
+    for l in lines.iter().filter(|l| l.restore_needed) {
+        text += &format!(
+            "oomguard: {} still {} the in-place edit of {}: run `oomguard restore {}`\n",
+            l.still_edited.join(", "),
+            if l.still_edited.len() == 1 {
+                "holds"
+            } else {
+                "hold"
+            },
+            l.run_dir,
+            l.run_dir
+        );
     }
     out(&text);
     exit::SUCCESS

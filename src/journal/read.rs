@@ -41,6 +41,7 @@ pub enum Line {
     AttemptEnd(AttemptEnd),
     WorkLost(WorkLost),
     Decision(Decision),
+    TimeLost(TimeLost),
     RunEnd(RunEnd),
     /// Any other event (checkpoints skipped, a config changed, ...).
     #[serde(other)]
@@ -145,6 +146,20 @@ pub struct RunEnd {
     pub time: String,
     pub exit_code: i32,
     pub lost_s: f64,
+    /// Absent in journals written before oomguard recorded it.
+    #[serde(default)]
+    pub last_command: Option<String>,
+}
+
+/// `time_lost`: one stretch of time lost to OOMs, as it stood when written.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TimeLost {
+    pub attempt: u32,
+    pub state: super::SetbackState,
+    pub ooms: Vec<u32>,
+    pub back_to_step: Option<u64>,
+    pub since: String,
+    pub seconds: Option<f64>,
 }
 
 /// One attempt, as far as the journal has got.
@@ -163,6 +178,8 @@ pub struct Run {
     pub start: RunStart,
     pub attempts: Vec<Attempt>,
     pub end: Option<RunEnd>,
+    /// The stretches of time lost to OOMs, each as its last `time_lost` line has it.
+    pub setbacks: Vec<TimeLost>,
     /// The time of the last line read.
     pub last_time: Option<String>,
     /// Lines that could not be read (not counting a half-written last line).
@@ -224,6 +241,7 @@ pub fn fold(lines: Vec<(Line, Option<String>)>, unreadable: usize) -> Option<Run
         start,
         attempts: Vec::new(),
         end: None,
+        setbacks: Vec::new(),
         last_time: t0,
         unreadable,
     };
@@ -252,6 +270,17 @@ pub fn fold(lines: Vec<(Line, Option<String>)>, unreadable: usize) -> Option<Run
             (Line::WorkLost(w), Some(a)) => a.lost = Some(w),
             (Line::Decision(d), Some(a)) => a.decision = Some(d),
             (Line::RunEnd(e), _) => run.end = Some(e),
+            (Line::TimeLost(t), _) => {
+                // A stretch is named by its first OOM.
+                match run
+                    .setbacks
+                    .iter_mut()
+                    .find(|s| s.ooms.first() == t.ooms.first())
+                {
+                    Some(s) => *s = t,
+                    None => run.setbacks.push(t),
+                }
+            }
             _ => {}
         }
     }
@@ -414,11 +443,31 @@ mod tests {
             error: "not found".into(),
             status: 127,
         });
+        let since = "2026-01-01T00:00:00.000+00:00".to_string();
+        j.record(&Event::TimeLost {
+            attempt: 1,
+            state: crate::journal::SetbackState::Behind,
+            ooms: &[1],
+            back_to_step: Some(7),
+            since: since.clone(),
+            seconds: None,
+        });
+        j.record(&Event::TimeLost {
+            attempt: 2,
+            state: crate::journal::SetbackState::NotBack,
+            ooms: &[1],
+            back_to_step: Some(7),
+            since,
+            seconds: Some(3.5),
+        });
         j.record(&Event::RunEnd {
             exit_code: 127,
             attempts: 2,
             lost_s: 2.5,
             settings: &b,
+            time_lost_s: 3.5,
+            time_lost_complete: false,
+            last_command: Some("python3 train.py --bs 4"),
         });
         let run = read_run(&dir).unwrap();
         assert_eq!(run.unreadable, 0);
@@ -436,6 +485,15 @@ mod tests {
         assert_eq!(d.step, DecisionStep::Same(SameSettings::RetrySameSettings));
         assert_eq!(d.reason, "another tenant");
         assert_eq!(run.end.as_ref().unwrap().exit_code, 127);
+        assert_eq!(
+            run.end.as_ref().unwrap().last_command.as_deref(),
+            Some("python3 train.py --bs 4")
+        );
+        // One stretch of time lost, as its last line has it.
+        assert_eq!(run.setbacks.len(), 1);
+        let s = &run.setbacks[0];
+        assert_eq!(s.state, crate::journal::SetbackState::NotBack);
+        assert_eq!((s.back_to_step, s.seconds), (Some(7), Some(3.5)));
     }
 
     #[test]

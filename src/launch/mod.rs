@@ -129,6 +129,9 @@ pub struct Spec {
     pub task_files: Option<TaskFiles>,
     /// Ends the attempt early when it answers (see [`StopWhen`]).
     pub stop_when: Option<StopWhen>,
+    /// A relaunch after an OOM: watch the output for the step the failed
+    /// attempt died at ([`Report::back_at`]).
+    pub back_to: Option<crate::progress::StepWatch>,
 }
 
 /// How the direct child ended.
@@ -202,6 +205,9 @@ pub struct Report {
     pub task_files: Vec<PathBuf>,
     /// The per-task file the pending OOM was found in, when it was in one.
     pub oom_file: Option<PathBuf>,
+    /// Time from start until the output first showed the step [`Spec::back_to`]
+    /// watches for; `None` when it never did (or nothing was watched).
+    pub back_at: Option<Duration>,
 }
 
 #[derive(thiserror::Error, Debug)]
@@ -352,6 +358,7 @@ pub(crate) fn run_wired(
         stopped: outcome.stopped,
         task_files: w.files.as_ref().map(|f| f.files()).unwrap_or_default(),
         oom_file: w.oom_file.take(),
+        back_at: w.back_at,
         warnings,
     })
 }
@@ -449,6 +456,9 @@ struct Watch<'a> {
     files: Option<taskfiles::Reader>,
     /// The file the pending OOM came from, when it came from one.
     oom_file: Option<PathBuf>,
+    /// The step watched for (see `Spec::back_to`), and when it was seen.
+    back: Option<crate::progress::StepWatch>,
+    back_at: Option<Duration>,
 }
 
 impl<'a> Watch<'a> {
@@ -469,6 +479,8 @@ impl<'a> Watch<'a> {
             pids_at: None,
             files: None,
             oom_file: None,
+            back: spec.back_to.clone(),
+            back_at: None,
         }
     }
 
@@ -482,7 +494,13 @@ impl<'a> Watch<'a> {
         let (scanner, log) = (&mut self.scanner, &mut self.log);
         let (oom_at, oom_file) = (&mut self.oom_at, &mut self.oom_file);
         let (start, last_output) = (self.start, &mut self.last_output);
+        let (back, back_at) = (&mut self.back, &mut self.back_at);
         files.read(now, last, |path, bytes| {
+            if let Some(b) = back.as_mut()
+                && b.feed(detect::Stream::Files as usize, bytes)
+            {
+                *back_at = Some(start.elapsed());
+            }
             if scanner.feed(detect::Stream::Files, bytes) {
                 *oom_at = Some(start.elapsed());
                 *oom_file = Some(path.to_path_buf());
@@ -544,6 +562,11 @@ impl<'a> Watch<'a> {
         } else if self.scanner.first_oom().is_none() {
             self.oom_at = None; // the OOM was survived (see detect's "pending")
             self.oom_file = None;
+        }
+        if let Some(b) = self.back.as_mut()
+            && b.feed(kind as usize, chunk)
+        {
+            self.back_at = Some(self.start.elapsed());
         }
         if let Some(log) = self.log.as_mut() {
             log.feed(chunk);

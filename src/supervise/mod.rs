@@ -40,7 +40,7 @@ use crate::gpu::PeakReport;
 use crate::gpuwatch::{GpuWatch, TENANT_RETRIES};
 use crate::inplace::InPlace;
 use crate::job;
-use crate::journal::{self, AttemptRecord, Event, Journal, Next, SameSettings};
+use crate::journal::{self, AttemptRecord, Event, Journal, Next, SameSettings, SetbackState};
 use crate::knobs::{self, Settings};
 use crate::launch;
 use crate::plan;
@@ -121,6 +121,12 @@ struct Run<'c> {
     no_cpu_offload: Vec<knobs::Knob>,
     /// Whether "the kernel's log cannot be read" was said (it is said once a run).
     kernel_unreadable_said: bool,
+    /// When the run started, for its duration in the summary.
+    t0: std::time::Instant,
+    /// The time lost to OOMs, stretch by stretch (the last may be open).
+    setbacks: Vec<journal::Setback>,
+    /// The command line of the last attempt prepared.
+    last_command: Option<journal::LastCommand>,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
@@ -129,6 +135,18 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
     if let Err(e) = plan::ladder(&cfg, None) {
+        eprintln!("oomguard: error: {e}");
+        return exit::USAGE;
+    }
+    // A module still holding the edit of a run that did not finish would be
+    // read as the original: refused before anything is created.
+    let in_place: Vec<&Path> = cfg
+        .disc
+        .in_place_files()
+        .into_iter()
+        .map(|(_, path, _)| path)
+        .collect();
+    if let Err(e) = crate::inplace::check_unfinished(&in_place) {
         eprintln!("oomguard: error: {e}");
         return exit::USAGE;
     }
@@ -229,6 +247,9 @@ impl<'c> Run<'c> {
             begun: 0,
             attempts: Vec::new(),
             kernel_unreadable_said: false,
+            t0: std::time::Instant::now(),
+            setbacks: Vec::new(),
+            last_command: None,
             cal: cfg.calibrated(),
             no_cpu_offload: Vec::new(),
         }
@@ -272,6 +293,7 @@ impl<'c> Run<'c> {
             next: Next::Stop,
         };
         let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
+        self.track_setback(&rec, &report, started, &flow);
         self.attempts.push(rec);
         flow
     }
@@ -333,6 +355,7 @@ impl<'c> Run<'c> {
             self.baseline = cfg.baseline();
         }
         let resume = self.resume.as_ref().map(|r| Path::new(&r.path));
+        self.last_command = Some(last_command(&cfg.argv, &m, resume));
         let start = Event::attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
         self.j.record(&start);
         let started = SystemTime::now();
@@ -361,6 +384,14 @@ impl<'c> Run<'c> {
             // Ranks finishing on their own get [`JOB_END_GRACE`] first: at the end of
             // a run one node's teardown can fail as its peers exit (a gloo or store
             // connection closed), and that end must not kill this copy's finishing ranks.
+            // A relaunch after an OOM: when is it back at the step the failed
+            // attempt died at (the time the OOM cost)?
+            back_to: self
+                .setbacks
+                .last()
+                .filter(|s| s.state == SetbackState::Behind)
+                .and_then(|s| s.step)
+                .map(|step| progress::StepWatch::new(step, self.started_from(), cfg.logging)),
             stop_when: cfg.job.clone().map(|job| {
                 let seen = std::sync::Mutex::new(None::<std::time::Instant>);
                 launch::StopWhen(std::sync::Arc::new(move || {
@@ -587,14 +618,113 @@ impl<'c> Run<'c> {
         }
     }
 
+    /// The time lost to OOMs after attempt `rec` (see `journal::Setback`): the
+    /// open stretch ends when this attempt got back to its step (or the step was
+    /// never seen, or the run ends here); a failed attempt that is relaunched
+    /// starts one, or joins the open one when it failed before getting back.
+    fn track_setback(
+        &mut self,
+        rec: &AttemptRecord,
+        report: &launch::Report,
+        started: SystemTime,
+        flow: &Flow,
+    ) {
+        let n = rec.n;
+        let again = matches!(flow, Flow::Again);
+        let failed = rec.outcome != OutcomeKind::Success;
+        // Only a step seen exactly: a lower bound (a checkpoint it saved, a log
+        // dict every N steps) would time the way back to the wrong step.
+        let reached = rec
+            .evidence
+            .as_ref()
+            .and_then(|e| e.step_reached)
+            .filter(|r| !r.at_least);
+        let ended = started + report.duration;
+        let mut closed = None;
+        if let Some(s) = self
+            .setbacks
+            .last_mut()
+            .filter(|s| s.state == SetbackState::Behind)
+        {
+            let secs = |t: SystemTime| t.duration_since(s.since).unwrap_or_default().as_secs_f64();
+            if let Some(at) = report.back_at {
+                (s.state, s.seconds) = (SetbackState::Back, Some(secs(started + at)));
+            } else if s.step.is_none() {
+                s.state = SetbackState::Unknown;
+            } else if !(again && failed) {
+                (s.state, s.seconds) = (SetbackState::NotBack, Some(secs(ended)));
+            } else {
+                s.ooms.push(n);
+                s.step = s.step.max(reached.map(|r| r.step));
+            }
+            if s.state != SetbackState::Behind {
+                s.ended_in = Some(n);
+                closed = Some(s.clone());
+            }
+        }
+        if let Some(s) = closed {
+            self.record_setback(n, &s);
+        }
+        let open = self
+            .setbacks
+            .last()
+            .is_some_and(|s| s.state == SetbackState::Behind);
+        if again && failed && !open {
+            let s = journal::Setback {
+                ooms: vec![n],
+                step: reached.map(|r| r.step),
+                since: started + report.oom_at.unwrap_or(report.duration),
+                state: SetbackState::Behind,
+                ended_in: None,
+                seconds: None,
+                seen_back: false,
+            };
+            self.record_setback(n, &s);
+            self.setbacks.push(s);
+        }
+    }
+
+    fn record_setback(&mut self, n: u32, s: &journal::Setback) {
+        let since: chrono::DateTime<chrono::Local> = s.since.into();
+        self.j.record(&Event::TimeLost {
+            attempt: n,
+            state: s.state,
+            ooms: &s.ooms,
+            back_to_step: s.step,
+            since: since.to_rfc3339_opts(chrono::SecondsFormat::Millis, false),
+            seconds: s.seconds,
+        });
+    }
+
     /// Journal the end, restore files edited in place, and print the summary.
     fn finish(mut self, code: i32) -> i32 {
         let lost = journal::lost(&self.attempts);
+        // A relaunch that had not got back when the run ended.
+        let n = self.begun;
+        if let Some(s) = self
+            .setbacks
+            .last_mut()
+            .filter(|s| s.state == SetbackState::Behind)
+        {
+            s.state = SetbackState::NotBack;
+            s.ended_in = Some(n);
+            s.seconds = Some(
+                SystemTime::now()
+                    .duration_since(s.since)
+                    .unwrap_or_default()
+                    .as_secs_f64(),
+            );
+            let s = s.clone();
+            self.record_setback(n, &s);
+        }
         self.j.record(&Event::RunEnd {
             exit_code: code,
             attempts: self.begun,
             lost_s: lost.as_secs_f64(),
             settings: &self.settings,
+            time_lost_s: self.setbacks.iter().map(journal::Setback::counted).sum(),
+            time_lost_complete: self.setbacks.iter().all(|s| s.state == SetbackState::Back),
+            last_command: self.last_command.as_ref().map(|c| c.line.as_str()),
         });
         for l in self.inplace.restore() {
             eprintln!("oomguard: {l}");
@@ -613,6 +743,9 @@ impl<'c> Run<'c> {
                 .as_ref()
                 .filter(|j| !j.leader())
                 .map(|_| "copy 0 of the job"),
+            elapsed: self.t0.elapsed(),
+            setbacks: &self.setbacks,
+            last_command: self.last_command.as_ref(),
         };
         eprint!("{}", end.summary());
         if let Some(p) = self.gw.peak_summary() {
@@ -624,6 +757,45 @@ impl<'c> Run<'c> {
             eprint!("{line}");
         }
         code
+    }
+}
+
+/// The command line attempt `m` runs, for the summary: shell-quoted, with the
+/// environment variables its knobs set (and the user's environment does not
+/// already hold) in front, the config copies it reads, the files edited in
+/// place, and the checkpoint it resumes from.
+fn last_command(
+    user: &[OsString],
+    m: &knobs::Materialized,
+    resume: Option<&Path>,
+) -> journal::LastCommand {
+    let env: Vec<String> = m
+        .env
+        .iter()
+        .filter(|(k, v)| std::env::var(k).ok().as_ref() != Some(v))
+        .map(|(k, v)| format!("{k}={}", plan::shell_quote(&[OsString::from(v)])))
+        .collect();
+    let mut line = env.join(" ");
+    if !line.is_empty() {
+        line.push(' ');
+    }
+    line += &plan::shell_quote(&m.argv);
+    journal::LastCommand {
+        changed: !env.is_empty() || m.argv != user || !m.files.is_empty(),
+        line,
+        copies: m
+            .files
+            .iter()
+            .filter(|f| !f.in_place)
+            .map(|f| (f.original.clone(), f.dest.clone()))
+            .collect(),
+        in_place: m
+            .files
+            .iter()
+            .filter(|f| f.in_place)
+            .map(|f| f.dest.clone())
+            .collect(),
+        resume: resume.map(|p| p.display().to_string()),
     }
 }
 
