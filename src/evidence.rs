@@ -396,6 +396,7 @@ mod tests {
             stopped: None,
             task_files: Vec::new(),
             oom_file: None,
+            torchrun: None,
         }
     }
 

@@ -42,6 +42,7 @@ fn spec(argv: &[&str]) -> Spec {
         grace: Duration::from_secs(2),
         task_files: None,
         stop_when: None,
+        torchrun_restarts: None,
     }
 }
 
