@@ -220,7 +220,8 @@ fn config_sets_finder(text: &str) -> bool {
             .trim_start_matches(['"', '\''])
             .trim_start();
         rest.strip_prefix([':', '='])
-            .map(|v| v.trim().trim_end_matches(',').trim_matches(['"', '\'']))
+            .and_then(|v| v.split([',', '}', ' ', '#']).find(|w| !w.is_empty()))
+            .map(|v| v.trim_matches(['"', '\'']))
             .is_some_and(truthy)
     })
 }
