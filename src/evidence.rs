@@ -397,6 +397,7 @@ mod tests {
             task_files: Vec::new(),
             oom_file: None,
             back_at: None,
+            torchrun: None,
         }
     }
 

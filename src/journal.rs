@@ -106,6 +106,10 @@ pub enum Event<'a> {
         duration_s: f64,
         error_line: Option<&'a str>,
         gpu_peak: Option<&'a PeakReport>,
+        /// torchrun's own restarts within this attempt (`--max-restarts N`): how
+        /// many, and whether oomguard stopped torchrun at a worker's OOM.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        torchrun: Option<&'a crate::launch::TorchrunRestarts>,
     },
     /// The command could not be started (an `attempt_end` line).
     #[serde(rename = "attempt_end")]
@@ -907,6 +911,7 @@ mod tests {
             duration_s: 1.5,
             error_line: None,
             gpu_peak: None,
+            torchrun: None,
         });
         let text = fs::read_to_string(dir.join("journal.jsonl")).unwrap();
         let lines: Vec<Json> = text

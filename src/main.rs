@@ -16,6 +16,7 @@ mod frameworks;
 mod gpu;
 mod gpuwatch;
 mod inplace;
+mod inside;
 mod job;
 mod journal;
 mod knobs;

@@ -61,6 +61,80 @@ pub fn shell_lines(argv: &[OsString], width: usize) -> String {
     out
 }
 
+/// The `oomguard plan` command line that shows why for this command (with `--`
+/// when the command could be read as a subcommand or an option).
+pub fn plan_hint(argv: &[OsString]) -> String {
+    const SUBCOMMANDS: &[&str] = &[
+        "plan",
+        "estimate",
+        "diagnose",
+        "gpus",
+        "restore",
+        "status",
+        "runs",
+        "completions",
+        "man",
+        "help",
+    ];
+    let first = argv
+        .first()
+        .map(|a| a.to_string_lossy())
+        .unwrap_or_default();
+    let dashes = first.starts_with('-') || SUBCOMMANDS.contains(&first.as_ref());
+    format!(
+        "`oomguard plan {}{}`",
+        if dashes { "-- " } else { "" },
+        shell_quote(argv)
+    )
+}
+
+/// What oomguard can change in the command and what it cannot, in one line:
+/// each knob found with where it lives, then the knobs not found.
+pub fn changeable(cfg: &RunConfig) -> String {
+    let found: Vec<String> = cfg
+        .disc
+        .knobs
+        .iter()
+        .map(|(k, b)| format!("{k} ({})", b.describe()))
+        .collect();
+    let missing: Vec<&str> = Knob::ALL
+        .iter()
+        .filter(|k| !cfg.disc.knobs.contains_key(k))
+        .map(|k| k.name())
+        .collect();
+    let can = if found.is_empty() {
+        "nothing".to_string()
+    } else {
+        found.join(", ")
+    };
+    let mut line = format!("can change: {can}");
+    if !missing.is_empty() {
+        let _ = write!(
+            line,
+            "; cannot change (not found in the command): {}; {} shows why and how to bind a knob with --knob",
+            missing.join(", "),
+            plan_hint(&cfg.argv)
+        );
+    }
+    line
+}
+
+/// The notes that say how to bind the knobs oomguard did not find
+/// (`micro_batch: --batch_size may be the global batch ...`).
+pub fn unbound_notes(cfg: &RunConfig) -> Vec<&str> {
+    cfg.disc
+        .notes
+        .iter()
+        .filter(|n| {
+            Knob::ALL.iter().any(|k| {
+                !cfg.disc.knobs.contains_key(k)
+                    && n.strip_prefix(k.name()).is_some_and(|r| r.starts_with(':'))
+            })
+        })
+        .map(String::as_str)
+        .collect()
+}
+
 /// One rung of the ladder: the settings an attempt would run with.
 pub struct Rung {
     /// `None` for the first attempt, which runs as given.

@@ -57,6 +57,9 @@ pub struct RunConfig {
     /// The files srun writes its tasks' output to (`srun --output=logs/%j-%t.out`),
     /// read as the step runs; `None` when the output comes through srun.
     pub task_files: Option<crate::launch::TaskFiles>,
+    /// What runs inside the command: a shell script, torchrun's own restarts, an
+    /// in-process batch-size finder (its notes are in `disc.notes` too).
+    pub inside: crate::inside::Inside,
 }
 
 /// 1 when the command sets a DataLoader prefetch factor or persistent workers
@@ -229,6 +232,14 @@ impl RunConfig {
             }
         }
         let task_files = task_files(&cmd, &env, &mut disc);
+        let inside = crate::inside::Inside::find(
+            &cmd,
+            disc.config
+                .files
+                .iter()
+                .map(|f| (f.shown.as_str(), f.doc.text())),
+        );
+        disc.notes.extend(inside.notes());
         if program == Some("salloc") {
             disc.warnings.push(
                 "salloc: oomguard sees salloc, not the srun steps it starts, so a Ctrl-C or a kill cannot cancel them; wrap the srun instead: `salloc -N2 oomguard srun ...` (README, Clusters)".into(),
@@ -285,6 +296,7 @@ impl RunConfig {
         Ok(RunConfig {
             job,
             task_files,
+            inside,
             layout,
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,

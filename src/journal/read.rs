@@ -403,6 +403,7 @@ mod tests {
             why: None,
             kernel_oom_kill: None,
             gpu_peak: Some(&peak),
+            torchrun: None,
         });
         j.record(&Event::Suspect {
             attempt: 1,

@@ -132,6 +132,24 @@ pub struct Spec {
     /// A relaunch after an OOM: watch the output for the step the failed
     /// attempt died at ([`Report::back_at`]).
     pub back_to: Option<crate::progress::StepWatch>,
+    /// The command is torchrun with `--max-restarts N` (N > 0): torchrun's worker
+    /// group failures (its `failed (exitcode: ...)` lines) are counted into this
+    /// attempt, and once a worker died of a pending GPU OOM the attempt is ended
+    /// at once, before torchrun re-runs the settings that ran out (see
+    /// [`Report::torchrun`]).
+    pub torchrun_restarts: Option<u32>,
+}
+
+/// torchrun's own restarts within one attempt (`--max-restarts N`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct TorchrunRestarts {
+    /// `--max-restarts N`.
+    pub max_restarts: u32,
+    /// How many times torchrun restarted its workers within this attempt.
+    pub restarts: u32,
+    /// A worker died of a GPU OOM and oomguard ended the attempt before torchrun
+    /// restarted the workers with the same settings.
+    pub stopped_at_oom: bool,
 }
 
 /// How the direct child ended.
@@ -208,6 +226,8 @@ pub struct Report {
     /// Time from start until the output first showed the step [`Spec::back_to`]
     /// watches for; `None` when it never did (or nothing was watched).
     pub back_at: Option<Duration>,
+    /// torchrun's own restarts in this attempt (when [`Spec::torchrun_restarts`]).
+    pub torchrun: Option<TorchrunRestarts>,
 }
 
 #[derive(thiserror::Error, Debug)]
@@ -339,6 +359,22 @@ pub(crate) fn run_wired(
         files.find_step(pid as u32);
     }
     let outcome = supervise(&mut attempt, &mut streams, &mut w, signals, master.as_ref())?;
+    let torchrun = spec.torchrun_restarts.map(|max_restarts| {
+        // Each worker group failure was followed by a restart, except the one
+        // that ended the attempt: oomguard stopped torchrun at it, or torchrun
+        // gave up (a failed exit of its own, not a hang or a signal).
+        let gave_up = !outcome.worker_oom
+            && !outcome.hung
+            && outcome.interrupted.is_none()
+            && outcome.stopped.is_none()
+            && outcome.exit != Exit::Code(0);
+        let last = u32::from(outcome.worker_oom || gave_up);
+        TorchrunRestarts {
+            max_restarts,
+            restarts: w.group_failures.saturating_sub(last).min(max_restarts),
+            stopped_at_oom: outcome.worker_oom,
+        }
+    });
     drop(streams);
     attempt.finish();
 
@@ -360,6 +396,7 @@ pub(crate) fn run_wired(
         oom_file: w.oom_file.take(),
         back_at: w.back_at,
         warnings,
+        torchrun,
     })
 }
 
@@ -459,6 +496,13 @@ struct Watch<'a> {
     /// The step watched for (see `Spec::back_to`), and when it was seen.
     back: Option<crate::progress::StepWatch>,
     back_at: Option<Duration>,
+    /// torchrun's worker group failures seen (with [`Spec::torchrun_restarts`]),
+    /// and the last bytes of each stream, for a line split across chunks.
+    group_failures: u32,
+    failure_carry: [Vec<u8>; 3],
+    /// A worker died (a group failure) while a GPU OOM was pending: torchrun
+    /// would now restart it with the same settings.
+    worker_oom: bool,
 }
 
 impl<'a> Watch<'a> {
@@ -481,6 +525,42 @@ impl<'a> Watch<'a> {
             oom_file: None,
             back: spec.back_to.clone(),
             back_at: None,
+            group_failures: 0,
+            failure_carry: Default::default(),
+            worker_oom: false,
+        }
+    }
+
+    /// torchrun's worker group failures in `chunk` (its agent's `failed
+    /// (exitcode: N) local_rank: R (pid: P)` line, one per failed group); a
+    /// failure while a GPU OOM is pending means the OOM ended a worker.
+    fn group_failures_in(&mut self, kind: detect::Stream, chunk: &[u8]) {
+        const NEEDLE: &[u8] = b"failed (exitcode: ";
+        let carry = &mut self.failure_carry[kind as usize];
+        // A line split across chunks: matches that start in the carry.
+        let mut window = std::mem::take(carry);
+        let from_carry = window.len();
+        window.extend_from_slice(&chunk[..chunk.len().min(NEEDLE.len())]);
+        let mut n = memchr::memmem::find_iter(&window, NEEDLE)
+            .filter(|&at| at < from_carry)
+            .count();
+        n += memchr::memmem::find_iter(chunk, NEEDLE).count();
+        let tail = if chunk.len() >= NEEDLE.len() - 1 {
+            &chunk[chunk.len() - (NEEDLE.len() - 1)..]
+        } else {
+            &window[window.len().saturating_sub(NEEDLE.len() - 1)..]
+        };
+        *carry = tail.to_vec();
+        if n == 0 {
+            return;
+        }
+        self.group_failures += n as u32;
+        if self
+            .scanner
+            .first_oom()
+            .is_some_and(|f| f.kind == detect::Kind::GpuOom)
+        {
+            self.worker_oom = true;
         }
     }
 
@@ -568,6 +648,9 @@ impl<'a> Watch<'a> {
         {
             self.back_at = Some(self.start.elapsed());
         }
+        if self.spec.torchrun_restarts.is_some() {
+            self.group_failures_in(kind, chunk);
+        }
         if let Some(log) = self.log.as_mut() {
             log.feed(chunk);
         }
@@ -637,6 +720,8 @@ struct Outcome {
     interrupted: Option<i32>,
     hung: bool,
     stopped: Option<String>,
+    /// Ended by oomguard when a torchrun worker died of a GPU OOM.
+    worker_oom: bool,
     warnings: Vec<String>,
 }
 
@@ -680,6 +765,7 @@ fn supervise(
             w.read_files(now, false);
         }
         st.check_stop(attempt, w, now);
+        st.check_worker_oom(attempt, w, now);
         st.escalate(attempt, w, now);
 
         // ---- done?
@@ -692,6 +778,7 @@ fn supervise(
                     interrupted: st.interrupted,
                     hung: st.hung,
                     stopped: st.stop_why,
+                    worker_oom: st.worker_oom,
                     warnings: st.warnings,
                 });
             }
@@ -710,6 +797,8 @@ struct LoopState {
     interrupted: Option<i32>,
     /// Why `Spec::stop_when` ended the attempt, and when it was last asked.
     stop_why: Option<String>,
+    /// The attempt was ended because a torchrun worker died of a GPU OOM.
+    worker_oom: bool,
     stop_checked: Instant,
     /// How many of each user interrupt arrived: a second SIGINT, SIGTERM or SIGHUP
     /// kills the group at once (a first SIGTERM or SIGHUP starts the grace period).
@@ -736,6 +825,7 @@ impl LoopState {
             hung: false,
             interrupted: None,
             stop_why: None,
+            worker_oom: false,
             stop_checked: Instant::now(),
             sigints: 0,
             sigterms: 0,
@@ -906,6 +996,21 @@ impl LoopState {
             self.term_at = Some(now);
             self.stop_why = Some(why);
         }
+    }
+
+    /// A torchrun worker died of a GPU OOM (see [`Spec::torchrun_restarts`]): end
+    /// the attempt now, as a hang is ended, before torchrun restarts the workers
+    /// with the settings that just ran out of memory.
+    fn check_worker_oom(&mut self, attempt: &Attempt, w: &Watch<'_>, now: Instant) {
+        if !w.worker_oom || self.exited.is_some() || self.term_at.is_some() {
+            return;
+        }
+        let pgid = attempt.pid;
+        tracing::info!("a torchrun worker died of an OOM: terminating process group {pgid}");
+        tree::kill_group(pgid, libc::SIGTERM);
+        tree::kill_marked(&attempt.marker, libc::SIGTERM);
+        self.term_at = Some(now);
+        self.worker_oom = true;
     }
 
     /// The next step towards nothing of the attempt being alive: SIGTERM on a

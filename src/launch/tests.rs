@@ -43,6 +43,7 @@ fn spec(argv: &[&str]) -> Spec {
         task_files: None,
         stop_when: None,
         back_to: None,
+        torchrun_restarts: None,
     }
 }
 

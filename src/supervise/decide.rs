@@ -235,18 +235,42 @@ impl<'c> Run<'c> {
         }
         let policy = self.policy();
         let Some(d) = crate::memory::decide(&policy, &self.settings, ev, self.cal.as_mut()) else {
-            eprintln!(
-                "oomguard: the policy '{}' has no step left; the run still does not fit at {}",
-                self.cfg.policy.name, self.settings
-            );
-            for na in policy::not_applicable(&self.cfg.policy, &self.cfg.disc) {
-                eprintln!("oomguard:   {} not applicable: {}", na.step, na.why);
-            }
+            self.nothing_left();
             return Flow::Stop(exit::EXHAUSTED);
         };
         let oom_after = report.oom_at.unwrap_or(report.duration);
         rec.next = self.decide(n, ev, d, started, oom_after);
         Flow::Again
+    }
+
+    /// Why the policy has no step left, complete at the default verbosity: the
+    /// settings it ran with (or that there is nothing to change), each step that
+    /// cannot apply and why, the notes those refer to (how to bind a knob), a
+    /// shell script in front of the real command, and the `plan` that shows all.
+    fn nothing_left(&self) {
+        let cfg = self.cfg;
+        let at = if self.settings.knobs.is_empty() {
+            "as written: oomguard found no setting it can change in this command".to_string()
+        } else {
+            format!("at {}", self.settings)
+        };
+        eprintln!(
+            "oomguard: the policy '{}' has no step left; the run still does not fit {at}",
+            cfg.policy.name
+        );
+        for na in policy::not_applicable(&cfg.policy, &cfg.disc) {
+            eprintln!("oomguard:   {} not applicable: {}", na.step, na.why);
+        }
+        for n in plan::unbound_notes(cfg) {
+            eprintln!("oomguard:   {n}");
+        }
+        if let Some(s) = &cfg.inside.shell_script {
+            eprintln!("oomguard:   {}", crate::inside::shell_note(s));
+        }
+        eprintln!(
+            "oomguard:   {} shows every knob, where oomguard looked for it and the ladder",
+            plan::plan_hint(&cfg.argv)
+        );
     }
 
     /// The same allocation failing again right after the micro-batch was

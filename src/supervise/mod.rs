@@ -134,10 +134,13 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let gw = cfg.gpu.take().expect("from_args opened the GPU watch");
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
-    if let Err(e) = plan::ladder(&cfg, None) {
-        eprintln!("oomguard: error: {e}");
-        return exit::USAGE;
-    }
+    let rungs = match plan::ladder(&cfg, None) {
+        Ok(r) => r.len(),
+        Err(e) => {
+            eprintln!("oomguard: error: {e}");
+            return exit::USAGE;
+        }
+    };
     // A module still holding the edit of a run that did not finish would be
     // read as the original: refused before anything is created.
     let in_place: Vec<&Path> = cfg
@@ -177,7 +180,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
             return exit::USAGE;
         }
     };
-    let mut run = Run::start(&cfg, gw, inplace);
+    let mut run = Run::start(&cfg, gw, inplace, rungs);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
     let code = loop {
         if let Some(sig) = signals.pending() {
@@ -192,7 +195,8 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
 }
 
 impl<'c> Run<'c> {
-    fn start(cfg: &'c RunConfig, gw: GpuWatch, inplace: InPlace) -> Run<'c> {
+    /// `rungs`: how many attempts the policy's ladder has (1: nothing to change).
+    fn start(cfg: &'c RunConfig, gw: GpuWatch, inplace: InPlace, rungs: usize) -> Run<'c> {
         let mut j = Journal::open(cfg.run_dir.clone());
         let env_defaults = cfg.env_defaults();
         let tty = std::io::stdout().is_terminal();
@@ -215,11 +219,7 @@ impl<'c> Run<'c> {
         for w in &cfg.disc.warnings {
             eprintln!("oomguard: warning: {w}");
         }
-        if cfg.verbose > 0 {
-            for n in &cfg.disc.notes {
-                log.info(&format!("note: {n}"));
-            }
-        }
+        start_lines(cfg, &log, rungs);
         let (settings, remembered) = cfg.start_settings();
         if let Some(line) = remembered {
             log.info(&line);
@@ -401,6 +401,7 @@ impl<'c> Run<'c> {
                     (at.elapsed() >= JOB_END_GRACE).then_some(why)
                 }))
             }),
+            torchrun_restarts: cfg.inside.torchrun_restarts,
         };
         Ok((spec, started))
     }
@@ -499,6 +500,22 @@ impl<'c> Run<'c> {
                 tf.cwd.display()
             );
         }
+        if let Some(t) = &report.torchrun {
+            if t.stopped_at_oom {
+                self.log.info(&format!(
+                    "attempt {n}: a torchrun worker died of a GPU OOM: stopped torchrun before its --max-restarts {} re-ran the same settings",
+                    t.max_restarts
+                ));
+            }
+            if t.restarts > 0 {
+                self.log.info(&format!(
+                    "attempt {n}: torchrun restarted its workers {} time{} within this attempt (--max-restarts {})",
+                    t.restarts,
+                    if t.restarts == 1 { "" } else { "s" },
+                    t.max_restarts
+                ));
+            }
+        }
         let (outcome, unreadable) = evidence::classify(report, &kernel::System);
         let outcome = self.thrust_after_steps(outcome, log, started);
         if let Some(why) = unreadable
@@ -532,6 +549,7 @@ impl<'c> Run<'c> {
             duration_s: report.duration.as_secs_f64(),
             error_line: report.scanner.error_line(),
             gpu_peak: peak,
+            torchrun: report.torchrun.as_ref(),
         });
         outcome
     }
@@ -796,6 +814,37 @@ fn last_command(
             .map(|f| f.dest.clone())
             .collect(),
         resume: resume.map(|p| p.display().to_string()),
+    }
+}
+
+/// What a user must know before a night's run, at the default verbosity: what
+/// oomguard can change and what it cannot, a shell script it cannot see into,
+/// restarters and batch-size finders inside the command; every note with -v.
+fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
+    if let Some(s) = &cfg.inside.shell_script {
+        eprintln!("oomguard: warning: {}", crate::inside::shell_note(s));
+    }
+    if rungs <= 1 && cfg.max_attempts > 1 {
+        let mut line = format!(
+            "oomguard: warning: oomguard found no setting it can change after a GPU OOM in this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows where it looked",
+            plan::plan_hint(&cfg.argv)
+        );
+        if let Some(n) = plan::unbound_notes(cfg)
+            .into_iter()
+            .find(|n| n.starts_with("micro_batch:"))
+            .filter(|_| cfg.inside.shell_script.is_none())
+        {
+            line.push_str(&format!(". {n}"));
+        }
+        eprintln!("{line}");
+    }
+    log.info(&plan::changeable(cfg));
+    let inside = cfg.inside.notes();
+    for n in &cfg.disc.notes {
+        let shell = cfg.inside.shell_script.is_some() && inside.first() == Some(n);
+        if cfg.verbose > 0 || (inside.contains(n) && !shell) {
+            log.info(&format!("note: {n}"));
+        }
     }
 }
 
