@@ -202,7 +202,13 @@ pub struct Report {
     pub task_files: Vec<PathBuf>,
     /// The per-task file the pending OOM was found in, when it was in one.
     pub oom_file: Option<PathBuf>,
+    /// The last [`TAIL_BYTES`] of the output (stdout and stderr as they came): where a
+    /// parser's refusal of an argument oomguard added is read (`detect::refusal`).
+    pub tail: Vec<u8>,
 }
+
+/// How much of an attempt's last output [`Report::tail`] keeps.
+pub const TAIL_BYTES: usize = 64 << 10;
 
 #[derive(thiserror::Error, Debug)]
 pub enum Error {
@@ -352,6 +358,7 @@ pub(crate) fn run_wired(
         stopped: outcome.stopped,
         task_files: w.files.as_ref().map(|f| f.files()).unwrap_or_default(),
         oom_file: w.oom_file.take(),
+        tail: w.tail.to_vec(),
         warnings,
     })
 }
@@ -449,6 +456,8 @@ struct Watch<'a> {
     files: Option<taskfiles::Reader>,
     /// The file the pending OOM came from, when it came from one.
     oom_file: Option<PathBuf>,
+    /// The last output (see [`Report::tail`]).
+    tail: output::Ring,
 }
 
 impl<'a> Watch<'a> {
@@ -467,6 +476,7 @@ impl<'a> Watch<'a> {
             last_output: Instant::now(),
             pids: detect::kernel::RunPids::new(),
             pids_at: None,
+            tail: output::Ring::default(),
             files: None,
             oom_file: None,
         }
@@ -548,6 +558,7 @@ impl<'a> Watch<'a> {
         if let Some(log) = self.log.as_mut() {
             log.feed(chunk);
         }
+        self.tail.push(chunk, TAIL_BYTES);
         self.last_output = Instant::now();
     }
 }

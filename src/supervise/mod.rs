@@ -121,6 +121,11 @@ struct Run<'c> {
     no_cpu_offload: Vec<knobs::Knob>,
     /// Whether "the kernel's log cannot be read" was said (it is said once a run).
     kernel_unreadable_said: bool,
+    /// What the attempt being run added to the command (see `knobs::added`): a
+    /// refusal of one of them by the command's parser is oomguard's doing.
+    added: Vec<(knobs::Knob, String)>,
+    /// Knobs dropped because the command refused what oomguard added for them.
+    dropped: Vec<knobs::Knob>,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
@@ -229,6 +234,8 @@ impl<'c> Run<'c> {
             begun: 0,
             attempts: Vec::new(),
             kernel_unreadable_said: false,
+            added: Vec::new(),
+            dropped: Vec::new(),
             cal: cfg.calibrated(),
             no_cpu_offload: Vec::new(),
         }
@@ -269,6 +276,7 @@ impl<'c> Run<'c> {
             duration: report.duration,
             evidence: None,
             foreign: None,
+            refused: None,
             next: Next::Stop,
         };
         let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
@@ -309,6 +317,7 @@ impl<'c> Run<'c> {
             );
             return Err(exit::CANNOT_WRITE);
         }
+        self.added = knobs::added(&cfg.disc, &self.settings);
         let env_set: Vec<(OsString, OsString)> = self
             .env_defaults
             .iter()
@@ -470,6 +479,18 @@ impl<'c> Run<'c> {
         }
         let (outcome, unreadable) = evidence::classify(report, &kernel::System);
         let outcome = self.thrust_after_steps(outcome, log, started);
+        let outcome = evidence::refused(outcome, &report.tail, &self.added);
+        if let Outcome::Refused {
+            knob, added, line, ..
+        } = &outcome
+        {
+            self.j.record(&Event::Refused {
+                attempt: n,
+                knob: *knob,
+                added,
+                line,
+            });
+        }
         if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
