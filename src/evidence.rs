@@ -15,6 +15,7 @@ use crate::detect::kernel::{self, Victim};
 use crate::detect::{self, Finding, Kind, OomNumbers, format_size};
 use crate::launch;
 use crate::progress::Reached;
+use crate::settings::Knob;
 
 /// How one attempt ended.
 #[derive(Debug, Clone)]
@@ -54,6 +55,17 @@ pub enum Outcome {
         /// The peer-failure line, or why the job ended the attempt.
         line: String,
     },
+    /// The command's parser refused an argument oomguard added for `knob` (a flag such
+    /// as `--gradient_accumulation_steps`, an override such as `++a.b`): oomguard's own
+    /// doing, not the run's failure (see [`refused`]).
+    Refused {
+        code: i32,
+        knob: Knob,
+        /// What oomguard added, as it stood in argv (without its value).
+        added: String,
+        /// The parser's line.
+        line: String,
+    },
 }
 
 /// An outcome's name, as the journal writes it (`"outcome": "cuda_oom"`).
@@ -70,6 +82,8 @@ pub enum OutcomeKind {
     Interrupted,
     /// Ended because a peer of the distributed run failed (see [`Outcome::PeerFailure`]).
     PeerFailure,
+    /// The command's parser refused an argument oomguard added (see [`Outcome::Refused`]).
+    RejectedAddition,
     /// The command could not be started at all (not found, not executable).
     CannotExecute,
     /// `plan`'s dry run: nothing ran, an OOM is assumed.
@@ -87,6 +101,7 @@ impl Outcome {
             Outcome::Other { .. } => OutcomeKind::OtherFailure,
             Outcome::Interrupted { .. } => OutcomeKind::Interrupted,
             Outcome::PeerFailure { .. } => OutcomeKind::PeerFailure,
+            Outcome::Refused { .. } => OutcomeKind::RejectedAddition,
         }
     }
 
@@ -252,6 +267,30 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
     }
 }
 
+/// A failure that is not an OOM, checked against what oomguard added to this
+/// attempt's command (`added`: each knob with the flag or `PREFIX KEY` override
+/// name it added, see `knobs::added`): when the output's last lines hold a
+/// parser refusing one of them (`detect::refusal`), the attempt failed of
+/// oomguard's doing, [`Outcome::Refused`]. Any other outcome is returned as it is.
+pub fn refused(outcome: Outcome, tail: &[u8], added: &[(Knob, String)]) -> Outcome {
+    let Outcome::Other { code, .. } = &outcome else {
+        return outcome;
+    };
+    if added.is_empty() || *code == 0 {
+        return outcome;
+    }
+    let names: Vec<String> = added.iter().map(|(_, a)| a.clone()).collect();
+    match detect::refusal::refused(tail, &names) {
+        Some(r) => Outcome::Refused {
+            code: *code,
+            knob: added[r.index].0,
+            added: added[r.index].1.clone(),
+            line: r.line,
+        },
+        None => outcome,
+    }
+}
+
 /// What an OOM attempt showed, for the policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evidence {
@@ -398,6 +437,7 @@ mod tests {
             oom_file: None,
             back_at: None,
             torchrun: None,
+            tail: log.as_bytes().to_vec(),
         }
     }
 
@@ -681,8 +721,46 @@ srun: error: n1: task 0: Terminated\n";
             (OutcomeKind::OtherFailure, "other_failure"),
             (OutcomeKind::CannotExecute, "cannot_execute"),
             (OutcomeKind::AbsurdRequest, "absurd_request"),
+            (OutcomeKind::RejectedAddition, "rejected_addition"),
         ] {
             assert_eq!(serde_json::json!(k), name);
         }
+    }
+
+    /// A failure whose last lines are a parser refusing what oomguard added is
+    /// oomguard's doing; the same failure with nothing added, a refusal of something
+    /// else, or an OOM keep their outcome.
+    #[test]
+    fn a_parsers_refusal_of_what_oomguard_added_is_not_the_runs_failure() {
+        let added = vec![(Knob::GradAccum, "--gradient_accumulation_steps".to_string())];
+        let log = "usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --gradient_accumulation_steps 2\n";
+        let r = report(log, launch::Exit::Code(2));
+        match refused(classify_plain(&r), &r.tail, &added) {
+            Outcome::Refused {
+                code,
+                knob,
+                added,
+                line,
+            } => {
+                assert_eq!((code, knob), (2, Knob::GradAccum));
+                assert_eq!(added, "--gradient_accumulation_steps");
+                assert!(line.contains("unrecognized arguments"), "{line}");
+            }
+            o => panic!("{o:?}"),
+        }
+        let o = refused(classify_plain(&r), &r.tail, &[]);
+        assert_eq!(o.kind(), OutcomeKind::OtherFailure);
+        let other = report(
+            "train.py: error: unrecognized arguments: --lr 3\n",
+            launch::Exit::Code(2),
+        );
+        let o = refused(classify_plain(&other), &other.tail, &added);
+        assert_eq!(o.kind(), OutcomeKind::OtherFailure);
+        let oom = report(
+            "train.py: error: unrecognized arguments: --gradient_accumulation_steps 2\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n",
+            launch::Exit::Code(1),
+        );
+        let o = refused(classify_plain(&oom), &oom.tail, &added);
+        assert_eq!(o.kind(), OutcomeKind::CudaOom);
     }
 }

@@ -133,6 +133,14 @@ pub enum Event<'a> {
     Suspect { attempt: u32, why: &'static str },
     /// The OOM was caused by another tenant's memory.
     ForeignOom { attempt: u32, tenants: &'a [Tenant] },
+    /// The command's parser refused an argument oomguard added for `knob` (its
+    /// `line`): the knob is dropped from this run's settings.
+    Refused {
+        attempt: u32,
+        knob: Knob,
+        added: &'a str,
+        line: &'a str,
+    },
     /// A newer checkpoint that the next attempt will not resume from.
     CheckpointSkipped {
         attempt: u32,
@@ -639,6 +647,9 @@ pub struct AttemptRecord {
     pub evidence: Option<Evidence>,
     /// Whose memory caused the OOM, when another tenant's did.
     pub foreign: Option<String>,
+    /// What oomguard added that the command refused, and the knob dropped for it
+    /// ("--gradient_accumulation_steps (grad_accum)"), when it did.
+    pub refused: Option<String>,
     pub next: Next,
 }
 
@@ -754,6 +765,14 @@ impl End<'_> {
         }
         for (n, cause, d) in decisions {
             out.push_str(&format!("  attempt {n}: {cause} → {}\n", d.step));
+        }
+        for a in self.attempts {
+            if let Some(what) = &a.refused {
+                out.push_str(&format!(
+                    "  attempt {}: the command refused {what}, which oomguard added → dropped, not counted as the run's failure\n",
+                    a.n
+                ));
+            }
         }
         if let Some(p) = self.journal {
             out.push_str(&format!("oomguard: journal: {}\n", p.display()));
@@ -1134,6 +1153,7 @@ mod tests {
             duration: Duration::from_secs(2),
             evidence: Some(oom.clone()),
             foreign: foreign.map(String::from),
+            refused: None,
             next,
         };
         let loss = Loss {

@@ -605,6 +605,13 @@ fn largest_divisor_at_most(n: u64, limit: u64) -> u64 {
 /// Steps that cannot apply to this command at all, whatever the settings.
 pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
     let mut out = Vec::new();
+    // Why a flag the family would add is not: the script's parser lacks it.
+    let refused = |k: Knob| {
+        disc.not_accepted
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, why)| why.as_str())
+    };
     for s in &policy.steps {
         let why = match s.kind {
             StepKind::HalveMicroBatch if !disc.knobs.contains_key(&Knob::MicroBatch) => {
@@ -613,12 +620,18 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
             StepKind::HalveMicroBatch
                 if policy.keep_global_batch && !disc.knobs.contains_key(&Knob::GradAccum) =>
             {
-                Some("grad_accum is not bound, so halving the micro-batch would change the global batch (bind it with --knob grad_accum=FLAG, or set keep_global_batch = false in the policy)".to_string())
+                Some(match refused(Knob::GradAccum) {
+                    Some(why) => format!("{why}: halving the micro-batch would change the global batch (bind an accumulation option the script has with --knob grad_accum=--ITS_FLAG=1 before the command, or set keep_global_batch = false in the policy)"),
+                    None => "grad_accum is not bound, so halving the micro-batch would change the global batch (bind it with --knob grad_accum=FLAG, or set keep_global_batch = false in the policy)".to_string(),
+                })
             }
             StepKind::EnableGradCheckpointing
                 if !disc.knobs.contains_key(&Knob::GradCheckpointing) =>
             {
-                Some("grad_checkpointing is not bound (--knob grad_checkpointing=FLAG)".into())
+                Some(match refused(Knob::GradCheckpointing) {
+                    Some(why) => format!("{why} (bind a checkpointing option the script has with --knob grad_checkpointing=--ITS_FLAG)"),
+                    None => "grad_checkpointing is not bound (--knob grad_checkpointing=FLAG)".into(),
+                })
             }
             StepKind::ShortenSeq if !disc.knobs.contains_key(&Knob::SeqLen) => {
                 Some("seq_len is not bound (--knob seq_len=FLAG)".into())

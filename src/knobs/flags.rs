@@ -184,14 +184,40 @@ pub fn discover(
     }
 
     // 4. Missing knobs the family's commands take as flags: added when they change.
+    // Only where the program accepts the flag: a script whose argparse parser its
+    // source shows whole gets the first of the family's spellings it has, or none.
+    let script = cmd
+        .script()
+        .and_then(|s| super::accepts::read(std::path::Path::new(s)).map(|o| (s, o)));
+    let mut not_accepted = Vec::new();
     for (knob, flag, default) in added {
-        if let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(knob) {
-            e.insert(Bound {
-                value: default,
-                binding: Binding::AddFlag { flag: flag.into() },
-                mirrors: Vec::new(),
-            });
-        }
+        let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(knob) else {
+            continue;
+        };
+        let flag = match &script {
+            None => flag.to_string(),
+            Some((name, opts)) => {
+                let spellings = std::iter::once(flag.to_string())
+                    .chain(frameworks::flag_spellings(knob, cmd))
+                    .find(|f| opts.accepts(f));
+                match spellings {
+                    Some(f) => f,
+                    None => {
+                        let why = format!(
+                            "{name}'s argparse parser has no {flag} (read from its source), so oomguard never adds it"
+                        );
+                        notes.push(format!("{knob}: {why}"));
+                        not_accepted.push((knob, why));
+                        continue;
+                    }
+                }
+            }
+        };
+        e.insert(Bound {
+            value: default,
+            binding: Binding::AddFlag { flag },
+            mirrors: Vec::new(),
+        });
     }
 
     let ambiguous_batch = occs
@@ -210,6 +236,7 @@ pub fn discover(
         notes,
         warnings: Vec::new(),
         ambiguous_batch,
+        not_accepted,
         config: Default::default(),
     })
 }

@@ -4,6 +4,7 @@
 //! Discovery never guesses: an ambiguous spelling (a bare `--batch_size` may be
 //! the global batch) is reported as a note saying how to bind it with `--knob`.
 
+pub mod accepts;
 mod config;
 pub mod drift;
 use crate::command::parse_override;
@@ -130,6 +131,9 @@ pub struct Discovery {
     pub warnings: Vec<String>,
     /// A batch flag that may be global or per-device (`--batch_size`), if any.
     pub ambiguous_batch: Option<String>,
+    /// Knobs a family would add as a flag that the script's own parser does not
+    /// accept (read from its source, `accepts`), with why: not bound, never added.
+    pub not_accepted: Vec<(Knob, String)>,
     /// Config files the command names, and knobs found in files and overrides.
     pub config: config::Found,
 }
@@ -474,6 +478,31 @@ pub struct Materialized {
     pub argv: Vec<OsString>,
     pub env: Vec<(String, String)>,
     pub files: Vec<Derived>,
+}
+
+/// What `materialize` adds to the command for `settings`: each knob whose value
+/// changed and lives in an absent flag or override, with the flag
+/// (`--gradient_accumulation_steps`) or the override's `PREFIX KEY`
+/// (`++trainer.accumulate_grad_batches`) as it is put in argv, without its value.
+/// A program that refuses one of them refuses oomguard's doing
+/// (`evidence::refused`).
+pub fn added(disc: &Discovery, settings: &Settings) -> Vec<(Knob, String)> {
+    let mut out = Vec::new();
+    for (knob, bound) in &disc.knobs {
+        if settings.knobs.get(knob).is_none_or(|v| *v == bound.value) {
+            continue;
+        }
+        for b in std::iter::once(&bound.binding).chain(&bound.mirrors) {
+            match b {
+                Binding::AddFlag { flag } => out.push((*knob, flag.clone())),
+                Binding::AddOverride { key, prefix, .. } => {
+                    out.push((*knob, format!("{prefix}{key}")))
+                }
+                _ => {}
+            }
+        }
+    }
+    out
 }
 
 /// Write `settings` into the user's argv, environment and copies of their

@@ -228,7 +228,13 @@ pub struct Report {
     pub back_at: Option<Duration>,
     /// torchrun's own restarts in this attempt (when [`Spec::torchrun_restarts`]).
     pub torchrun: Option<TorchrunRestarts>,
+    /// The last [`TAIL_BYTES`] of the output (stdout and stderr as they came): where a
+    /// parser's refusal of an argument oomguard added is read (`detect::refusal`).
+    pub tail: Vec<u8>,
 }
+
+/// How much of an attempt's last output [`Report::tail`] keeps.
+pub const TAIL_BYTES: usize = 64 << 10;
 
 #[derive(thiserror::Error, Debug)]
 pub enum Error {
@@ -395,6 +401,7 @@ pub(crate) fn run_wired(
         task_files: w.files.as_ref().map(|f| f.files()).unwrap_or_default(),
         oom_file: w.oom_file.take(),
         back_at: w.back_at,
+        tail: w.tail.to_vec(),
         warnings,
         torchrun,
     })
@@ -503,6 +510,8 @@ struct Watch<'a> {
     /// A worker died (a group failure) while a GPU OOM was pending: torchrun
     /// would now restart it with the same settings.
     worker_oom: bool,
+    /// The last output (see [`Report::tail`]).
+    tail: output::Ring,
 }
 
 impl<'a> Watch<'a> {
@@ -521,6 +530,7 @@ impl<'a> Watch<'a> {
             last_output: Instant::now(),
             pids: detect::kernel::RunPids::new(),
             pids_at: None,
+            tail: output::Ring::default(),
             files: None,
             oom_file: None,
             back: spec.back_to.clone(),
@@ -654,6 +664,7 @@ impl<'a> Watch<'a> {
         if let Some(log) = self.log.as_mut() {
             log.feed(chunk);
         }
+        self.tail.push(chunk, TAIL_BYTES);
         self.last_output = Instant::now();
     }
 }

@@ -195,7 +195,7 @@ impl Log {
 /// or two `memcpy`s (a `VecDeque<u8>` drained and extended per chunk cost a
 /// measurable share of oomguard's CPU on a multi-GB run).
 #[derive(Default)]
-struct Ring {
+pub(crate) struct Ring {
     buf: Vec<u8>,
     /// Next write position once `buf` is full.
     pos: usize,
@@ -206,7 +206,7 @@ impl Ring {
         self.buf.len()
     }
 
-    fn push(&mut self, chunk: &[u8], cap: usize) {
+    pub(crate) fn push(&mut self, chunk: &[u8], cap: usize) {
         let chunk = &chunk[chunk.len().saturating_sub(cap)..];
         // Filling up: append.
         let room = cap - self.buf.len();
@@ -221,6 +221,12 @@ impl Ring {
         let second = rest.len() - first;
         self.buf[..second].copy_from_slice(&rest[first..]);
         self.pos = (self.pos + rest.len()) % cap;
+    }
+
+    /// The bytes kept, oldest first, in one buffer.
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        let (a, b) = self.as_slices();
+        [a, b].concat()
     }
 
     /// Oldest first.

@@ -125,6 +125,11 @@ impl<'c> Run<'c> {
             }
             Some(job::Published::Relaunch { knobs, resume }) => {
                 let before = self.settings.clone();
+                // A knob copy 0 dropped (the command refused what oomguard added
+                // for it) is dropped here too.
+                self.settings
+                    .knobs
+                    .retain(|k, _| knobs.contains_key(k.name()));
                 for (name, value) in knobs {
                     if let Ok(k) = name.parse::<crate::settings::Knob>() {
                         self.settings.knobs.insert(k, value);
@@ -211,6 +216,12 @@ impl<'c> Run<'c> {
                 );
                 code
             }
+            Outcome::Refused {
+                code,
+                knob,
+                added,
+                line,
+            } => return self.after_refused(rec, knob, &added, &line, code),
             Outcome::AbsurdRequest { finding, code } => {
                 if crate::detect::sizeless_thrust_alloc(&finding) {
                     eprintln!(

@@ -448,4 +448,123 @@ impl<'c> Run<'c> {
             });
         }
     }
+
+    /// The command's parser refused `added`, which oomguard added for `knob`
+    /// (`line`): oomguard's doing, not the run's failure. The knob is dropped for
+    /// the rest of the run, and the OOM it was changed for is decided again without
+    /// it (that attempt's decision is replaced, so the summary tells what was done):
+    /// the run relaunches when the policy has another step, and otherwise stops
+    /// (exit 75) at the settings that ran, with how to bind the knob.
+    pub(super) fn after_refused(
+        &mut self,
+        rec: &mut AttemptRecord,
+        knob: knobs::Knob,
+        added: &str,
+        line: &str,
+        code: i32,
+    ) -> Flow {
+        let n = rec.n;
+        rec.refused = Some(format!("{added} ({knob})"));
+        if !self.dropped.contains(&knob) {
+            self.dropped.push(knob);
+        }
+        eprintln!(
+            "oomguard: attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"
+        );
+        let decided = self
+            .attempts
+            .iter()
+            .rposition(|a| a.evidence.is_some() && matches!(a.next, Next::Decided { .. }));
+        let (mut base, ev, at) = match decided.map(|i| (i, &self.attempts[i])) {
+            Some((
+                i,
+                a @ AttemptRecord {
+                    next: Next::Decided { decision, .. },
+                    ..
+                },
+            )) => (decision.before.clone(), a.evidence.clone(), Some(i)),
+            _ => (self.first.clone(), None, None),
+        };
+        base.knobs.remove(&knob);
+        if n >= self.cfg.max_attempts {
+            self.settings = base;
+            eprintln!(
+                "oomguard: {n} attempts made (--max-attempts {}); the run still does not fit at {}",
+                self.cfg.max_attempts, self.settings
+            );
+            self.bind_advice();
+            return Flow::Stop(exit::EXHAUSTED);
+        }
+        let (Some(ev), Some(i)) = (ev, at) else {
+            // No OOM led here (the first attempt started from remembered settings):
+            // the command as written, less what it refused.
+            self.settings = base;
+            self.log
+                .info(&format!("relaunching at {} without {added}", self.settings));
+            return Flow::Again;
+        };
+        let oom_at = self.attempts[i].n;
+        let policy = self.policy();
+        let d = self
+            .cal
+            .as_ref()
+            .filter(|_| policy.memory_model)
+            .and_then(|cal| crate::memory::next_from_model(&policy, &base, &ev, cal))
+            .or_else(|| policy::next(&policy, &base, &ev));
+        let Some(mut d) = d else {
+            self.settings = base;
+            let without: Vec<&str> = self.dropped.iter().map(|k| k.name()).collect();
+            eprintln!(
+                "oomguard: without {}, the policy '{}' has no other step for the OOM of attempt {oom_at}: the run still does not fit at {}",
+                without.join(" and "),
+                self.cfg.policy.name,
+                self.settings
+            );
+            self.bind_advice();
+            return Flow::Stop(exit::EXHAUSTED);
+        };
+        d.reason = format!(
+            "{} (decided again without {knob}: the command refused {added})",
+            d.reason
+        );
+        self.log
+            .info(&format!("decision: {} — {}", d.step, d.reason));
+        let resume = self.resume.as_ref().map(|r| PathBuf::from(&r.path));
+        self.j.record(&Event::Decision {
+            attempt: n,
+            step: d.step,
+            before: &d.before,
+            after: &d.after,
+            global_batch_before: d.before.global_batch(),
+            global_batch_after: d.after.global_batch(),
+            reason: &d.reason,
+            resume: resume.as_deref(),
+            resume_step: self.resumed_step,
+        });
+        self.settings = d.after.clone();
+        if let Next::Decided { decision, .. } = &mut self.attempts[i].next {
+            *decision = d;
+        }
+        Flow::Again
+    }
+
+    /// How to give oomguard each knob the command refused, where it accepts it.
+    fn bind_advice(&self) {
+        for k in &self.dropped {
+            eprintln!("oomguard: {}", bind_advice(*k));
+        }
+    }
+}
+
+/// How to give oomguard `knob` where the command accepts it, after the command
+/// refused what oomguard added for it.
+fn bind_advice(knob: knobs::Knob) -> String {
+    use knobs::Knob;
+    match knob {
+        Knob::GradAccum => "to keep the global batch while the micro-batch shrinks, oomguard needs an accumulation setting the command accepts: bind the script's own option with --knob grad_accum=--ITS_FLAG=1 (added with the value oomguard computes), or =FILE:KEY or =env:VAR, before the command; to let the global batch change instead, run with a policy that sets keep_global_batch = false (`oomguard plan` shows what each would do)".into(),
+        Knob::GradCheckpointing => "bind a gradient checkpointing setting the command accepts with --knob grad_checkpointing=--ITS_FLAG (added when it turns on), or =FILE:KEY, before the command (`oomguard plan` shows what it would do)".into(),
+        k => format!(
+            "bind {k} where the command accepts it with --knob {k}=--ITS_FLAG=VALUE, =FILE:KEY or =env:VAR, before the command (`oomguard plan` shows what it would do)"
+        ),
+    }
 }

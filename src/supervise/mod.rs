@@ -127,6 +127,11 @@ struct Run<'c> {
     setbacks: Vec<journal::Setback>,
     /// The command line of the last attempt prepared.
     last_command: Option<journal::LastCommand>,
+    /// What the attempt being run added to the command (see `knobs::added`): a
+    /// refusal of one of them by the command's parser is oomguard's doing.
+    added: Vec<(knobs::Knob, String)>,
+    /// Knobs dropped because the command refused what oomguard added for them.
+    dropped: Vec<knobs::Knob>,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
@@ -250,6 +255,8 @@ impl<'c> Run<'c> {
             t0: std::time::Instant::now(),
             setbacks: Vec::new(),
             last_command: None,
+            added: Vec::new(),
+            dropped: Vec::new(),
             cal: cfg.calibrated(),
             no_cpu_offload: Vec::new(),
         }
@@ -290,6 +297,7 @@ impl<'c> Run<'c> {
             duration: report.duration,
             evidence: None,
             foreign: None,
+            refused: None,
             next: Next::Stop,
         };
         let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
@@ -331,6 +339,7 @@ impl<'c> Run<'c> {
             );
             return Err(exit::CANNOT_WRITE);
         }
+        self.added = knobs::added(&cfg.disc, &self.settings);
         let env_set: Vec<(OsString, OsString)> = self
             .env_defaults
             .iter()
@@ -518,6 +527,18 @@ impl<'c> Run<'c> {
         }
         let (outcome, unreadable) = evidence::classify(report, &kernel::System);
         let outcome = self.thrust_after_steps(outcome, log, started);
+        let outcome = evidence::refused(outcome, &report.tail, &self.added);
+        if let Outcome::Refused {
+            knob, added, line, ..
+        } = &outcome
+        {
+            self.j.record(&Event::Refused {
+                attempt: n,
+                knob: *knob,
+                added,
+                line,
+            });
+        }
         if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
