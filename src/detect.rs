@@ -93,6 +93,7 @@ use serde::Serialize;
 use crate::progress;
 
 pub mod kernel;
+pub mod phase;
 pub mod score;
 
 /// What a log (or an attempt's output) says happened.

@@ -289,6 +289,7 @@ impl Oom {
             }),
             step_reached: None,
             steps_done: None,
+            evaluation: None,
         }
         .to_string()
     }
