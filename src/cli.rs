@@ -181,7 +181,7 @@ pub struct RunArgs {
     /// starting from its default), or an environment variable (`micro_batch=env:MICRO_BS`).
     /// Knobs: micro_batch, grad_accum, seq_len, grad_checkpointing, zero_stage,
     /// offload_optimizer, offload_param, dataloader_workers (halved after a host
-    /// OOM). Repeatable.
+    /// OOM), eval_batch (halved after an OOM during evaluation). Repeatable.
     ///
     /// `--knob params=7e9` gives the model's parameter count when oomguard finds
     /// no model config (`--model_name_or_path` folder, the Hugging Face cache, a

@@ -93,6 +93,7 @@ use serde::Serialize;
 use crate::progress;
 
 pub mod kernel;
+pub mod phase;
 pub mod refusal;
 pub mod score;
 

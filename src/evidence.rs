@@ -304,6 +304,10 @@ pub struct Evidence {
     /// the step it started from; at least this many): many good steps make the
     /// OOM a spike, not a steady overflow (see `memory::Calibrated::learn`).
     pub steps_done: Option<u64>,
+    /// The OOM happened during evaluation, and how that was told ("the
+    /// traceback runs through evaluation_loop"); `None`: in training, or it
+    /// cannot be told (see `detect::phase`).
+    pub evaluation: Option<String>,
 }
 
 impl Evidence {
@@ -314,6 +318,7 @@ impl Evidence {
             oom: None,
             step_reached: None,
             steps_done: None,
+            evaluation: None,
         }
     }
 
@@ -325,6 +330,7 @@ impl Evidence {
             oom,
             step_reached: None,
             steps_done: None,
+            evaluation: None,
         }
     }
 
@@ -345,6 +351,7 @@ impl Evidence {
             oom: finding.map(|f| f.numbers.clone()),
             step_reached,
             steps_done: step_reached.map(|r| r.step.saturating_sub(from)),
+            evaluation: None,
         }
     }
 
@@ -360,16 +367,20 @@ impl Evidence {
 }
 
 /// "OOM", "OOM (tried to allocate 2.00 GiB on GPU 0, 1.06 GiB free)",
-/// "hung after OOM (...)", "assumed OOM": the cause that leads a decision's reason.
+/// "hung after OOM (...)", "OOM during evaluation (...)", "assumed OOM": the
+/// cause that leads a decision's reason.
 impl fmt::Display for Evidence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.outcome {
-            OutcomeKind::AssumedOom => return f.write_str("assumed OOM"),
+            OutcomeKind::AssumedOom => f.write_str("assumed ")?,
             OutcomeKind::HostOom => return f.write_str("host OOM"),
             OutcomeKind::HungAfterOom => f.write_str("hung after ")?,
             _ => {}
         }
         f.write_str("OOM")?;
+        if self.evaluation.is_some() {
+            f.write_str(" during evaluation")?;
+        }
         let Some(n) = &self.oom else {
             return Ok(());
         };

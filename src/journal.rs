@@ -859,6 +859,8 @@ impl End<'_> {
                         .unwrap_or(d.step),
                     if ev.outcome == OutcomeKind::HostOom {
                         "host OOM"
+                    } else if ev.evaluation.is_some() {
+                        "OOM during evaluation"
                     } else {
                         "OOM"
                     },
@@ -890,6 +892,7 @@ fn step_of(k: Knob) -> Option<StepKind> {
         Knob::OffloadOptimizer => StepKind::OffloadOptimizer,
         Knob::OffloadParam => StepKind::OffloadParam,
         Knob::DataloaderWorkers => StepKind::HalveDataloaderWorkers,
+        Knob::EvalBatch => StepKind::HalveEvalBatch,
     })
 }
 

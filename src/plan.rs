@@ -278,6 +278,9 @@ struct PlanJson<'a> {
     /// The DataLoader workers each host (CPU) OOM in turn relaunches with
     /// (empty: no worker knob, or none to halve: a host OOM stops the run).
     host_oom_workers: Vec<u64>,
+    /// The evaluation batch each OOM during evaluation in turn relaunches with
+    /// (empty: no evaluation batch knob, or it is 1: the ladder applies).
+    eval_oom_eval_batch: Vec<u64>,
     /// The memory model's table (`estimate --json`'s object).
     estimate: EstimateReport,
 }
@@ -386,6 +389,7 @@ impl Plan<'_> {
             not_applicable: &self.na,
             ladder: self.rungs.iter().map(rung_json).collect(),
             host_oom_workers: host_oom_workers(cfg),
+            eval_oom_eval_batch: eval_oom_batches(cfg),
             estimate: EstimateReport::build(self.cfg),
         };
         // Through a `serde_json::Value`: its map sorts the keys, as `plan --json`
@@ -403,6 +407,7 @@ impl Plan<'_> {
         self.lists(&mut o);
         self.ladder(&mut o);
         self.host_oom(&mut o);
+        self.eval_oom(&mut o);
         EstimateReport::build(self.cfg).text(&mut o, 12);
         o
     }
@@ -570,6 +575,47 @@ impl Plan<'_> {
         );
     }
 
+    /// What an OOM during evaluation would do: halve the evaluation batch, or
+    /// take the ladder.
+    fn eval_oom(&self, o: &mut String) {
+        let cfg = self.cfg;
+        o.push_str(
+            "\nafter an OOM during evaluation (its traceback or progress shows evaluation):\n",
+        );
+        let halvings = eval_oom_batches(cfg);
+        let start = cfg.start_settings().0;
+        let kept = match start.global_batch() {
+            Some(g) => format!("the training batch and the global batch ({g}) stay"),
+            None => "the training batch stays".into(),
+        };
+        let _ = match (
+            start.int(Knob::EvalBatch),
+            cfg.disc.knobs.get(&Knob::EvalBatch),
+        ) {
+            (Some(b), Some(bound)) if !halvings.is_empty() => {
+                let chain: Vec<String> = std::iter::once(b)
+                    .chain(halvings.iter().copied())
+                    .map(|n| n.to_string())
+                    .collect();
+                writeln!(
+                    o,
+                    "  eval_batch {} ({}), one halving per such OOM, each relaunched from the last checkpoint; {kept}; then the ladder above",
+                    chain.join(" → "),
+                    bound.describe()
+                )
+            }
+            (Some(b), _) => writeln!(
+                o,
+                "  eval_batch is {b}, none to halve: the ladder above applies"
+            ),
+            (None, _) => writeln!(
+                o,
+                "  the ladder above applies: {}",
+                crate::frameworks::no_eval_batch(&cfg.disc.families)
+            ),
+        };
+    }
+
     fn ladder(&self, o: &mut String) {
         o.push_str("\nladder (attempt 1 runs as given; each OOM moves one rung down):\n");
         for (i, r) in self.rungs.iter().enumerate() {
@@ -603,6 +649,7 @@ fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
         oom: None,
         step_reached: None,
         steps_done: None,
+        evaluation: None,
     };
     while (out.len() as u32) + 1 < cfg.max_attempts {
         let Some(d) = policy::halve_dataloader_workers(&s, cfg.workers_floor, &ev) else {
@@ -610,6 +657,23 @@ fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
         };
         s = d.after;
         out.extend(s.int(Knob::DataloaderWorkers));
+    }
+    out
+}
+
+/// The evaluation batch each OOM during evaluation in turn relaunches with,
+/// from the settings a run starts with, within --max-attempts.
+fn eval_oom_batches(cfg: &RunConfig) -> Vec<u64> {
+    let (mut s, _) = cfg.start_settings();
+    let mut ev = Evidence::assumed();
+    ev.evaluation = Some("assumed".into());
+    let mut out = Vec::new();
+    while (out.len() as u32) + 1 < cfg.max_attempts {
+        let Ok(d) = policy::halve_eval_batch(&s, &ev) else {
+            break;
+        };
+        s = d.after;
+        out.extend(s.int(Knob::EvalBatch));
     }
     out
 }

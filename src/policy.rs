@@ -44,6 +44,10 @@ pub enum StepKind {
     /// oomguard takes it itself; a policy cannot list it (fewer workers do
     /// not fix a GPU OOM).
     HalveDataloaderWorkers,
+    /// After a GPU OOM during evaluation: halve the evaluation batch. oomguard
+    /// takes it itself; a policy cannot list it (it does not fix an OOM in
+    /// training).
+    HalveEvalBatch,
 }
 
 impl StepKind {
@@ -56,6 +60,7 @@ impl StepKind {
             StepKind::OffloadOptimizer => "offload_optimizer",
             StepKind::OffloadParam => "offload_param",
             StepKind::HalveDataloaderWorkers => "halve_dataloader_workers",
+            StepKind::HalveEvalBatch => "halve_eval_batch",
         }
     }
 }
@@ -316,6 +321,13 @@ impl PolicyText<'_> {
                     s.kind.span().start,
                     "kind",
                     "halve_dataloader_workers is not a policy step: oomguard halves the DataLoader's workers itself after a host (CPU) OOM, and fewer workers do not fix a GPU OOM".into(),
+                ));
+            }
+            StepKind::HalveEvalBatch => {
+                return Err(at.invalid(
+                    s.kind.span().start,
+                    "kind",
+                    "halve_eval_batch is not a policy step: oomguard halves the evaluation batch itself after an OOM during evaluation, before any step of the policy, and a smaller evaluation batch does not fix an OOM in training".into(),
                 ));
             }
         }
@@ -671,7 +683,7 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
         StepKind::OffloadOptimizer => offload_optimizer(step, cur),
         StepKind::OffloadParam => offload_param(step, cur),
         // Rejected when the policy is read.
-        StepKind::HalveDataloaderWorkers => None,
+        StepKind::HalveDataloaderWorkers | StepKind::HalveEvalBatch => None,
     }
 }
 
@@ -902,6 +914,48 @@ pub fn halve_dataloader_workers(
     })
 }
 
+/// After a GPU OOM during evaluation: halve the evaluation batch (N → N/2, not
+/// below 1). The training batch, the accumulation and so the global batch are
+/// untouched: evaluation holds no gradients or optimizer step, its batch only
+/// sizes the activations of one forward pass. `Err` says why not (so that the
+/// policy decides as after any OOM): the evidence does not show evaluation,
+/// the command has no evaluation batch setting, or it is already 1.
+pub fn halve_eval_batch(cur: &Settings, evidence: &Evidence) -> Result<Decision, EvalNot> {
+    let Some(how) = &evidence.evaluation else {
+        return Err(EvalNot::Training);
+    };
+    let Some(n) = cur.int(Knob::EvalBatch) else {
+        return Err(EvalNot::Unbound);
+    };
+    if n <= 1 {
+        return Err(EvalNot::AtOne);
+    }
+    let new = n / 2;
+    let mut after = cur.clone();
+    after.knobs.insert(Knob::EvalBatch, Value::Int(new));
+    let kept = match cur.global_batch() {
+        Some(g) => format!("the training batch and the global batch ({g}) are unchanged"),
+        None => "the training batch is unchanged".into(),
+    };
+    Ok(Decision {
+        step: StepKind::HalveEvalBatch,
+        before: cur.clone(),
+        after,
+        reason: format!("{evidence} ({how}): evaluation batch {n} → {new}; {kept}"),
+    })
+}
+
+/// Why an OOM is not met by halving the evaluation batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvalNot {
+    /// The OOM did not happen during evaluation (or it cannot be told).
+    Training,
+    /// No evaluation batch setting in the command.
+    Unbound,
+    /// The evaluation batch is already 1.
+    AtOne,
+}
+
 /// The next decision after the OOM `evidence` shows, or `None` when the policy
 /// has run out of steps. The reason starts with the evidence's own words
 /// ("OOM (tried to allocate 2.00 GiB on GPU 0, ...)", "assumed OOM").
@@ -937,6 +991,91 @@ mod tests {
             world_size: 2,
             accum_covers_world: false,
         }
+    }
+
+    fn eval_oom(how: Option<&str>) -> Evidence {
+        Evidence {
+            evaluation: how.map(str::to_string),
+            ..Evidence::cuda_oom(Some(crate::detect::OomNumbers {
+                tried_to_allocate_bytes: Some(4 << 30),
+                device: Some(0),
+                free_bytes: Some(1 << 30),
+                ..Default::default()
+            }))
+        }
+    }
+
+    /// An OOM during evaluation halves the evaluation batch and nothing else
+    /// (the training batch, the accumulation, the global batch as they were),
+    /// down to 1; then, and for an OOM in training or a command without an
+    /// evaluation batch, it is not taken, and says why.
+    #[test]
+    fn an_oom_during_evaluation_halves_the_eval_batch_only() {
+        let mut s = settings(8, 2, Some(2048), false);
+        s.knobs.insert(Knob::EvalBatch, Value::Int(8));
+        let ev = eval_oom(Some("the traceback runs through evaluation_loop"));
+        let mut seen = Vec::new();
+        let mut cur = s.clone();
+        while let Ok(d) = halve_eval_batch(&cur, &ev) {
+            assert_eq!(d.step, StepKind::HalveEvalBatch);
+            assert_eq!(d.before, cur);
+            for k in [
+                Knob::MicroBatch,
+                Knob::GradAccum,
+                Knob::SeqLen,
+                Knob::GradCheckpointing,
+            ] {
+                assert_eq!(d.after.knobs.get(&k), s.knobs.get(&k), "{k}");
+            }
+            assert_eq!(d.after.global_batch(), s.global_batch());
+            cur = d.after;
+            seen.push(cur.int(Knob::EvalBatch).unwrap());
+        }
+        assert_eq!(seen, [4, 2, 1]);
+        assert_eq!(halve_eval_batch(&cur, &ev).unwrap_err(), EvalNot::AtOne);
+        let d = halve_eval_batch(&s, &ev).unwrap();
+        assert_eq!(
+            d.reason,
+            "OOM during evaluation (tried to allocate 4.00 GiB on GPU 0, 1.00 GiB free) (the traceback runs through evaluation_loop): evaluation batch 8 → 4; the training batch and the global batch (32) are unchanged"
+        );
+        // An OOM in training: the policy's steps, whatever the evaluation batch.
+        assert_eq!(
+            halve_eval_batch(&s, &eval_oom(None)).unwrap_err(),
+            EvalNot::Training
+        );
+        // No evaluation batch in the command.
+        assert_eq!(
+            halve_eval_batch(&settings(8, 2, None, false), &ev).unwrap_err(),
+            EvalNot::Unbound
+        );
+        // An odd batch halves down: 3 → 1.
+        s.knobs.insert(Knob::EvalBatch, Value::Int(3));
+        let d = halve_eval_batch(&s, &ev).unwrap();
+        assert_eq!(d.after.int(Knob::EvalBatch), Some(1));
+    }
+
+    /// The policy's ladder never touches the evaluation batch, and no policy
+    /// file may list halve_eval_batch (oomguard takes it itself).
+    #[test]
+    fn the_ladder_never_changes_the_eval_batch_and_no_policy_lists_it() {
+        let p = Policy::load("default").unwrap();
+        let mut s = settings(8, 2, Some(2048), false);
+        s.knobs.insert(Knob::EvalBatch, Value::Int(8));
+        while let Some(d) = next(&p, &s, &oom()) {
+            assert_eq!(d.after.int(Knob::EvalBatch), Some(8), "{}", d.step);
+            s = d.after;
+        }
+        let err = Policy::parse(
+            "p",
+            Path::new("p.toml"),
+            "[[step]]\nkind = \"halve_eval_batch\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("halve_eval_batch is not a policy step"),
+            "{err}"
+        );
     }
 
     #[test]

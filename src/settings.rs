@@ -21,10 +21,14 @@ pub enum Knob {
     /// The DataLoader's worker processes: host memory, not GPU memory. Halved
     /// after a host OOM; never changes what the model sees.
     DataloaderWorkers,
+    /// The evaluation batch per device (`per_device_eval_batch_size`,
+    /// `eval_batch_size`, `val_batch_size`): halved after an OOM during
+    /// evaluation; never changes the training or the global batch.
+    EvalBatch,
 }
 
 impl Knob {
-    pub const ALL: [Knob; 8] = [
+    pub const ALL: [Knob; 9] = [
         Knob::MicroBatch,
         Knob::GradAccum,
         Knob::SeqLen,
@@ -33,6 +37,7 @@ impl Knob {
         Knob::OffloadOptimizer,
         Knob::OffloadParam,
         Knob::DataloaderWorkers,
+        Knob::EvalBatch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +50,7 @@ impl Knob {
             Knob::OffloadOptimizer => "offload_optimizer",
             Knob::OffloadParam => "offload_param",
             Knob::DataloaderWorkers => "dataloader_workers",
+            Knob::EvalBatch => "eval_batch",
         }
     }
 
@@ -250,6 +256,6 @@ pub struct World {
 /// A knob name that is not one of [`Knob::ALL`].
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown knob '{0}': expected one of micro_batch, grad_accum, seq_len, grad_checkpointing, zero_stage, offload_optimizer, offload_param, dataloader_workers"
+    "unknown knob '{0}': expected one of micro_batch, grad_accum, seq_len, grad_checkpointing, zero_stage, offload_optimizer, offload_param, dataloader_workers, eval_batch"
 )]
 pub struct UnknownKnob(pub String);

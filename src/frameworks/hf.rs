@@ -75,6 +75,24 @@ fn logging(cmd: &Command, ctx: &super::Ctx) -> Option<Logging> {
     })
 }
 
+/// Whether the program takes `flag` when oomguard adds it. The evaluation
+/// batch is added only to a script that parses all of `TrainingArguments`
+/// (`HfArgumentParser`, TRL's `TrlParser`) or names the flag itself: a plain
+/// argparse script that spells the Trainer's training batch would refuse it.
+fn accepts_added(cmd: &Command, flag: &str) -> bool {
+    if flag != "--per_device_eval_batch_size" {
+        return true;
+    }
+    super::script_mentions(
+        cmd,
+        &[
+            "HfArgumentParser",
+            "TrlParser",
+            "--per_device_eval_batch_size",
+        ],
+    )
+}
+
 pub static FAMILY: Family = Family {
     name: "hf",
     recognise,
@@ -135,6 +153,20 @@ pub static FAMILY: Family = Family {
                 "--num-workers",
             ],
         ),
+        (
+            Knob::EvalBatch,
+            &[
+                "--per_device_eval_batch_size",
+                "--per-device-eval-batch-size",
+                "--per_gpu_eval_batch_size",
+                "--eval_batch_size",
+                "--eval-batch-size",
+                "--val_batch_size",
+                "--val-batch-size",
+                "--valid_batch_size",
+                "--validation_batch_size",
+            ],
+        ),
     ],
     added_flags: &[
         (
@@ -147,7 +179,15 @@ pub static FAMILY: Family = Family {
             "--gradient_checkpointing",
             AbsentValue::Bool(false),
         ),
+        // `TrainingArguments`' default; added only where the script parses
+        // the Trainer's arguments (see `accepts_added`).
+        (
+            Knob::EvalBatch,
+            "--per_device_eval_batch_size",
+            AbsentValue::Int(8),
+        ),
     ],
+    accepts_added,
     layout,
     logging,
     output_hint: "--output_dir",

@@ -48,6 +48,15 @@ pub static FAMILY: Family = Family {
             Knob::DataloaderWorkers,
             &["num_workers", "dataloader_num_workers"],
         ),
+        (
+            Knob::EvalBatch,
+            &[
+                "per_device_eval_batch_size",
+                "eval_batch_size",
+                "val_batch_size",
+                "valid_batch_size",
+            ],
+        ),
     ],
     file_keys: &[(Knob::SeqLen, &["variables.max_seq_len"])],
     ..Family::NONE

@@ -59,12 +59,26 @@ pub static FAMILY: Family = Family {
             Knob::DataloaderWorkers,
             &["--data.num_workers", "--data.init_args.num_workers"],
         ),
+        // A LightningDataModule's validation batch.
+        (
+            Knob::EvalBatch,
+            &[
+                "--data.val_batch_size",
+                "--data.eval_batch_size",
+                "--data.init_args.val_batch_size",
+                "--data.init_args.eval_batch_size",
+            ],
+        ),
     ],
     file_keys: &[
         (Knob::GradAccum, &["accumulate_grad_batches"]),
         (
             Knob::DataloaderWorkers,
             &["data.num_workers", "data.init_args.num_workers"],
+        ),
+        (
+            Knob::EvalBatch,
+            &["data.val_batch_size", "data.eval_batch_size"],
         ),
     ],
     layout,

@@ -165,6 +165,9 @@ pub struct Family {
     /// Missing knobs this family's commands accept as flags: added when the
     /// knob changes, starting from the given default.
     pub added_flags: &'static [(Knob, &'static str, AbsentValue)],
+    /// Whether this command's program takes one of `added_flags` (default:
+    /// all of them).
+    pub accepts_added: fn(&Command, &str) -> bool,
     /// Config files other than training recipes.
     pub file_kinds: &'static [FileKind],
     /// Keys a training recipe may hold inline for this family's settings
@@ -202,6 +205,7 @@ impl Family {
         global_batch_keys: &[],
         dotted_flags: false,
         added_flags: &[],
+        accepts_added: |_, _| true,
         file_kinds: &[],
         inline_keys: &[],
         inline_when: None,
@@ -354,9 +358,45 @@ pub fn inline_keys() -> impl Iterator<Item = (&'static str, &'static [KeySpec])>
 /// Flags to add when a knob is absent, for the recognised families.
 pub fn added_flags(cmd: &Command) -> Vec<(Knob, &'static str, Value)> {
     recognised(cmd)
-        .flat_map(|f| f.added_flags.iter())
+        .flat_map(|f| {
+            f.added_flags
+                .iter()
+                .filter(move |(_, flag, _)| (f.accepts_added)(cmd, flag))
+        })
         .map(|(k, flag, v)| (*k, *flag, v.value()))
         .collect()
+}
+
+/// The most of a script read to look for words in it.
+const MAX_SCRIPT_BYTES: u64 = 4 << 20;
+
+/// Whether the command's Python script (as the launchers run it, relative to
+/// the working directory) holds one of `words`. `false` when there is no
+/// script (`-m module`, a tool) or it cannot be read: a regular file, opened
+/// without blocking, its first [`MAX_SCRIPT_BYTES`] read.
+pub fn script_mentions(cmd: &Command, words: &[&str]) -> bool {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(script) = cmd.script() else {
+        return false;
+    };
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(script)
+    else {
+        return false;
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let mut text = Vec::new();
+    if file.take(MAX_SCRIPT_BYTES).read_to_end(&mut text).is_err() {
+        return false;
+    }
+    words
+        .iter()
+        .any(|w| memchr::memmem::find(&text, w.as_bytes()).is_some())
 }
 
 /// A packaged config the command names by name, if a recognised family has one.
@@ -428,6 +468,21 @@ pub fn looked_for(knob: Knob) -> String {
     items.truncate(8);
     items.push("...".into());
     items.join(", ")
+}
+
+/// Why a command has no evaluation batch knob, and how to give it one: where
+/// it was looked for, and for a Hugging Face-style command the rule for
+/// adding the Trainer's flag (`families`: the command's, as discovered).
+pub fn no_eval_batch(families: &[&str]) -> String {
+    let hf = if families.contains(&hf::FAMILY.name) {
+        "; oomguard adds --per_device_eval_batch_size only to a script that parses the Trainer's arguments (HfArgumentParser, TrlParser) or names the flag"
+    } else {
+        ""
+    };
+    format!(
+        "no evaluation batch setting in the command (looked for {}{hf}; bind yours with --knob eval_batch=FLAG, or eval_batch=FLAG=N to add it starting from N)",
+        looked_for(Knob::EvalBatch)
+    )
 }
 
 /// "--output_dir, --save, ..." — where oomguard looks for a checkpoint folder.

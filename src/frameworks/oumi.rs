@@ -59,6 +59,7 @@ pub static FAMILY: Family = Family {
             Knob::DataloaderWorkers,
             &["training.dataloader_num_workers"],
         ),
+        (Knob::EvalBatch, &["training.per_device_eval_batch_size"]),
     ],
     config_flags: &["-c", "--config"],
     dotted_flags: true,

@@ -108,6 +108,10 @@ pub static FAMILY: Family = Family {
             Knob::DataloaderWorkers,
             &["dataloader_num_workers", "num_workers"],
         ),
+        (
+            Knob::EvalBatch,
+            &["per_device_eval_batch_size", "eval_batch_size"],
+        ),
     ],
     config_flags: &["--config"],
     layout,

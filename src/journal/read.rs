@@ -318,6 +318,7 @@ impl Oom {
             }),
             step_reached: None,
             steps_done: None,
+            evaluation: None,
         }
         .to_string()
     }

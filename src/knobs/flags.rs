@@ -883,6 +883,94 @@ mod tests {
         assert!(!d.knobs.contains_key(&Knob::DataloaderWorkers));
     }
 
+    /// Every family's spelling of the evaluation batch is found and a halving
+    /// written where it was; the Trainer's `--per_device_eval_batch_size` is
+    /// added (from its default 8) only to a script that parses the Trainer's
+    /// arguments, never to a plain argparse script that would refuse it.
+    #[test]
+    fn eval_batch_is_found_in_each_familys_spelling_and_added_only_where_accepted() {
+        let t = tempfile::tempdir().unwrap();
+        let recipe = t.path().join("recipe.yaml");
+        std::fs::write(
+            &recipe,
+            "model_name_or_path: m\nper_device_train_batch_size: 4\nper_device_eval_batch_size: 16 # eval\n",
+        )
+        .unwrap();
+        let hf = t.path().join("hf.py");
+        std::fs::write(
+            &hf,
+            "from transformers import HfArgumentParser, TrainingArguments\n",
+        )
+        .unwrap();
+        let plain = t.path().join("plain.py");
+        std::fs::write(&plain, "import argparse\n").unwrap();
+        let (hf, plain) = (hf.display(), plain.display());
+        let cases = [
+            (
+                format!(
+                    "python {plain} --per_device_train_batch_size 4 --per_device_eval_batch_size 8 --output_dir o"
+                ),
+                8,
+                "--per_device_eval_batch_size 4",
+            ),
+            (
+                format!("python {plain} --batch-size 4 --eval-batch-size 6"),
+                6,
+                "--eval-batch-size 3",
+            ),
+            (
+                format!("python {plain} --batch_size 4 --val_batch_size=16"),
+                16,
+                "--val_batch_size=8",
+            ),
+            (
+                "python cli.py fit --data.batch_size 8 --data.val_batch_size 8".to_string(),
+                8,
+                "--data.val_batch_size 4",
+            ),
+            (
+                "python train.py data.micro_batch_size_per_gpu=4 data.val_batch_size=8".to_string(),
+                8,
+                "data.val_batch_size=4",
+            ),
+            (
+                format!("accelerate launch sft.py --config {}", recipe.display()),
+                16,
+                "per_device_eval_batch_size: 8 # eval",
+            ),
+            (
+                format!("python {hf} --per_device_train_batch_size 4 --output_dir o"),
+                8,
+                "--per_device_eval_batch_size 4",
+            ),
+        ];
+        for (cmd, start, written) in cases {
+            let a = argv(&cmd);
+            let d = discover_all(&a, &[], &no_env).unwrap();
+            let s = d.settings();
+            assert_eq!(s.int(Knob::EvalBatch), Some(start), "{cmd}");
+            let mut next = s.clone();
+            next.knobs.insert(Knob::EvalBatch, Value::Int(start / 2));
+            let m = mat(&a, &d, &next, None);
+            let out = match m.files.first() {
+                Some(f) => f.text.clone(),
+                None => strs(&m.argv),
+            };
+            assert!(out.contains(written), "{cmd}: {written:?} in {out}");
+            // The training batch is written as it was.
+            assert_eq!(next.int(Knob::MicroBatch), s.int(Knob::MicroBatch), "{cmd}");
+        }
+        // A plain argparse script that spells the Trainer's training batch: not
+        // added (it would refuse the flag), so not bound; nor for `-m module`.
+        for cmd in [
+            format!("python {plain} --per_device_train_batch_size 4 --output_dir o"),
+            "python -m trainer --per_device_train_batch_size 4 --output_dir o".to_string(),
+        ] {
+            let d = discover_all(&argv(&cmd), &[], &no_env).unwrap();
+            assert!(!d.knobs.contains_key(&Knob::EvalBatch), "{cmd}");
+        }
+    }
+
     #[test]
     fn nvme_offload_writes_device_and_path_in_a_copy() {
         let t = tempfile::tempdir().unwrap();

@@ -118,6 +118,7 @@ impl<'c> Run<'c> {
             oom: None,
             step_reached: reached,
             steps_done: reached.map(|r| r.step.saturating_sub(self.started_from())),
+            evaluation: None,
         }
     }
 
@@ -233,12 +234,24 @@ impl<'c> Run<'c> {
             );
             return Flow::Stop(exit::EXHAUSTED);
         }
+        let oom_after = report.oom_at.unwrap_or(report.duration);
+        // An OOM during evaluation: its batch first, the training's untouched.
+        match policy::halve_eval_batch(&self.settings, ev) {
+            Ok(d) => {
+                rec.next = self.decide(n, ev, d, started, oom_after);
+                return Flow::Again;
+            }
+            Err(not) => {
+                if let Some(why) = self.eval_fallback(ev, not) {
+                    self.log.info(&why);
+                }
+            }
+        }
         let policy = self.policy();
         let Some(d) = crate::memory::decide(&policy, &self.settings, ev, self.cal.as_mut()) else {
             self.nothing_left();
             return Flow::Stop(exit::EXHAUSTED);
         };
-        let oom_after = report.oom_at.unwrap_or(report.duration);
         rec.next = self.decide(n, ev, d, started, oom_after);
         Flow::Again
     }
@@ -271,6 +284,25 @@ impl<'c> Run<'c> {
             "oomguard:   {} shows every knob, where oomguard looked for it and the ladder",
             plan::plan_hint(&cfg.argv)
         );
+    }
+
+    /// Why an OOM during evaluation changes the training settings after all
+    /// (`None`: it was not during evaluation).
+    fn eval_fallback(&self, ev: &Evidence, not: policy::EvalNot) -> Option<String> {
+        let how = ev.evaluation.as_deref()?;
+        let why = match not {
+            policy::EvalNot::Training => return None,
+            policy::EvalNot::AtOne => "the evaluation batch is already 1".to_string(),
+            policy::EvalNot::Unbound => {
+                format!(
+                    "there is {}",
+                    crate::frameworks::no_eval_batch(&self.cfg.disc.families)
+                )
+            }
+        };
+        Some(format!(
+            "the OOM happened during evaluation ({how}), but {why}: the training settings change instead"
+        ))
     }
 
     /// The same allocation failing again right after the micro-batch was
