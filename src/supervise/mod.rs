@@ -843,11 +843,11 @@ fn last_command(
 /// restarters and batch-size finders inside the command; every note with -v.
 fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
     if let Some(s) = &cfg.inside.shell_script {
-        eprintln!("oomguard: warning: {}", crate::inside::shell_note(s));
+        log.info(&format!("warning: {}", crate::inside::shell_note(s)));
     }
     if rungs <= 1 && cfg.max_attempts > 1 {
         let mut line = format!(
-            "oomguard: warning: oomguard found no setting it can change after a GPU OOM in this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows where it looked",
+            "warning: oomguard found no setting it can change after a GPU OOM in this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows where it looked",
             plan::plan_hint(&cfg.argv)
         );
         if let Some(n) = plan::unbound_notes(cfg)
@@ -857,7 +857,7 @@ fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
         {
             line.push_str(&format!(". {n}"));
         }
-        eprintln!("{line}");
+        log.info(&line);
     }
     log.info(&plan::changeable(cfg));
     let inside = cfg.inside.notes();
