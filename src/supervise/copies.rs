@@ -11,16 +11,44 @@ impl<'c> Run<'c> {
         if restarts == 0 {
             return;
         }
-        let Some(fitting) = self.fitting.as_deref().and_then(job::load_fitting) else {
+        let Some(path) = self.fitting.clone() else {
             return;
         };
+        let fitting = match job::load_fitting(&path) {
+            Ok(Some(f)) => f,
+            Ok(None) => return,
+            Err(why) => {
+                eprintln!(
+                    "oomguard: warning: requeued job (SLURM_RESTART_COUNT={restarts}): the job's last settings are not used: {why}; starting at {}",
+                    self.settings
+                );
+                return;
+            }
+        };
+        let mut next = self.settings.clone();
         for (name, value) in &fitting.knobs {
             if let Ok(k) = name.parse::<crate::settings::Knob>()
-                && self.settings.knobs.contains_key(&k)
+                && next.knobs.contains_key(&k)
             {
-                self.settings.knobs.insert(k, value.clone());
+                next.knobs.insert(k, value.clone());
             }
         }
+        // oomguard keeps the global batch: settings that change it were not
+        // written by oomguard, whoever wrote the file.
+        if next.global_batch() != self.settings.global_batch() {
+            eprintln!(
+                "oomguard: warning: requeued job (SLURM_RESTART_COUNT={restarts}): {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}",
+                path.display(),
+                self.settings
+                    .global_batch()
+                    .map_or("unknown".into(), |g| g.to_string()),
+                next.global_batch()
+                    .map_or("unknown".into(), |g| g.to_string()),
+                self.settings
+            );
+            return;
+        }
+        self.settings = next;
         let res = self
             .cfg
             .resume(&checkpoint::Baseline::default(), Duration::from_millis(200));
@@ -38,6 +66,25 @@ impl<'c> Run<'c> {
                 "cannot write previous-run in {}: {e}",
                 self.cfg.run_dir.display()
             );
+        }
+    }
+
+    /// A follower at the first meeting: copy 0's settings for attempt 1 (its
+    /// remembered or requeued ones), not this copy's own.
+    pub(super) fn take_copy0_start(&mut self, knobs: std::collections::BTreeMap<String, knobs::Value>) {
+        let before = self.settings.clone();
+        for (name, value) in knobs {
+            if let Ok(k) = name.parse::<crate::settings::Knob>()
+                && self.settings.knobs.contains_key(&k)
+            {
+                self.settings.knobs.insert(k, value);
+            }
+        }
+        if self.settings != before {
+            self.log.info(&format!(
+                "starting at copy 0's settings: {} (this copy's own were {before})",
+                self.settings
+            ));
         }
     }
 
@@ -134,6 +181,31 @@ impl<'c> Run<'c> {
                     if let Ok(k) = name.parse::<crate::settings::Knob>() {
                         self.settings.knobs.insert(k, value);
                     }
+                }
+                // The checkpoint is named by its absolute path; one this copy
+                // cannot reach (another filesystem, an older copy 0's relative
+                // path) stops this copy, and with it the job, as Slurm does
+                // when a task fails: never a relaunch that dies of a missing
+                // folder while copy 0 goes on alone.
+                if let Some(p) = &resume
+                    && (!p.is_absolute() || std::fs::metadata(p).is_err())
+                {
+                    eprintln!(
+                        "oomguard: copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job",
+                        p.display(),
+                        if p.is_absolute() {
+                            "not found here: the output folder must be on a filesystem every copy shares"
+                        } else {
+                            "not an absolute path"
+                        }
+                    );
+                    let end = job::End {
+                        rank: job.rank,
+                        outcome: crate::evidence::OutcomeKind::OtherFailure,
+                        oom_line: None,
+                    };
+                    let _ = job.publish_end(n + 1, &end);
+                    return Flow::Stop(own);
                 }
                 self.resume = match (resume, &self.cfg.layout) {
                     (Some(p), Some(l)) => Some(knobs::ResumeArg {
