@@ -49,6 +49,16 @@ impl Expect {
     }
 }
 
+/// The most oomguard reads of a config file, a kernel log or a model's config.
+pub const MAX_TEXT: u64 = 64 << 20;
+
+/// A config file the command names: a regular file, not blocking, capped.
+pub fn read_config(path: &Path) -> io::Result<String> {
+    read(path, MAX_TEXT, Expect::any()).and_then(|b| {
+        String::from_utf8(b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    })
+}
+
 pub fn euid() -> u32 {
     nix::unistd::geteuid().as_raw()
 }
@@ -116,11 +126,6 @@ pub fn read(path: &Path, cap: u64, expect: Expect) -> io::Result<Vec<u8>> {
         return Err(refuse(path, format!("grew past {cap} bytes while read")));
     }
     Ok(buf)
-}
-
-/// As [`read`], as UTF-8 text (lossy).
-pub fn read_text(path: &Path, cap: u64, expect: Expect) -> io::Result<String> {
-    read(path, cap, expect).map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 /// A file of lines read with a cap: whole when at most `head + tail` bytes,

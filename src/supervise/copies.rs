@@ -242,6 +242,7 @@ impl<'c> Run<'c> {
         let code = match outcome {
             Outcome::GpuOom { finding, hung } => {
                 let reached = self.reached(log, started);
+                self.note_reached(reached);
                 let mut ev =
                     Evidence::gpu_oom(finding.as_ref(), hung, reached, self.started_from());
                 // Where in the run it happened: its traceback and progress.
@@ -260,7 +261,7 @@ impl<'c> Run<'c> {
                         path,
                         key,
                         &self.settings.knobs,
-                        &plan::shell_quote(&self.cfg.argv),
+                        &crate::remember::redact(&self.cfg.argv),
                     )
                 {
                     tracing::warn!("cannot remember the settings in {}: {e}", path.display());
@@ -322,6 +323,7 @@ impl<'c> Run<'c> {
                 code,
             } => {
                 let reached = self.reached(log, started);
+                self.note_reached(reached);
                 if let Some(flow) = self.after_host_oom(rec, reached, report, started) {
                     return flow;
                 }

@@ -760,6 +760,11 @@ impl<'c> Run<'c> {
 
     /// Journal the end, restore files edited in place, and print the summary.
     fn finish(mut self, code: i32) -> i32 {
+        // The fallback folder of config copies (no run folder) is this run's
+        // alone: gone with it (`remove_dir_all` never follows a link).
+        if let Some(d) = self.scratch.take() {
+            let _ = std::fs::remove_dir_all(&d);
+        }
         let lost = journal::lost(&self.attempts);
         // A relaunch that had not got back when the run ended.
         let n = self.begun;
