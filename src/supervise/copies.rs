@@ -331,7 +331,7 @@ impl<'c> Run<'c> {
                     (Some(v), _) => format!(": the kernel's OOM killer killed {}", v.describe()),
                     (None, Some(f)) => format!(": {}", f.line),
                     (None, None) => {
-                        " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer)"
+                        " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer, or its record could not be tied to this run: cannot confirm)"
                             .into()
                     }
                 };

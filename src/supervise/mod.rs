@@ -562,7 +562,12 @@ impl<'c> Run<'c> {
                 line,
             });
         }
-        if let Some(why) = unreadable
+        let unconfirmed = unreadable
+            .as_deref()
+            .is_some_and(|w| w.starts_with("the kernel's OOM killer killed"));
+        if let Some(why) = unreadable.as_deref().filter(|_| unconfirmed) {
+            eprintln!("oomguard: attempt {n}: killed by SIGKILL; {why}");
+        } else if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
             eprintln!(
