@@ -629,6 +629,11 @@ fn open_job_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, crate::runfolder::Un
         )
         .map_err(|e| match e {
             nix::errno::Errno::ELOOP => unsafe_(shown, "is a symbolic link".into()),
+            nix::errno::Errno::ENOTDIR
+                if std::fs::symlink_metadata(shown).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                unsafe_(shown, "is a symbolic link".into())
+            }
             nix::errno::Errno::ENOTDIR => unsafe_(shown, "is not a folder".into()),
             e => unsafe_(shown, format!("cannot be opened ({e})")),
         })?;
