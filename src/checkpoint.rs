@@ -985,7 +985,10 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
         }
     }
     let mut latest = None;
-    let stepped = !matches!(layout.kind, Kind::Lightning | Kind::NanoGpt | Kind::Torchtune);
+    let stepped = !matches!(
+        layout.kind,
+        Kind::Lightning | Kind::NanoGpt | Kind::Torchtune
+    );
     for c in cands {
         if let Some(limit) = baseline.reached.filter(|_| stepped)
             && let Some(step) = recorded_step(&c.path)

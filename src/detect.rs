@@ -334,7 +334,6 @@ static LOG_DICT_EPOCH: LazyLock<Regex> = LazyLock::new(|| {
         .expect("log dict pattern")
 });
 
-
 static LIFE: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(&LIFE_WORDS.map(regex::escape).join("|")).expect("life pattern")
 });

@@ -247,7 +247,8 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
             // host pids, and a small pid of ours may be another tenant's there. A
             // victim is this run's when its pid is one of the run's and its name
             // one of theirs (as far as they were seen).
-            let named = |v: &Victim| r.names.is_empty() || v.name.is_empty() || r.names.contains(&v.name);
+            let named =
+                |v: &Victim| r.names.is_empty() || v.name.is_empty() || r.names.contains(&v.name);
             let victims: Vec<Victim> = kernel::of_run(&all, &pids, r.started_ms)
                 .into_iter()
                 .filter(|v| named(v))

@@ -286,12 +286,9 @@ impl Job {
     /// [`MAX_FILE`] bytes, opened without blocking or following a link.
     fn read<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
         self.handle.as_ref()?;
-        let bytes = crate::untrusted::read(
-            &self.at(name),
-            MAX_FILE,
-            crate::untrusted::Expect::own(),
-        )
-        .ok()?;
+        let bytes =
+            crate::untrusted::read(&self.at(name), MAX_FILE, crate::untrusted::Expect::own())
+                .ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
@@ -653,12 +650,7 @@ fn open_job_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, crate::runfolder::Un
         }
         Ok(fd)
     };
-    let jobs_fd = sub(
-        &root_fd,
-        jobs.file_name().unwrap_or_default(),
-        jobs,
-        0o022,
-    )?;
+    let jobs_fd = sub(&root_fd, jobs.file_name().unwrap_or_default(), jobs, 0o022)?;
     sub(&jobs_fd, dir.file_name().unwrap_or_default(), dir, 0o077)
 }
 

@@ -135,12 +135,24 @@ pub fn redact(argv: &[OsString]) -> String {
     };
     let looks_like_token = |w: &str| {
         let long = |p: &str| {
-            w.strip_prefix(p)
-                .is_some_and(|r| r.len() >= 16 && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+            w.strip_prefix(p).is_some_and(|r| {
+                r.len() >= 16
+                    && r.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            })
         };
-        ["hf_", "sk-", "ghp_", "gho_", "github_pat_", "xoxb-", "AKIA", "wandb_"]
-            .iter()
-            .any(|p| long(p))
+        [
+            "hf_",
+            "sk-",
+            "ghp_",
+            "gho_",
+            "github_pat_",
+            "xoxb-",
+            "AKIA",
+            "wandb_",
+        ]
+        .iter()
+        .any(|p| long(p))
     };
     let mut out = Vec::new();
     let mut hide_next = false;
@@ -242,6 +254,9 @@ mod tests {
             assert!(!r.contains(secret), "{secret} in {r}");
         }
         assert!(r.contains("--per_device_train_batch_size 8"), "{r}");
-        assert!(r.contains("--hub_token '<redacted>'") || r.contains("--hub_token <redacted>"), "{r}");
+        assert!(
+            r.contains("--hub_token '<redacted>'") || r.contains("--hub_token <redacted>"),
+            "{r}"
+        );
     }
 }

@@ -33,7 +33,14 @@ fn chmod(p: &Path, m: u32) {
 /// Run `args` as the user `nobody` (the attacker), in `cwd`; panics when it fails.
 fn as_nobody(cwd: &Path, args: &[&str]) {
     let o = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups", "--"])
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+        ])
         .args(args)
         .current_dir(cwd)
         .output()
@@ -135,23 +142,40 @@ fn a_job_folder_another_user_planted_is_refused_before_anything_runs() {
     chmod(&out, 0o777);
     let planted = out.join(".oomguard-job/slurm-77.0");
     as_nobody(t.path(), &["mkdir", "-p", planted.to_str().unwrap()]);
-    let forged = r#"{"action":"relaunch","knobs":{"micro_batch":1},"resume":"/tmp/evil/checkpoint-9"}"#;
+    let forged =
+        r#"{"action":"relaunch","knobs":{"micro_batch":1},"resume":"/tmp/evil/checkpoint-9"}"#;
     for (name, body) in [
         ("decision-1.json", forged),
         ("ready-1-0", ""),
         ("ready-1-1", ""),
-        ("end-1-1.json", r#"{"rank":1,"outcome":"cuda_oom","oom_line":"CUDA out of memory"}"#),
+        (
+            "end-1-1.json",
+            r#"{"rank":1,"outcome":"cuda_oom","oom_line":"CUDA out of memory"}"#,
+        ),
     ] {
         let f = planted.join(name);
         as_nobody(
             t.path(),
-            &["sh", "-c", &format!("printf '%s' '{body}' > {}", f.display())],
+            &[
+                "sh",
+                "-c",
+                &format!("printf '%s' '{body}' > {}", f.display()),
+            ],
         );
-        as_nobody(t.path(), &["touch", "-d", "2030-01-01", f.to_str().unwrap()]);
+        as_nobody(
+            t.path(),
+            &["touch", "-d", "2030-01-01", f.to_str().unwrap()],
+        );
     }
     for rank in ["0", "1"] {
         let run_dir = t.path().join(format!("run{rank}"));
-        let args = sim_args(&run_dir, out.to_str().unwrap(), "4", "8", &["--max_steps", "2"]);
+        let args = sim_args(
+            &run_dir,
+            out.to_str().unwrap(),
+            "4",
+            "8",
+            &["--max_steps", "2"],
+        );
         let e = task(rank, "77");
         let r = spawn_env(t.path(), &strs(&args), &envs(&e)).wait(LIMIT);
         r.check(&format!("copy {rank}: exit 2 (refused)"), Some(2), r.code);
@@ -185,10 +209,21 @@ fn a_symlinked_job_folder_never_makes_oomguard_delete_through_it() {
     chmod(&out, 0o777);
     as_nobody(
         t.path(),
-        &["ln", "-s", victim.to_str().unwrap(), out.join(".oomguard-job").to_str().unwrap()],
+        &[
+            "ln",
+            "-s",
+            victim.to_str().unwrap(),
+            out.join(".oomguard-job").to_str().unwrap(),
+        ],
     );
     let run_dir = t.path().join("run0");
-    let args = sim_args(&run_dir, out.to_str().unwrap(), "4", "8", &["--max_steps", "2"]);
+    let args = sim_args(
+        &run_dir,
+        out.to_str().unwrap(),
+        "4",
+        "8",
+        &["--max_steps", "2"],
+    );
     let mut e = task("0", "78");
     e.push(("OOMGUARD_JOB_TIMEOUT", "2".into()));
     let r = spawn_env(t.path(), &strs(&args), &envs(&e)).wait(LIMIT);
@@ -197,7 +232,7 @@ fn a_symlinked_job_folder_never_makes_oomguard_delete_through_it() {
             "the victim's files are still there",
             victim.join("slurm-78.0").join(f).exists(),
             f,
-            &format!("{} gone", f),
+            format!("{f} gone"),
         );
     }
     r.check("refused (exit 2)", Some(2), r.code);
@@ -256,8 +291,18 @@ fn special_files_never_block_oomguard_or_fill_its_memory() {
     let d = t.path();
     // A real run's journal, then made 20 GB (sparse).
     let run = d.join(".oomguard/runs/20260101-000000");
-    let r = spawn(d, &["--run-dir", run.to_str().unwrap(), "python3", "-c", "print('done')"], None)
-        .wait(LIMIT);
+    let r = spawn(
+        d,
+        &[
+            "--run-dir",
+            run.to_str().unwrap(),
+            "python3",
+            "-c",
+            "print('done')",
+        ],
+        None,
+    )
+    .wait(LIMIT);
     r.check("a first run", Some(0), r.code);
     let j = run.join("journal.jsonl");
     std::fs::OpenOptions::new()
@@ -266,14 +311,30 @@ fn special_files_never_block_oomguard_or_fill_its_memory() {
         .unwrap()
         .set_len(20 << 30)
         .unwrap();
-    let (code, out, err) = limited(d, &["status", run.to_str().unwrap()], 1 << 30, Duration::from_secs(60));
-    assert_eq!(code, Some(0), "status of a 20 GB sparse journal within 1 GiB\nstdout:\n{out}\nstderr:\n{err}");
+    let (code, out, err) = limited(
+        d,
+        &["status", run.to_str().unwrap()],
+        1 << 30,
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        code,
+        Some(0),
+        "status of a 20 GB sparse journal within 1 GiB\nstdout:\n{out}\nstderr:\n{err}"
+    );
     // A FIFO journal among the runs.
     let fifo_run = d.join(".oomguard/runs/20260101-000001");
     std::fs::create_dir(&fifo_run).unwrap();
-    nix::unistd::mkfifo(&fifo_run.join("journal.jsonl"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    nix::unistd::mkfifo(
+        &fifo_run.join("journal.jsonl"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
     let (code, out, err) = limited(d, &["runs"], 1 << 30, Duration::from_secs(30));
-    assert!(code.is_some(), "runs returns with a FIFO journal\nstdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        code.is_some(),
+        "runs returns with a FIFO journal\nstdout:\n{out}\nstderr:\n{err}"
+    );
     // A FIFO as trainer_state.json in a checkpoint the attempt leaves.
     let out_dir = d.join("out");
     let script = d.join("trainer.sh");
@@ -303,16 +364,36 @@ fn special_files_never_block_oomguard_or_fill_its_memory() {
         None,
     )
     .wait(Duration::from_secs(60));
-    r.check("the run goes on past a FIFO in a checkpoint", Some(0), r.code);
+    r.check(
+        "the run goes on past a FIFO in a checkpoint",
+        Some(0),
+        r.code,
+    );
     // A FIFO as a config file the command names.
-    nix::unistd::mkfifo(&d.join("ds.json"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    nix::unistd::mkfifo(
+        &d.join("ds.json"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
     let (code, _, err) = limited(
         d,
-        &["--run-dir", d.join("run-ds").to_str().unwrap(), "python3", "-c", "pass", "--deepspeed", "ds.json"],
+        &[
+            "--run-dir",
+            d.join("run-ds").to_str().unwrap(),
+            "python3",
+            "-c",
+            "pass",
+            "--deepspeed",
+            "ds.json",
+        ],
         1 << 30,
         Duration::from_secs(30),
     );
-    assert_eq!(code, Some(2), "a FIFO config is refused before anything runs\n{err}");
+    assert_eq!(
+        code,
+        Some(2),
+        "a FIFO config is refused before anything runs\n{err}"
+    );
 }
 
 /// Issue 22, item 4: a requeued job's `fitting.json` another user planted, or one
@@ -335,7 +416,14 @@ fn a_requeued_jobs_fitting_must_be_the_users_own_and_keep_the_global_batch() {
             as_nobody(t.path(), &["mkdir", "-p", folder.to_str().unwrap()]);
             as_nobody(
                 t.path(),
-                &["sh", "-c", &format!("printf '%s' '{fitting}' > {}/fitting.json", folder.display())],
+                &[
+                    "sh",
+                    "-c",
+                    &format!(
+                        "printf '%s' '{fitting}' > {}/fitting.json",
+                        folder.display()
+                    ),
+                ],
             );
         } else {
             std::fs::create_dir_all(&folder).unwrap();
@@ -345,7 +433,13 @@ fn a_requeued_jobs_fitting_must_be_the_users_own_and_keep_the_global_batch() {
             chmod(&folder.join("fitting.json"), 0o600);
         }
         let run_dir = t.path().join(format!("run-{name}"));
-        let args = sim_args(&run_dir, out.to_str().unwrap(), "16", "2", &["--max_steps", "3"]);
+        let args = sim_args(
+            &run_dir,
+            out.to_str().unwrap(),
+            "16",
+            "2",
+            &["--max_steps", "3"],
+        );
         let r = spawn_env(
             t.path(),
             &strs(&args),
@@ -401,7 +495,12 @@ fn checkpoints_written_or_touched_by_another_process_are_not_the_runs() {
     let old = checkpoint(&out, "checkpoint-500", 500);
     let past = std::time::SystemTime::now() - Duration::from_secs(86_400);
     for f in ["model.safetensors", "trainer_state.json"] {
-        std::fs::File::options().write(true).open(old.join(f)).unwrap().set_modified(past).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(old.join(f))
+            .unwrap()
+            .set_modified(past)
+            .unwrap();
     }
     let run_dir = t.path().join("run");
     let args = sim_args(
@@ -423,7 +522,12 @@ fn checkpoints_written_or_touched_by_another_process_are_not_the_runs() {
     checkpoint(&out, "checkpoint-+6", 6);
     let now = std::time::SystemTime::now();
     for f in ["model.safetensors", "trainer_state.json"] {
-        std::fs::File::options().write(true).open(old.join(f)).unwrap().set_modified(now).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(old.join(f))
+            .unwrap()
+            .set_modified(now)
+            .unwrap();
     }
     let r = running.wait(LIMIT);
     let a = argvs(&run_dir);
@@ -448,9 +552,18 @@ fn a_follower_started_elsewhere_gets_the_checkpoint_by_its_absolute_path() {
     std::fs::create_dir_all(&b).unwrap();
     let out = t.path().join("out");
     let mut runs = Vec::new();
-    for (rank, cwd, outp) in [("0", &a, "../out".to_string()), ("1", &b, out.display().to_string())] {
+    for (rank, cwd, outp) in [
+        ("0", &a, "../out".to_string()),
+        ("1", &b, out.display().to_string()),
+    ] {
         let run_dir = t.path().join(format!("run{rank}"));
-        let mut args = sim_args(&run_dir, &outp, "16", "2", &["--max_steps", "20", "--step_seconds", "0.01"]);
+        let mut args = sim_args(
+            &run_dir,
+            &outp,
+            "16",
+            "2",
+            &["--max_steps", "20", "--step_seconds", "0.01"],
+        );
         args.splice(0..0, ["--max-attempts".to_string(), "2".to_string()]);
         let e = task(rank, "79");
         runs.push((run_dir, spawn_env(cwd, &strs(&args), &envs(&e))));
@@ -493,10 +606,19 @@ fn copies_of_a_job_start_at_copy_0s_remembered_settings() {
         let mut runs = Vec::new();
         for rank in ["0", "1"] {
             let run_dir = t.path().join(format!("run{round}-{rank}"));
-            let args = sim_args(&run_dir, out.to_str().unwrap(), "4", "8", &["--max_steps", "2", "--step_seconds", "0.01"]);
+            let args = sim_args(
+                &run_dir,
+                out.to_str().unwrap(),
+                "4",
+                "8",
+                &["--max_steps", "2", "--step_seconds", "0.01"],
+            );
             let mut e = task(rank, &format!("8{round}"));
             e.push(("OOMGUARD_FAKE_GPUS", gpus.display().to_string()));
-            e.push(("XDG_STATE_HOME", t.path().join(format!("state{rank}")).display().to_string()));
+            e.push((
+                "XDG_STATE_HOME",
+                t.path().join(format!("state{rank}")).display().to_string(),
+            ));
             runs.push((run_dir, spawn_env(t.path(), &strs(&args), &envs(&e))));
         }
         runs.into_iter().map(|(d, r)| (d, r.wait(LIMIT))).collect()
@@ -517,7 +639,11 @@ fn copies_of_a_job_start_at_copy_0s_remembered_settings() {
     let second = go("2");
     let micro: Vec<Option<String>> = second
         .iter()
-        .map(|(d, _)| argvs(d).first().and_then(|a| flag(a, "--per_device_train_batch_size")))
+        .map(|(d, _)| {
+            argvs(d)
+                .first()
+                .and_then(|a| flag(a, "--per_device_train_batch_size"))
+        })
         .collect();
     second[1].1.check(
         "both copies start attempt 1 at copy 0's micro-batch",
@@ -545,16 +671,37 @@ fn a_kernel_record_is_tied_to_the_run_by_more_than_its_pid() {
     let log = t.path().join("kern.log");
     let log_s = log.display().to_string();
     for (pid, name, want, never) in [
-        (Some(3_999_999), "python3", "cannot confirm", "not by the OOM killer"),
-        (None, "tenant_job", "not by the OOM killer", "the kernel's OOM killer killed"),
+        (
+            Some(3_999_999),
+            "python3",
+            "cannot confirm",
+            "not by the OOM killer",
+        ),
+        (
+            None,
+            "tenant_job",
+            "not by the OOM killer",
+            "the kernel's OOM killer killed",
+        ),
     ] {
         let r = spawn_env(
             t.path(),
-            &["--run-dir", t.path().join(format!("run-{name}")).to_str().unwrap(), "python3", "-c", &killed_by(&log, pid, name)],
+            &[
+                "--run-dir",
+                t.path().join(format!("run-{name}")).to_str().unwrap(),
+                "python3",
+                "-c",
+                &killed_by(&log, pid, name),
+            ],
             &[("OOMGUARD_FAKE_KERNEL_LOG", log_s.as_str())],
         )
         .wait(LIMIT);
-        r.ensure(name, r.stderr.contains(want) && !r.stderr.contains(never), want, &r.stderr);
+        r.ensure(
+            name,
+            r.stderr.contains(want) && !r.stderr.contains(never),
+            want,
+            &r.stderr,
+        );
     }
 }
 
@@ -565,23 +712,51 @@ fn a_kernel_record_is_tied_to_the_run_by_more_than_its_pid() {
 fn a_caught_oom_followed_by_another_error_is_not_relaunched() {
     let t = tempfile::tempdir().unwrap();
     let tb = |cls: &str, msg: &str| {
-        format!("sys.stderr.write('Traceback (most recent call last):\\n  File \"train.py\", line 3, in step\\n    loss = model(x)\\n{cls}: {msg}\\n')\n")
+        format!(
+            "sys.stderr.write('Traceback (most recent call last):\\n  File \"train.py\", line 3, in step\\n    loss = model(x)\\n{cls}: {msg}\\n')\n"
+        )
     };
     let dicts = "for e in (0.1, 0.2, 0.3):\n    print(\"{'loss': 1.5, 'grad_norm': 0.3, 'learning_rate': 5e-05, 'epoch': %s}\" % e, flush=True)\n";
     let scripts = [
-        format!("import sys\nsys.stderr.write('{OOM_LINE}\\n')\n{dicts}{}sys.exit(3)\n", tb("ValueError", "label 7 is out of range")),
-        format!("import sys\n{}{}sys.exit(3)\n", tb("torch.OutOfMemoryError", "CUDA out of memory. Tried to allocate 2.00 GiB."), tb("ValueError", "label 7 is out of range")),
+        format!(
+            "import sys\nsys.stderr.write('{OOM_LINE}\\n')\n{dicts}{}sys.exit(3)\n",
+            tb("ValueError", "label 7 is out of range")
+        ),
+        format!(
+            "import sys\n{}{}sys.exit(3)\n",
+            tb(
+                "torch.OutOfMemoryError",
+                "CUDA out of memory. Tried to allocate 2.00 GiB."
+            ),
+            tb("ValueError", "label 7 is out of range")
+        ),
     ];
     for (i, code) in scripts.iter().enumerate() {
         let run_dir = t.path().join(format!("run{i}"));
         let r = spawn(
             t.path(),
-            &["--run-dir", run_dir.to_str().unwrap(), "python3", "-c", code, "--per_device_train_batch_size", "8"],
+            &[
+                "--run-dir",
+                run_dir.to_str().unwrap(),
+                "python3",
+                "-c",
+                code,
+                "--per_device_train_batch_size",
+                "8",
+            ],
             None,
         )
         .wait(LIMIT);
-        r.check(&format!("script {i}: the command's status"), Some(3), r.code);
-        r.check(&format!("script {i}: one attempt"), 1, argvs(&run_dir).len());
+        r.check(
+            &format!("script {i}: the command's status"),
+            Some(3),
+            r.code,
+        );
+        r.check(
+            &format!("script {i}: one attempt"),
+            1,
+            argvs(&run_dir).len(),
+        );
     }
 }
 
@@ -601,8 +776,21 @@ fn state_files_merge_under_a_lock_private_and_redacted_and_small_promises() {
             let run_dir = t.path().join(format!("r{i}"));
             spawn_env(
                 t.path(),
-                &["--run-dir", run_dir.to_str().unwrap(), "python3", "-c", "pass", "--per_device_train_batch_size", &n, "--hub_token", "hf_abcdefghijklmnopqrstuvwxyz0123"],
-                &[("OOMGUARD_FAKE_GPUS", gpus_s.as_str()), ("XDG_STATE_HOME", state_s.as_str())],
+                &[
+                    "--run-dir",
+                    run_dir.to_str().unwrap(),
+                    "python3",
+                    "-c",
+                    "pass",
+                    "--per_device_train_batch_size",
+                    &n,
+                    "--hub_token",
+                    "hf_abcdefghijklmnopqrstuvwxyz0123",
+                ],
+                &[
+                    ("OOMGUARD_FAKE_GPUS", gpus_s.as_str()),
+                    ("XDG_STATE_HOME", state_s.as_str()),
+                ],
             )
         })
         .collect();
@@ -613,26 +801,61 @@ fn state_files_merge_under_a_lock_private_and_redacted_and_small_promises() {
     let fits = state.join("oomguard/fits.json");
     let text = std::fs::read_to_string(&fits).unwrap_or_default();
     let v: Value = serde_json::from_str(&text).unwrap_or_default();
-    assert_eq!(v["fits"].as_object().map_or(0, |m| m.len()), 24, "every run's entry kept:\n{text}");
+    assert_eq!(
+        v["fits"].as_object().map_or(0, |m| m.len()),
+        24,
+        "every run's entry kept:\n{text}"
+    );
     assert!(!text.contains("hf_abc"), "no token in fits.json:\n{text}");
-    assert_eq!(std::fs::metadata(&fits).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&fits).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     // --wait-status-every 0 would print in a busy loop.
-    let r = spawn(t.path(), &["--wait-status-every", "0", "python3", "-c", "pass"], None).wait(LIMIT);
+    let r = spawn(
+        t.path(),
+        &["--wait-status-every", "0", "python3", "-c", "pass"],
+        None,
+    )
+    .wait(LIMIT);
     r.check("--wait-status-every 0 refused", Some(2), r.code);
     // No run folder: config copies in a fresh temp folder, removed at the end.
     let tmpdir = t.path().join("tmp");
     std::fs::create_dir(&tmpdir).unwrap();
-    std::fs::write(t.path().join("ds.json"), "{\n  \"train_micro_batch_size_per_gpu\": 8,\n  \"gradient_accumulation_steps\": 1\n}\n").unwrap();
+    std::fs::write(
+        t.path().join("ds.json"),
+        "{\n  \"train_micro_batch_size_per_gpu\": 8,\n  \"gradient_accumulation_steps\": 1\n}\n",
+    )
+    .unwrap();
     let flagf = t.path().join("flag");
-    let code = format!("import os,sys\nf={:?}\nif not os.path.exists(f):\n    open(f,'w').close(); sys.stderr.write('{OOM_LINE}\\n'); sys.exit(1)\nprint('finished')\n", flagf.display().to_string());
+    let code = format!(
+        "import os,sys\nf={:?}\nif not os.path.exists(f):\n    open(f,'w').close(); sys.stderr.write('{OOM_LINE}\\n'); sys.exit(1)\nprint('finished')\n",
+        flagf.display().to_string()
+    );
     let tmp_s = tmpdir.display().to_string();
     let r = spawn_env(
         t.path(),
-        &["--run-dir", "/proc/oomguard-cannot-write-here", "python3", "-c", &code, "--deepspeed", "ds.json"],
+        &[
+            "--run-dir",
+            "/proc/oomguard-cannot-write-here",
+            "python3",
+            "-c",
+            &code,
+            "--deepspeed",
+            "ds.json",
+        ],
         &[("TMPDIR", tmp_s.as_str())],
     )
     .wait(LIMIT);
     r.check("finished after a relaunch", Some(0), r.code);
-    let left: Vec<_> = std::fs::read_dir(&tmpdir).unwrap().flatten().map(|e| e.path()).collect();
-    r.check("no fallback folder left in $TMPDIR", Vec::<PathBuf>::new(), left);
+    let left: Vec<_> = std::fs::read_dir(&tmpdir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    r.check(
+        "no fallback folder left in $TMPDIR",
+        Vec::<PathBuf>::new(),
+        left,
+    );
 }

@@ -83,8 +83,7 @@ pub fn record(path: &Path, argv: &[OsString], peak_bytes: u64) -> io::Result<()>
             key(argv),
             Entry {
                 peak_bytes,
-                recorded_at: chrono::Utc::now()
-                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                recorded_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                 command,
             },
         );

@@ -71,7 +71,10 @@ impl<'c> Run<'c> {
 
     /// A follower at the first meeting: copy 0's settings for attempt 1 (its
     /// remembered or requeued ones), not this copy's own.
-    pub(super) fn take_copy0_start(&mut self, knobs: std::collections::BTreeMap<String, knobs::Value>) {
+    pub(super) fn take_copy0_start(
+        &mut self,
+        knobs: std::collections::BTreeMap<String, knobs::Value>,
+    ) {
         let before = self.settings.clone();
         for (name, value) in knobs {
             if let Ok(k) = name.parse::<crate::settings::Knob>()

@@ -282,15 +282,14 @@ impl<'c> Run<'c> {
             // wait in the rendezvous for peers that are not coming.
             // Copy 0 brings its settings for attempt 1 (remembered, requeued):
             // the copies of one job start alike.
-            let start: Option<std::collections::BTreeMap<String, knobs::Value>> = (n == 1
-                && job.leader())
-            .then(|| {
-                self.settings
-                    .knobs
-                    .iter()
-                    .map(|(k, v)| (k.name().to_string(), v.clone()))
-                    .collect()
-            });
+            let start: Option<std::collections::BTreeMap<String, knobs::Value>> =
+                (n == 1 && job.leader()).then(|| {
+                    self.settings
+                        .knobs
+                        .iter()
+                        .map(|(k, v)| (k.name().to_string(), v.clone()))
+                        .collect()
+                });
             let met = job.meet(n, start.as_ref());
             if !met.all {
                 eprintln!(
