@@ -306,7 +306,7 @@ static NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
 
 /// Words at least one of which occurs in every line that shows life ([`RECOVERED`],
 /// [`progress::last_step`]): looked for as well while an OOM is pending.
-const LIFE_WORDS: [&str; 15] = [
+const LIFE_WORDS: [&str; 17] = [
     "step",
     "Step",
     "STEP", // step 120, global_step=120
@@ -323,7 +323,16 @@ const LIFE_WORDS: [&str; 15] = [
     "continue with",
     "succeeded",
     "failed, trying",
+    // the Hugging Face Trainer's log dicts: {'loss': 1.9, ..., 'epoch': 0.02}
+    "'epoch': ",
+    "\"epoch\": ",
 ];
+
+/// The epoch of a Hugging Face Trainer's log dict line.
+static LOG_DICT_EPOCH: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^\{.*['"]loss['"]: [^,]+,.*['"]epoch['"]: ([0-9]+(?:\.[0-9]+)?)"#)
+        .expect("log dict pattern")
+});
 
 static LIFE: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(&LIFE_WORDS.map(regex::escape).join("|")).expect("life pattern")
@@ -335,10 +344,12 @@ static PENDING_NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(&pattern).expect("pending needle pattern")
 });
 
-/// While a mention of an OOM is pending and settled: words of life, and where a fatal
-/// form of it can begin (a traceback, an OOM exception line).
+/// While a mention of an OOM is pending and settled: words of life, where a fatal
+/// form of it can begin (a traceback, an OOM exception line), and exception lines.
 static QUIET: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
-    let pattern = format!("{}|Traceback|OutOfMemoryError", LIFE.as_str());
+    // `Error`/`Exception` (OutOfMemoryError among them): the exception line of a
+    // later traceback, another error that ended the process.
+    let pattern = format!("{}|Traceback|Error|Exception", LIFE.as_str());
     regex::bytes::Regex::new(&pattern).expect("quiet needle pattern")
 });
 
@@ -749,6 +760,13 @@ pub struct Scanner {
     source: String,
     /// The step of the last progress line of that source since the OOM.
     life_step: Option<u64>,
+    /// The epoch of the last Trainer log dict of that source since the OOM.
+    life_epoch: Option<f64>,
+    /// A traceback of the pending OOM's source began after it, not chained to
+    /// it: its exception line, when not an OOM or a peer's failure, is what
+    /// ended the process (the OOM's was printed and survived).
+    later_traceback: bool,
+
     /// Set by `on_segment` when an OOM becomes pending; read and cleared by `feed`.
     found_now: bool,
     /// (priority, line, line_no): the most telling non-OOM error line.
@@ -1063,6 +1081,9 @@ impl Scanner {
         if self.first.is_some() && self.shows_life(seg) {
             self.clear_pending();
         }
+        if self.first.is_some() && self.another_error_ended_it(seg, line_no) {
+            self.clear_pending();
+        }
         if let Some(pending) = self.streams[si].pending.take()
             && self.join(si, pending, seg)
         {
@@ -1215,7 +1236,23 @@ impl Scanner {
         } else {
             match progress::last_step(seg) {
                 Some(step) => Some(step),
-                None => return false,
+                None => {
+                    // A Trainer log dict: two whose epoch increases show life.
+                    let text = String::from_utf8_lossy(seg);
+                    let body = PREFIX.replace(&text, "");
+                    let Some(epoch) = LOG_DICT_EPOCH
+                        .captures(&body)
+                        .and_then(|c| c[1].parse::<f64>().ok())
+                    else {
+                        return false;
+                    };
+                    if source_of(seg) != self.source {
+                        return false;
+                    }
+                    let went_on = self.life_epoch.is_some_and(|e| epoch > e);
+                    self.life_epoch = Some(epoch);
+                    return went_on;
+                }
             }
         };
         if source_of(seg) != self.source {
@@ -1231,6 +1268,43 @@ impl Scanner {
         }
     }
 
+    /// Two tracebacks one after the other: the pending OOM's, printed and
+    /// survived (`traceback.print_exc()`), then another's, whose exception
+    /// line — not an OOM, not a peer's failure — is what ended the process.
+    /// A traceback Python chains to the OOM's ("During handling of the above
+    /// exception, another exception occurred:", which Python puts between
+    /// them with a blank line either side, so it begins 2 to 4 lines after
+    /// the OOM's line) is the OOM's own failure: the root cause stays.
+    fn another_error_ended_it(&mut self, seg: &[u8], line_no: u64) -> bool {
+        let Some(gap) = self
+            .first
+            .as_ref()
+            .and_then(|f| line_no.checked_sub(f.line_no))
+            .filter(|g| *g > 0)
+        else {
+            return false;
+        };
+        if TRACEBACK.find(seg).is_some() {
+            if source_of(seg) == self.source {
+                self.later_traceback = !(2..=4).contains(&gap);
+            }
+            return false;
+        }
+        if !self.later_traceback || source_of(seg) != self.source {
+            return false;
+        }
+        let text = String::from_utf8_lossy(seg);
+        let body = PREFIX.replace(&text, "");
+        if !EXCEPTION_START.is_match(&body) {
+            return false;
+        }
+        if OOM_WORDS.is_match(seg) || is_peer_failure(&body) {
+            self.later_traceback = false;
+            return false;
+        }
+        true
+    }
+
     /// The pending OOM was survived: forget it; the next OOM is the first again.
     fn clear_pending(&mut self) {
         self.first = None;
@@ -1238,6 +1312,8 @@ impl Scanner {
         self.fatal = false;
         self.source.clear();
         self.life_step = None;
+        self.life_epoch = None;
+        self.later_traceback = false;
         for st in &mut self.streams {
             if matches!(st.pending, Some(Pending::Complete { .. })) {
                 st.pending = None;
@@ -1292,6 +1368,8 @@ impl Scanner {
                 self.fatal = fatal;
                 self.source = source;
                 self.life_step = None;
+                self.life_epoch = None;
+                self.later_traceback = false;
                 let incomplete = memory == Kind::GpuOom && !message_complete(&text);
                 self.first = Some(Finding {
                     kind,

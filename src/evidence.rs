@@ -242,17 +242,55 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
             let mut pids = r.pids.clone();
             pids.insert(r.pid);
             pids.extend(r.scanner.named_pids());
-            let victims = kernel::of_run(&kernel::victims(&log), &pids, r.started_ms);
-            let outcome = match victims.into_iter().next() {
-                Some(victim) => Outcome::HostOom {
-                    finding: kill_line.cloned(),
-                    victim: Some(victim),
-                    code,
-                },
-                None if killed => other(Some(detect::NOT_THE_OOM_KILLER)),
-                None => other(None),
-            };
-            (outcome, None)
+            let all = kernel::victims(&log);
+            // More than the pid: inside a PID namespace the kernel's record names
+            // host pids, and a small pid of ours may be another tenant's there. A
+            // victim is this run's when its pid is one of the run's and its name
+            // one of theirs (as far as they were seen).
+            let named =
+                |v: &Victim| r.names.is_empty() || v.name.is_empty() || r.names.contains(&v.name);
+            let victims: Vec<Victim> = kernel::of_run(&all, &pids, r.started_ms)
+                .into_iter()
+                .filter(|v| named(v))
+                .collect();
+            match victims.into_iter().next() {
+                Some(victim) => (
+                    Outcome::HostOom {
+                        finding: kill_line.cloned(),
+                        victim: Some(victim),
+                        code,
+                    },
+                    None,
+                ),
+                None if killed => {
+                    // A kill of a process by the name of one of the run's, during
+                    // the attempt, whose pid is not the run's: a PID namespace's
+                    // host pid, or another tenant's process of the same name.
+                    let since = |v: &Victim| match (v.at_ms, r.started_ms) {
+                        (Some(at), Some(s)) => at + 10_000 >= s,
+                        _ => false,
+                    };
+                    match all
+                        .iter()
+                        .rev()
+                        .find(|v| !v.name.is_empty() && r.names.contains(&v.name) && since(v))
+                    {
+                        Some(v) => (
+                            Outcome::HostOom {
+                                finding: kill_line.cloned(),
+                                victim: None,
+                                code,
+                            },
+                            Some(format!(
+                                "the kernel's OOM killer killed {} during this attempt, but its pid is not one of this run's (inside a PID namespace the kernel names host pids): cannot confirm it was this run's",
+                                v.describe()
+                            )),
+                        ),
+                        None => (other(Some(detect::NOT_THE_OOM_KILLER)), None),
+                    }
+                }
+                None => (other(None), None),
+            }
         }
         // Unread, a kill is what the output says it is (or what it most often is).
         Err(why) if killed => {
@@ -442,6 +480,7 @@ mod tests {
             oom_at: None,
             warnings: Vec::new(),
             pids: Default::default(),
+            names: Default::default(),
             started_ms: None,
             stopped: None,
             task_files: Vec::new(),

@@ -40,7 +40,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -67,6 +67,14 @@ pub struct Job {
     /// Where rank and copies were read (`SLURM_PROCID=1 of SLURM_NTASKS=2`).
     pub source: String,
     pub timeout: Duration,
+    /// The job's folder, opened once checked ([`Job::open`]).
+    handle: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// The job's token: made by copy 0 at the first meeting, known to its
+    /// copies only (it is in the private folder); a message without it is
+    /// not this job's.
+    token: std::sync::Arc<std::sync::OnceLock<String>>,
+    /// This copy's random nonce for the first meeting.
+    nonce: String,
 }
 
 /// How one follower's attempt ended.
@@ -214,6 +222,9 @@ impl Job {
             dir: root.join(FOLDER).join(component(&key)),
             source,
             timeout,
+            handle: None,
+            token: Default::default(),
+            nonce: crate::untrusted::random_token(),
         }))
     }
 
@@ -234,13 +245,58 @@ impl Job {
         self.rank == 0
     }
 
-    fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-        write_private(&self.dir, name, bytes)
+    /// Open the job's folder, before anything runs: `<root>/.oomguard-job`
+    /// (the user's, writable by nobody else) and `<key>` in it (the user's
+    /// and private, 0700), each created exclusively when absent and never
+    /// through a link. Every later read, write and delete goes through the
+    /// folder opened here (`/proc/self/fd/N/NAME`), so a folder swapped for
+    /// a link or another user's meanwhile is never used.
+    pub fn open(&mut self) -> Result<(), crate::runfolder::Unsafe> {
+        let fd = open_job_dir(&self.dir)?;
+        self.handle = Some(std::sync::Arc::new(fd));
+        Ok(())
     }
 
+    /// `name` in the job's folder, through the folder opened by [`Job::open`].
+    fn at(&self, name: &str) -> PathBuf {
+        match &self.handle {
+            Some(fd) => {
+                use std::os::fd::AsRawFd;
+                PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())).join(name)
+            }
+            None => self.dir.join(name),
+        }
+    }
+
+    fn folder(&self) -> PathBuf {
+        self.at("")
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        if self.handle.is_none() {
+            return Err(std::io::Error::other(format!(
+                "the job folder {} was not opened",
+                self.dir.display()
+            )));
+        }
+        write_into(&self.folder(), name, bytes)
+    }
+
+    /// A file of this job's copies: the user's own regular file, at most
+    /// [`MAX_FILE`] bytes, opened without blocking or following a link.
     fn read<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
-        let text = std::fs::read_to_string(self.dir.join(name)).ok()?;
-        serde_json::from_str(&text).ok()
+        self.handle.as_ref()?;
+        let bytes =
+            crate::untrusted::read(&self.at(name), MAX_FILE, crate::untrusted::Expect::own())
+                .ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// A message of this job: read, and its token this job's.
+    fn message<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
+        let token = self.token.get()?;
+        let m: Message<T> = self.read(name)?;
+        (m.token == *token).then_some(m.body)
     }
 
     /// Polls until `f` answers or the timeout passes.
@@ -257,41 +313,153 @@ impl Job {
         }
     }
 
-    /// The leader, before the first attempt: files of an earlier job with the
-    /// same key are not this job's (the copies' `ready-1` files stay).
+    /// The leader, before the first attempt: every file in the folder is an
+    /// earlier job's (this job's token does not exist yet). The followers'
+    /// `ready-1` files this removes are written again by their copies.
     pub fn clear_stale(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+        if self.handle.is_none() {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(self.folder()) else {
             return;
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let stale = name.starts_with("end-")
+            let ours = name.starts_with("ready-")
+                || name.starts_with("end-")
                 || name.starts_with("decision-")
-                || (name.starts_with("ready-") && !name.starts_with("ready-1-"));
-            if stale {
-                let _ = std::fs::remove_file(e.path());
+                || name.starts_with("meeting-");
+            // `unlink` of a name in the opened folder: never follows a link.
+            if ours && e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()) {
+                let _ = std::fs::remove_file(self.at(&name));
             }
         }
     }
 
-    /// The meeting before attempt `n`: false when not every copy came in time.
-    pub fn meet(&self, n: u32) -> bool {
-        if let Err(e) = self.write(&format!("ready-{n}-{}", self.rank), b"") {
-            tracing::warn!("job folder {}: {e}", self.dir.display());
-            return false;
+    /// The meeting before attempt `n`: every copy says it is ready, and waits
+    /// for the others. The first meeting gives the job its token: each
+    /// follower's `ready-1-R` holds a random nonce of its own; copy 0, once
+    /// every copy's is there, writes `meeting-1.json` with a new random token,
+    /// the nonces it saw and its settings for attempt 1; a follower takes the
+    /// token (and the settings) only from a meeting file that holds its own
+    /// nonce — never from an earlier job's files with the same key. Later
+    /// meetings and every message carry the token.
+    /// `start`: copy 0's knob values for attempt 1 (followers: None).
+    pub fn meet(&self, n: u32, start: Option<&BTreeMap<String, Value>>) -> Met {
+        let none = Met {
+            all: false,
+            start: None,
+        };
+        if n == 1 {
+            return self.first_meeting(start).unwrap_or(none);
         }
-        self.wait(|| {
-            (0..self.copies)
-                .all(|r| self.dir.join(format!("ready-{n}-{r}")).exists())
-                .then_some(())
+        let Some(token) = self.token.get().cloned() else {
+            return none;
+        };
+        let mine = Ready {
+            token: token.clone(),
+            nonce: String::new(),
+        };
+        if let Err(e) = self.write(
+            &format!("ready-{n}-{}", self.rank),
+            &serde_json::to_vec(&mine).expect("Ready serialises"),
+        ) {
+            tracing::warn!("job folder {}: {e}", self.dir.display());
+            return none;
+        }
+        let all = self
+            .wait(|| {
+                (0..self.copies)
+                    .all(|r| {
+                        self.read::<Ready>(&format!("ready-{n}-{r}"))
+                            .is_some_and(|x| x.token == token)
+                    })
+                    .then_some(())
+            })
+            .is_some();
+        Met { all, start: None }
+    }
+
+    fn first_meeting(&self, start: Option<&BTreeMap<String, Value>>) -> Option<Met> {
+        let name = format!("ready-1-{}", self.rank);
+        let mine = Ready {
+            token: String::new(),
+            nonce: self.nonce.clone(),
+        };
+        let bytes = serde_json::to_vec(&mine).expect("Ready serialises");
+        let write = || {
+            self.write(&name, &bytes)
+                .inspect_err(|e| tracing::warn!("job folder {}: {e}", self.dir.display()))
+                .ok()
+        };
+        if write().is_none() && self.leader() {
+            return None;
+        }
+        if self.leader() {
+            let token = crate::untrusted::random_token();
+            let _ = self.token.set(token.clone());
+            let nonces = self.wait(|| {
+                let seen: BTreeMap<u32, String> = (1..self.copies)
+                    .filter_map(|r| {
+                        let x: Ready = self.read(&format!("ready-1-{r}"))?;
+                        (!x.nonce.is_empty()).then_some((r, x.nonce))
+                    })
+                    .collect();
+                (seen.len() + 1 >= self.copies as usize).then_some(seen)
+            });
+            let all = nonces.is_some();
+            let meeting = Meeting {
+                token,
+                nonces: nonces.unwrap_or_default(),
+                start: start.cloned(),
+            };
+            if let Err(e) = self.write(
+                "meeting-1.json",
+                &serde_json::to_vec(&meeting).expect("Meeting serialises"),
+            ) {
+                tracing::warn!("job folder {}: {e}", self.dir.display());
+            }
+            return Some(Met { all, start: None });
+        }
+        let meeting = self.wait(|| {
+            let m: Option<Meeting> = self.read("meeting-1.json");
+            match m {
+                Some(m) if m.nonces.get(&self.rank) == Some(&self.nonce) => Some(m),
+                _ => {
+                    // The leader cleared an earlier job's files, ours among
+                    // them if we came first: say again that we are here.
+                    let here: Option<Ready> = self.read(&name);
+                    if here.is_none_or(|r| r.nonce != self.nonce) {
+                        write();
+                    }
+                    None
+                }
+            }
+        })?;
+        let _ = self.token.set(meeting.token);
+        Some(Met {
+            all: true,
+            start: meeting.start,
         })
-        .is_some()
     }
 
     /// This copy's end of attempt `n`.
     pub fn publish_end(&self, n: u32, end: &End) -> std::io::Result<()> {
-        let json = serde_json::to_vec(end).expect("End serialises");
-        self.write(&format!("end-{n}-{}.json", self.rank), &json)
+        self.publish(&format!("end-{n}-{}.json", self.rank), end)
+    }
+
+    fn publish<T: Serialize>(&self, name: &str, body: &T) -> std::io::Result<()> {
+        let Some(token) = self.token.get() else {
+            return Err(std::io::Error::other(
+                "this copy never met copy 0 of the job, so it cannot speak for it",
+            ));
+        };
+        let json = serde_json::to_vec(&Message {
+            token: token.clone(),
+            body,
+        })
+        .expect("a message serialises");
+        self.write(name, &json)
     }
 
     /// The leader: the followers' ends of attempt `n`, as many as came within
@@ -299,7 +467,7 @@ impl Job {
     pub fn await_ends(&self, n: u32) -> Vec<End> {
         let read = || -> Vec<End> {
             (1..self.copies)
-                .filter_map(|r| self.read(&format!("end-{n}-{r}.json")))
+                .filter_map(|r| self.message(&format!("end-{n}-{r}.json")))
                 .collect()
         };
         self.wait(|| {
@@ -310,10 +478,19 @@ impl Job {
         .unwrap_or_else(read)
     }
 
-    /// The leader's decision after attempt `n`.
+    /// The leader's decision after attempt `n`. A checkpoint is named by its
+    /// absolute path: a copy started in another folder finds it too.
     pub fn publish_decision(&self, n: u32, d: &Published) -> std::io::Result<()> {
-        let json = serde_json::to_vec(d).expect("Published serialises");
-        self.write(&format!("decision-{n}.json"), &json)
+        let d = match d {
+            Published::Relaunch { knobs, resume } => Published::Relaunch {
+                knobs: knobs.clone(),
+                resume: resume
+                    .as_ref()
+                    .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
+            },
+            other => other.clone(),
+        };
+        self.publish(&format!("decision-{n}.json"), &d)
     }
 
     /// A follower: the leader's decision after attempt `n`, or None after the timeout.
@@ -321,21 +498,9 @@ impl Job {
         self.wait(|| self.decision(n))
     }
 
-    /// `dir/name` as attempt `n`'s, if it is there and this job's: not older than
-    /// this copy's own `ready-n-R` (an earlier job's with the same key is).
-    fn fresh<T: for<'de> Deserialize<'de>>(&self, n: u32, name: &str) -> Option<T> {
-        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let ours = mtime(&self.dir.join(format!("ready-{n}-{}", self.rank)));
-        let theirs = mtime(&self.dir.join(name))?;
-        if ours.is_some_and(|r| theirs < r) {
-            return None;
-        }
-        self.read(name)
-    }
-
     /// The leader's decision after attempt `n`, if it is there and this job's.
     fn decision(&self, n: u32) -> Option<Published> {
-        self.fresh(n, &format!("decision-{n}.json"))
+        self.message(&format!("decision-{n}.json"))
     }
 
     /// While attempt `n` runs: why this copy should end it now, because the job
@@ -359,20 +524,19 @@ impl Job {
                 return decided;
             }
         }
+        self.handle.as_ref()?;
         // One listing of the folder, then only the files that are there (cheap on
         // a shared filesystem, whatever the number of copies).
         let prefix = format!("end-{n}-");
         let own = format!("end-{n}-{}.json", self.rank);
-        let names: Vec<String> = std::fs::read_dir(&self.dir)
+        let names: Vec<String> = std::fs::read_dir(self.folder())
             .ok()?
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|name| name.starts_with(&prefix) && name.ends_with(".json") && *name != own)
+            .take(self.copies as usize)
             .collect();
-        let ends: Vec<End> = names
-            .iter()
-            .filter_map(|name| self.fresh(n, name))
-            .collect();
+        let ends: Vec<End> = names.iter().filter_map(|name| self.message(name)).collect();
         let end = ends
             .iter()
             .find(|e| e.oom_line.is_some())
@@ -388,22 +552,130 @@ impl Job {
     }
 }
 
-/// Writes `dir/name` whole: a private temporary file renamed into place.
-fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+/// The most oomguard reads of one job file.
+const MAX_FILE: u64 = 1 << 20;
+
+/// What a copy learns at a meeting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Met {
+    /// Every copy came within the timeout.
+    pub all: bool,
+    /// A follower at the first meeting: copy 0's settings for attempt 1.
+    pub start: Option<BTreeMap<String, Value>>,
+}
+
+/// `ready-N-R`: a follower's nonce at the first meeting, the job's token after.
+#[derive(Debug, Serialize, Deserialize)]
+struct Ready {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    nonce: String,
+}
+
+/// `meeting-1.json`, written by copy 0.
+#[derive(Debug, Serialize, Deserialize)]
+struct Meeting {
+    token: String,
+    nonces: BTreeMap<u32, String>,
+    #[serde(default)]
+    start: Option<BTreeMap<String, Value>>,
+}
+
+/// A message of the job: counted only with the job's token.
+#[derive(Debug, Serialize, Deserialize)]
+struct Message<T> {
+    token: String,
+    body: T,
+}
+
+/// `dir` (`<root>/.oomguard-job/<key>`) opened as described at [`Job::open`].
+fn open_job_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, crate::runfolder::Unsafe> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, fstat, mkdirat};
+    let unsafe_ = |path: &Path, why: String| crate::runfolder::Unsafe {
+        path: path.to_path_buf(),
+        why,
+        advice: "The folder where the copies of a job meet must be yours and private (oomguard creates it so): remove it, or name another output folder",
+    };
+    let jobs = dir.parent().unwrap_or(Path::new("."));
+    let root = jobs.parent().unwrap_or(Path::new("."));
+    if let Err(e) = std::fs::create_dir_all(root) {
+        return Err(unsafe_(root, format!("cannot be created ({e})")));
+    }
+    let root_fd = nix::fcntl::open(
+        root,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| unsafe_(root, format!("cannot be opened ({e})")))?;
+    let sub = |parent: &std::os::fd::OwnedFd,
+               name: &std::ffi::OsStr,
+               shown: &Path,
+               others: u32|
+     -> Result<std::os::fd::OwnedFd, crate::runfolder::Unsafe> {
+        match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(unsafe_(shown, format!("cannot be created ({e})"))),
+        }
+        let fd = openat(
+            parent,
+            name,
+            OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::ELOOP => unsafe_(shown, "is a symbolic link".into()),
+            nix::errno::Errno::ENOTDIR
+                if std::fs::symlink_metadata(shown).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                unsafe_(shown, "is a symbolic link".into())
+            }
+            nix::errno::Errno::ENOTDIR => unsafe_(shown, "is not a folder".into()),
+            e => unsafe_(shown, format!("cannot be opened ({e})")),
+        })?;
+        let st = fstat(&fd).map_err(|e| unsafe_(shown, format!("cannot be examined ({e})")))?;
+        let me = crate::untrusted::euid();
+        if st.st_uid != me {
+            return Err(unsafe_(
+                shown,
+                format!("is owned by another user (uid {}, you are {me})", st.st_uid),
+            ));
+        }
+        if st.st_mode & others != 0 {
+            return Err(unsafe_(
+                shown,
+                format!("is open to others (mode {:o})", st.st_mode & 0o7777),
+            ));
+        }
+        Ok(fd)
+    };
+    let jobs_fd = sub(&root_fd, jobs.file_name().unwrap_or_default(), jobs, 0o022)?;
+    sub(&jobs_fd, dir.file_name().unwrap_or_default(), dir, 0o077)
+}
+
+/// Writes `dir/name` whole: a private file created new (never through a
+/// link) renamed into place.
+fn write_into(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        crate::untrusted::random_token()
+    ));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))
+    let done = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, dir.join(name)));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
 }
 
 /// `previous-run` in a requeued job's new run folder: the old run folder's path.
@@ -442,21 +714,60 @@ pub fn restart_count(env: &dyn Fn(&str) -> Option<OsString>) -> u32 {
     env_u32(env, "SLURM_RESTART_COUNT").unwrap_or(0)
 }
 
-pub fn save_fitting(path: &Path, f: &Fitting) -> std::io::Result<()> {
+/// The folder of `path`, opened as a job's folder is ([`Job::open`]).
+fn fitting_dir(path: &Path) -> Result<(PathBuf, std::os::fd::OwnedFd), String> {
     let dir = path.parent().unwrap_or(Path::new("."));
+    let fd = open_job_dir(dir).map_err(|e| e.to_string())?;
+    use std::os::fd::AsRawFd;
+    Ok((
+        PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+        fd,
+    ))
+}
+
+pub fn save_fitting(path: &Path, f: &Fitting) -> std::io::Result<()> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("fitting.json");
-    write_private(
-        dir,
+    let (dir, _fd) = fitting_dir(path).map_err(std::io::Error::other)?;
+    write_into(
+        &dir,
         name,
         &serde_json::to_vec(f).expect("Fitting serialises"),
     )
 }
 
-pub fn load_fitting(path: &Path) -> Option<Fitting> {
-    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+/// The job's last settings, when there are some: `Err` says why the file is
+/// not used (its folder or the file is not the user's own and private, a
+/// link, not a regular file, too large, not a fitting).
+pub fn load_fitting(path: &Path) -> Result<Option<Fitting>, String> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(None);
+    }
+    let name = path.file_name().unwrap_or_default();
+    let (dir, _fd) = fitting_dir(path)?;
+    let at = dir.join(name);
+    let shown = |e: std::io::Error| {
+        e.to_string()
+            .replace(&at.display().to_string(), &path.display().to_string())
+    };
+    let (_, m) = crate::untrusted::open(&at, crate::untrusted::Expect::own()).map_err(shown)?;
+    {
+        use std::os::unix::fs::MetadataExt;
+        if m.mode() & 0o077 != 0 {
+            return Err(format!(
+                "{} is open to others (mode {:o}); oomguard writes it 0600",
+                path.display(),
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    let bytes =
+        crate::untrusted::read(&at, MAX_FILE, crate::untrusted::Expect::own()).map_err(shown)?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| format!("{} is not a fitting ({e})", path.display()))
 }
 
 #[cfg(test)]
@@ -524,13 +835,18 @@ mod tests {
     }
 
     fn job(dir: &Path, rank: u32) -> Job {
-        Job {
+        let mut j = Job {
             rank,
             copies: 2,
             dir: dir.to_path_buf(),
             source: String::new(),
             timeout: Duration::from_secs(20),
-        }
+            handle: None,
+            token: Default::default(),
+            nonce: crate::untrusted::random_token(),
+        };
+        j.open().unwrap();
+        j
     }
 
     #[test]
@@ -539,7 +855,7 @@ mod tests {
         let dir = t.path().join("job");
         let (leader, follower) = (job(&dir, 0), job(&dir, 1));
         let f = std::thread::spawn(move || {
-            assert!(follower.meet(1));
+            assert!(follower.meet(1, None).all);
             let end = End {
                 rank: 1,
                 outcome: OutcomeKind::CudaOom,
@@ -547,11 +863,11 @@ mod tests {
             };
             follower.publish_end(1, &end).unwrap();
             let d = follower.await_decision(1).expect("a decision");
-            assert!(follower.meet(2));
+            assert!(follower.meet(2, None).all);
             d
         });
         leader.clear_stale();
-        assert!(leader.meet(1));
+        assert!(leader.meet(1, None).all);
         let ends = leader.await_ends(1);
         assert_eq!(ends.len(), 1);
         assert_eq!(ends[0].outcome, OutcomeKind::CudaOom);
@@ -560,7 +876,7 @@ mod tests {
             resume: Some(PathBuf::from("/shared/out/checkpoint-5")),
         };
         leader.publish_decision(1, &d).unwrap();
-        assert!(leader.meet(2));
+        assert!(leader.meet(2, None).all);
         assert_eq!(f.join().unwrap(), d);
     }
 
@@ -571,14 +887,14 @@ mod tests {
         let path = fitting_path(&env, t.path()).unwrap();
         assert!(path.ends_with(".oomguard-job/slurm-9/fitting.json"));
         assert_eq!(restart_count(&env), 1);
-        assert_eq!(load_fitting(&path), None);
+        assert_eq!(load_fitting(&path), Ok(None));
         let f = Fitting {
             knobs: BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]),
             run_dir: PathBuf::from("/runs/a"),
         };
         save_fitting(&path, &f).unwrap();
         save_fitting(&path, &f).unwrap();
-        assert_eq!(load_fitting(&path), Some(f));
+        assert_eq!(load_fitting(&path), Ok(Some(f)));
     }
 
     #[test]
@@ -586,23 +902,33 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("job");
         let (leader, follower) = (job(&dir, 0), job(&dir, 1));
-        // A decision an earlier job with the same key left: older than this copy's
-        // ready file, so it is not this job's.
+        // A decision an earlier job with the same key left, dated in the future:
+        // without this job's token it is not this job's.
         let d = Published::Relaunch {
             knobs: BTreeMap::new(),
             resume: None,
         };
-        leader.publish_decision(1, &d).unwrap();
-        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        let earlier = job(&dir, 0);
+        let _ = earlier.token.set("an earlier job".into());
+        earlier.publish_decision(1, &d).unwrap();
+        let later = std::time::SystemTime::now() + Duration::from_secs(3600);
         std::fs::File::options()
             .write(true)
             .open(dir.join("decision-1.json"))
             .unwrap()
-            .set_modified(old)
+            .set_modified(later)
             .unwrap();
+        // Stale ready files of that job do not make a meeting.
+        std::fs::write(dir.join("ready-1-0"), b"").unwrap();
+        std::fs::write(dir.join("ready-1-1"), b"").unwrap();
+        let mut alone = job(&dir, 1);
+        alone.timeout = Duration::from_millis(300);
+        assert!(!alone.meet(1, None).all, "a meeting of stale files");
         std::thread::scope(|s| {
-            s.spawn(|| assert!(follower.meet(1)));
-            assert!(leader.meet(1));
+            s.spawn(|| assert!(follower.meet(1, None).all));
+            leader.clear_stale();
+            let start = BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]);
+            assert!(leader.meet(1, Some(&start)).all);
         });
         assert_eq!(follower.moved_on(1), None, "an earlier job's decision");
         assert_eq!(leader.moved_on(1), None, "no follower has ended");
@@ -657,9 +983,10 @@ mod tests {
     #[test]
     fn waits_are_bounded() {
         let t = tempfile::tempdir().unwrap();
-        let mut j = job(t.path(), 1);
+        let mut j = job(&t.path().join("j"), 1);
         j.timeout = Duration::from_millis(200);
         assert_eq!(j.await_decision(3), None);
-        assert!(!j.meet(3));
+        assert!(!j.meet(3, None).all);
+        assert!(!j.meet(1, None).all);
     }
 }

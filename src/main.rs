@@ -32,6 +32,7 @@ mod runfolder;
 mod settings;
 mod status;
 mod supervise;
+mod untrusted;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

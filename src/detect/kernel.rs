@@ -206,7 +206,8 @@ impl Source for System {
     fn read(&self) -> Result<String, String> {
         if let Some(fake) = std::env::var_os("OOMGUARD_FAKE_KERNEL_LOG") {
             let path = PathBuf::from(fake);
-            return std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()));
+            return crate::untrusted::read_config(&path)
+                .map_err(|e| format!("{}: {e}", path.display()));
         }
         let mut why = Vec::new();
         for (name, read) in [

@@ -66,10 +66,7 @@ pub fn key(argv: &[OsString]) -> String {
 }
 
 fn load(path: &Path) -> File {
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    crate::remember::read_state(path).unwrap_or_default()
 }
 
 /// The peak recorded for this command line, if any. A missing or unreadable file is "none".
@@ -77,39 +74,29 @@ pub fn recorded(path: &Path, argv: &[OsString]) -> Option<u64> {
     load(path).commands.get(&key(argv)).map(|e| e.peak_bytes)
 }
 
-/// Remembers `peak_bytes` for this command line (after a successful attempt).
+/// Remembers `peak_bytes` for this command line (after a successful attempt),
+/// under the state file's lock, 0600, the command line redacted.
 pub fn record(path: &Path, argv: &[OsString], peak_bytes: u64) -> io::Result<()> {
-    let mut file = load(path);
-    let command = argv
-        .iter()
-        .map(|a| a.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ");
-    file.commands.insert(
-        key(argv),
-        Entry {
-            peak_bytes,
-            recorded_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            command,
-        },
-    );
-    while file.commands.len() > MAX_ENTRIES {
-        let oldest = file
-            .commands
-            .iter()
-            .min_by(|a, b| a.1.recorded_at.cmp(&b.1.recorded_at))
-            .map(|(k, _)| k.clone());
-        match oldest {
-            Some(k) => file.commands.remove(&k),
-            None => break,
-        };
-    }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".peaks.json.{}", std::process::id()));
-    let body = serde_json::to_vec_pretty(&file).map_err(io::Error::other)?;
-    std::fs::write(&tmp, body)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
+    let command = crate::remember::redact(argv);
+    crate::remember::update_state(path, |file: &mut File| {
+        file.commands.insert(
+            key(argv),
+            Entry {
+                peak_bytes,
+                recorded_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                command,
+            },
+        );
+        while file.commands.len() > MAX_ENTRIES {
+            let oldest = file
+                .commands
+                .iter()
+                .min_by(|a, b| a.1.recorded_at.cmp(&b.1.recorded_at))
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => file.commands.remove(&k),
+                None => break,
+            };
+        }
     })
 }

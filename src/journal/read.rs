@@ -287,11 +287,28 @@ pub fn fold(lines: Vec<(Line, Option<String>)>, unreadable: usize) -> Option<Run
     Some(run)
 }
 
+/// The most of a journal's beginning and end `status` and `runs` read.
+const JOURNAL_HEAD: u64 = 16 << 20;
+const JOURNAL_TAIL: u64 = 48 << 20;
+
 /// Read `dir/journal.jsonl` (without following a link at its name).
 pub fn read_run(dir: &Path) -> Result<Run, ReadError> {
     let path = dir.join("journal.jsonl");
     let shown = path.display().to_string();
-    let (bytes, _) = crate::runfolder::read_nofollow(&path).map_err(|source| ReadError::Io {
+    // Not blocking on a FIFO, nothing but a regular file, and at most
+    // JOURNAL_HEAD + JOURNAL_TAIL bytes of it (a sparse 20 GB journal costs
+    // what a 64 MiB one does): its beginning (the run's start) and its end
+    // (where it stands now).
+    let (bytes, _left_out) = crate::untrusted::read_head_tail(
+        &path,
+        JOURNAL_HEAD,
+        JOURNAL_TAIL,
+        crate::untrusted::Expect {
+            no_link: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|source| ReadError::Io {
         path: shown.clone(),
         source,
     })?;

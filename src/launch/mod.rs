@@ -215,6 +215,8 @@ pub struct Report {
     /// The processes of the attempt's tree seen while it ran (sampled every 250-500 ms),
     /// the direct child first: whose death the kernel's OOM-killer record may explain.
     pub pids: detect::kernel::RunPids,
+    /// The names (`comm`) of those processes: a kernel record must name one.
+    pub names: std::collections::BTreeSet<String>,
     /// When it started, in milliseconds since boot (the kernel log's clock).
     pub started_ms: Option<detect::kernel::Millis>,
     /// Why [`Spec::stop_when`] ended the attempt, if it did.
@@ -396,6 +398,7 @@ pub(crate) fn run_wired(
         duration: start.elapsed(),
         oom_at: w.oom_at,
         pids: std::mem::take(&mut w.pids),
+        names: std::mem::take(&mut w.names),
         started_ms,
         stopped: outcome.stopped,
         task_files: w.files.as_ref().map(|f| f.files()).unwrap_or_default(),
@@ -495,6 +498,7 @@ struct Watch<'a> {
     last_output: Instant,
     /// The attempt's processes seen so far, and when the tree was last looked at.
     pids: detect::kernel::RunPids,
+    names: std::collections::BTreeSet<String>,
     pids_at: Option<Instant>,
     /// The tasks' output files, when srun writes them (see `taskfiles`).
     files: Option<taskfiles::Reader>,
@@ -529,6 +533,7 @@ impl<'a> Watch<'a> {
             oom_at: None,
             last_output: Instant::now(),
             pids: detect::kernel::RunPids::new(),
+            names: Default::default(),
             pids_at: None,
             tail: output::Ring::default(),
             files: None,
@@ -637,7 +642,7 @@ impl<'a> Watch<'a> {
             return;
         }
         self.pids_at = Some(now);
-        tree::descendants(pid, &mut self.pids);
+        tree::descendants(pid, &mut self.pids, &mut self.names);
     }
 
     /// Our stream first (live), then the scanner, then the log.

@@ -171,7 +171,12 @@ impl<'c> Run<'c> {
     /// after saving). `None`: it cannot be told.
     pub(super) fn reached(&self, log: Option<&Path>, started: SystemTime) -> Option<Reached> {
         let printed = log.and_then(|l| progress::read(l, self.cfg.logging, self.started_from()));
-        let res = self.cfg.resume(&self.baseline, Duration::ZERO);
+        // A checkpoint beyond what the output shows is not this attempt's.
+        let mut bounded = self.baseline.clone();
+        if let Some(p) = printed {
+            bounded.reached = Some(self.step_bound(p).max(bounded.reached.unwrap_or(0)));
+        }
+        let res = self.cfg.resume(&bounded, Duration::ZERO);
         let saved = res
             .chosen
             .as_ref()
@@ -184,6 +189,26 @@ impl<'c> Run<'c> {
         match (printed, saved) {
             (Some(p), Some(s)) => Some(p.max(s)),
             (p, s) => p.or(s),
+        }
+    }
+
+    /// The highest step an attempt that reached `r` can have saved: `r`, or
+    /// with "at least" (log dicts every N steps) up to N - 1 more.
+    pub(super) fn step_bound(&self, r: Reached) -> u64 {
+        if r.at_least {
+            r.step + self.cfg.logging.map_or(0, |l| l.every.max(1) - 1)
+        } else {
+            r.step
+        }
+    }
+
+    /// After an attempt that reached `r`: checkpoints beyond the highest step
+    /// this run reached are never resumed from (another run's, or an old one
+    /// touched). Unknown: no bound is added.
+    pub(super) fn note_reached(&mut self, r: Option<Reached>) {
+        if let Some(r) = r {
+            let b = self.step_bound(r);
+            self.baseline.reached = Some(self.baseline.reached.map_or(b, |x| x.max(b)));
         }
     }
 

@@ -185,6 +185,14 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
             return exit::USAGE;
         }
     };
+    // The job's folder is private and the user's, or refused before anything
+    // runs (see `job`): another user's files there would steer this run.
+    if let Some(job) = cfg.job.as_mut()
+        && let Err(e) = job.open()
+    {
+        eprintln!("oomguard: error: {e}");
+        return exit::USAGE;
+    }
     let mut run = Run::start(&cfg, gw, inplace, rungs);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
     let code = loop {
@@ -272,12 +280,26 @@ impl<'c> Run<'c> {
             }
             // The copies launch together: a relaunch of one copy alone would
             // wait in the rendezvous for peers that are not coming.
-            if !job.meet(n) {
+            // Copy 0 brings its settings for attempt 1 (remembered, requeued):
+            // the copies of one job start alike.
+            let start: Option<std::collections::BTreeMap<String, knobs::Value>> =
+                (n == 1 && job.leader()).then(|| {
+                    self.settings
+                        .knobs
+                        .iter()
+                        .map(|(k, v)| (k.name().to_string(), v.clone()))
+                        .collect()
+                });
+            let met = job.meet(n, start.as_ref());
+            if !met.all {
                 eprintln!(
                     "oomguard: warning: not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
                     job.timeout,
                     job.dir.display()
                 );
+            }
+            if let Some(knobs) = met.start {
+                self.take_copy0_start(knobs);
             }
         }
         let (spec, started) = match self.prepare(n) {
@@ -539,7 +561,12 @@ impl<'c> Run<'c> {
                 line,
             });
         }
-        if let Some(why) = unreadable
+        let unconfirmed = unreadable
+            .as_deref()
+            .is_some_and(|w| w.starts_with("the kernel's OOM killer killed"));
+        if let Some(why) = unreadable.as_deref().filter(|_| unconfirmed) {
+            eprintln!("oomguard: attempt {n}: killed by SIGKILL; {why}");
+        } else if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
             eprintln!(
@@ -737,6 +764,11 @@ impl<'c> Run<'c> {
 
     /// Journal the end, restore files edited in place, and print the summary.
     fn finish(mut self, code: i32) -> i32 {
+        // The fallback folder of config copies (no run folder) is this run's
+        // alone: gone with it (`remove_dir_all` never follows a link).
+        if let Some(d) = self.scratch.take() {
+            let _ = std::fs::remove_dir_all(&d);
+        }
         let lost = journal::lost(&self.attempts);
         // A relaunch that had not got back when the run ended.
         let n = self.begun;
