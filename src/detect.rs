@@ -328,6 +328,15 @@ const LIFE_WORDS: [&str; 17] = [
     "\"epoch\": ",
 ];
 
+/// A launcher's exception that reports a worker's failure rather than being one:
+/// torchrun's `ChildFailedError`, `subprocess.CalledProcessError` (accelerate,
+/// deepspeed launchers), torch.multiprocessing's `ProcessRaisedException` /
+/// `ProcessExitedException`.
+static LAUNCHER_REPORT: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"ChildFailedError|CalledProcessError|ProcessRaisedException|ProcessExitedException")
+        .expect("launcher report pattern")
+});
+
 /// The epoch of a Hugging Face Trainer's log dict line.
 static LOG_DICT_EPOCH: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"^\{.*['"]loss['"]: [^,]+,.*['"]epoch['"]: ([0-9]+(?:\.[0-9]+)?)"#)
@@ -1275,10 +1284,15 @@ impl Scanner {
     /// exception, another exception occurred:", which Python puts between
     /// them with a blank line either side, so it begins 2 to 4 lines after
     /// the OOM's line) is the OOM's own failure: the root cause stays.
+    /// Only a GPU OOM can have been caught and survived: a host OOM's kill
+    /// (`exitcode: -9`) is final, and the launcher's report of it that follows
+    /// (torchrun's `ChildFailedError`, accelerate's `CalledProcessError`) is the
+    /// same failure told again.
     fn another_error_ended_it(&mut self, seg: &[u8], line_no: u64) -> bool {
         let Some(gap) = self
             .first
             .as_ref()
+            .filter(|f| f.kind == Kind::GpuOom)
             .and_then(|f| line_no.checked_sub(f.line_no))
             .filter(|g| *g > 0)
         else {
@@ -1298,7 +1312,7 @@ impl Scanner {
         if !EXCEPTION_START.is_match(&body) {
             return false;
         }
-        if OOM_WORDS.is_match(seg) || is_peer_failure(&body) {
+        if OOM_WORDS.is_match(seg) || is_peer_failure(&body) || LAUNCHER_REPORT.is_match(&body) {
             self.later_traceback = false;
             return false;
         }

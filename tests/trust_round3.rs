@@ -859,3 +859,108 @@ fn state_files_merge_under_a_lock_private_and_redacted_and_small_promises() {
         left,
     );
 }
+
+/// Item 10: the in-place edit lock is the module file's own, not a per-user lock file: a
+/// second user's run that would edit the same shared module while the first user's run
+/// holds it is refused (exit 2) before its command starts, and the first run puts the
+/// module back byte for byte.
+#[test]
+fn a_second_users_run_cannot_edit_a_module_another_users_run_holds() {
+    assert!(root(), "this test needs root (setpriv to the user nobody)");
+    const MODULE: &str = "# model settings\nMAX_SEQ_LENGTH = 1536  # tokens\nLR = 3e-4\n";
+    let t = shared_tmp();
+    let proj = t.path().join("proj");
+    std::fs::create_dir_all(proj.join("config")).unwrap();
+    std::fs::write(proj.join("config/__init__.py"), "").unwrap();
+    std::fs::write(proj.join("config/config.py"), MODULE).unwrap();
+    std::fs::write(
+        proj.join("train.py"),
+        format!(
+            "import os,sys,time\nfrom config import config\nprint('seq', config.MAX_SEQ_LENGTH, flush=True)\n\
+             if config.MAX_SEQ_LENGTH > 1000:\n    print({OOM_LINE:?}, file=sys.stderr)\n    sys.exit(1)\n\
+             print('ready', flush=True)\nwhile 'stay' in sys.argv and not os.path.exists('stop'):\n    time.sleep(0.02)\n"
+        ),
+    )
+    .unwrap();
+    // A module both users may write, in a project both may enter and write, sticky as
+    // /tmp is (a run folder's parent others can write without it is refused).
+    chmod(&proj, 0o1777);
+    chmod(&proj.join("config"), 0o1777);
+    chmod(&proj.join("config/config.py"), 0o666);
+    let xdg_root = t.path().join("xdg-root");
+    let xdg_nobody = t.path().join("xdg-nobody");
+    std::fs::create_dir(&xdg_nobody).unwrap();
+    std::os::unix::fs::chown(&xdg_nobody, Some(65534), Some(65534)).unwrap();
+    chmod(&xdg_nobody, 0o700);
+    let args = |run: &str, stay: bool| {
+        let mut v = vec![
+            "--run-dir".to_string(),
+            run.to_string(),
+            "--edit-in-place".into(),
+            "--knob".into(),
+            "seq_len=config/config.py:MAX_SEQ_LENGTH".into(),
+            "python3".into(),
+            "train.py".into(),
+        ];
+        if stay {
+            v.push("stay".into());
+        }
+        v
+    };
+    let xdg_root_s = xdg_root.display().to_string();
+    let first_args = args("run-a", true);
+    let first = spawn_env(
+        &proj,
+        &strs(&first_args),
+        &[("XDG_RUNTIME_DIR", xdg_root_s.as_str())],
+    );
+    // The first run edits the module after its OOM and holds it while its relaunch runs.
+    let module = proj.join("config/config.py");
+    assert!(
+        wait_until(LIMIT, || std::fs::read_to_string(&module)
+            .is_ok_and(|m| !m.contains("1536"))),
+        "the first run never edited the module"
+    );
+    let second = Command::new("setpriv")
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            "--",
+            OOMGUARD,
+        ])
+        .args(args("run-b", false))
+        .current_dir(&proj)
+        .env("XDG_RUNTIME_DIR", &xdg_nobody)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env_remove("XDG_STATE_HOME")
+        .env("HOME", &xdg_nobody)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv");
+    let err = String::from_utf8_lossy(&second.stderr);
+    let out = String::from_utf8_lossy(&second.stdout);
+    assert_eq!(
+        second.status.code(),
+        Some(2),
+        "the second user's run is refused; stderr:\n{err}\nstdout:\n{out}"
+    );
+    assert!(
+        err.contains("config.py is being edited in place by another oomguard run"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("seq"),
+        "the second run's command started: {out}"
+    );
+    std::fs::write(proj.join("stop"), "").unwrap();
+    let first = first.wait(LIMIT);
+    first.check("the first run finishes", Some(0), first.code);
+    assert_eq!(
+        std::fs::read_to_string(&module).unwrap(),
+        MODULE,
+        "the module back byte for byte"
+    );
+}

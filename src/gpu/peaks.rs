@@ -11,9 +11,10 @@
 //!
 //! The key is a stable hash (FNV-1a, 64 bits) of the user's argv as given to oomguard, so
 //! the same command line finds its record; `command` is only there for a person reading
-//! the file. At most [`MAX_ENTRIES`] commands are kept (the oldest go). Written to a
-//! temporary file and renamed, so a reader never sees half a file; when two runs finish at
-//! once the last one wins, which is fine for a hint.
+//! the file (its secrets redacted). At most [`MAX_ENTRIES`] commands are kept (the oldest
+//! go). Read, changed and written back under the state file's lock, 0600, through a
+//! temporary file renamed into place (`remember::update_state`), so a reader never sees half
+//! a file and two runs finishing at once both keep their entry.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
