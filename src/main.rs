@@ -3,6 +3,8 @@
 //! `main` is thin: parse the command line, call one function per subcommand,
 //! map the result to an exit code.
 
+#[cfg(test)]
+mod alloc_count;
 mod checkpoint;
 mod cli;
 mod command;

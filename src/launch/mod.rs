@@ -1108,11 +1108,16 @@ fn wait_ready(
     debug_assert!(streams.len() <= 2);
     let mut ready = [false; 2];
     let mut wake_ready = false;
-    let mut fds = Vec::with_capacity(3);
-    fds.push(PollFd::new(signals.wake_fd(), PollFlags::POLLIN));
+    // A fixed array, not a Vec: a Vec here was one allocation per read
+    // (`pass_through_allocates_nothing_per_line`). Unused slots are not polled.
+    let mut fds = [
+        PollFd::new(signals.wake_fd(), PollFlags::POLLIN),
+        PollFd::new(signals.wake_fd(), PollFlags::empty()),
+        PollFd::new(signals.wake_fd(), PollFlags::empty()),
+    ];
     let (mut open, mut n_open) = ([0usize; 2], 0);
     for (i, st) in streams.iter().enumerate().filter(|(_, st)| st.open) {
-        fds.push(PollFd::new(st.fd.as_fd(), PollFlags::POLLIN));
+        fds[1 + n_open] = PollFd::new(st.fd.as_fd(), PollFlags::POLLIN);
         open[n_open] = i;
         n_open += 1;
     }
@@ -1120,7 +1125,7 @@ fn wait_ready(
     // Round up: rounding down would spin on poll(0) for the last
     // fraction of a millisecond before every deadline.
     let ms = timeout.as_micros().div_ceil(1000).clamp(0, 60_000) as u16;
-    match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+    match nix::poll::poll(&mut fds[..1 + n_open], PollTimeout::from(ms)) {
         Ok(_) => {
             wake_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
             for (slot, &i) in open.iter().enumerate() {

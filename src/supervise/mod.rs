@@ -136,6 +136,9 @@ struct Run<'c> {
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
 pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
+    // The scanner's patterns are built while the first attempt starts, not at its first
+    // OOM line (where the build delayed the hang timer's reaction).
+    std::thread::spawn(crate::detect::warm);
     let gw = cfg.gpu.take().expect("from_args opened the GPU watch");
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
