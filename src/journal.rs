@@ -22,7 +22,7 @@ use serde_json::Value as Json;
 use crate::checkpoint::SkipKind;
 use crate::detect::{Finding, Kind, ProcessUse};
 use crate::envmerge::EnvSet;
-use crate::evidence::{Evidence, OutcomeKind};
+use crate::evidence::{Evidence, OutcomeKind, When};
 use crate::exit;
 use crate::gpu::{PeakReport, Tenant};
 use crate::gpuwatch::BeforeAttempt;
@@ -89,6 +89,17 @@ pub enum Event<'a> {
             serialize_with = "lossy_opt_path"
         )]
         file: Option<&'a Path>,
+        /// When in the run the OOM happened (`loading`, `saving`, `evaluation`,
+        /// `first_step`, `steady_state`, `training`); absent when nothing tells
+        /// (and in journals written before oomguard told it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        phase: Option<When>,
+        /// How the phase was told ("the traceback runs through load_state_dict").
+        #[serde(skip_serializing_if = "Option::is_none")]
+        phase_how: Option<&'a str>,
+        /// The training step the attempt reached before the OOM, when known.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        step_reached: Option<u64>,
     },
     AttemptEnd {
         attempt: u32,
@@ -859,10 +870,13 @@ impl End<'_> {
                         .unwrap_or(d.step),
                     if ev.outcome == OutcomeKind::HostOom {
                         "host OOM"
-                    } else if ev.evaluation.is_some() {
-                        "OOM during evaluation"
                     } else {
-                        "OOM"
+                        match ev.when() {
+                            Some(When::Evaluation) => "OOM during evaluation",
+                            Some(When::Loading) => "OOM while loading a checkpoint",
+                            Some(When::Saving) => "OOM while saving a checkpoint",
+                            _ => "OOM",
+                        }
                     },
                     at.join(", ")
                 ),
@@ -893,6 +907,7 @@ fn step_of(k: Knob) -> Option<StepKind> {
         Knob::OffloadParam => StepKind::OffloadParam,
         Knob::DataloaderWorkers => StepKind::HalveDataloaderWorkers,
         Knob::EvalBatch => StepKind::HalveEvalBatch,
+        Knob::GatherOnSave => StepKind::NoGatherOnSave,
     })
 }
 

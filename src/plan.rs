@@ -649,7 +649,7 @@ fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
         oom: None,
         step_reached: None,
         steps_done: None,
-        evaluation: None,
+        phase: None,
     };
     while (out.len() as u32) + 1 < cfg.max_attempts {
         let Some(d) = policy::halve_dataloader_workers(&s, cfg.workers_floor, &ev) else {
@@ -666,7 +666,10 @@ fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
 fn eval_oom_batches(cfg: &RunConfig) -> Vec<u64> {
     let (mut s, _) = cfg.start_settings();
     let mut ev = Evidence::assumed();
-    ev.evaluation = Some("assumed".into());
+    ev.phase = Some(crate::detect::phase::Seen {
+        phase: crate::detect::phase::Phase::Evaluation,
+        how: "assumed".into(),
+    });
     let mut out = Vec::new();
     while (out.len() as u32) + 1 < cfg.max_attempts {
         let Ok(d) = policy::halve_eval_batch(&s, &ev) else {

@@ -318,7 +318,7 @@ impl Oom {
             }),
             step_reached: None,
             steps_done: None,
-            evaluation: None,
+            phase: None,
         }
         .to_string()
     }

@@ -118,7 +118,7 @@ impl<'c> Run<'c> {
             oom: None,
             step_reached: reached,
             steps_done: reached.map(|r| r.step.saturating_sub(self.started_from())),
-            evaluation: None,
+            phase: None,
         }
     }
 
@@ -289,7 +289,7 @@ impl<'c> Run<'c> {
     /// Why an OOM during evaluation changes the training settings after all
     /// (`None`: it was not during evaluation).
     fn eval_fallback(&self, ev: &Evidence, not: policy::EvalNot) -> Option<String> {
-        let how = ev.evaluation.as_deref()?;
+        let how = ev.evaluation()?;
         let why = match not {
             policy::EvalNot::Training => return None,
             policy::EvalNot::AtOne => "the evaluation batch is already 1".to_string(),
