@@ -333,6 +333,21 @@ pub enum When {
 }
 
 impl When {
+    /// " while loading a checkpoint", " in the steady state at step 812":
+    /// the words that follow "OOM", with the step reached when known.
+    pub fn words(self, step: Option<u64>) -> String {
+        match (self, step) {
+            (When::Loading, _) => " while loading a checkpoint".into(),
+            (When::Saving, _) => " while saving a checkpoint".into(),
+            (When::Evaluation, _) => " during evaluation".into(),
+            (When::FirstStep, _) => " at the first step".into(),
+            (When::SteadyState, Some(s)) => format!(" in the steady state at step {s}"),
+            (When::SteadyState, None) => " in the steady state".into(),
+            (When::Training, Some(s)) => format!(" at step {s}"),
+            (When::Training, None) => String::new(),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             When::Loading => "loading",
@@ -427,21 +442,9 @@ impl Evidence {
     /// "while loading a checkpoint", "at the first step", "in the steady
     /// state at step 812": the words that follow "OOM" (empty: nothing tells).
     pub fn when_words(&self) -> String {
-        let step = self.step_reached.map(|r| r.step);
-        match (self.when(), step) {
-            (None, _) => String::new(),
-            (Some(When::Loading), _) => " while loading a checkpoint".into(),
-            (Some(When::Saving), _) => " while saving a checkpoint".into(),
-            (Some(When::Evaluation), _) => " during evaluation".into(),
-            (Some(When::FirstStep), _) => " at the first step".into(),
-            (Some(When::SteadyState), Some(s)) => format!(
-                " in the steady state at step {s} ({} good steps before it)",
-                self.steps_done.unwrap_or(0)
-            ),
-            (Some(When::SteadyState), None) => " in the steady state".into(),
-            (Some(When::Training), Some(s)) => format!(" at step {s}"),
-            (Some(When::Training), None) => String::new(),
-        }
+        self.when()
+            .map(|w| w.words(self.step_reached.map(|r| r.step)))
+            .unwrap_or_default()
     }
 
     /// The size of the allocation that failed.

@@ -774,8 +774,27 @@ impl End<'_> {
         } else {
             out.push_str(&table(&rows));
         }
-        for (n, cause, d) in decisions {
-            out.push_str(&format!("  attempt {n}: {cause} → {}\n", d.step));
+        // Each OOM with when in the run it happened, and what followed it.
+        for a in self.attempts {
+            let (n, Some(cause)) = (a.n, &a.evidence) else {
+                continue;
+            };
+            match &a.next {
+                Next::Decided { decision, .. } => {
+                    out.push_str(&format!("  attempt {n}: {cause} → {}\n", decision.step));
+                }
+                Next::Retry if a.foreign.is_none() => {
+                    out.push_str(&format!(
+                        "  attempt {n}: {cause} → the same settings again, the allocator set against fragmentation\n"
+                    ));
+                }
+                Next::Stop if matches!(cause.when(), Some(When::Loading | When::Saving)) => {
+                    out.push_str(&format!(
+                        "  attempt {n}: {cause} → stopped: no setting oomguard can change lowers that peak\n"
+                    ));
+                }
+                _ => {}
+            }
         }
         for a in self.attempts {
             if let Some(what) = &a.refused {

@@ -1027,8 +1027,10 @@ pub fn after_load_oom(policy: &Policy, cur: &Settings, ev: &Evidence, retried: b
 /// After an OOM while saving a checkpoint (a full state dict gathered on
 /// one rank): the family's saving setting, `gather_on_save` true → false
 /// (DeepSpeed's `stage3_gather_16bit_weights_on_model_save`); never a
-/// smaller batch. Without that setting, or with it already off: stop.
-pub fn after_save_oom(cur: &Settings, ev: &Evidence) -> PhaseFix {
+/// smaller batch. Without that setting, or with it already off: the same
+/// settings once more with the allocator set against fragmentation
+/// (`retried`: that was done in this run), then stop.
+pub fn after_save_oom(cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix {
     let how = ev.phase_how().unwrap_or("its traceback");
     if cur.bool(Knob::GatherOnSave) == Some(true) {
         let mut after = cur.clone();
@@ -1046,8 +1048,17 @@ pub fn after_save_oom(cur: &Settings, ev: &Evidence) -> PhaseFix {
         Some(_) => "the 16-bit gather is already off",
         None => "the command has no saving setting oomguard can change",
     };
+    if !retried {
+        return PhaseFix::Retry {
+            reason: format!(
+                "{ev} ({how}), and {why}: a smaller batch does not lower a save's peak; the same settings once more, with the allocator set against fragmentation"
+            ),
+        };
+    }
     PhaseFix::Stop {
-        why: format!("{ev} ({how}), and {why}: a smaller batch does not lower a save's peak"),
+        why: format!(
+            "{ev} ({how}), again after a retry at the same settings, and {why}: a smaller batch does not lower a save's peak"
+        ),
     }
 }
 

@@ -120,6 +120,9 @@ struct Run<'c> {
     /// The phase the last attempt's GPU OOM happened in (see `detect::phase`),
     /// told as it ended; taken by the decision after it.
     phase: Option<crate::detect::phase::Seen>,
+    /// The phases (loading, saving) whose OOM was retried at the same
+    /// settings (each is, once a run).
+    retried: Vec<crate::evidence::When>,
     /// Offloads whose CPU form ran the host out of memory: never to CPU again.
     no_cpu_offload: Vec<knobs::Knob>,
     /// Whether "the kernel's log cannot be read" was said (it is said once a run).
@@ -263,6 +266,7 @@ impl<'c> Run<'c> {
             cal: cfg.calibrated(),
             no_cpu_offload: Vec::new(),
             phase: None,
+            retried: Vec::new(),
         }
     }
 
