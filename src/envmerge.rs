@@ -95,7 +95,10 @@ pub fn against_fragmentation(
         ALLOC_CONF
     };
     let key = "expandable_segments";
-    let has_key = |v: &str| v.split(',').any(|kv| kv.split(':').next().unwrap_or("").trim() == key);
+    let has_key = |v: &str| {
+        v.split(',')
+            .any(|kv| kv.split(':').next().unwrap_or("").trim() == key)
+    };
     let users = user(target).map(|u| u.to_string_lossy().into_owned());
     if let Some(u) = users.as_deref().filter(|u| has_key(u)) {
         return format!("your {target}={u} is kept");
@@ -110,7 +113,10 @@ pub fn against_fragmentation(
         return format!("{target}={}", e.value);
     }
     let (value, how) = match users.as_deref() {
-        Some(u) => (merge_conf(u, EXPANDABLE).unwrap_or_else(|| u.to_string()), "merged"),
+        Some(u) => (
+            merge_conf(u, EXPANDABLE).unwrap_or_else(|| u.to_string()),
+            "merged",
+        ),
         None => (EXPANDABLE.to_string(), "default"),
     };
     env.push(EnvSet {
@@ -148,25 +154,70 @@ mod tests {
     fn against_fragmentation_respects_the_users_key() {
         let cases: &[(&[(&str, &str)], &[(&str, &str)], &str, Option<(&str, &str)>)] = &[
             // --no-env (nothing added), nothing set by the user.
-            (&[], &[], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", Some(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"))),
+            (
+                &[],
+                &[],
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                Some(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")),
+            ),
             // The user's own key wins: nothing added.
-            (&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")], &[], "your PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False is kept", None),
+            (
+                &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False")],
+                &[],
+                "your PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False is kept",
+                None,
+            ),
             // The user's other keys are kept.
-            (&[("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")], &[], "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True", Some(("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128,expandable_segments:True"))),
+            (
+                &[("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")],
+                &[],
+                "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True",
+                Some((
+                    "PYTORCH_CUDA_ALLOC_CONF",
+                    "max_split_size_mb:128,expandable_segments:True",
+                )),
+            ),
             // The newer name, when the user set it.
-            (&[("PYTORCH_ALLOC_CONF", "garbage_collection_threshold:0.6")], &[], "PYTORCH_ALLOC_CONF=garbage_collection_threshold:0.6,expandable_segments:True", Some(("PYTORCH_ALLOC_CONF", "garbage_collection_threshold:0.6,expandable_segments:True"))),
+            (
+                &[("PYTORCH_ALLOC_CONF", "garbage_collection_threshold:0.6")],
+                &[],
+                "PYTORCH_ALLOC_CONF=garbage_collection_threshold:0.6,expandable_segments:True",
+                Some((
+                    "PYTORCH_ALLOC_CONF",
+                    "garbage_collection_threshold:0.6,expandable_segments:True",
+                )),
+            ),
             // oomguard's default already has it.
-            (&[], &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", Some(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"))),
+            (
+                &[],
+                &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")],
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                Some(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")),
+            ),
         ];
         for (user, added, said, want) in cases {
             let mut env: Vec<EnvSet> = added
                 .iter()
-                .map(|(n, v)| EnvSet { name: n.to_string(), value: v.to_string(), how: "default" })
+                .map(|(n, v)| EnvSet {
+                    name: n.to_string(),
+                    value: v.to_string(),
+                    how: "default",
+                })
                 .collect();
-            let user: Vec<(String, String)> = user.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
-            let lookup = move |k: &str| user.iter().find(|(n, _)| n == k).map(|(_, v)| OsString::from(v));
+            let user: Vec<(String, String)> = user
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
+            let lookup = move |k: &str| {
+                user.iter()
+                    .find(|(n, _)| n == k)
+                    .map(|(_, v)| OsString::from(v))
+            };
             assert_eq!(against_fragmentation(&mut env, &lookup), *said);
-            let got = env.iter().find(|e| e.name.contains("ALLOC_CONF")).map(|e| (e.name.as_str(), e.value.as_str()));
+            let got = env
+                .iter()
+                .find(|e| e.name.contains("ALLOC_CONF"))
+                .map(|e| (e.name.as_str(), e.value.as_str()));
             assert_eq!(got, *want, "{said}");
         }
     }

@@ -695,9 +695,9 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
         StepKind::OffloadOptimizer => offload_optimizer(step, cur),
         StepKind::OffloadParam => offload_param(step, cur),
         // Rejected when the policy is read.
-        StepKind::HalveDataloaderWorkers
-        | StepKind::HalveEvalBatch
-        | StepKind::NoGatherOnSave => None,
+        StepKind::HalveDataloaderWorkers | StepKind::HalveEvalBatch | StepKind::NoGatherOnSave => {
+            None
+        }
     }
 }
 
@@ -1172,6 +1172,136 @@ mod tests {
         s.knobs.insert(Knob::EvalBatch, Value::Int(3));
         let d = halve_eval_batch(&s, &ev).unwrap();
         assert_eq!(d.after.int(Knob::EvalBatch), Some(1));
+    }
+
+    fn phase_oom(phase: crate::detect::phase::Phase, steps_done: Option<u64>) -> Evidence {
+        Evidence {
+            phase: Some(crate::detect::phase::Seen {
+                phase,
+                how: "the traceback runs through f".into(),
+            }),
+            steps_done,
+            ..Evidence::cuda_oom(None)
+        }
+    }
+
+    /// The decision per phase, table-first: loading → the same settings once,
+    /// then the optimizer offload where the command has it, then stop; saving →
+    /// the 16-bit gather off, else the same settings once, then stop; neither
+    /// ever shrinks the batch. Training (first step, steady state) is the
+    /// ladder's, as before.
+    #[test]
+    fn the_decision_per_phase() {
+        use crate::detect::phase::Phase;
+        let p = Policy::load("default").unwrap();
+        let base = settings(8, 2, Some(2048), false);
+        let mut offloadable = base.clone();
+        offloadable.world_size = 1;
+        offloadable.knobs.insert(Knob::ZeroStage, Value::Int(2));
+        offloadable
+            .knobs
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
+        let mut offloaded = offloadable.clone();
+        offloaded
+            .knobs
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::Cpu));
+        let mut gather = base.clone();
+        gather.knobs.insert(Knob::GatherOnSave, Value::Bool(true));
+        let mut no_gather = base.clone();
+        no_gather
+            .knobs
+            .insert(Knob::GatherOnSave, Value::Bool(false));
+        let fix = |f: PhaseFix| match f {
+            PhaseFix::Retry { .. } => "retry".to_string(),
+            PhaseFix::Step(d) => {
+                assert_eq!(d.after.int(Knob::MicroBatch), Some(8), "{}", d.reason);
+                assert_eq!(d.after.global_batch(), d.before.global_batch());
+                d.step.name().to_string()
+            }
+            PhaseFix::Stop { .. } => "stop".to_string(),
+        };
+        let load = phase_oom(Phase::Loading, Some(0));
+        let save = phase_oom(Phase::Saving, Some(40));
+        let cases: Vec<(&str, PhaseFix, &str)> = vec![
+            (
+                "load, first",
+                after_load_oom(&p, &base, &load, false),
+                "retry",
+            ),
+            (
+                "load, retried, no offload knob",
+                after_load_oom(&p, &base, &load, true),
+                "stop",
+            ),
+            (
+                "load, retried, offload knob",
+                after_load_oom(&p, &offloadable, &load, true),
+                "offload_optimizer",
+            ),
+            (
+                "load, retried, offloaded",
+                after_load_oom(&p, &offloaded, &load, true),
+                "stop",
+            ),
+            (
+                "save, gather on",
+                after_save_oom(&gather, &save, false),
+                "no_gather_on_save",
+            ),
+            (
+                "save, gather on, retried",
+                after_save_oom(&gather, &save, true),
+                "no_gather_on_save",
+            ),
+            (
+                "save, gather off",
+                after_save_oom(&no_gather, &save, false),
+                "retry",
+            ),
+            (
+                "save, no knob",
+                after_save_oom(&base, &save, false),
+                "retry",
+            ),
+            (
+                "save, no knob, retried",
+                after_save_oom(&base, &save, true),
+                "stop",
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(fix(got), want, "{what}");
+        }
+        // The reasons say when, and never a smaller batch.
+        let PhaseFix::Stop { why } = after_load_oom(&p, &base, &load, true) else {
+            panic!()
+        };
+        assert_eq!(
+            why,
+            "OOM while loading a checkpoint (the traceback runs through f), again after a retry at the same settings, and the command has no optimizer offload setting: a smaller batch does not lower a load's peak"
+        );
+        // Training: the first step and the steady state are told apart by the
+        // step, and the ladder decides as before.
+        for (steps, when) in [
+            (Some(0), crate::evidence::When::FirstStep),
+            (Some(3), crate::evidence::When::Training),
+            (
+                Some(crate::memory::SPIKE_STEPS),
+                crate::evidence::When::SteadyState,
+            ),
+        ] {
+            let ev = phase_oom(Phase::Training, steps);
+            assert_eq!(ev.when(), Some(when));
+            assert_eq!(
+                next(&p, &base, &ev).unwrap().step,
+                StepKind::HalveMicroBatch
+            );
+        }
+        assert_eq!(
+            phase_oom(Phase::Evaluation, Some(50)).when(),
+            Some(crate::evidence::When::Evaluation)
+        );
+        assert_eq!(Evidence::cuda_oom(None).when(), None);
     }
 
     /// The policy's ladder never touches the evaluation batch, and no policy

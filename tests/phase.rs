@@ -28,7 +28,11 @@ fn venv_bin() -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    assert!(bin.join("python").exists(), "no python in {}", bin.display());
+    assert!(
+        bin.join("python").exists(),
+        "no python in {}",
+        bin.display()
+    );
     bin
 }
 
@@ -96,7 +100,10 @@ fn resume_args<'a>(run_dir: &'a str, out: &'a str, ckpt: &'a str, times: &'a str
 
 /// The `oom` events' phases.
 fn phases(j: &[Value]) -> Vec<Value> {
-    events(j, "oom").iter().map(|e| e["phase"].clone()).collect()
+    events(j, "oom")
+        .iter()
+        .map(|e| e["phase"].clone())
+        .collect()
 }
 
 /// A real `transformers.Trainer` resumes from checkpoint-2 and its optimizer's
@@ -119,7 +126,10 @@ fn hf_trainer_oom_while_loading_the_optimizer_state_retries_the_same_settings_on
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&run_dir);
     run.check("the OOM's phase", vec![Value::from("loading")], phases(&j));
-    let how = events(&j, "oom")[0]["phase_how"].as_str().unwrap_or("").to_string();
+    let how = events(&j, "oom")[0]["phase_how"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     run.ensure(
         "how the phase was told",
         how.contains("load_state_dict") || how.contains("_load_optimizer_and_scheduler"),
@@ -128,7 +138,10 @@ fn hf_trainer_oom_while_loading_the_optimizer_state_retries_the_same_settings_on
     );
     let starts = events(&j, "attempt_start");
     run.check("attempts", 2, starts.len());
-    let steps: Vec<_> = events(&j, "decision").iter().map(|d| d["step"].clone()).collect();
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
     run.check("decisions", vec![Value::from("retry_same_settings")], steps);
     let second = argv_of(starts[1]);
     run.check(
@@ -141,12 +154,21 @@ fn hf_trainer_oom_while_loading_the_optimizer_state_retries_the_same_settings_on
         Some("2".to_string()),
         flag_value(&second, "--gradient_accumulation_steps"),
     );
-    run.check("attempt 2 resumes from checkpoint-2", Some(ckpt), resume_arg(&second));
+    run.check(
+        "attempt 2 resumes from checkpoint-2",
+        Some(ckpt),
+        resume_arg(&second),
+    );
     for said in [
         "OOM while loading a checkpoint (tried to allocate 4.00 GiB on GPU 0, 1.19 GiB free): retrying the same settings once (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True); a smaller batch does not lower a load's peak",
         "attempt 1: OOM while loading a checkpoint (tried to allocate 4.00 GiB on GPU 0, 1.19 GiB free) → the same settings again, the allocator set against fragmentation",
     ] {
-        run.ensure("stderr says", run.stderr.contains(said), said, tail(&run.stderr, 3000));
+        run.ensure(
+            "stderr says",
+            run.stderr.contains(said),
+            said,
+            tail(&run.stderr, 3000),
+        );
     }
     run.ensure(
         "no smaller batch",
@@ -190,7 +212,12 @@ fn hf_trainer_oom_while_loading_again_stops_with_advice_and_never_shrinks_the_ba
         "oomguard:   Hugging Face Trainer: transformers 4.27 or newer loads the optimizer's state on the CPU first",
         "attempt 2: OOM while loading a checkpoint (tried to allocate 4.00 GiB on GPU 0, 1.19 GiB free) → stopped",
     ] {
-        run.ensure("stderr says", run.stderr.contains(said), said, tail(&run.stderr, 3000));
+        run.ensure(
+            "stderr says",
+            run.stderr.contains(said),
+            said,
+            tail(&run.stderr, 3000),
+        );
     }
 }
 
@@ -251,7 +278,12 @@ fn hf_trainer_oom_while_saving_is_retried_once_then_stops_without_a_smaller_batc
         "a smaller batch does not lower a save's peak; oomguard stops here",
         "oomguard:   Hugging Face Trainer: --save_only_model",
     ] {
-        run.ensure("stderr says", run.stderr.contains(said), said, tail(&run.stderr, 3000));
+        run.ensure(
+            "stderr says",
+            run.stderr.contains(said),
+            said,
+            tail(&run.stderr, 3000),
+        );
     }
 }
 
@@ -297,12 +329,18 @@ fn deepspeed_zero3_oom_while_saving_turns_the_16bit_gather_off() {
     run.check(
         "gather_on_save before and after",
         (Some(true), Some(false)),
-        (d["before"]["gather_on_save"].as_bool(), d["after"]["gather_on_save"].as_bool()),
+        (
+            d["before"]["gather_on_save"].as_bool(),
+            d["after"]["gather_on_save"].as_bool(),
+        ),
     );
     run.check(
         "micro-batch untouched",
         (Some(4), Some(4)),
-        (d["before"]["micro_batch"].as_u64(), d["after"]["micro_batch"].as_u64()),
+        (
+            d["before"]["micro_batch"].as_u64(),
+            d["after"]["micro_batch"].as_u64(),
+        ),
     );
     run.ensure(
         "the relaunch ran with the gather off",
@@ -322,7 +360,12 @@ fn deepspeed_zero3_oom_while_saving_turns_the_16bit_gather_off() {
         "decision: no_gather_on_save — OOM while saving a checkpoint (tried to allocate 12.50 GiB on GPU 0, 9.81 GiB free) (the traceback runs through _zero3_consolidated_16bit_state_dict): gather_on_save true → false",
         "gather_on_save  true    false  no_gather_on_save after the OOM while saving a checkpoint in attempt 1",
     ] {
-        run.ensure("stderr says", run.stderr.contains(said), said, tail(&run.stderr, 3000));
+        run.ensure(
+            "stderr says",
+            run.stderr.contains(said),
+            said,
+            tail(&run.stderr, 3000),
+        );
     }
 }
 
@@ -357,7 +400,12 @@ fn plan_shows_what_each_phase_gets() {
         "  3. stop (exit 75), with advice: ",
         "after an OOM at the first step or in training: the ladder above; in the steady state (10 or more good steps before it) the memory model takes it for a spike",
     ] {
-        run.ensure("plan says", run.stdout.contains(said), said, tail(&run.stdout, 4000));
+        run.ensure(
+            "plan says",
+            run.stdout.contains(said),
+            said,
+            tail(&run.stdout, 4000),
+        );
     }
     let mut json = cmd.to_vec();
     json.insert(1, "--json");

@@ -628,6 +628,236 @@ mod tests {
         }
     }
 
+    /// The phase of each real Trainer log (`tests/fixtures/phase/`): loading the
+    /// optimizer's state on resume, saving (a state-dict hook and the optimizer's
+    /// save), evaluation, a training step.
+    #[test]
+    fn the_phase_of_real_trainer_logs() {
+        let cases: &[(&str, Phase, &str)] = &[
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_load_oom.log"),
+                Phase::Loading,
+                "load_state_dict",
+            ),
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_save_state_dict_oom.log"),
+                Phase::Saving,
+                "save_pretrained",
+            ),
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_save_oom.log"),
+                Phase::Saving,
+                "_save_checkpoint",
+            ),
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_eval_oom.log"),
+                Phase::Evaluation,
+                "prediction_step",
+            ),
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_train_oom.log"),
+                Phase::Training,
+                "training_step",
+            ),
+        ];
+        for (log, phase, frame) in cases {
+            let got = classify(log, &oom_line(log)).expect("a phase");
+            assert_eq!(
+                (got.phase, got.how.as_str()),
+                (
+                    *phase,
+                    format!("the traceback runs through {frame}").as_str()
+                )
+            );
+        }
+    }
+
+    /// Each family's load and save frames, nested in its training loop; the
+    /// innermost frame that names a phase decides; torch.load's and
+    /// torch.save's own frames count only in torch/serialization.py.
+    #[test]
+    fn load_and_save_frames_across_families() {
+        let ser = "/venv/lib/python3.11/site-packages/torch/serialization.py";
+        let cases: &[(&[(&str, &str)], Option<Phase>)] = &[
+            // HF Trainer resuming: the optimizer's state.
+            (
+                &[
+                    ("t.py", "train"),
+                    ("t.py", "_inner_training_loop"),
+                    ("t.py", "_load_optimizer_and_scheduler"),
+                    ("o.py", "load_state_dict"),
+                    ("o.py", "_process_value_according_to_param_policy"),
+                ],
+                Some(Phase::Loading),
+            ),
+            // torch.load itself, under a user's resume().
+            (
+                &[
+                    ("train.py", "main"),
+                    ("train.py", "resume"),
+                    (ser, "load"),
+                    (ser, "_load"),
+                    (ser, "persistent_load"),
+                    (ser, "restore_location"),
+                ],
+                Some(Phase::Loading),
+            ),
+            // A user function named load outside torch/serialization.py tells nothing.
+            (
+                &[
+                    ("train.py", "main"),
+                    ("data.py", "load"),
+                    ("m.py", "forward"),
+                ],
+                None,
+            ),
+            // DeepSpeed and accelerate, Lightning's restore.
+            (
+                &[
+                    ("e.py", "load_checkpoint"),
+                    ("e.py", "_load_zero_checkpoint"),
+                    ("z.py", "load_state_dict"),
+                ],
+                Some(Phase::Loading),
+            ),
+            (
+                &[("a.py", "load_state"), ("c.py", "load_accelerator_state")],
+                Some(Phase::Loading),
+            ),
+            (
+                &[
+                    ("t.py", "fit"),
+                    ("t.py", "_run"),
+                    ("c.py", "restore_training_state"),
+                    ("c.py", "restore_optimizers_and_schedulers"),
+                ],
+                Some(Phase::Loading),
+            ),
+            // Saving: the Trainer under DeepSpeed ZeRO-3, FSDP's full state dict, Lightning.
+            (
+                &[
+                    ("t.py", "_maybe_log_save_evaluate"),
+                    ("t.py", "_save_checkpoint"),
+                    ("t.py", "save_model"),
+                    ("e.py", "_zero3_consolidated_16bit_state_dict"),
+                ],
+                Some(Phase::Saving),
+            ),
+            (
+                &[
+                    ("u.py", "main"),
+                    ("f.py", "state_dict"),
+                    ("s.py", "_pre_state_dict_hook"),
+                    ("s.py", "_full_pre_state_dict_hook"),
+                    ("s.py", "_common_unshard_pre_state_dict_hook"),
+                ],
+                Some(Phase::Saving),
+            ),
+            (
+                &[
+                    ("t.py", "fit"),
+                    ("m.py", "on_train_epoch_end"),
+                    ("m.py", "_save_topk_checkpoint"),
+                    ("c.py", "dump_checkpoint"),
+                ],
+                Some(Phase::Saving),
+            ),
+            (
+                &[("train.py", "main"), (ser, "save"), (ser, "_save")],
+                Some(Phase::Saving),
+            ),
+            // A training step after a resume: training, however the run started.
+            (
+                &[
+                    ("t.py", "train"),
+                    ("t.py", "training_step"),
+                    ("m.py", "forward"),
+                ],
+                Some(Phase::Training),
+            ),
+            // An evaluation's frames under the save's caller: evaluation.
+            (
+                &[
+                    ("t.py", "_maybe_log_save_evaluate"),
+                    ("t.py", "evaluate"),
+                    ("t.py", "prediction_step"),
+                ],
+                Some(Phase::Evaluation),
+            ),
+        ];
+        for (frames, want) in cases {
+            let mut log = "Traceback (most recent call last):\n".to_string();
+            for (f, n) in frames.iter() {
+                log.push_str(&format!("  File \"{f}\", line 7, in {n}\n    x()\n"));
+            }
+            log.push_str(&format!("{OOM}\n"));
+            assert_eq!(classify(&log, OOM).map(|s| s.phase), *want, "{frames:?}");
+        }
+    }
+
+    /// rich's and IPython's frame styles are read too.
+    #[test]
+    fn rich_and_ipython_frames_are_read() {
+        let rich = format!(
+            "╭───── Traceback (most recent call last) ─────╮\n│ /x/trainer.py:1633 in train                 │\n│ /x/trainer.py:2830 in save_model            │\n╰─────────────────────────────────────────────╯\n{OOM}\n"
+        );
+        assert_eq!(classify(&rich, OOM).map(|s| s.phase), Some(Phase::Saving));
+        let ipython = format!(
+            "OutOfMemoryError                          Traceback (most recent call last)\nFile ~/t/trainer.py:1633, in Trainer.train(self, resume_from_checkpoint)\nFile ~/t/trainer.py:2010, in Trainer._load_from_checkpoint(self, resume_from_checkpoint)\n{OOM}\n"
+        );
+        assert_eq!(
+            classify(&ipython, OOM).map(|s| s.phase),
+            Some(Phase::Loading)
+        );
+    }
+
+    /// Without frames, a framework's own lines mark a load or a save only until
+    /// it says it is done; a script's own "resuming" line marks nothing.
+    #[test]
+    fn load_and_save_progress_marks_end_when_the_framework_says_done() {
+        let tail = format!("{OOM}\n");
+        let cases: &[(&str, Option<Phase>)] = &[
+            (
+                "Restoring states from the checkpoint path at /c/last.ckpt\n",
+                Some(Phase::Loading),
+            ),
+            (
+                "Restoring states from the checkpoint path at /c/last.ckpt\nRestored all states from the checkpoint at /c/last.ckpt\n",
+                Some(Phase::Training),
+            ),
+            (
+                "Loading model from out/checkpoint-500.\n",
+                Some(Phase::Loading),
+            ),
+            (
+                "Loading model from out/checkpoint-500.\n***** Running training *****\n",
+                Some(Phase::Training),
+            ),
+            (
+                "[Torch] Checkpoint global_step10 is about to be saved!\n",
+                Some(Phase::Saving),
+            ),
+            (
+                "[Torch] Checkpoint global_step10 is about to be saved!\n[Torch] Checkpoint global_step10 is ready now!\n",
+                Some(Phase::Training),
+            ),
+            (
+                "Saving model checkpoint to out/checkpoint-500\n",
+                Some(Phase::Saving),
+            ),
+            (
+                "Saving model checkpoint to out/checkpoint-500\nModel weights saved in out/checkpoint-500/model.safetensors\n",
+                Some(Phase::Training),
+            ),
+            ("resuming from out/checkpoint-2\n", None),
+            ("Loading model from /models/llama\n", None),
+        ];
+        for (progress, want) in cases {
+            let log = format!("{progress}{tail}");
+            assert_eq!(classify(&log, OOM).map(|s| s.phase), *want, "{progress:?}");
+        }
+    }
+
     /// An OOM line that is not in the log (another copy's, a task file's) says nothing.
     #[test]
     fn an_oom_not_in_the_log_is_not_taken_for_evaluation() {

@@ -331,11 +331,17 @@ impl<'c> Run<'c> {
     /// newest checkpoint this run wrote.
     fn retry_same(&mut self, rec: &mut AttemptRecord, ev: &Evidence, when: When, reason: String) {
         self.retried.push(when);
-        let alloc =
-            crate::envmerge::against_fragmentation(&mut self.env_defaults, &crate::run_config::real_env);
+        let alloc = crate::envmerge::against_fragmentation(
+            &mut self.env_defaults,
+            &crate::run_config::real_env,
+        );
         let reason = format!("{reason} ({alloc})");
         let n = rec.n;
-        let peak = if when == When::Loading { "a load's" } else { "a save's" };
+        let peak = if when == When::Loading {
+            "a load's"
+        } else {
+            "a save's"
+        };
         self.log.info(&format!(
             "attempt {n}: {ev}: retrying the same settings once ({alloc}); a smaller batch does not lower {peak} peak"
         ));
