@@ -152,7 +152,9 @@ mod tests {
     /// set it, and a value oomguard already adds is left as it is.
     #[test]
     fn against_fragmentation_respects_the_users_key() {
-        let cases: &[(&[(&str, &str)], &[(&str, &str)], &str, Option<(&str, &str)>)] = &[
+        type Vars<'a> = &'a [(&'a str, &'a str)];
+        type Case<'a> = (Vars<'a>, Vars<'a>, &'a str, Option<(&'a str, &'a str)>);
+        let cases: &[Case] = &[
             // --no-env (nothing added), nothing set by the user.
             (
                 &[],

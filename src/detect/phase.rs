@@ -678,7 +678,8 @@ mod tests {
     #[test]
     fn load_and_save_frames_across_families() {
         let ser = "/venv/lib/python3.11/site-packages/torch/serialization.py";
-        let cases: &[(&[(&str, &str)], Option<Phase>)] = &[
+        type Frames<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Frames, Option<Phase>)] = &[
             // HF Trainer resuming: the optimizer's state.
             (
                 &[
