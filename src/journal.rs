@@ -1248,7 +1248,7 @@ mod tests {
              \x20 knob         before  after  why\n\
              \x20 micro_batch  8       4      halve_micro_batch after the OOM in attempt 2\n\
              \x20 grad_accum   1       2      keeps the global batch at 16 as the micro-batch shrank\n\
-             \x20 attempt 2: OOM → halve_micro_batch\n\
+             \x20 attempt 2: OOM at step 7 → halve_micro_batch\n\
              oomguard: journal: run/journal.jsonl\n\
              oomguard: to rerun at the settings that fit: python3 train.py --bs 4 --accum 2 --resume out/checkpoint-5\n\
              oomguard:   run/attempt-3/ds.json is oomguard's copy of ds.json with the changed settings (kept in the run folder)\n\
