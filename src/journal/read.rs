@@ -77,6 +77,12 @@ pub struct Oom {
     pub finding: OomLine,
     /// Seconds from launch to the OOM line.
     pub after_s: Option<f64>,
+    /// When in the run it happened; absent in journals written before
+    /// oomguard told it, and when nothing told it.
+    #[serde(default)]
+    pub phase: Option<crate::evidence::When>,
+    #[serde(default)]
+    pub step_reached: Option<u64>,
 }
 
 /// The decisive OOM line and its numbers (the journal's `finding`).
@@ -321,7 +327,7 @@ impl Oom {
     /// the end-of-run summary words it.
     pub fn cause(&self, outcome: Option<OutcomeKind>) -> String {
         let f = &self.finding;
-        Evidence {
+        let s = Evidence {
             outcome: match outcome {
                 Some(OutcomeKind::HungAfterOom) => OutcomeKind::HungAfterOom,
                 _ => OutcomeKind::CudaOom,
@@ -335,9 +341,13 @@ impl Oom {
             }),
             step_reached: None,
             steps_done: None,
-            evaluation: None,
+            phase: None,
         }
-        .to_string()
+        .to_string();
+        match self.phase {
+            Some(w) => s.replacen("OOM", &format!("OOM{}", w.words(self.step_reached)), 1),
+            None => s,
+        }
     }
 }
 

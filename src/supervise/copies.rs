@@ -249,10 +249,7 @@ impl<'c> Run<'c> {
                 let mut ev =
                     Evidence::gpu_oom(finding.as_ref(), hung, reached, self.started_from());
                 // Where in the run it happened: its traceback and progress.
-                ev.evaluation = finding
-                    .as_ref()
-                    .zip(log)
-                    .and_then(|(f, l)| crate::detect::phase::from_log(l, &f.line));
+                ev.phase = self.phase.take();
                 let flow = self.after_oom(rec, &ev, finding.as_ref(), report, started);
                 rec.evidence = Some(ev);
                 return flow;

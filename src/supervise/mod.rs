@@ -117,6 +117,12 @@ struct Run<'c> {
     attempts: Vec<AttemptRecord>,
     /// The memory model, calibrated by every OOM so far (`None`: no model config).
     cal: Option<crate::memory::Calibrated>,
+    /// The phase the last attempt's GPU OOM happened in (see `detect::phase`),
+    /// told as it ended; taken by the decision after it.
+    phase: Option<crate::detect::phase::Seen>,
+    /// The phases (loading, saving) whose OOM was retried at the same
+    /// settings (each is, once a run).
+    retried: Vec<crate::evidence::When>,
     /// Offloads whose CPU form ran the host out of memory: never to CPU again.
     no_cpu_offload: Vec<knobs::Knob>,
     /// Whether "the kernel's log cannot be read" was said (it is said once a run).
@@ -270,6 +276,8 @@ impl<'c> Run<'c> {
             dropped: Vec::new(),
             cal: cfg.calibrated(),
             no_cpu_offload: Vec::new(),
+            phase: None,
+            retried: Vec::new(),
         }
     }
 
@@ -583,12 +591,26 @@ impl<'c> Run<'c> {
                     file.display()
                 ));
             }
+            // When in the run it happened: its traceback and progress, and the
+            // step it reached (a GPU OOM's only: it decides the next attempt).
+            let mut seen = Evidence::gpu_oom(Some(f), false, None, self.started_from());
+            if matches!(outcome, Outcome::GpuOom { .. }) {
+                seen.phase = log.and_then(|l| crate::detect::phase::from_log(l, &f.line));
+                seen.step_reached = self.reached(log, started);
+                seen.steps_done = seen
+                    .step_reached
+                    .map(|r| r.step.saturating_sub(self.started_from()));
+            }
             self.j.record(&Event::Oom {
                 attempt: n,
                 finding: f.into(),
                 after_s: report.oom_at.map(|d| d.as_secs_f64()),
                 file: report.oom_file.as_deref(),
+                phase: seen.when(),
+                phase_how: seen.phase_how(),
+                step_reached: seen.step_reached.map(|r| r.step),
             });
+            self.phase = seen.phase.clone();
         }
         self.j.record(&Event::AttemptEnd {
             attempt: n,
