@@ -1040,7 +1040,7 @@ pub fn after_save_oom(cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix 
             before: cur.clone(),
             after,
             reason: format!(
-                "{ev} ({how}): gather_on_save true → false: each rank saves its own shard instead of one rank gathering the full 16-bit weights (zero_to_fp32.py recovers them); the training is unchanged"
+                "{ev} ({how}): gather_on_save true → false: each rank saves its own shard instead of one rank gathering the full weights (DeepSpeed: no 16-bit gather, zero_to_fp32.py recovers them; FSDP: SHARDED_STATE_DICT instead of FULL_STATE_DICT); the training is unchanged"
             ),
         });
     }

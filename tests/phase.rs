@@ -420,3 +420,76 @@ fn plan_shows_what_each_phase_gets() {
         v["phase_fixes"].clone(),
     );
 }
+
+/// An accelerate config with FSDP that saves a full state dict (the user's file).
+fn fsdp_config(dir: &Path) -> PathBuf {
+    let p = dir.join("fsdp.yaml");
+    std::fs::write(
+        &p,
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_state_dict_type: FULL_STATE_DICT\n  fsdp_offload_params: false\nmixed_precision: bf16\nnum_machines: 1\nnum_processes: 1\n",
+    )
+    .unwrap();
+    p
+}
+
+/// An OOM while FSDP gathers a full state dict to save (`accelerate launch` with
+/// `fsdp_state_dict_type: FULL_STATE_DICT`): oomguard's copy of the accelerate
+/// config says SHARDED_STATE_DICT, the user's file is untouched, and the run
+/// finishes; `plan` shows the change after an OOM while saving.
+#[test]
+fn accelerate_fsdp_oom_while_saving_switches_to_a_sharded_state_dict() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let cfg = fsdp_config(tmp.path());
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(
+        repo().join("tests/children/fake_accelerate"),
+        bin.join("accelerate"),
+    )
+    .unwrap();
+    let child = repo().join("tests/children/phase_fsdp_oom.py");
+    let cmd = [
+        "accelerate",
+        "launch",
+        "--config_file",
+        cfg.to_str().unwrap(),
+        child.to_str().unwrap(),
+        "--output_dir",
+        out.to_str().unwrap(),
+    ];
+    let plan: Vec<&str> = ["plan"].into_iter().chain(cmd).collect();
+    let p = oomguard(tmp.path(), &plan, Some(&bin), LIMIT);
+    p.ensure(
+        "plan shows the sharded state dict after an OOM while saving",
+        p.stdout.contains("while saving") && p.stdout.contains("gather_on_save"),
+        "while saving ... gather_on_save",
+        tail(&p.stdout, 4000),
+    );
+    let mut args = vec!["--run-dir", run_dir.to_str().unwrap()];
+    args.extend(cmd);
+    let run = oomguard(tmp.path(), &args, Some(&bin), LIMIT);
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&run_dir);
+    run.check("the OOM's phase", vec![Value::from("saving")], phases(&j));
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
+    run.check("decisions", vec![Value::from("no_gather_on_save")], steps);
+    run.ensure(
+        "the relaunch read SHARDED_STATE_DICT from oomguard's copy",
+        run.stdout.contains("state_dict_type=SHARDED_STATE_DICT")
+            && run.stdout.contains("training finished"),
+        "state_dict_type=SHARDED_STATE_DICT, then training finished",
+        tail(&run.stdout, 2000),
+    );
+    run.ensure(
+        "the user's config is untouched",
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .contains("fsdp_state_dict_type: FULL_STATE_DICT"),
+        "FULL_STATE_DICT",
+        std::fs::read_to_string(&cfg).unwrap(),
+    );
+}

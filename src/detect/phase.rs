@@ -68,6 +68,10 @@ pub struct Seen {
     pub how: String,
 }
 
+/// What FSDP's warning says when cloning a parameter for a full state dict
+/// fails (`Failed to clone() tensor with name ... Error: CUDA out of memory`).
+const FSDP_CLONE_WARNING: &str = "this state_dict entry could point to invalid memory";
+
 /// Function names whose frame means the code loads a checkpoint or weights.
 pub const LOAD_FRAMES: &[&str] = &[
     // PyTorch modules and optimizers, safetensors
@@ -272,7 +276,18 @@ pub fn classify(text: &str, oom_line: &str) -> Option<Seen> {
         .enumerate()
         .find_map(|(i, l)| l.find(key).map(|p| (i, &l[..p])))?;
     let before = &lines[..at];
-    if let Some((phase, name)) = from_frames(before, prefix) {
+    // FSDP's own warning while it gathers a full state dict (its
+    // `_full_post_state_dict_hook` clones each parameter) carries the OOM.
+    if lines[at].contains(FSDP_CLONE_WARNING) {
+        return Some(Seen {
+            phase: Phase::Saving,
+            how: "FSDP's full state dict ran out while cloning a parameter (Failed to clone() tensor)"
+                .to_string(),
+        });
+    }
+    if let Some((phase, name)) =
+        from_frames(before, prefix).or_else(|| from_frames_after(&lines[at + 1..], prefix))
+    {
         return Some(Seen {
             phase,
             how: format!("the traceback runs through {name}"),
@@ -355,12 +370,51 @@ fn from_frames<'a>(before: &[&'a str], prefix: &str) -> Option<(Phase, &'a str)>
             break;
         }
     }
-    if !header {
+    // A paste or a log tail that starts inside the traceback: its frames run
+    // up to the first line, with no other output between them.
+    let trimmed = !header
+        && before.len() <= TRACEBACK_LINES
+        && !frames.is_empty()
+        && before.iter().all(|l| {
+            let l = l.trim();
+            l.is_empty() || l.starts_with("File ") || l.starts_with('^') || !l.contains(": ")
+        });
+    if !header && !trimmed {
         return None;
     }
     // Collected innermost first.
     frames
         .into_iter()
+        .find_map(|(file, name)| frame_phase(file, name).map(|p| (p, name)))
+}
+
+/// A logger that prints the exception's message before its traceback (mmf's
+/// `ERROR: CUDA out of memory ...` then `Traceback (most recent call last):`):
+/// the traceback that starts on the next line of the same process, read up to
+/// the first line that is not part of it. Innermost deciding frame first, as
+/// before the OOM line.
+fn from_frames_after<'a>(after: &[&'a str], prefix: &str) -> Option<(Phase, &'a str)> {
+    let mut it = after
+        .iter()
+        .filter_map(|l| same_process(l, prefix))
+        .skip_while(|l| l.trim().is_empty());
+    if !it.next()?.contains("Traceback (most recent call last)") {
+        return None;
+    }
+    let mut frames: Vec<(&'a str, &'a str)> = Vec::new();
+    for line in it.take(TRACEBACK_LINES) {
+        if let Some(c) = FRAME.captures(line) {
+            let file = c.name("f1").or(c.name("f2")).map_or("", |m| m.as_str());
+            let name = c.name("n1").or(c.name("n2")).map_or("", |m| m.as_str());
+            frames.push((file, name));
+        } else if !line.starts_with(' ') && !line.trim().is_empty() {
+            // The exception line ends the traceback.
+            break;
+        }
+    }
+    frames
+        .into_iter()
+        .rev()
         .find_map(|(file, name)| frame_phase(file, name).map(|p| (p, name)))
 }
 
@@ -857,6 +911,98 @@ mod tests {
             let log = format!("{progress}{tail}");
             assert_eq!(classify(&log, OOM).map(|s| s.phase), *want, "{progress:?}");
         }
+    }
+
+    /// The body of a labelled corpus log (after its `# ---` line) and its
+    /// `# phase:` header, if any.
+    fn corpus_log(name: &str) -> (String, Option<String>) {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/corpus/logs")
+            .join(name);
+        let text = String::from_utf8_lossy(&std::fs::read(&p).unwrap()).into_owned();
+        let at = text.find("# ---\n").expect("a '# ---' line") + "# ---\n".len();
+        let phase = text[..at]
+            .lines()
+            .find_map(|l| l.strip_prefix("# phase:"))
+            .map(|v| v.trim().to_string());
+        (text[at..].to_string(), phase)
+    }
+
+    /// Public threads' logs of an OOM while resuming from a checkpoint and while
+    /// saving one (tests/fixtures/corpus/logs, each with its `# source:`): the
+    /// phase each is told as, and how. Covers a logger that prints the OOM line
+    /// before its traceback (mmf), pastes that start inside the traceback
+    /// (torch.load's frames), and FSDP's full-state-dict warning that carries
+    /// the OOM. Every corpus log with a `# phase:` header is in the table.
+    #[test]
+    fn the_phase_of_public_threads_load_and_save_logs() {
+        let cases: &[(&str, Phase, &str)] = &[
+            // mmf: ERROR line first, then the traceback through the optimizer's load.
+            (
+                "cuda_oom-91.txt",
+                Phase::Loading,
+                "the traceback runs through load_state_dict",
+            ),
+            // transformer-lm: optimizer.load_state_dict(torch.load(...)), paste starts mid-traceback.
+            (
+                "cuda_oom-92.txt",
+                Phase::Loading,
+                "the traceback runs through _cuda_deserialize",
+            ),
+            // SPIN: torch.load onto the GPU, the older 'CUDA error: out of memory'.
+            (
+                "cuda_oom-93.txt",
+                Phase::Loading,
+                "the traceback runs through _cuda_deserialize",
+            ),
+            // HF Trainer + FSDP: the full state dict for the save (three threads).
+            ("cuda_oom-94.txt", Phase::Saving, "FSDP's full state dict"),
+            ("cuda_oom-95.txt", Phase::Saving, "FSDP's full state dict"),
+            ("cuda_oom-96.txt", Phase::Saving, "FSDP's full state dict"),
+        ];
+        for (name, phase, how) in cases {
+            let (body, header) = corpus_log(name);
+            let f = crate::detect::classify_log(body.as_bytes());
+            assert_eq!(f.kind.as_str(), "gpu_oom", "{name}");
+            let got = classify(&body, &f.line).unwrap_or_else(|| panic!("{name}: no phase"));
+            assert_eq!(got.phase, *phase, "{name}: {}", got.how);
+            assert!(got.how.starts_with(how), "{name}: {}", got.how);
+            let want = serde_json::to_value(phase).unwrap();
+            assert_eq!(
+                header.as_deref(),
+                want.as_str(),
+                "{name}: its # phase: header"
+            );
+        }
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/corpus/logs");
+        for e in std::fs::read_dir(dir).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if name.ends_with(".txt") && corpus_log(&name).1.is_some() {
+                assert!(
+                    cases.iter().any(|c| c.0 == name),
+                    "{name} has a phase header but no row"
+                );
+            }
+        }
+    }
+
+    /// A traceback after the OOM line is read only when it starts on the next
+    /// line of the same process; one of another rank, or one after other output,
+    /// is not.
+    #[test]
+    fn a_traceback_after_the_oom_line_counts_only_right_after_it() {
+        let tb = "Traceback (most recent call last):\n  File \"t.py\", line 3, in load_state_dict\n    deepcopy(s)\nRuntimeError: boom\n";
+        let got = classify(&format!("{OOM}\n{tb}"), OOM).expect("a phase");
+        assert_eq!(got.phase, Phase::Loading);
+        assert_eq!(classify(&format!("{OOM}\nstep 3 done\n{tb}"), OOM), None);
+        let other = tb
+            .lines()
+            .map(|l| format!("[rank1]: {l}\n"))
+            .collect::<String>();
+        assert_eq!(classify(&format!("[rank0]: {OOM}\n{other}"), OOM), None);
+        // A frame that names no phase, then the exception: nothing is told.
+        let plain = "Traceback (most recent call last):\n  File \"t.py\", line 3, in main\n    f()\nRuntimeError: boom\n  File \"u.py\", line 1, in load_state_dict\n";
+        assert_eq!(classify(&format!("{OOM}\n{plain}"), OOM), None);
     }
 
     /// An OOM line that is not in the log (another copy's, a task file's) says nothing.

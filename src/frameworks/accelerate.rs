@@ -48,6 +48,13 @@ fn runs_deepspeed(doc: &Doc) -> bool {
     is_ds && !uses_file
 }
 
+/// Its keys are knobs when it runs DeepSpeed itself, or FSDP (whose
+/// `fsdp_config.fsdp_state_dict_type` says how a checkpoint is saved).
+fn runs_deepspeed_or_fsdp(doc: &Doc) -> bool {
+    runs_deepspeed(doc)
+        || matches!(doc.get("distributed_type"), Ok(Some(Scalar::Str(s))) if s == "FSDP")
+}
+
 fn recognise(cmd: &Command) -> bool {
     cmd.launcher(LauncherKind::Accelerate).is_some()
 }
@@ -71,7 +78,7 @@ pub static FAMILY: Family = Family {
         flags: &["--config_file", "--config-file"],
         launcher_option_only: true,
         default: Some((default_config, "--config_file")),
-        applies: runs_deepspeed,
+        applies: runs_deepspeed_or_fsdp,
         keys: &[
             KeySpec {
                 knob: Knob::GradAccum,
@@ -96,6 +103,13 @@ pub static FAMILY: Family = Family {
             KeySpec {
                 knob: Knob::GatherOnSave,
                 key: "deepspeed_config.zero3_save_16bit_model",
+                absent: None,
+            },
+            // FSDP: FULL_STATE_DICT gathers the full weights on one rank to save
+            // them (gather_on_save true); SHARDED_STATE_DICT saves each rank's shard.
+            KeySpec {
+                knob: Knob::GatherOnSave,
+                key: "fsdp_config.fsdp_state_dict_type",
                 absent: None,
             },
         ],

@@ -123,6 +123,12 @@ pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
             Scalar::Str(x) => match x.to_ascii_lowercase().as_str() {
                 "true" => Some(Value::Bool(true)),
                 "false" => Some(Value::Bool(false)),
+                // FSDP's state dict type: a full state dict is gathered on one
+                // rank to be saved; a sharded (or local) one is not.
+                "full_state_dict" if knob == Knob::GatherOnSave => Some(Value::Bool(true)),
+                "sharded_state_dict" | "local_state_dict" if knob == Knob::GatherOnSave => {
+                    Some(Value::Bool(false))
+                }
                 _ => None,
             },
             _ => None,
@@ -165,7 +171,18 @@ pub fn value_to_scalar(v: &Value, old: Option<&Scalar>) -> Scalar {
             Some(Scalar::Float(_)) => Scalar::Float(*n as f64),
             _ => Scalar::Int(*n as i64),
         },
-        Value::Bool(b) => Scalar::Bool(*b),
+        // An FSDP state dict type stays one: the gather off is a sharded state dict.
+        Value::Bool(b) => match old {
+            Some(Scalar::Str(s)) if s.to_ascii_uppercase().ends_with("_STATE_DICT") => Scalar::Str(
+                if *b {
+                    "FULL_STATE_DICT"
+                } else {
+                    "SHARDED_STATE_DICT"
+                }
+                .into(),
+            ),
+            _ => Scalar::Bool(*b),
+        },
         Value::Offload(o) => Scalar::Str(o.to_string()),
     }
 }
