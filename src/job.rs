@@ -57,6 +57,11 @@ const TIMEOUT: Duration = Duration::from_secs(900);
 /// The folder under the checkpoint root.
 pub const FOLDER: &str = ".oomguard-job";
 
+/// The job's name, when the pods' manifest exposes it (the Kubeflow operator's
+/// `training.kubeflow.org/job-name` label, through the downward API): the job
+/// key of a job whose torchrun has no rendezvous id, and of one program per pod.
+pub const JOB_NAME: &str = "OOMGUARD_JOB_NAME";
+
 /// This copy's place in the job.
 #[derive(Debug, Clone)]
 pub struct Job {
@@ -174,29 +179,48 @@ impl Job {
             }
             _ => None,
         };
+        // torchrun's place, from its command line or, as torchrun reads them,
+        // its `PET_` variables (a Kubernetes operator's configuration).
         let torchrun = || {
-            let t = LauncherKind::Torchrun;
-            let nodes: u32 = cmd.launcher_value(t, &["--nnodes"])?.parse().ok()?;
-            let rank: u32 = cmd
-                .launcher_value(t, &["--node_rank", "--node-rank"])?
-                .parse()
-                .ok()?;
+            let opt = |names: &[&str]| crate::frameworks::launchers::torchrun_opt(cmd, env, names);
+            let nnodes = opt(&["--nnodes"])?;
+            let node_rank = opt(&["--node_rank", "--node-rank"])?;
+            let nodes: u32 = nnodes.value.parse().ok()?;
+            let rank: u32 = node_rank.value.parse().ok()?;
             if nodes < 2 {
                 return None;
             }
-            let id = cmd
-                .launcher_value(t, &["--rdzv_id", "--rdzv-id"])
-                .or_else(|| cmd.launcher_value(t, &["--rdzv_endpoint", "--rdzv-endpoint"]))
-                .or_else(|| cmd.launcher_value(t, &["--master_port", "--master-port"]))
-                .unwrap_or("default");
-            Some((
-                rank,
-                nodes,
-                format!("torchrun-{id}"),
-                format!("torchrun --node_rank {rank} of --nnodes {nodes}"),
-            ))
+            let id = opt(&["--rdzv_id", "--rdzv-id"])
+                .map(|o| o.value)
+                .or_else(|| env_str(env, JOB_NAME))
+                .or_else(|| opt(&["--rdzv_endpoint", "--rdzv-endpoint"]).map(|o| o.value))
+                .or_else(|| opt(&["--master_port", "--master-port"]).map(|o| o.value))
+                .unwrap_or_else(|| "default".into());
+            let source = if nnodes.from.starts_with("--") && node_rank.from.starts_with("--") {
+                format!("torchrun --node_rank {rank} of --nnodes {nodes}")
+            } else {
+                format!("torchrun {} of {}", node_rank.from, nnodes.from)
+            };
+            Some((rank, nodes, format!("torchrun-{id}"), source))
         };
-        let Some((rank, copies, key, source)) = slurm.or_else(torchrun) else {
+        // One program per pod (`WORLD_SIZE`, `RANK`): the job's name, else where
+        // its ranks meet (`MASTER_ADDR:MASTER_PORT`, the operator's stable
+        // service name), never the pod's own name, which a restart changes.
+        let per_pod = || {
+            if cmd.launchers.iter().any(|l| l.kind != LauncherKind::Python) {
+                return None;
+            }
+            let p = crate::frameworks::launchers::per_pod(env)?;
+            let id = env_str(env, JOB_NAME)
+                .or_else(|| {
+                    let addr = env_str(env, "MASTER_ADDR")?;
+                    let port = env_str(env, "MASTER_PORT").unwrap_or_default();
+                    Some(format!("{addr}-{port}"))
+                })
+                .unwrap_or_else(|| "default".into());
+            Some((p.pod, p.pods, format!("pods-{id}"), p.source))
+        };
+        let Some((rank, copies, key, source)) = slurm.or_else(torchrun).or_else(per_pod) else {
             return Ok(None);
         };
         let Some(root) = root else {
