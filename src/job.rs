@@ -461,6 +461,45 @@ pub fn fitting_path(env: &dyn Fn(&str) -> Option<OsString>, root: &Path) -> Opti
     )
 }
 
+/// Inside a Kubernetes pod (the kubelet sets `KUBERNETES_SERVICE_HOST` in every
+/// container), where the job of an operator (PyTorchJob, JobSet, Volcano)
+/// restarts a failed pod's container or the whole job by itself.
+pub fn in_pod(env: &dyn Fn(&str) -> Option<OsString>) -> bool {
+    env_str(env, "KUBERNETES_SERVICE_HOST").is_some()
+}
+
+/// Where a Kubernetes job keeps its [`Fitting`]: in the job's folder (its key is
+/// the rendezvous id or the job's name, which a restarted pod keeps, never the
+/// pod's name, which changes). A job of one pod has a folder too, when its key
+/// is known. None outside a pod or without a key.
+pub fn pod_fitting_path(
+    cmd: &Command,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    job: Option<&Job>,
+    root: &Path,
+) -> Option<PathBuf> {
+    if !in_pod(env) || env_str(env, "SLURM_JOB_ID").is_some() {
+        return None;
+    }
+    if let Some(j) = job {
+        return Some(j.dir.join("fitting.json"));
+    }
+    let key = match crate::frameworks::launchers::torchrun_opt(cmd, env, &["--rdzv_id", "--rdzv-id"]) {
+        Some(o) => format!("torchrun-{}", o.value),
+        None if cmd.launcher(LauncherKind::Torchrun).is_some() => {
+            format!("torchrun-{}", env_str(env, JOB_NAME)?)
+        }
+        None => format!("pods-{}", env_str(env, JOB_NAME)?),
+    };
+    Some(root.join(FOLDER).join(component(&key)).join("fitting.json"))
+}
+
+/// A finished job's settings are not a restart's: a job submitted again under
+/// the same name starts as its command says.
+pub fn forget_fitting(path: &Path) {
+    let _ = std::fs::remove_file(path);
+}
+
 /// How many times Slurm restarted this job (requeue, preemption).
 pub fn restart_count(env: &dyn Fn(&str) -> Option<OsString>) -> u32 {
     env_u32(env, "SLURM_RESTART_COUNT").unwrap_or(0)

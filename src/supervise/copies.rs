@@ -11,6 +11,45 @@ impl<'c> Run<'c> {
         if restarts == 0 {
             return;
         }
+        self.start_at_fitting(&format!("requeued job (SLURM_RESTART_COUNT={restarts})"));
+    }
+
+    /// A pod of a Kubernetes job that the operator restarted (its container after
+    /// a failure, `restartPolicy: OnFailure`, or the whole job, `backoffLimit`):
+    /// the job's folder holds the settings it last launched (a job that finished
+    /// forgets them), so start there, as a requeued Slurm job does. Every pod
+    /// reads the same file, so the pods start at the same settings.
+    pub(super) fn restarted_pod(&mut self) {
+        let Some(path) = self.fitting.clone() else {
+            return;
+        };
+        if !job::in_pod(&|k| std::env::var_os(k)) || in_slurm() {
+            return;
+        }
+        if path.exists() {
+            self.start_at_fitting(&format!(
+                "restarted pod of a Kubernetes job (the job's last settings are in {})",
+                path.display()
+            ));
+        }
+    }
+
+    /// A job that finished (copy 0's success): its settings are no restart's.
+    pub(super) fn job_finished(&self, code: i32) {
+        let Some(path) = &self.fitting else { return };
+        let leader = self.cfg.job.as_ref().is_none_or(job::Job::leader);
+        if code == exit::SUCCESS
+            && leader
+            && !in_slurm()
+            && job::in_pod(&|k| std::env::var_os(k))
+        {
+            job::forget_fitting(path);
+        }
+    }
+
+    /// Start at the job's last settings (`why`: whose restart this is) and resume
+    /// from the newest complete checkpoint; this new run folder names the old one.
+    fn start_at_fitting(&mut self, why: &str) {
         let Some(fitting) = self.fitting.as_deref().and_then(job::load_fitting) else {
             return;
         };
@@ -27,7 +66,7 @@ impl<'c> Run<'c> {
         let step = res.chosen.as_ref().and_then(checkpoint::step_for);
         self.resume_from(&res, step);
         self.log.info(&format!(
-            "requeued job (SLURM_RESTART_COUNT={restarts}): starting at {} (the last settings launched, from {}); {}",
+            "{why}: starting at {} (the last settings launched, from {}); {}",
             self.settings,
             fitting.run_dir.display(),
             res.why
@@ -270,4 +309,9 @@ impl<'c> Run<'c> {
         };
         Flow::Stop(code)
     }
+}
+
+/// Inside a Slurm job, whose requeues are counted by Slurm.
+fn in_slurm() -> bool {
+    std::env::var_os("SLURM_JOB_ID").is_some_and(|v| !v.is_empty())
 }

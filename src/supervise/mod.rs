@@ -109,8 +109,9 @@ struct Run<'c> {
     /// The checkpoints there when the first attempt started: a relaunch never
     /// resumes from them (it continues this run, not an older experiment).
     baseline: checkpoint::Baseline,
-    /// Where this Slurm job keeps the settings it last launched with, for a
-    /// requeue (see `job::Fitting`); None outside Slurm or without checkpoints.
+    /// Where this Slurm or Kubernetes job keeps the settings it last launched
+    /// with, for a requeue or a restarted pod (see `job::Fitting`); None outside
+    /// both or without checkpoints.
     fitting: Option<PathBuf>,
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
@@ -187,6 +188,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     };
     let mut run = Run::start(&cfg, gw, inplace, rungs);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
+    run.restarted_pod();
     let code = loop {
         if let Some(sig) = signals.pending() {
             break exit::SIGNAL_BASE + sig;
@@ -196,6 +198,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
             Flow::Stop(code) => break code,
         }
     };
+    run.job_finished(code);
     run.finish(code)
 }
 
@@ -245,10 +248,13 @@ impl<'c> Run<'c> {
             resume: None,
             resumed_step: None,
             baseline: checkpoint::Baseline::default(),
-            fitting: cfg
-                .layout
-                .as_ref()
-                .and_then(|l| job::fitting_path(&|k| std::env::var_os(k), &l.root)),
+            fitting: cfg.layout.as_ref().and_then(|l| {
+                let env = |k: &str| std::env::var_os(k);
+                job::fitting_path(&env, &l.root).or_else(|| {
+                    let cmd = crate::command::Command::parse(&cfg.argv);
+                    job::pod_fitting_path(&cmd, &env, cfg.job.as_ref(), &l.root)
+                })
+            }),
             begun: 0,
             attempts: Vec::new(),
             kernel_unreadable_said: false,
