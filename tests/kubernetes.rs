@@ -339,7 +339,8 @@ fn a_restarted_pod_starts_at_the_settings_the_job_decided() {
         r.code,
     );
     let j = r.journal(&runs[0]);
-    let decided = micro_of(&argv_of(events(&j, "attempt_start")[1])).unwrap();
+    let last = *events(&j, "attempt_start").last().unwrap();
+    let decided = micro_of(&argv_of(last)).unwrap();
     // The restarted container.
     let r = pod(t.path(), &sim_args(&runs[1], &out, &[]), &env).wait(Duration::from_secs(120));
     r.check("restarted pod's exit code", Some(0), r.code);
