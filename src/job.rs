@@ -98,6 +98,52 @@ pub enum Published {
     },
 }
 
+/// What a copy is about to launch, in its `ready-N-R` file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    pub copies: u32,
+    pub world: u64,
+    /// The settings, as the journal says them (`micro_batch=8 grad_accum=4 ...`).
+    pub settings: String,
+    /// Set when this copy found the job's copies disagreeing, and stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disagree: Option<String>,
+}
+
+impl Ready {
+    /// How copy `them`'s launch differs from copy `me`'s, if it does.
+    fn differs(&self, other: &Ready, me: u32, them: u32) -> Option<String> {
+        if self.copies != other.copies {
+            return Some(format!(
+                "copy {me} counts {} copies, copy {them} counts {}",
+                self.copies, other.copies
+            ));
+        }
+        if self.world != other.world {
+            return Some(format!(
+                "copy {me} has world size {}, copy {them} has {}",
+                self.world, other.world
+            ));
+        }
+        (self.settings != other.settings).then(|| {
+            format!(
+                "copy {me} would launch with {}, copy {them} with {}",
+                self.settings, other.settings
+            )
+        })
+    }
+}
+
+/// How a meeting before an attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Meeting {
+    Met,
+    /// Not every copy came within the timeout.
+    Late,
+    /// The copies are not about to launch the same job: why.
+    Disagree(String),
+}
+
 /// What a copy of a job does after one of its attempts ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterAttempt {
@@ -298,18 +344,90 @@ impl Job {
         }
     }
 
-    /// The meeting before attempt `n`: false when not every copy came in time.
-    pub fn meet(&self, n: u32) -> bool {
-        if let Err(e) = self.write(&format!("ready-{n}-{}", self.rank), b"") {
+    /// The meeting before attempt `n`, where the copies also check that they
+    /// are about to launch the same job: the same number of copies, the same
+    /// world size, the same settings (pods of one Kubernetes job whose
+    /// manifests or environments differ, a restarted pod that did not find the
+    /// job's settings). A copy's `ready-n-R` holds what it is about to launch.
+    ///
+    /// A `ready` file that disagrees and is older than this copy's own may be
+    /// an earlier job's, with the same key, whose copy has not come yet: it is
+    /// waited on (its copy rewrites it when it comes) until the timeout. One
+    /// written after this copy's is this job's: the disagreement is said at
+    /// once, and written into this copy's own file, so the others stop too.
+    pub fn meet_as(&self, n: u32, me: &Ready) -> Meeting {
+        let name = |r: u32| format!("ready-{n}-{r}");
+        let own = name(self.rank);
+        let write = |r: &Ready| {
+            let json = serde_json::to_vec(r).expect("Ready serialises");
+            self.write(&own, &json)
+        };
+        if let Err(e) = write(me) {
             tracing::warn!("job folder {}: {e}", self.dir.display());
-            return false;
+            return Meeting::Late;
         }
-        self.wait(|| {
-            (0..self.copies)
-                .all(|r| self.dir.join(format!("ready-{n}-{r}")).exists())
-                .then_some(())
-        })
-        .is_some()
+        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+        let mut doubt: Option<String> = None;
+        let met = self.wait(|| {
+            let mine = mtime(&self.dir.join(&own));
+            let mut all = true;
+            doubt = None;
+            for r in (0..self.copies).filter(|r| *r != self.rank) {
+                let path = self.dir.join(name(r));
+                let Some(theirs) = mtime(&path) else {
+                    all = false;
+                    continue;
+                };
+                // An empty file: a copy that says nothing of itself.
+                let Some(other) = std::fs::read(&path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Ready>(&b).ok())
+                else {
+                    continue;
+                };
+                let ours = mine.is_none_or(|m| theirs >= m);
+                if let Some(why) = &other.disagree
+                    && ours
+                {
+                    return Some(Err(format!("copy {r} of the job: {why}")));
+                }
+                if let Some(why) = me.differs(&other, self.rank, r) {
+                    if ours {
+                        return Some(Err(why));
+                    }
+                    doubt = Some(why);
+                    all = false;
+                }
+            }
+            all.then_some(Ok(()))
+        });
+        let why = match met {
+            Some(Ok(())) => return Meeting::Met,
+            Some(Err(why)) => why,
+            None => match doubt {
+                Some(why) => why,
+                None => return Meeting::Late,
+            },
+        };
+        let said = Ready {
+            disagree: Some(why.clone()),
+            ..me.clone()
+        };
+        let _ = write(&said);
+        Meeting::Disagree(why)
+    }
+
+    /// The meeting before attempt `n` of copies that say nothing of what they
+    /// launch: false when not every copy came in time.
+    #[cfg(test)]
+    pub fn meet(&self, n: u32) -> bool {
+        let unsaid = Ready {
+            copies: self.copies,
+            world: 0,
+            settings: String::new(),
+            disagree: None,
+        };
+        self.meet_as(n, &unsaid) == Meeting::Met
     }
 
     /// This copy's end of attempt `n`.

@@ -395,3 +395,59 @@ fn a_restarted_pod_starts_at_the_settings_the_job_decided() {
         micro_of(&argv_of(events(&j, "attempt_start")[0])),
     );
 }
+
+/// Two pods of one job that are not about to launch the same thing (here their
+/// manifests give different micro-batches) launch nothing: both stop with a
+/// non-zero status, so the operator's failure policy applies to the whole job,
+/// and say how they differ.
+#[test]
+fn pods_that_disagree_stop_the_job_with_a_non_zero_exit() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("out");
+    let pods: Vec<(Running, PathBuf)> = [("0", "16"), ("1", "8")]
+        .into_iter()
+        .map(|(rank, micro)| {
+            let run_dir = t.path().join(format!("run{rank}"));
+            let mut args = sim_args(&run_dir, &out, &[]);
+            let i = args
+                .iter()
+                .position(|a| a == "--per_device_train_batch_size")
+                .unwrap();
+            args[i + 1] = micro.into();
+            let env = [
+                ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                ("WORLD_SIZE", "2"),
+                ("RANK", rank),
+                ("MASTER_ADDR", "sim-master-0"),
+                ("MASTER_PORT", "23456"),
+                ("OOMGUARD_JOB_TIMEOUT", "60"),
+            ];
+            (pod(t.path(), &args, &env), run_dir)
+        })
+        .collect();
+    for (i, (p, run_dir)) in pods.into_iter().enumerate() {
+        let r = p.wait(Duration::from_secs(90));
+        r.check("exit code", Some(2), r.code);
+        r.ensure(
+            "says the copies disagree and how",
+            r.stderr.contains("the copies of this job disagree before attempt 1: ")
+                && r.stderr.contains("micro_batch=16")
+                && r.stderr.contains("micro_batch=8")
+                && r.stderr.contains("nothing was launched; stopping with status 2 so that the job fails as a whole"),
+            "'the copies of this job disagree before attempt 1: ... micro_batch=16 ... micro_batch=8 ...'",
+            tail(&r.stderr, 3000),
+        );
+        r.ensure(
+            "well before the job's timeout",
+            r.elapsed < Duration::from_secs(30),
+            "< 30 s",
+            r.elapsed,
+        );
+        let j = r.journal(&run_dir);
+        r.check(
+            &format!("pod {i} launched nothing"),
+            0,
+            events(&j, "attempt_start").len(),
+        );
+    }
+}

@@ -278,12 +278,30 @@ impl<'c> Run<'c> {
             }
             // The copies launch together: a relaunch of one copy alone would
             // wait in the rendezvous for peers that are not coming.
-            if !job.meet(n) {
-                eprintln!(
+            let me = job::Ready {
+                copies: job.copies,
+                world: self.settings.world_size,
+                settings: self.settings.to_string(),
+                disagree: None,
+            };
+            match job.meet_as(n, &me) {
+                job::Meeting::Met => {}
+                job::Meeting::Late => eprintln!(
                     "oomguard: warning: not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
                     job.timeout,
                     job.dir.display()
-                );
+                ),
+                // Half a job launched would wait in its rendezvous for ranks that
+                // are not coming: nothing is launched, and the non-zero status
+                // lets the job's own failure policy (Kubernetes, Slurm) act.
+                job::Meeting::Disagree(why) => {
+                    eprintln!(
+                        "oomguard: the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
+                        job.dir.display(),
+                        exit::USAGE
+                    );
+                    return Flow::Stop(exit::USAGE);
+                }
             }
         }
         let (spec, started) = match self.prepare(n) {
