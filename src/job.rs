@@ -602,13 +602,14 @@ pub fn pod_fitting_path(
     if let Some(j) = job {
         return Some(j.dir.join("fitting.json"));
     }
-    let key = match crate::frameworks::launchers::torchrun_opt(cmd, env, &["--rdzv_id", "--rdzv-id"]) {
-        Some(o) => format!("torchrun-{}", o.value),
-        None if cmd.launcher(LauncherKind::Torchrun).is_some() => {
-            format!("torchrun-{}", env_str(env, JOB_NAME)?)
-        }
-        None => format!("pods-{}", env_str(env, JOB_NAME)?),
-    };
+    let key =
+        match crate::frameworks::launchers::torchrun_opt(cmd, env, &["--rdzv_id", "--rdzv-id"]) {
+            Some(o) => format!("torchrun-{}", o.value),
+            None if cmd.launcher(LauncherKind::Torchrun).is_some() => {
+                format!("torchrun-{}", env_str(env, JOB_NAME)?)
+            }
+            None => format!("pods-{}", env_str(env, JOB_NAME)?),
+        };
     Some(root.join(FOLDER).join(component(&key)).join("fitting.json"))
 }
 

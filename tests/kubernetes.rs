@@ -234,7 +234,10 @@ fn plan_reads_world_size_and_rank_for_one_program_per_pod() {
         assert!(text.contains(said), "expected {said:?} in:\n{text}");
     }
     let v = plan_json(t.path(), &argv, &env);
-    assert_eq!((&v["world_size"], &v["global_batch"]), (&Value::from(8), &Value::from(256)));
+    assert_eq!(
+        (&v["world_size"], &v["global_batch"]),
+        (&Value::from(8), &Value::from(256))
+    );
 }
 
 fn sim_args(run_dir: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
@@ -267,7 +270,9 @@ fn sim_args(run_dir: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
 fn pod(cwd: &Path, args: &[String], envs: &[(&str, &str)]) -> Running {
     use std::io::Read;
     let mut c = Command::new(OOMGUARD);
-    c.args(args).current_dir(cwd).stdin(std::process::Stdio::null());
+    c.args(args)
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null());
     c.stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     for v in CLEARED {
@@ -276,7 +281,9 @@ fn pod(cwd: &Path, args: &[String], envs: &[(&str, &str)]) -> Running {
     c.envs(envs.iter().copied());
     let shown: Vec<String> = envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let cmd = format!("{} oomguard {}", shown.join(" "), args.join(" "));
-    let mut child = c.spawn().unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
+    let mut child = c
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd}: {e}"));
     let (mut so, mut se) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
     let read = |r: &mut dyn Read| {
         let mut b = Vec::new();
@@ -346,8 +353,10 @@ fn a_restarted_pod_starts_at_the_settings_the_job_decided() {
     r.check("restarted pod's exit code", Some(0), r.code);
     r.ensure(
         "says it is a restarted pod starting at the job's settings",
-        r.stderr.contains("restarted pod of a Kubernetes job (the job's last settings are in ")
-            && r.stderr.contains(&format!("): starting at micro_batch={decided} ")),
+        r.stderr
+            .contains("restarted pod of a Kubernetes job (the job's last settings are in ")
+            && r.stderr
+                .contains(&format!("): starting at micro_batch={decided} ")),
         "'restarted pod of a Kubernetes job ...: starting at ... micro_batch=N'",
         tail(&r.stderr, 3000),
     );
@@ -450,4 +459,256 @@ fn pods_that_disagree_stop_the_job_with_a_non_zero_exit() {
             events(&j, "attempt_start").len(),
         );
     }
+}
+
+/// The real-client venv's bin folder (see tests/real_clients.rs).
+fn venv_bin() -> PathBuf {
+    let p = std::env::var_os("OOMGUARD_REAL_PYTHON")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| panic!("OOMGUARD_REAL_PYTHON is not set: run bash tests/run.sh"));
+    let bin = PathBuf::from(p)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    assert!(
+        bin.join("python").exists(),
+        "no python in {}",
+        bin.display()
+    );
+    bin
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// tests/real/ddp_oom.py's arguments: rank of the pod whose `DDP_OOM=1` raises a
+/// real `torch.OutOfMemoryError` at step 3, after checkpoint-2.
+fn ddp_args(out: &Path) -> Vec<String> {
+    [
+        "tests/real/ddp_oom.py",
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "1",
+        "--budget",
+        "4",
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "2",
+        "--oom_at_step",
+        "3",
+        "--oom_env",
+        "DDP_OOM",
+        "--output_dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([out.display().to_string()])
+    .collect()
+}
+
+/// Both pods' copies ran to the end, made one decision (copy 0's), and relaunched
+/// with the same settings from the same checkpoint.
+fn check_one_decision(runs: &[(Run, PathBuf)], out: &Path, world: u64) {
+    for (run, _) in runs {
+        run.check("exit code", Some(0), run.code);
+    }
+    let (leader, follower) = (&runs[0].0, &runs[1].0);
+    let fin = leader.read_json(&out.join("final.json"));
+    let fin1 = leader.read_json(&out.join("final-rank1.json"));
+    leader.check("world size", Some(world), fin["world"].as_u64());
+    leader.check("final micro-batch", Some(4), fin["micro"].as_u64());
+    leader.check(
+        "rank 1's final micro-batch",
+        Some(4),
+        fin1["micro"].as_u64(),
+    );
+    leader.check(
+        "global batch kept",
+        Some(8 * world),
+        fin["global_batch"].as_u64(),
+    );
+    let resumed = |f: &Value| {
+        f["attempts"]
+            .as_array()
+            .and_then(|a| a.last())
+            .map(|s| s["resumed_from"].clone())
+    };
+    leader.check(
+        "same checkpoint on both pods",
+        resumed(&fin),
+        resumed(&fin1),
+    );
+    leader.ensure(
+        "resumed from checkpoint-2",
+        resumed(&fin).is_some_and(|p| p.as_str().is_some_and(|p| p.ends_with("checkpoint-2"))),
+        "checkpoint-2",
+        resumed(&fin),
+    );
+    let decisions: Vec<Value> = events(&leader.journal(&runs[0].1), "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
+    leader.check(
+        "copy 0 decided once",
+        vec![Value::from("halve_micro_batch")],
+        decisions,
+    );
+    follower.ensure(
+        "copy 1 followed copy 0",
+        follower.stderr.contains("copy 0 of the job decided"),
+        "'copy 0 of the job decided'",
+        tail(&follower.stderr, 3000),
+    );
+    let fj = follower.journal(&runs[1].1);
+    let argvs: Vec<Vec<String>> = events(&fj, "attempt_start")
+        .iter()
+        .map(|e| argv_of(e))
+        .collect();
+    follower.check("copy 1's attempts", 2, argvs.len());
+    follower.check(
+        "copy 1 relaunched at micro-batch 4",
+        Some("4".into()),
+        micro_of(&argvs[1]),
+    );
+}
+
+/// Two "pods" on this host, each `oomguard torchrun tests/real/ddp_oom.py ...` with
+/// torchrun configured only by the environment, as the Kubeflow operator
+/// configures it (`PET_NNODES=2`, `PET_NODE_RANK=0|1`, `PET_NPROC_PER_NODE=1`, a c10d
+/// rendezvous at `PET_RDZV_ENDPOINT` with `PET_RDZV_ID`). Pod 1's rank raises a real
+/// `torch.OutOfMemoryError`; copy 0 decides for the job through the shared output
+/// folder; both relaunch at the same settings from the same checkpoint.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn two_pods_torchrun_configured_by_pet_variables_make_one_decision() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let endpoint = format!("localhost:{}", free_port());
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let rdzv_id = format!("pj-{}", std::process::id());
+    let pods: Vec<(Running, PathBuf)> = (0..2)
+        .map(|r| {
+            let run_dir = tmp.path().join(format!("run{r}"));
+            let mut args: Vec<String> = ["--hang-timeout", "5", "--grace", "3", "--run-dir"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            args.push(run_dir.display().to_string());
+            args.push("torchrun".into());
+            args.extend(ddp_args(&out));
+            let rank = r.to_string();
+            let env = [
+                ("PATH", path.as_str()),
+                ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                ("PET_NNODES", "2"),
+                ("PET_NODE_RANK", rank.as_str()),
+                ("PET_NPROC_PER_NODE", "1"),
+                ("PET_RDZV_BACKEND", "c10d"),
+                ("PET_RDZV_ENDPOINT", endpoint.as_str()),
+                ("PET_RDZV_ID", rdzv_id.as_str()),
+                ("OOMGUARD_JOB_TIMEOUT", "180"),
+                // c10d numbers the ranks by arrival: the pod that runs out is picked
+                // by its environment.
+                ("DDP_OOM", if r == 1 { "1" } else { "0" }),
+            ];
+            (pod(&repo(), &args, &env), run_dir)
+        })
+        .collect();
+    let runs: Vec<(Run, PathBuf)> = pods
+        .into_iter()
+        .map(|(p, d)| (p.wait(Duration::from_secs(420)), d))
+        .collect();
+    let leader = &runs[0].0;
+    let j = leader.journal(&runs[0].1);
+    let start = events(&j, "run_start")[0];
+    leader.check(
+        "world size from PET_*",
+        Some(2),
+        start["world_size"].as_u64(),
+    );
+    leader.ensure(
+        "the job's folder is keyed by the rendezvous id",
+        start["notes"]
+            .to_string()
+            .contains(&format!(".oomguard-job/torchrun-{rdzv_id}")),
+        "torchrun-<PET_RDZV_ID>",
+        &start["notes"],
+    );
+    check_one_decision(&runs, &out, 2);
+}
+
+/// One plain `python tests/real/ddp_oom.py` per "pod", configured as the operator
+/// configures a PyTorchJob without torchrun: `WORLD_SIZE=2`, `RANK=0|1`,
+/// `MASTER_ADDR`, `MASTER_PORT` (the env:// rendezvous). Pod 1's rank raises a real
+/// `torch.OutOfMemoryError`; the two copies are one job.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn two_pods_one_process_each_by_world_size_and_rank_make_one_decision() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let port = free_port().to_string();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let pods: Vec<(Running, PathBuf)> = (0..2)
+        .map(|r| {
+            let run_dir = tmp.path().join(format!("run{r}"));
+            let mut args: Vec<String> = ["--hang-timeout", "5", "--grace", "3", "--run-dir"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            args.push(run_dir.display().to_string());
+            args.push("python".into());
+            args.extend(ddp_args(&out));
+            let rank = r.to_string();
+            let env = [
+                ("PATH", path.as_str()),
+                ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                ("WORLD_SIZE", "2"),
+                ("RANK", rank.as_str()),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port.as_str()),
+                ("OOMGUARD_JOB_NAME", "pj-plain"),
+                ("OOMGUARD_JOB_TIMEOUT", "180"),
+                ("DDP_OOM", if r == 1 { "1" } else { "0" }),
+            ];
+            (pod(&repo(), &args, &env), run_dir)
+        })
+        .collect();
+    let runs: Vec<(Run, PathBuf)> = pods
+        .into_iter()
+        .map(|(p, d)| (p.wait(Duration::from_secs(420)), d))
+        .collect();
+    let leader = &runs[0].0;
+    let j = leader.journal(&runs[0].1);
+    let start = events(&j, "run_start")[0];
+    leader.check(
+        "world size from WORLD_SIZE",
+        Some(2),
+        start["world_size"].as_u64(),
+    );
+    leader.ensure(
+        "the job's folder is keyed by the job's name",
+        start["notes"]
+            .to_string()
+            .contains(".oomguard-job/pods-pj-plain"),
+        "pods-pj-plain",
+        &start["notes"],
+    );
+    check_one_decision(&runs, &out, 2);
 }

@@ -126,7 +126,9 @@ pub fn per_pod(env: &dyn Fn(&str) -> Option<OsString>) -> Option<PerPod> {
         world,
         pod: u32::try_from(rank / local).ok()?,
         pods: u32::try_from(world / local).ok()?,
-        source: format!("WORLD_SIZE={world} (RANK={rank}{local_said}: one program per pod, configured by the environment)"),
+        source: format!(
+            "WORLD_SIZE={world} (RANK={rank}{local_said}: one program per pod, configured by the environment)"
+        ),
     })
 }
 
@@ -300,7 +302,9 @@ pub fn pet_name(names: &[&str]) -> Option<String> {
     let long = names.iter().find(|n| n.starts_with("--"))?;
     Some(format!(
         "PET_{}",
-        long.trim_start_matches('-').replace('-', "_").to_ascii_uppercase()
+        long.trim_start_matches('-')
+            .replace('-', "_")
+            .to_ascii_uppercase()
     ))
 }
 

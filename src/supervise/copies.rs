@@ -38,11 +38,7 @@ impl<'c> Run<'c> {
     pub(super) fn job_finished(&self, code: i32) {
         let Some(path) = &self.fitting else { return };
         let leader = self.cfg.job.as_ref().is_none_or(job::Job::leader);
-        if code == exit::SUCCESS
-            && leader
-            && !in_slurm()
-            && job::in_pod(&|k| std::env::var_os(k))
-        {
+        if code == exit::SUCCESS && leader && !in_slurm() && job::in_pod(&|k| std::env::var_os(k)) {
             job::forget_fitting(path);
         }
     }
