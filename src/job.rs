@@ -837,6 +837,58 @@ mod tests {
     }
 
     #[test]
+    fn copies_that_launch_differently_disagree_and_an_earlier_jobs_file_is_waited_on() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("job");
+        let ready = |settings: &str| Ready {
+            copies: 2,
+            world: 8,
+            settings: settings.into(),
+            disagree: None,
+        };
+        // An earlier job's ready file, with other settings: not this job's, so the
+        // leader waits for its copy, which comes and agrees.
+        let (leader, follower) = (job(&dir, 0), job(&dir, 1));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("ready-1-1"),
+            serde_json::to_vec(&ready("micro_batch=16")).unwrap(),
+        )
+        .unwrap();
+        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join("ready-1-1"))
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                assert_eq!(follower.meet_as(1, &ready("micro_batch=4")), Meeting::Met);
+            });
+            assert_eq!(leader.meet_as(1, &ready("micro_batch=4")), Meeting::Met);
+        });
+        // This job's copies differ: both say so, neither waits for the timeout.
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let m = follower.meet_as(2, &ready("micro_batch=8"));
+                assert!(
+                    matches!(&m, Meeting::Disagree(w) if w.contains("micro_batch=4")),
+                    "{m:?}"
+                );
+            });
+            let m = leader.meet_as(2, &ready("micro_batch=4"));
+            assert!(
+                matches!(&m, Meeting::Disagree(w) if w.contains("micro_batch=8")),
+                "{m:?}"
+            );
+        });
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
     fn waits_are_bounded() {
         let t = tempfile::tempdir().unwrap();
         let mut j = job(t.path(), 1);

@@ -861,6 +861,63 @@ mod tests {
     }
 
     #[test]
+    fn pet_variables_as_torchrun_reads_them() {
+        assert_eq!(
+            pet_name(&["--nproc-per-node", "--nproc_per_node"]).as_deref(),
+            Some("PET_NPROC_PER_NODE")
+        );
+        assert_eq!(
+            pet_name(&["--node_rank", "--node-rank"]).as_deref(),
+            Some("PET_NODE_RANK")
+        );
+        let pet = [("PET_NNODES", "2"), ("PET_NPROC_PER_NODE", "4")];
+        let w = ws_env("torchrun t.py", &pet);
+        assert_eq!(
+            (w.size, w.source.as_str()),
+            (8, "torchrun PET_NPROC_PER_NODE=4 × PET_NNODES=2")
+        );
+        // The command line wins, option by option; `gpu` from the environment
+        // counts the visible GPUs; an empty variable is no value.
+        assert_eq!(ws_env("torchrun --nnodes 3 t.py", &pet).size, 12);
+        let w = ws_env(
+            "torchrun t.py",
+            &[
+                ("PET_NPROC_PER_NODE", "gpu"),
+                ("CUDA_VISIBLE_DEVICES", "0,1"),
+            ],
+        );
+        assert_eq!(w.size, 2);
+        assert_eq!(ws_env("torchrun t.py", &[("PET_NNODES", "")]).size, 1);
+        // Not torchrun's: a plain script ignores PET_*, and reads WORLD_SIZE per pod.
+        assert_eq!(ws_env("python3 t.py", &pet).size, 1);
+        let w = ws_env("python3 t.py", &[("WORLD_SIZE", "4"), ("RANK", "2")]);
+        assert_eq!(w.size, 4);
+        let env = |k: &str| match k {
+            "WORLD_SIZE" => Some(OsString::from("8")),
+            "RANK" => Some(OsString::from("5")),
+            "LOCAL_WORLD_SIZE" => Some(OsString::from("4")),
+            _ => None,
+        };
+        let p = per_pod(&env).unwrap();
+        assert_eq!((p.world, p.pod, p.pods), (8, 1, 2));
+        // Inside a Slurm step, Slurm counts the tasks.
+        let w = ws_env(
+            "python3 t.py",
+            &[("WORLD_SIZE", "4"), ("RANK", "2"), ("SLURM_PROCID", "2")],
+        );
+        assert_eq!(w.size, 1);
+        let elastic = [("PET_NNODES", "1:4"), ("PET_NPROC_PER_NODE", "2")];
+        let argv: Vec<OsString> = ["torchrun", "t.py"].iter().map(OsString::from).collect();
+        let env = |k: &str| {
+            elastic
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| OsString::from(v))
+        };
+        assert_eq!(elastic_range(&Command::parse(&argv), &env), Some((2, 8)));
+    }
+
+    #[test]
     fn script_flags_do_not_count() {
         // --nproc_per_node after the script belongs to the script.
         assert_eq!(ws("torchrun t.py --nproc_per_node 4", None).size, 1);
