@@ -1,27 +1,41 @@
 #!/usr/bin/env python3
 """oomguard benchmarks, side by side with their baselines (run through benches/run.sh).
 
+    bench.py --bin PATH                          one binary against the baselines
+    bench.py --bin OLD=PATH --bin NEW=PATH       two binaries, trial by trial, and their ratio
+
+With two binaries every measurement runs the baseline and both binaries back to back in each
+repetition (so a burst of load on a shared machine hits all of them alike), and the table
+gives both columns and NEW / OLD. The target column and the pass/FAIL verdict are the last
+binary's.
+
 Rows:
-  pipe wall / pipe cpu   a child writing SIZE bytes of log lines (`yes LINE | head -c SIZE`)
+  pipe wall / pipe cpu   a child writing SIZE bytes of progress lines (`yes LINE | head -c SIZE`)
                          under oomguard (stdout to /dev/null) vs `child | cat > /dev/null`.
                          CPU is oomguard's own user+sys (from /proc/PID/stat of the exited,
                          not yet reaped process: its children are not counted) vs cat's.
-  direct wall            the same child straight to /dev/null (for scale; no target).
+  ... OOM-dense          the same with a child that prints the fixture logs of
+                         tests/fixtures/corpus/logs over and over (an OOM, its traceback and
+                         look-alikes every kilobyte or so): the live scanner's worst case.
+  peak RSS               oomguard's VmHWM during the pipe runs (polled from /proc/PID/status).
   pty wall / pty cpu     `script -q -c 'oomguard ... child' /dev/null` vs
                          `script -q -c 'child' /dev/null` (both children get a terminal);
                          CPU is the whole tree's (wait4 rusage of script).
-  peak RSS               oomguard's VmHWM during the pipe run (polled from /proc/PID/status).
   hang reaction          OOM line printed, child then silent; --hang-timeout 0.001: time from
                          the OOM line to oomguard's exit (it exits only once the group is gone)
                          minus the timeout. Median.
   relaunch gap           attempt 1 prints an OOM and exits; time from its last timestamp to
                          attempt 2's first (`date +%s.%N` in sh), vs the same two runs of sh
-                         back to back from a shell. Median.
+                         back to back from a shell. Median. "with a checkpoint": attempt 1
+                         writes a complete Hugging Face checkpoint under --output_dir first, so
+                         the gap includes the checkpoint check (its deliberate 200 ms watch
+                         that the folder is no longer being written).
   signal forward         SIGUSR1 to oomguard -> time the child's sigwait returns, vs SIGUSR1
                          sent to the same child directly. Median.
-  diagnose               `oomguard diagnose --json` over the real logs in
-                         tests/fixtures/corpus/logs, repeated to SIZE (and over a log of plain
-                         progress lines, no failure), in MB/s; baseline `cat FILE > /dev/null`.
+  diagnose               `oomguard diagnose --json` over the fixture logs repeated to SIZE, and
+                         over plain progress lines, in MB/s: by the process's CPU time
+                         (user+sys, wait4) — what the scanner costs, steady under load — and by
+                         wall time; baseline `cat FILE > /dev/null`.
 
 Asserts nothing; prints a table. Timings on a shared machine are noisy: medians of repeats.
 """
@@ -43,10 +57,27 @@ OOM = (
 )
 TICK = os.sysconf("SC_CLK_TCK")
 ROWS = []
+BINS = []  # (label, path)
 
 
 def producer(size):
     return ["sh", "-c", f"yes '{LINE}' | head -c {size}"]
+
+
+def corpus_unit():
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
+                     "corpus", "logs")
+    return b"".join(open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d)))
+
+
+def make_log(path, size, lines_only):
+    unit = ((LINE + "\n") * 4096).encode() if lines_only else corpus_unit()
+    with open(path, "wb") as f:
+        written = 0
+        while written < size:
+            f.write(unit)
+            written += len(unit)
+    return written
 
 
 def self_cpu_then_reap(p):
@@ -80,32 +111,37 @@ def og_args(binary, run_dir, extra=()):
     return [binary, "-q", "--no-env", "--run-dir", run_dir, *extra]
 
 
-def pipe_once(binary, size, tmp, n):
+def pipe_trial(child, tmp, tag):
+    """One repetition: child | cat, then child under each binary. Returns
+    {"base": (wall, cpu, 0), label: (wall, cpu, hwm_kib)}."""
     dn = subprocess.DEVNULL
+    out = {}
     t = time.perf_counter()
-    subprocess.run(producer(size), stdout=dn, check=True)
-    direct = time.perf_counter() - t
-
-    t = time.perf_counter()
-    p1 = subprocess.Popen(producer(size), stdout=subprocess.PIPE)
+    p1 = subprocess.Popen(child, stdout=subprocess.PIPE)
     p2 = subprocess.Popen(["cat"], stdin=p1.stdout, stdout=dn)
     p1.stdout.close()
     cat_cpu = self_cpu_then_reap(p2)
     p1.wait()
-    cat_wall = time.perf_counter() - t
+    out["base"] = (time.perf_counter() - t, cat_cpu, 0)
+    for label, binary in BINS:
+        t = time.perf_counter()
+        og = subprocess.Popen(og_args(binary, f"{tmp}/pipe-{tag}-{label}") + child, stdout=dn,
+                              stderr=dn)
+        hwm = HwmPoller(og.pid)
+        hwm.start()
+        cpu = self_cpu_then_reap(og)
+        wall = time.perf_counter() - t
+        hwm.stop = True
+        hwm.join()
+        if og.returncode != 0:
+            sys.exit(f"oomguard ({label}) pass-through run failed with {og.returncode}")
+        out[label] = (wall, cpu, hwm.kib)
+    return out
 
-    t = time.perf_counter()
-    og = subprocess.Popen(og_args(binary, f"{tmp}/pipe-{n}") + producer(size), stdout=dn,
-                          stderr=dn)
-    hwm = HwmPoller(og.pid)
-    hwm.start()
-    og_cpu = self_cpu_then_reap(og)
-    og_wall = time.perf_counter() - t
-    hwm.stop = True
-    hwm.join()
-    if og.returncode != 0:
-        sys.exit(f"oomguard pass-through run failed with {og.returncode}")
-    return direct, cat_wall, cat_cpu, og_wall, og_cpu, hwm.kib
+
+def medians(trials, i):
+    keys = trials[0].keys()
+    return {k: statistics.median(t[k][i] for t in trials) for k in keys}
 
 
 def tree_cpu(p):
@@ -114,17 +150,21 @@ def tree_cpu(p):
     return ru.ru_utime + ru.ru_stime
 
 
-def pty_once(binary, size, tmp, n):
+def pty_trial(size, tmp, n):
     inner = shlex.join(producer(size))
     dn = subprocess.DEVNULL
-    res = []
-    for cmd in (inner, shlex.join(og_args(binary, f"{tmp}/pty-{n}")) + " " + inner):
+    out = {}
+    cmds = [("base", inner)] + [
+        (label, shlex.join(og_args(b, f"{tmp}/pty-{n}-{label}")) + " " + inner)
+        for label, b in BINS
+    ]
+    for key, cmd in cmds:
         t = time.perf_counter()
         p = subprocess.Popen(["script", "-q", "-c", cmd, "/dev/null"], stdin=dn, stdout=dn,
                              stderr=dn)
         cpu = tree_cpu(p)
-        res += [time.perf_counter() - t, cpu]
-    return res  # base wall, base cpu, og wall, og cpu
+        out[key] = (time.perf_counter() - t, cpu)
+    return out
 
 
 HANG_CHILD = f"""
@@ -139,28 +179,39 @@ while True:
 """
 
 
-def hang_reaction(binary, tmp, trials):
+def hang_reaction(tmp, trials):
     child = f"{tmp}/hang_child.py"
     with open(child, "w") as f:
         f.write(HANG_CHILD)
-    out = []
+    out = {label: [] for label, _ in BINS}
     for i in range(trials):
-        ts = f"{tmp}/hang-ts-{i}"
-        args = og_args(binary, f"{tmp}/hang-{i}", ["--hang-timeout", "0.001", "--max-attempts", "1"])
-        # No timeout= here: Popen.wait(timeout) polls with sleeps of up to 50 ms, which
-        # would be measured as reaction time.
-        p = subprocess.run(args + ["python3", child, ts], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-        end = time.time()
-        if p.returncode != 75:
-            sys.exit(f"hang trial: oomguard exited {p.returncode}, expected 75")
-        with open(ts) as f:
-            out.append(end - float(f.read()) - 0.001)
-    return statistics.median(out)
+        for label, binary in BINS:
+            ts = f"{tmp}/hang-ts-{i}-{label}"
+            args = og_args(binary, f"{tmp}/hang-{i}-{label}",
+                           ["--hang-timeout", "0.001", "--max-attempts", "1"])
+            # No timeout= here: Popen.wait(timeout) polls with sleeps of up to 50 ms, which
+            # would be measured as reaction time.
+            p = subprocess.run(args + ["python3", child, ts], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+            end = time.time()
+            if p.returncode != 75:
+                sys.exit(f"hang trial ({label}): oomguard exited {p.returncode}, expected 75")
+            with open(ts) as f:
+                out[label].append(end - float(f.read()) - 0.001)
+    return {k: statistics.median(v) for k, v in out.items()}
 
 
 RELAUNCH_SCRIPT = (
     'date +%s.%N >> "$TS"; if [ -e "$FLAG" ]; then exit 0; fi; : > "$FLAG"; '
+    f'echo "{OOM}" >&2; date +%s.%N >> "$TS"; exit 1'
+)
+# The same, but attempt 1 first leaves a complete Hugging Face checkpoint in the folder
+# its --output_dir names (the last argument), so the relaunch resumes from it.
+CKPT_SCRIPT = (
+    'date +%s.%N >> "$TS"; if [ -e "$FLAG" ]; then exit 0; fi; : > "$FLAG"; '
+    'for a; do out="$a"; done; mkdir -p "$out/checkpoint-1"; '
+    'echo \'{"global_step": 1}\' > "$out/checkpoint-1/trainer_state.json"; '
+    ': > "$out/checkpoint-1/model.safetensors"; '
     f'echo "{OOM}" >&2; date +%s.%N >> "$TS"; exit 1'
 )
 
@@ -171,24 +222,29 @@ def gap(ts):
     return t[2] - t[1]
 
 
-def relaunch_gap(binary, tmp, trials):
-    og, base = [], []
+def relaunch_gap(tmp, trials, checkpoint):
+    out = {"base": []} | {label: [] for label, _ in BINS}
+    script = CKPT_SCRIPT if checkpoint else RELAUNCH_SCRIPT
     for i in range(trials):
-        for kind in ("og", "base"):
-            env = dict(os.environ, TS=f"{tmp}/rl-{kind}-{i}.ts", FLAG=f"{tmp}/rl-{kind}-{i}.flag",
-                       S=RELAUNCH_SCRIPT)
-            if kind == "og":
-                args = og_args(binary, f"{tmp}/rl-{i}") + [
-                    "sh", "-c", RELAUNCH_SCRIPT, "sh",
+        for key, binary in [("base", None)] + BINS:
+            if key == "base" and checkpoint:
+                continue
+            tag = f"{'ck' if checkpoint else 'rl'}-{key}-{i}"
+            env = dict(os.environ, TS=f"{tmp}/{tag}.ts", FLAG=f"{tmp}/{tag}.flag", S=script)
+            if binary:
+                args = og_args(binary, f"{tmp}/{tag}") + [
+                    "sh", "-c", script, "sh",
                     "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1"]
+                if checkpoint:
+                    args += ["--output_dir", f"{tmp}/{tag}-out"]
             else:
                 args = ["sh", "-c", 'sh -c "$S"; sh -c "$S"']
             p = subprocess.run(args, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=60)
             if p.returncode != 0:
-                sys.exit(f"relaunch trial ({kind}) exited {p.returncode}")
-            (og if kind == "og" else base).append(gap(env["TS"]))
-    return statistics.median(og), statistics.median(base)
+                sys.exit(f"relaunch trial ({key}) exited {p.returncode}")
+            out[key].append(gap(env["TS"]))
+    return {k: statistics.median(v) if v else None for k, v in out.items()}
 
 
 SIG_CHILD = """
@@ -201,12 +257,12 @@ while True:
 """
 
 
-def signal_latency(binary, tmp, trials):
+def signal_latency(tmp, trials):
     res = {}
-    for kind in ("og", "base"):
+    for key, binary in [("base", None)] + BINS:
         argv = ["python3", "-c", SIG_CHILD]
-        if kind == "og":
-            argv = og_args(binary, f"{tmp}/sig") + argv
+        if binary:
+            argv = og_args(binary, f"{tmp}/sig-{key}") + argv
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert p.stdout.readline().strip() == b"ready"
         lat = []
@@ -217,42 +273,38 @@ def signal_latency(binary, tmp, trials):
             time.sleep(0.02)  # pacing only; nothing is asserted on it
         os.kill(p.pid, signal.SIGTERM)
         p.wait(timeout=30)
-        res[kind] = statistics.median(lat)
-    return res["og"], res["base"]
+        res[key] = statistics.median(lat)
+    return res
 
 
-def make_log(path, size, lines_only):
-    if lines_only:
-        unit = ((LINE + "\n") * 4096).encode()
-    else:
-        d = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "corpus", "logs")
-        unit = b"".join(open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d)))
-    with open(path, "wb") as f:
-        written = 0
-        while written < size:
-            f.write(unit)
-            written += len(unit)
-    return written
-
-
-def diagnose_rate(binary, tmp, size, lines_only, reps):
+def diagnose_rate(tmp, size, lines_only, reps):
+    """MB/s by CPU time and by wall time, per binary; cat's as the baseline."""
     path = f"{tmp}/big-{int(lines_only)}.log"
     n = make_log(path, size, lines_only)
-    og, base = [], []
+    cpu = {"base": []} | {label: [] for label, _ in BINS}
+    wall = {"base": []} | {label: [] for label, _ in BINS}
     for _ in range(reps):
-        t = time.perf_counter()
-        subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
-        base.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        subprocess.run([binary, "diagnose", "--json", path], stdout=subprocess.DEVNULL, check=True)
-        og.append(time.perf_counter() - t)
+        for key, binary in [("base", None)] + BINS:
+            argv = ["cat", path] if binary is None else [binary, "diagnose", "--json", path]
+            t = time.perf_counter()
+            p = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+            c = tree_cpu(p)
+            wall[key].append(time.perf_counter() - t)
+            if p.returncode != 0:
+                sys.exit(f"diagnose ({key}) exited {p.returncode}")
+            # A CPU time under one clock tick reads as 0: count it as one tick.
+            cpu[key].append(max(c, 1 / TICK))
     os.unlink(path)
-    return n / 1e6 / statistics.median(og), n / 1e6 / statistics.median(base)
+
+    def rate(d):
+        return {k: n / 1e6 / statistics.median(v) for k, v in d.items()}
+
+    return rate(cpu), rate(wall)
 
 
-def row(metric, og, base, unit, target, ok, lower_ratio_better=True):
-    ratio = (og / base) if base else None
-    ROWS.append((metric, og, base, ratio, unit, target, ok))
+def row(metric, vals, unit, target=None, ok=None, higher_better=False):
+    """vals: {"base": x or None, label: y, ...}; ok(value, base) -> bool for the last binary."""
+    ROWS.append((metric, vals, unit, target, ok, higher_better))
 
 
 def fmt(v, unit):
@@ -269,46 +321,130 @@ def fmt(v, unit):
     return f"{v}"
 
 
+def render(markdown):
+    labels = [label for label, _ in BINS]
+    head = ["metric"] + labels
+    if len(labels) == 2:
+        head.append(f"{labels[1]} / {labels[0]}")
+    head += ["baseline", f"{labels[-1]} / baseline", "target", "result"]
+    table = [head]
+    for metric, vals, unit, target, ok, _ in ROWS:
+        base = vals.get("base")
+        last = vals[labels[-1]]
+        line = [metric] + [fmt(vals[k], unit) for k in labels]
+        if len(labels) == 2:
+            old = vals[labels[0]]
+            line.append(f"{last / old:.2f}x" if old else "-")
+        line.append(fmt(base, unit))
+        line.append(f"{last / base:.2f}x" if base else "-")
+        line.append(target or "-")
+        line.append("-" if ok is None else ("pass" if ok(last, base) else "FAIL"))
+        table.append(line)
+    if markdown:
+        for i, r in enumerate(table):
+            print("| " + " | ".join(r) + " |")
+            if i == 0:
+                print("|" + "---|" * len(r))
+        return
+    w = [max(len(r[i]) for r in table) for i in range(len(head))]
+    for i, r in enumerate(table):
+        print("  ".join(c.ljust(w[j]) for j, c in enumerate(r)).rstrip())
+        if i == 0:
+            print("  ".join("-" * x for x in w))
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
+    ap.add_argument("--bin", action="append", required=True, metavar="[LABEL=]PATH",
+                    help="a binary to measure; twice: OLD then NEW, compared trial by trial")
     ap.add_argument("--quick", action="store_true", help="small sizes and fewer trials")
+    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    ap.add_argument("--only", default="", help="comma-separated groups: pipe,dense,pty,"
+                    "hang,relaunch,signal,diagnose (default: all)")
     a = ap.parse_args()
+    if len(a.bin) > 2:
+        sys.exit("at most two --bin")
+    for b in a.bin:
+        label, _, path = b.rpartition("=")
+        BINS.append((label or os.path.basename(path), path))
+    if len(BINS) == 2 and BINS[0][0] == BINS[1][0]:
+        sys.exit("two --bin need two labels: --bin OLD=PATH --bin NEW=PATH")
+    only = set(filter(None, a.only.split(",")))
+
+    def want(g):
+        return not only or g in only
+
     pipe_size = (256 if a.quick else 2048) << 20
+    dense_size = (128 if a.quick else 1024) << 20
     pty_size = (64 if a.quick else 256) << 20
     log_size = (128 if a.quick else 1024) << 20
     trials = 10 if a.quick else 20
-    reps = 3
+    reps = 3 if a.quick else 5
+    labels = [label for label, _ in BINS]
+    hwm = {label: 0 for label in labels}
+
+    def ratio_at_most(x):
+        return lambda v, b: v <= x * b
 
     with tempfile.TemporaryDirectory(prefix="oomguard-bench-") as tmp:
-        runs = [pipe_once(a.bin, pipe_size, tmp, i) for i in range(reps)]
-        med = [statistics.median(r[i] for r in runs) for i in range(5)]
-        direct, cat_wall, cat_cpu, og_wall, og_cpu = med
-        hwm = max(r[5] for r in runs) / 1024
-        mib = pipe_size >> 20
-        row(f"pipe wall ({mib} MiB)", og_wall, cat_wall, "s", "ratio <= 1.15", og_wall <= 1.15 * cat_wall)
-        row(f"pipe cpu, own ({mib} MiB)", og_cpu, cat_cpu, "s", "ratio <= 1.5", og_cpu <= 1.5 * cat_cpu)
-        row(f"direct to /dev/null ({mib} MiB)", direct, None, "s", "-", None)
-        row("peak RSS (VmHWM)", hwm, None, "MiB", "< 16 MiB", hwm < 16)
+        if want("pipe"):
+            runs = [pipe_trial(producer(pipe_size), tmp, f"p{i}") for i in range(reps)]
+            mib = pipe_size >> 20
+            row(f"pipe wall, progress lines ({mib} MiB)", medians(runs, 0), "s",
+                "<= 1.15x cat", ratio_at_most(1.15))
+            row(f"pipe CPU, own, progress lines ({mib} MiB)", medians(runs, 1), "s",
+                "<= 1.5x cat", ratio_at_most(1.5))
+            for label in labels:
+                hwm[label] = max(hwm[label], max(r[label][2] for r in runs))
 
-        runs = [pty_once(a.bin, pty_size, tmp, i) for i in range(reps)]
-        b_wall, b_cpu, o_wall, o_cpu = [statistics.median(r[i] for r in runs) for i in range(4)]
-        mib = pty_size >> 20
-        row(f"pty wall ({mib} MiB, in script)", o_wall, b_wall, "s", "ratio (no target)", None)
-        row(f"pty cpu, whole tree ({mib} MiB)", o_cpu, b_cpu, "s", "ratio (no target)", None)
+        if want("dense"):
+            path = f"{tmp}/dense.log"
+            make_log(path, dense_size, False)
+            runs = [pipe_trial(["cat", path], tmp, f"d{i}") for i in range(reps)]
+            mib = dense_size >> 20
+            row(f"pipe wall, OOM-dense logs ({mib} MiB)", medians(runs, 0), "s",
+                "<= 1.15x cat", ratio_at_most(1.15))
+            row(f"pipe CPU, own, OOM-dense logs ({mib} MiB)", medians(runs, 1), "s",
+                "<= 1.5x cat", ratio_at_most(1.5))
+            for label in labels:
+                hwm[label] = max(hwm[label], max(r[label][2] for r in runs))
+            os.unlink(path)
 
-        h = hang_reaction(a.bin, tmp, trials)
-        row(f"hang reaction beyond timeout (median of {trials})", h, None, "ms", "< 50 ms", h < 0.05)
-        g, gb = relaunch_gap(a.bin, tmp, trials)
-        row(f"exit -> next attempt exec (median of {trials})", g, gb, "ms", "< 50 ms", g < 0.05)
-        s, sb = signal_latency(a.bin, tmp, trials)
-        row(f"signal forward SIGUSR1 (median of {trials})", s, sb, "ms", "< 10 ms", s < 0.01)
+        if want("pipe") or want("dense"):
+            row("peak RSS (VmHWM, pipe runs)", {k: v / 1024 for k, v in hwm.items()}, "MiB",
+                "< 16 MiB", lambda v, b: v < 16)
 
-        mib = log_size >> 20
-        r, rb = diagnose_rate(a.bin, tmp, log_size, False, reps)
-        row(f"diagnose, fixture logs x{mib} MiB", r, rb, "MB/s", "> 500 MB/s", r > 500)
-        r, rb = diagnose_rate(a.bin, tmp, log_size, True, reps)
-        row(f"diagnose, progress lines {mib} MiB", r, rb, "MB/s", "(no target)", None)
+        if want("pty"):
+            runs = [pty_trial(pty_size, tmp, i) for i in range(reps)]
+            mib = pty_size >> 20
+            row(f"pty wall ({mib} MiB, in script)", medians(runs, 0), "s",
+                "<= 1.10x script", ratio_at_most(1.10))
+            row(f"pty CPU, whole tree ({mib} MiB)", medians(runs, 1), "s")
+
+        if want("hang"):
+            h = hang_reaction(tmp, trials)
+            row(f"hang reaction beyond timeout (median of {trials})", h, "ms", "<= 15 ms",
+                lambda v, b: v <= 0.015)
+        if want("relaunch"):
+            g = relaunch_gap(tmp, trials, checkpoint=False)
+            row(f"exit -> next attempt exec (median of {trials})", g, "ms", "<= 15 ms",
+                lambda v, b: v <= 0.015)
+            g = relaunch_gap(tmp, trials, checkpoint=True)
+            row(f"same, resuming a checkpoint (median of {trials})", g, "ms",
+                "(200 ms settle check)")
+        if want("signal"):
+            s = signal_latency(tmp, trials)
+            row(f"signal forward SIGUSR1 (median of {trials})", s, "ms", "< 10 ms",
+                lambda v, b: v < 0.01)
+
+        if want("diagnose"):
+            mib = log_size >> 20
+            for lines_only, what in ((False, f"OOM-dense fixture logs x{mib} MiB"),
+                                     (True, f"progress lines {mib} MiB")):
+                by_cpu, by_wall = diagnose_rate(tmp, log_size, lines_only, reps)
+                row(f"diagnose, {what}, by CPU time", by_cpu, "MB/s", ">= 1000 MB/s",
+                    lambda v, b: v >= 1000, higher_better=True)
+                row(f"diagnose, {what}, by wall time", by_wall, "MB/s")
 
     cpu = "unknown"
     with open("/proc/cpuinfo") as f:
@@ -316,19 +452,13 @@ def main():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    head = ("metric", "oomguard", "baseline", "ratio", "target", "result")
-    table = [head] + [
-        (m, fmt(o, u), fmt(b, u), f"{r:.2f}x" if r else "-", t,
-         "-" if ok is None else ("pass" if ok else "FAIL"))
-        for m, o, b, r, u, t, ok in ROWS
-    ]
-    w = [max(len(r[i]) for r in table) for i in range(len(head))]
-    for i, r in enumerate(table):
-        print("  ".join(c.ljust(w[j]) for j, c in enumerate(r)).rstrip())
-        if i == 0:
-            print("  ".join("-" * x for x in w))
-    print(f"\nmachine: nproc={os.cpu_count()} cpu=\"{cpu}\" "
-          f"mode={'quick' if a.quick else 'full'} date={time.strftime('%Y-%m-%d')}")
+    render(a.markdown)
+    load = os.getloadavg()
+    print(f"\nmachine: nproc={os.cpu_count()} cpu=\"{cpu}\" load={load[0]:.1f},{load[1]:.1f},"
+          f"{load[2]:.1f} mode={'quick' if a.quick else 'full'} reps={reps} trials={trials} "
+          f"date={time.strftime('%Y-%m-%d')}")
+    for label, path in BINS:
+        print(f"{label}: {path}")
     print("baselines: pipe = child | cat > /dev/null; pty = script without oomguard; "
           "relaunch = sh running the child twice; signal = SIGUSR1 to the child directly; "
           "diagnose = cat FILE > /dev/null")

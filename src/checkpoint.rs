@@ -74,6 +74,8 @@ pub enum SkipKind {
     Incomplete,
     /// Its files changed while oomguard watched.
     BeingWritten,
+    /// Its step is beyond the step this run reached: another run's.
+    BeyondReached,
 }
 
 impl std::fmt::Display for SkipKind {
@@ -84,6 +86,7 @@ impl std::fmt::Display for SkipKind {
             SkipKind::Unreadable => "unreadable",
             SkipKind::Incomplete => "incomplete",
             SkipKind::BeingWritten => "still being written",
+            SkipKind::BeyondReached => "beyond the step this run reached",
         })
     }
 }
@@ -341,6 +344,10 @@ impl Identity {
 pub struct Baseline {
     started: SystemTime,
     seen: std::collections::HashMap<PathBuf, Option<Identity>>,
+    /// The highest step this run's attempts can have saved (the step they
+    /// reached), when known: a checkpoint of a later step is another run's,
+    /// however recent its files (`touch` makes any folder recent).
+    pub reached: Option<u64>,
 }
 
 impl Default for Baseline {
@@ -349,6 +356,7 @@ impl Default for Baseline {
         Baseline {
             started: SystemTime::UNIX_EPOCH,
             seen: Default::default(),
+            reached: None,
         }
     }
 }
@@ -369,7 +377,11 @@ impl Baseline {
                 seen.insert(p, id);
             }
         }
-        Baseline { started, seen }
+        Baseline {
+            started,
+            seen,
+            reached: None,
+        }
     }
 
     /// Why `p` is not this run's checkpoint, or None when this run wrote it.
@@ -400,8 +412,9 @@ impl Baseline {
 /// `torch.save` writes a zip whose end-of-central-directory record comes last:
 /// a file cut mid-write lacks it.
 fn zip_complete(file: &Path) -> Result<(), String> {
-    let mut f = fs::File::open(file).map_err(|e| format!("cannot open: {e}"))?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let (mut f, m) = crate::untrusted::open(file, crate::untrusted::Expect::any())
+        .map_err(|e| format!("cannot open: {e}"))?;
+    let len = m.len();
     if len == 0 {
         return Err("is empty".into());
     }
@@ -463,10 +476,25 @@ fn readable(dir: &Path) -> Result<(), String> {
 
 /// `name` read from `dir`; a missing file is `missing`, another error says why.
 fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, String> {
-    fs::read(dir.join(name)).map_err(|e| match e.kind() {
+    crate::untrusted::read(
+        &dir.join(name),
+        MAX_SMALL_FILE,
+        crate::untrusted::Expect::any(),
+    )
+    .map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => missing.to_string(),
         _ => format!("cannot read {name}: {}", io_why(&e)),
     })
+}
+
+/// The most oomguard reads of a checkpoint's small files (trainer state, an
+/// index, a `latest` tag): a link to `/dev/zero` or a huge file is refused.
+const MAX_SMALL_FILE: u64 = 64 << 20;
+
+/// A checkpoint's small text file (`latest`), read as [`read_in`] does.
+fn read_small(path: &Path) -> std::io::Result<String> {
+    crate::untrusted::read(path, MAX_SMALL_FILE, crate::untrusted::Expect::any())
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 /// A file name inside a checkpoint folder, as an index or a `latest` tag
@@ -488,8 +516,9 @@ const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
 /// length, that many bytes of JSON header, and every tensor's bytes behind it.
 fn safetensors_complete(file: &Path) -> Result<(), String> {
     let name = file.file_name().unwrap_or_default().to_string_lossy();
-    let mut f = fs::File::open(file).map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let (mut f, m) = crate::untrusted::open(file, crate::untrusted::Expect::any())
+        .map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
+    let len = m.len();
     let mut n = [0u8; 8];
     if len < 8 || f.read_exact(&mut n).is_err() {
         return Err(format!(
@@ -647,7 +676,7 @@ fn hf_complete(dir: &Path) -> Result<(), String> {
     no_temporaries(dir)?;
     let weights = hf_weights(dir)?;
     // With DeepSpeed the weights live in the global_stepN folder `latest` names.
-    match fs::read_to_string(dir.join("latest")) {
+    match read_small(&dir.join("latest")) {
         Ok(tag) => {
             let tag = tag.trim();
             if !plain_name(tag) {
@@ -708,11 +737,13 @@ fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
         })
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let step = name
-                .strip_prefix(prefix)?
-                .strip_suffix(suffix)?
-                .parse::<u64>()
-                .ok()?;
+            // Digits only: `checkpoint-+10` is not a checkpoint name
+            // (`u64::from_str` would take the sign).
+            let digits = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            let step = digits.parse::<u64>().ok()?;
             Some(Checkpoint {
                 path: e.path(),
                 step,
@@ -804,7 +835,7 @@ fn deepspeed_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
     let mut pre = Vec::new();
     // `latest` names the newest tag; older global_stepN folders are fallbacks.
     let mut c = numbered_dirs(root, "global_step", "");
-    if let Ok(tag) = fs::read_to_string(root.join("latest")) {
+    if let Ok(tag) = read_small(&root.join("latest")) {
         let tag = tag.trim().to_string();
         if let Some(pos) = c
             .iter()
@@ -830,7 +861,7 @@ fn megatron_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
     let mut c = numbered_dirs(root, "iter_", "");
     c.extend(numbered_dirs(root, "global_step", ""));
     c.sort_by_key(|c| std::cmp::Reverse(c.step));
-    if let Ok(t) = fs::read_to_string(root.join("latest_checkpointed_iteration.txt"))
+    if let Ok(t) = read_small(&root.join("latest_checkpointed_iteration.txt"))
         && let Ok(it) = t.trim().parse::<u64>()
     {
         let newer: Vec<Checkpoint> = c.iter().filter(|x| x.step > it).cloned().collect();
@@ -954,7 +985,24 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
         }
     }
     let mut latest = None;
+    let stepped = !matches!(
+        layout.kind,
+        Kind::Lightning | Kind::NanoGpt | Kind::Torchtune
+    );
     for c in cands {
+        if let Some(limit) = baseline.reached.filter(|_| stepped)
+            && let Some(step) = recorded_step(&c.path)
+                .filter(|_| layout.kind == Kind::HuggingFace)
+                .or(Some(c.step))
+                .filter(|s| *s > limit)
+        {
+            ignored.push(Skipped {
+                path: c.path,
+                kind: SkipKind::BeyondReached,
+                why: format!("step {step}, beyond step {limit} this run reached"),
+            });
+            continue;
+        }
         if let Some((kind, why)) = baseline.not_this_runs(&c.path) {
             ignored.push(Skipped {
                 path: c.path,
@@ -998,7 +1046,12 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
 
 /// The global step recorded in a Hugging Face checkpoint's `trainer_state.json`.
 pub fn recorded_step(ckpt: &Path) -> Option<u64> {
-    let text = fs::read(ckpt.join("trainer_state.json")).ok()?;
+    let text = crate::untrusted::read(
+        &ckpt.join("trainer_state.json"),
+        MAX_SMALL_FILE,
+        crate::untrusted::Expect::any(),
+    )
+    .ok()?;
     let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
     v.get("global_step")?.as_u64()
 }

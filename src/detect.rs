@@ -306,7 +306,7 @@ static NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
 
 /// Words at least one of which occurs in every line that shows life ([`RECOVERED`],
 /// [`progress::last_step`]): looked for as well while an OOM is pending.
-const LIFE_WORDS: [&str; 15] = [
+const LIFE_WORDS: [&str; 17] = [
     "step",
     "Step",
     "STEP", // step 120, global_step=120
@@ -323,7 +323,25 @@ const LIFE_WORDS: [&str; 15] = [
     "continue with",
     "succeeded",
     "failed, trying",
+    // the Hugging Face Trainer's log dicts: {'loss': 1.9, ..., 'epoch': 0.02}
+    "'epoch': ",
+    "\"epoch\": ",
 ];
+
+/// A launcher's exception that reports a worker's failure rather than being one:
+/// torchrun's `ChildFailedError`, `subprocess.CalledProcessError` (accelerate,
+/// deepspeed launchers), torch.multiprocessing's `ProcessRaisedException` /
+/// `ProcessExitedException`.
+static LAUNCHER_REPORT: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"ChildFailedError|CalledProcessError|ProcessRaisedException|ProcessExitedException")
+        .expect("launcher report pattern")
+});
+
+/// The epoch of a Hugging Face Trainer's log dict line.
+static LOG_DICT_EPOCH: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^\{.*['"]loss['"]: [^,]+,.*['"]epoch['"]: ([0-9]+(?:\.[0-9]+)?)"#)
+        .expect("log dict pattern")
+});
 
 static LIFE: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(&LIFE_WORDS.map(regex::escape).join("|")).expect("life pattern")
@@ -335,10 +353,12 @@ static PENDING_NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(&pattern).expect("pending needle pattern")
 });
 
-/// While a mention of an OOM is pending and settled: words of life, and where a fatal
-/// form of it can begin (a traceback, an OOM exception line).
+/// While a mention of an OOM is pending and settled: words of life, where a fatal
+/// form of it can begin (a traceback, an OOM exception line), and exception lines.
 static QUIET: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
-    let pattern = format!("{}|Traceback|OutOfMemoryError", LIFE.as_str());
+    // `Error`/`Exception` (OutOfMemoryError among them): the exception line of a
+    // later traceback, another error that ended the process.
+    let pattern = format!("{}|Traceback|Error|Exception", LIFE.as_str());
     regex::bytes::Regex::new(&pattern).expect("quiet needle pattern")
 });
 
@@ -585,6 +605,19 @@ pub fn is_peer_failure(line: &str) -> bool {
 
 /// The launcher prefix a segment starts with (`[rank1]:`, `[1,0]<stderr>:`), spaces
 /// removed, or "" — which process printed it, as far as the output says.
+/// Whether `seg` comes from `source` (as [`source_of`] says), without allocating: asked of
+/// every progress line while an OOM is pending.
+fn source_is(seg: &[u8], source: &str) -> bool {
+    let Ok(head) = std::str::from_utf8(&seg[..seg.len().min(256)]) else {
+        return source_of(seg) == source; // cut mid-character or not UTF-8: rare
+    };
+    let found = PREFIX.find(head).map_or("", |m| m.as_str());
+    found
+        .split_whitespace()
+        .flat_map(str::chars)
+        .eq(source.chars())
+}
+
 fn source_of(seg: &[u8]) -> String {
     let head = String::from_utf8_lossy(&seg[..seg.len().min(256)]);
     PREFIX
@@ -749,6 +782,13 @@ pub struct Scanner {
     source: String,
     /// The step of the last progress line of that source since the OOM.
     life_step: Option<u64>,
+    /// The epoch of the last Trainer log dict of that source since the OOM.
+    life_epoch: Option<f64>,
+    /// A traceback of the pending OOM's source began after it, not chained to
+    /// it: its exception line, when not an OOM or a peer's failure, is what
+    /// ended the process (the OOM's was printed and survived).
+    later_traceback: bool,
+
     /// Set by `on_segment` when an OOM becomes pending; read and cleared by `feed`.
     found_now: bool,
     /// (priority, line, line_no): the most telling non-OOM error line.
@@ -1063,6 +1103,9 @@ impl Scanner {
         if self.first.is_some() && self.shows_life(seg) {
             self.clear_pending();
         }
+        if self.first.is_some() && self.another_error_ended_it(seg, line_no) {
+            self.clear_pending();
+        }
         if let Some(pending) = self.streams[si].pending.take()
             && self.join(si, pending, seg)
         {
@@ -1215,10 +1258,26 @@ impl Scanner {
         } else {
             match progress::last_step(seg) {
                 Some(step) => Some(step),
-                None => return false,
+                None => {
+                    // A Trainer log dict: two whose epoch increases show life.
+                    let text = String::from_utf8_lossy(seg);
+                    let body = PREFIX.replace(&text, "");
+                    let Some(epoch) = LOG_DICT_EPOCH
+                        .captures(&body)
+                        .and_then(|c| c[1].parse::<f64>().ok())
+                    else {
+                        return false;
+                    };
+                    if source_of(seg) != self.source {
+                        return false;
+                    }
+                    let went_on = self.life_epoch.is_some_and(|e| epoch > e);
+                    self.life_epoch = Some(epoch);
+                    return went_on;
+                }
             }
         };
-        if source_of(seg) != self.source {
+        if !source_is(seg, &self.source) {
             return false;
         }
         match step {
@@ -1231,6 +1290,48 @@ impl Scanner {
         }
     }
 
+    /// Two tracebacks one after the other: the pending OOM's, printed and
+    /// survived (`traceback.print_exc()`), then another's, whose exception
+    /// line — not an OOM, not a peer's failure — is what ended the process.
+    /// A traceback Python chains to the OOM's ("During handling of the above
+    /// exception, another exception occurred:", which Python puts between
+    /// them with a blank line either side, so it begins 2 to 4 lines after
+    /// the OOM's line) is the OOM's own failure: the root cause stays.
+    /// Only a GPU OOM can have been caught and survived: a host OOM's kill
+    /// (`exitcode: -9`) is final, and the launcher's report of it that follows
+    /// (torchrun's `ChildFailedError`, accelerate's `CalledProcessError`) is the
+    /// same failure told again.
+    fn another_error_ended_it(&mut self, seg: &[u8], line_no: u64) -> bool {
+        let Some(gap) = self
+            .first
+            .as_ref()
+            .filter(|f| f.kind == Kind::GpuOom)
+            .and_then(|f| line_no.checked_sub(f.line_no))
+            .filter(|g| *g > 0)
+        else {
+            return false;
+        };
+        if TRACEBACK.find(seg).is_some() {
+            if source_of(seg) == self.source {
+                self.later_traceback = !(2..=4).contains(&gap);
+            }
+            return false;
+        }
+        if !self.later_traceback || source_of(seg) != self.source {
+            return false;
+        }
+        let text = String::from_utf8_lossy(seg);
+        let body = PREFIX.replace(&text, "");
+        if !EXCEPTION_START.is_match(&body) {
+            return false;
+        }
+        if OOM_WORDS.is_match(seg) || is_peer_failure(&body) || LAUNCHER_REPORT.is_match(&body) {
+            self.later_traceback = false;
+            return false;
+        }
+        true
+    }
+
     /// The pending OOM was survived: forget it; the next OOM is the first again.
     fn clear_pending(&mut self) {
         self.first = None;
@@ -1238,6 +1339,8 @@ impl Scanner {
         self.fatal = false;
         self.source.clear();
         self.life_step = None;
+        self.life_epoch = None;
+        self.later_traceback = false;
         for st in &mut self.streams {
             if matches!(st.pending, Some(Pending::Complete { .. })) {
                 st.pending = None;
@@ -1292,6 +1395,8 @@ impl Scanner {
                 self.fatal = fatal;
                 self.source = source;
                 self.life_step = None;
+                self.life_epoch = None;
+                self.later_traceback = false;
                 let incomplete = memory == Kind::GpuOom && !message_complete(&text);
                 self.first = Some(Finding {
                     kind,
@@ -1861,6 +1966,65 @@ pub fn diagnose_cmd(
     }
 }
 
+/// Build every pattern the scanner can need, now. Called on a thread of its own when a
+/// run starts: the patterns are otherwise built at first use, which for most of them is
+/// the first OOM line, and that build (tens of milliseconds of CPU) was then spent between
+/// the OOM and the hang timer's reaction.
+pub fn warm() {
+    macro_rules! force {
+        ($($s:expr),* $(,)?) => { $( LazyLock::force(&$s); )* };
+    }
+    force!(
+        NEEDLES,
+        LIFE,
+        PENDING_NEEDLES,
+        QUIET,
+        TRACEBACK,
+        OOM_ERROR_CLASS,
+        HANDLED,
+        RECOVERED,
+        EXCEPTION_START,
+        OOM_WORDS,
+        OTHER_ERROR_WORDS,
+        ERROR_WORDS,
+        GPU_OOM,
+        THRUST_BAD_ALLOC,
+        GPU_OOM_AMBIGUOUS,
+        ANY_OOM,
+        HOST_OOM,
+        EXCEPTION_LINE,
+        OTHER_ERROR_LINE,
+        PEER_FAILURE,
+        CONSEQUENCE,
+        PEER_WORDS,
+        PREFIX,
+        ANSI,
+        NUMBERS,
+        CANCELLED,
+        PID_WORDS,
+    );
+    // The patterns of the modules the scanner calls (progress, the kernel's lines), and
+    // the lazy DFAs' first states, through a log that takes every path once.
+    classify_log(WARM_LOG.as_bytes());
+}
+
+/// A log that takes the scanner through each kind of line once (see [`warm`]).
+const WARM_LOG: &str = "\
+step 1/10 loss 2.0\n\
+step 2/10 loss 1.9\n\
+ 30%|###       | 3/10 [00:03<00:07, 1.00it/s]\n\
+[rank0]: Traceback (most recent call last):\n\
+[rank0]:   File \"train.py\", line 1, in <module>\n\
+[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a \
+total capacity of 7.79 GiB of which 3.06 MiB is free. Process 12 has 7.78 GiB memory in use. \
+Of the allocated memory 7.5 GiB is allocated by PyTorch, and 10.0 MiB is reserved by PyTorch \
+but unallocated.\n\
+RuntimeError: NCCL error: unhandled cuda error, Connection closed by peer (pid: 12)\n\
+Killed process 12 (python3) total-vm:1kB, anon-rss:1kB\n\
+oom-kill:constraint=CONSTRAINT_NONE,task=python3,pid=12,uid=0\n\
+*** STEP 5.0 ON n1 CANCELLED AT 2026-01-01T00:00:00 ***\n\
+Killed\n";
+
 /// Stream a reader through a scanner in 1 MiB chunks (memory stays flat on huge logs).
 fn scan_reader(mut reader: Box<dyn Read>) -> std::io::Result<Scanner> {
     let mut scanner = Scanner::new();
@@ -2140,6 +2304,63 @@ mod tests {
             check_size(&mut errors, &fx.name, "total", &fx.total, n.total_bytes);
         }
         errors
+    }
+
+    /// Allocations made by this thread while `f` runs.
+    fn allocations_in(f: impl FnOnce()) -> u64 {
+        let before = crate::alloc_count::allocations();
+        f();
+        crate::alloc_count::allocations() - before
+    }
+
+    #[test]
+    fn the_scanner_allocates_nothing_per_line_on_the_hot_path() {
+        warm();
+        let progress: Vec<u8> = (0..20_000)
+            .map(|i| format!("step {i}/100000 loss 2.3456 lr 2.0e-05 tokens/s 51234 mem 61.2GiB\n"))
+            .collect::<String>()
+            .into_bytes();
+        // Output with nothing wrong in it, fed in the launch loop's 64 KiB chunks.
+        // Once through first: the buffers of a line cut between chunks grow to their size
+        // once (a few allocations per stream, not per line).
+        let mut s = Scanner::new();
+        for chunk in progress.chunks(64 << 10) {
+            s.feed(Stream::Out, chunk);
+        }
+        let n = allocations_in(|| {
+            for chunk in progress.chunks(64 << 10) {
+                s.feed(Stream::Out, chunk);
+            }
+        });
+        assert_eq!(n, 0, "{n} allocations for 20000 progress lines");
+        // A fatal OOM pending (the hang timer armed) while another rank goes on printing
+        // its progress: the scanner looks at every line for life, and still allocates
+        // nothing per line.
+        let mut s = Scanner::new();
+        s.feed(
+            Stream::Err,
+            b"[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. \
+GPU 1 has a total capacity of 7.79 GiB of which 3.06 MiB is free. Of the allocated memory \
+7.5 GiB is allocated by PyTorch, and 10.0 MiB is reserved by PyTorch but unallocated.\n",
+        );
+        assert!(s.armed());
+        let rank0: Vec<u8> = progress
+            .split_inclusive(|&b| b == b'\n')
+            .flat_map(|l| [b"[rank0]: ".as_slice(), l].concat())
+            .collect();
+        s.feed(Stream::Out, &rank0[..rank0.len() / 2]);
+        let n = allocations_in(|| {
+            for chunk in rank0[rank0.len() / 2..].chunks(64 << 10) {
+                s.feed(Stream::Out, chunk);
+            }
+        });
+        assert!(s.armed(), "another rank's progress does not clear the OOM");
+        // A couple of one-time allocations (a pattern's search cache first used on this
+        // path) are allowed; one per line would be 10000.
+        assert!(
+            n <= 4,
+            "{n} allocations for 10000 lines while an OOM is pending"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::detect::kernel::{self, Victim};
+use crate::detect::phase::{Phase, Seen};
 use crate::detect::{self, Finding, Kind, OomNumbers, format_size};
 use crate::launch;
 use crate::progress::Reached;
@@ -242,17 +243,55 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
             let mut pids = r.pids.clone();
             pids.insert(r.pid);
             pids.extend(r.scanner.named_pids());
-            let victims = kernel::of_run(&kernel::victims(&log), &pids, r.started_ms);
-            let outcome = match victims.into_iter().next() {
-                Some(victim) => Outcome::HostOom {
-                    finding: kill_line.cloned(),
-                    victim: Some(victim),
-                    code,
-                },
-                None if killed => other(Some(detect::NOT_THE_OOM_KILLER)),
-                None => other(None),
-            };
-            (outcome, None)
+            let all = kernel::victims(&log);
+            // More than the pid: inside a PID namespace the kernel's record names
+            // host pids, and a small pid of ours may be another tenant's there. A
+            // victim is this run's when its pid is one of the run's and its name
+            // one of theirs (as far as they were seen).
+            let named =
+                |v: &Victim| r.names.is_empty() || v.name.is_empty() || r.names.contains(&v.name);
+            let victims: Vec<Victim> = kernel::of_run(&all, &pids, r.started_ms)
+                .into_iter()
+                .filter(|v| named(v))
+                .collect();
+            match victims.into_iter().next() {
+                Some(victim) => (
+                    Outcome::HostOom {
+                        finding: kill_line.cloned(),
+                        victim: Some(victim),
+                        code,
+                    },
+                    None,
+                ),
+                None if killed => {
+                    // A kill of a process by the name of one of the run's, during
+                    // the attempt, whose pid is not the run's: a PID namespace's
+                    // host pid, or another tenant's process of the same name.
+                    let since = |v: &Victim| match (v.at_ms, r.started_ms) {
+                        (Some(at), Some(s)) => at + 10_000 >= s,
+                        _ => false,
+                    };
+                    match all
+                        .iter()
+                        .rev()
+                        .find(|v| !v.name.is_empty() && r.names.contains(&v.name) && since(v))
+                    {
+                        Some(v) => (
+                            Outcome::HostOom {
+                                finding: kill_line.cloned(),
+                                victim: None,
+                                code,
+                            },
+                            Some(format!(
+                                "the kernel's OOM killer killed {} during this attempt, but its pid is not one of this run's (inside a PID namespace the kernel names host pids): cannot confirm it was this run's",
+                                v.describe()
+                            )),
+                        ),
+                        None => (other(Some(detect::NOT_THE_OOM_KILLER)), None),
+                    }
+                }
+                None => (other(None), None),
+            }
         }
         // Unread, a kill is what the output says it is (or what it most often is).
         Err(why) if killed => {
@@ -304,10 +343,59 @@ pub struct Evidence {
     /// the step it started from; at least this many): many good steps make the
     /// OOM a spike, not a steady overflow (see `memory::Calibrated::learn`).
     pub steps_done: Option<u64>,
-    /// The OOM happened during evaluation, and how that was told ("the
-    /// traceback runs through evaluation_loop"); `None`: in training, or it
-    /// cannot be told (see `detect::phase`).
-    pub evaluation: Option<String>,
+    /// The phase the OOM happened in (loading or saving a checkpoint,
+    /// evaluation, a training step), and how that was told ("the traceback
+    /// runs through evaluation_loop"); `None`: it cannot be told (see
+    /// `detect::phase`). [`Evidence::when`] refines training by the step.
+    pub phase: Option<Seen>,
+}
+
+/// When in the run an OOM happened: the phase its output shows, a training
+/// step told apart by the steps the attempt had completed. The journal's
+/// `phase` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum When {
+    /// Loading a checkpoint (resuming) or weights.
+    Loading,
+    /// Writing a checkpoint.
+    Saving,
+    /// An evaluation inside training.
+    Evaluation,
+    /// The attempt's first training step (no step completed since it started).
+    FirstStep,
+    /// After [`crate::memory::SPIKE_STEPS`] or more good steps: a spike.
+    SteadyState,
+    /// A training step after a few good ones, or at a step that cannot be told.
+    Training,
+}
+
+impl When {
+    /// " while loading a checkpoint", " in the steady state at step 812":
+    /// the words that follow "OOM", with the step reached when known.
+    pub fn words(self, step: Option<u64>) -> String {
+        match (self, step) {
+            (When::Loading, _) => " while loading a checkpoint".into(),
+            (When::Saving, _) => " while saving a checkpoint".into(),
+            (When::Evaluation, _) => " during evaluation".into(),
+            (When::FirstStep, _) => " at the first step".into(),
+            (When::SteadyState, Some(s)) => format!(" in the steady state at step {s}"),
+            (When::SteadyState, None) => " in the steady state".into(),
+            (When::Training, Some(s)) => format!(" at step {s}"),
+            (When::Training, None) => String::new(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            When::Loading => "loading",
+            When::Saving => "saving",
+            When::Evaluation => "evaluation",
+            When::FirstStep => "first_step",
+            When::SteadyState => "steady_state",
+            When::Training => "training",
+        }
+    }
 }
 
 impl Evidence {
@@ -318,7 +406,7 @@ impl Evidence {
             oom: None,
             step_reached: None,
             steps_done: None,
-            evaluation: None,
+            phase: None,
         }
     }
 
@@ -330,7 +418,7 @@ impl Evidence {
             oom,
             step_reached: None,
             steps_done: None,
-            evaluation: None,
+            phase: None,
         }
     }
 
@@ -351,13 +439,50 @@ impl Evidence {
             oom: finding.map(|f| f.numbers.clone()),
             step_reached,
             steps_done: step_reached.map(|r| r.step.saturating_sub(from)),
-            evaluation: None,
+            phase: None,
         }
     }
 
     /// The attempt hung (its peers waiting in NCCL) after printing the OOM.
     pub fn hung(&self) -> bool {
         self.outcome == OutcomeKind::HungAfterOom
+    }
+
+    /// When in the run the OOM happened (`None`: nothing tells).
+    pub fn when(&self) -> Option<When> {
+        match self.phase.as_ref().map(|s| s.phase) {
+            Some(Phase::Loading) => return Some(When::Loading),
+            Some(Phase::Saving) => return Some(When::Saving),
+            Some(Phase::Evaluation) => return Some(When::Evaluation),
+            _ => {}
+        }
+        match self.steps_done {
+            Some(0) => Some(When::FirstStep),
+            Some(k) if k >= crate::memory::SPIKE_STEPS => Some(When::SteadyState),
+            Some(_) => Some(When::Training),
+            None => self.phase.as_ref().map(|_| When::Training),
+        }
+    }
+
+    /// How the phase was told, when it was.
+    pub fn phase_how(&self) -> Option<&str> {
+        self.phase.as_ref().map(|s| s.how.as_str())
+    }
+
+    /// How an OOM during evaluation was told (`None`: not during evaluation).
+    pub fn evaluation(&self) -> Option<&str> {
+        self.phase
+            .as_ref()
+            .filter(|s| s.phase == Phase::Evaluation)
+            .map(|s| s.how.as_str())
+    }
+
+    /// "while loading a checkpoint", "at the first step", "in the steady
+    /// state at step 812": the words that follow "OOM" (empty: nothing tells).
+    pub fn when_words(&self) -> String {
+        self.when()
+            .map(|w| w.words(self.step_reached.map(|r| r.step)))
+            .unwrap_or_default()
     }
 
     /// The size of the allocation that failed.
@@ -367,8 +492,9 @@ impl Evidence {
 }
 
 /// "OOM", "OOM (tried to allocate 2.00 GiB on GPU 0, 1.06 GiB free)",
-/// "hung after OOM (...)", "OOM during evaluation (...)", "assumed OOM": the
-/// cause that leads a decision's reason.
+/// "hung after OOM (...)", "OOM during evaluation (...)", "OOM while loading a
+/// checkpoint (...)", "OOM at the first step (...)", "assumed OOM": the cause
+/// that leads a decision's reason.
 impl fmt::Display for Evidence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.outcome {
@@ -378,8 +504,8 @@ impl fmt::Display for Evidence {
             _ => {}
         }
         f.write_str("OOM")?;
-        if self.evaluation.is_some() {
-            f.write_str(" during evaluation")?;
+        if self.outcome != OutcomeKind::AssumedOom || self.phase.is_some() {
+            f.write_str(&self.when_words())?;
         }
         let Some(n) = &self.oom else {
             return Ok(());
@@ -442,6 +568,7 @@ mod tests {
             oom_at: None,
             warnings: Vec::new(),
             pids: Default::default(),
+            names: Default::default(),
             started_ms: None,
             stopped: None,
             task_files: Vec::new(),

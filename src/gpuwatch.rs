@@ -66,6 +66,12 @@ impl GpuOptions {
                 }
             },
         };
+        // 0 (or less) would print the status in a busy loop.
+        if !(status_every.is_finite() && status_every > 0.0) {
+            return Err(format!(
+                "--wait-status-every {status_every}: expected a positive number of seconds"
+            ));
+        }
         if !(wait_timeout.is_finite() && wait_timeout >= 0.0) {
             return Err(format!("--wait-timeout {wait_timeout}: expected seconds"));
         }

@@ -129,6 +129,33 @@ pub struct InPlace {
     /// Cleanup ran: a second call (finish, then Drop) does nothing.
     restored: bool,
     _locks: Vec<Lock>,
+    /// `flock`s on the module files themselves (each version this run wrote),
+    /// held for the run: another user's run, whose per-user lock file is
+    /// elsewhere, finds the module locked too.
+    held: Vec<nix::fcntl::Flock<File>>,
+}
+
+/// Lock the module file at `path` itself (the inode its name holds now), or
+/// say that another run — maybe another user's — holds it.
+fn lock_module(path: &Path) -> Result<nix::fcntl::Flock<File>, InPlaceError> {
+    use nix::fcntl::{Flock, FlockArg};
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io_err(path))?;
+    match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+        Ok(l) => Ok(l),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(InPlaceError::Locked {
+            path: path.to_path_buf(),
+            other: "another run, maybe another user's, that holds a lock on the module file itself"
+                .into(),
+        }),
+        Err((_, e)) => Err(InPlaceError::Lock {
+            path: path.to_path_buf(),
+            why: e.desc().to_string(),
+        }),
+    }
 }
 
 fn manifest(run_dir: &Path) -> PathBuf {
@@ -145,6 +172,7 @@ impl InPlace {
             planned: Vec::new(),
             restored: false,
             _locks: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -169,6 +197,7 @@ impl InPlace {
             let real = fs::canonicalize(path).map_err(io_err(path))?;
             check_writable(&real)?;
             g._locks.push(Lock::take(&real, &g.dir)?);
+            g.held.push(lock_module(&real)?);
             g.planned.push(Planned {
                 given: path.to_path_buf(),
                 real,
@@ -232,7 +261,15 @@ impl InPlace {
             meta.mode() & 0o7777,
             Some((meta.uid(), meta.gid())),
         )
-        .map_err(io_err(&e.original))
+        .map_err(io_err(&e.original))?;
+        // The new version is locked as the first was (a moment after the
+        // rename: a run starting in that moment is still refused by the
+        // per-user lock when it is the same user's).
+        let original = e.original.clone();
+        if let Ok(l) = lock_module(&original) {
+            self.held.push(l);
+        }
+        Ok(())
     }
 
     fn save_manifest(&self) -> Result<(), InPlaceError> {

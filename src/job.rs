@@ -11,8 +11,15 @@
 //! host). Files are written to a private temporary name and renamed into place,
 //! so a reader sees a whole file or none.
 //!
-//! * `ready-N-R`: copy R is about to launch attempt N. Every copy waits until
-//!   all have written theirs (the meeting), so the copies launch together.
+//! * `ready-N-R`: copy R is about to launch attempt N, and what it launches
+//!   (its count of copies, the world size, its settings). Every copy waits
+//!   until all have written theirs (the meeting), so the copies launch
+//!   together. At the first, each holds the copy's random nonce.
+//! * `meeting-1.json`: copy 0's answer at the first meeting: the job's random
+//!   token, the nonces it saw, its settings for attempt 1 (the followers adopt
+//!   them: the copies start alike) and, when a copy cannot launch what copy 0
+//!   launches (another count of copies or world size, settings it cannot
+//!   adopt), why: then no copy launches, and each stops with status 2.
 //! * `end-N-R.json`: how attempt N ended for copy R (its outcome and the OOM
 //!   line it saw, if any), written when it failed; the leader reads the
 //!   followers'.
@@ -33,14 +40,15 @@
 //! at once (SIGTERM, SIGKILL after the grace period) instead of waiting for
 //! NCCL's or the rendezvous' timeout — a rank whose peer died, or hung after
 //! its OOM, may wait in a collective for many minutes without a word — and
-//! then go on as after any failure. A file counts only when it is not older
-//! than this copy's own `ready-N-R` (the same filesystem's clock), so one left
-//! by an earlier job with the same key never ends an attempt.
+//! then go on as after any failure. Every file after the first meeting carries
+//! the job's token, and a file counts only with it (no file's date is
+//! trusted), so one left by an earlier job with the same key never ends an
+//! attempt, makes a meeting or says a disagreement.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -72,6 +80,14 @@ pub struct Job {
     /// Where rank and copies were read (`SLURM_PROCID=1 of SLURM_NTASKS=2`).
     pub source: String,
     pub timeout: Duration,
+    /// The job's folder, opened once checked ([`Job::open`]).
+    handle: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// The job's token: made by copy 0 at the first meeting, known to its
+    /// copies only (it is in the private folder); a message without it is
+    /// not this job's.
+    token: std::sync::Arc<std::sync::OnceLock<String>>,
+    /// This copy's random nonce for the first meeting.
+    nonce: String,
 }
 
 /// How one follower's attempt ended.
@@ -98,21 +114,43 @@ pub enum Published {
     },
 }
 
-/// What a copy is about to launch, in its `ready-N-R` file.
+/// What a copy is about to launch, said in its `ready-N-R` at each meeting.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ready {
+pub struct Launch {
+    /// How many copies this copy counts in the job.
     pub copies: u32,
     pub world: u64,
+    /// Knob name → value: the knobs this copy's command binds.
+    pub knobs: BTreeMap<String, Value>,
+    /// The global batch of these settings (None: not known).
+    pub global_batch: Option<u64>,
     /// The settings, as the journal says them (`micro_batch=8 grad_accum=4 ...`).
     pub settings: String,
-    /// Set when this copy found the job's copies disagreeing, and stops.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disagree: Option<String>,
 }
 
-impl Ready {
-    /// How copy `them`'s launch differs from copy `me`'s, if it does.
-    fn differs(&self, other: &Ready, me: u32, them: u32) -> Option<String> {
+impl Launch {
+    /// What a copy counting `copies` copies launches with `s`.
+    pub fn new(copies: u32, s: &crate::settings::Settings) -> Launch {
+        Launch {
+            copies,
+            world: s.world_size,
+            knobs: s
+                .knobs
+                .iter()
+                .map(|(k, v)| (k.name().to_string(), v.clone()))
+                .collect(),
+            global_batch: s.global_batch(),
+            settings: s.to_string(),
+        }
+    }
+
+    /// Why copy `them` cannot launch what copy `me` launches, if it cannot.
+    /// The number of copies and the world size cannot be adopted. At the first
+    /// meeting (`adopt`) a follower takes copy 0's settings, which it can only
+    /// where its command binds the same knobs and has the same global batch
+    /// (oomguard never changes a global batch); later, the copies' settings
+    /// (each follows copy 0's decision) must be the same.
+    fn differs(&self, other: &Launch, me: u32, them: u32, adopt: bool) -> Option<String> {
         if self.copies != other.copies {
             return Some(format!(
                 "copy {me} counts {} copies, copy {them} counts {}",
@@ -125,6 +163,26 @@ impl Ready {
                 self.world, other.world
             ));
         }
+        let batch = |g: Option<u64>| g.map_or("unknown".into(), |g| g.to_string());
+        if adopt {
+            if !self.knobs.keys().eq(other.knobs.keys()) {
+                let names = |l: &Launch| l.knobs.keys().cloned().collect::<Vec<_>>().join(" ");
+                return Some(format!(
+                    "copy {them} cannot take copy {me}'s settings: copy {me}'s command sets {}, copy {them}'s sets {}",
+                    names(self),
+                    names(other)
+                ));
+            }
+            return (self.global_batch != other.global_batch).then(|| {
+                format!(
+                    "copy {me} would launch with {} (global batch {}), copy {them} with {} (global batch {}): copy {them} cannot take copy {me}'s settings without changing its global batch",
+                    self.settings,
+                    batch(self.global_batch),
+                    other.settings,
+                    batch(other.global_batch)
+                )
+            });
+        }
         (self.settings != other.settings).then(|| {
             format!(
                 "copy {me} would launch with {}, copy {them} with {}",
@@ -132,16 +190,6 @@ impl Ready {
             )
         })
     }
-}
-
-/// How a meeting before an attempt ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Meeting {
-    Met,
-    /// Not every copy came within the timeout.
-    Late,
-    /// The copies are not about to launch the same job: why.
-    Disagree(String),
 }
 
 /// What a copy of a job does after one of its attempts ended.
@@ -284,6 +332,9 @@ impl Job {
             dir: root.join(FOLDER).join(component(&key)),
             source,
             timeout,
+            handle: None,
+            token: Default::default(),
+            nonce: crate::untrusted::random_token(),
         }))
     }
 
@@ -304,13 +355,58 @@ impl Job {
         self.rank == 0
     }
 
-    fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-        write_private(&self.dir, name, bytes)
+    /// Open the job's folder, before anything runs: `<root>/.oomguard-job`
+    /// (the user's, writable by nobody else) and `<key>` in it (the user's
+    /// and private, 0700), each created exclusively when absent and never
+    /// through a link. Every later read, write and delete goes through the
+    /// folder opened here (`/proc/self/fd/N/NAME`), so a folder swapped for
+    /// a link or another user's meanwhile is never used.
+    pub fn open(&mut self) -> Result<(), crate::runfolder::Unsafe> {
+        let fd = open_job_dir(&self.dir)?;
+        self.handle = Some(std::sync::Arc::new(fd));
+        Ok(())
     }
 
+    /// `name` in the job's folder, through the folder opened by [`Job::open`].
+    fn at(&self, name: &str) -> PathBuf {
+        match &self.handle {
+            Some(fd) => {
+                use std::os::fd::AsRawFd;
+                PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())).join(name)
+            }
+            None => self.dir.join(name),
+        }
+    }
+
+    fn folder(&self) -> PathBuf {
+        self.at("")
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        if self.handle.is_none() {
+            return Err(std::io::Error::other(format!(
+                "the job folder {} was not opened",
+                self.dir.display()
+            )));
+        }
+        write_into(&self.folder(), name, bytes)
+    }
+
+    /// A file of this job's copies: the user's own regular file, at most
+    /// [`MAX_FILE`] bytes, opened without blocking or following a link.
     fn read<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
-        let text = std::fs::read_to_string(self.dir.join(name)).ok()?;
-        serde_json::from_str(&text).ok()
+        self.handle.as_ref()?;
+        let bytes =
+            crate::untrusted::read(&self.at(name), MAX_FILE, crate::untrusted::Expect::own())
+                .ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// A message of this job: read, and its token this job's.
+    fn message<T: for<'de> Deserialize<'de>>(&self, name: &str) -> Option<T> {
+        let token = self.token.get()?;
+        let m: Message<T> = self.read(name)?;
+        (m.token == *token).then_some(m.body)
     }
 
     /// Polls until `f` answers or the timeout passes.
@@ -327,113 +423,240 @@ impl Job {
         }
     }
 
-    /// The leader, before the first attempt: files of an earlier job with the
-    /// same key are not this job's (the copies' `ready-1` files stay).
+    /// The leader, before the first attempt: every file in the folder is an
+    /// earlier job's (this job's token does not exist yet). The followers'
+    /// `ready-1` files this removes are written again by their copies.
     pub fn clear_stale(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+        if self.handle.is_none() {
+            return;
+        }
+        let Ok(entries) = std::fs::read_dir(self.folder()) else {
             return;
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let stale = name.starts_with("end-")
+            let ours = name.starts_with("ready-")
+                || name.starts_with("end-")
                 || name.starts_with("decision-")
-                || (name.starts_with("ready-") && !name.starts_with("ready-1-"));
-            if stale {
-                let _ = std::fs::remove_file(e.path());
+                || name.starts_with("meeting-");
+            // `unlink` of a name in the opened folder: never follows a link.
+            if ours && e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()) {
+                let _ = std::fs::remove_file(self.at(&name));
             }
         }
     }
 
-    /// The meeting before attempt `n`, where the copies also check that they
-    /// are about to launch the same job: the same number of copies, the same
-    /// world size, the same settings (pods of one Kubernetes job whose
-    /// manifests or environments differ, a restarted pod that did not find the
-    /// job's settings). A copy's `ready-n-R` holds what it is about to launch.
+    /// The meeting before attempt `n`: every copy says it is ready and what it
+    /// is about to launch (`me`; None: a copy that says nothing of it), and
+    /// waits for the others. The first meeting gives the job its token: each
+    /// follower's `ready-1-R` holds a random nonce of its own; copy 0, once
+    /// every copy's is there, writes `meeting-1.json` with a new random token,
+    /// the nonces it saw and its settings for attempt 1, which the followers
+    /// adopt; a follower takes the token (and the settings) only from a meeting
+    /// file that holds its own nonce — never from an earlier job's files with
+    /// the same key. Later meetings and every message carry the token.
     ///
-    /// A `ready` file that disagrees and is older than this copy's own may be
-    /// an earlier job's, with the same key, whose copy has not come yet: it is
-    /// waited on (its copy rewrites it when it comes) until the timeout. One
-    /// written after this copy's is this job's: the disagreement is said at
-    /// once, and written into this copy's own file, so the others stop too.
-    pub fn meet_as(&self, n: u32, me: &Ready) -> Meeting {
-        let name = |r: u32| format!("ready-{n}-{r}");
-        let own = name(self.rank);
-        let write = |r: &Ready| {
-            let json = serde_json::to_vec(r).expect("Ready serialises");
-            self.write(&own, &json)
+    /// The copies also check that they launch the same job ([`Launch`]): at
+    /// the first meeting copy 0 checks each follower's (the same copies and
+    /// world size, settings it can adopt) and says a disagreement in
+    /// `meeting-1.json`; at a later one each copy compares the others' and
+    /// writes a disagreement into its own `ready-N-R`, so the others stop too.
+    /// Only files of this meeting count (the leader cleared the folder before
+    /// the first, later ones carry the token), so a disagreement is said at
+    /// once, never waited on.
+    pub fn meet(&self, n: u32, me: Option<&Launch>) -> Met {
+        let none = Met {
+            all: false,
+            start: None,
+            disagree: None,
         };
-        if let Err(e) = write(me) {
-            tracing::warn!("job folder {}: {e}", self.dir.display());
-            return Meeting::Late;
+        if n == 1 {
+            return self.first_meeting(me).unwrap_or(none);
         }
-        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let mut doubt: Option<String> = None;
+        let Some(token) = self.token.get().cloned() else {
+            return none;
+        };
+        let name = |r: u32| format!("ready-{n}-{r}");
+        let write = |disagree: Option<String>| {
+            let mine = Ready {
+                token: token.clone(),
+                nonce: String::new(),
+                launch: me.cloned(),
+                disagree,
+            };
+            self.write(
+                &name(self.rank),
+                &serde_json::to_vec(&mine).expect("Ready serialises"),
+            )
+        };
+        if let Err(e) = write(None) {
+            tracing::warn!("job folder {}: {e}", self.dir.display());
+            return none;
+        }
         let met = self.wait(|| {
-            let mine = mtime(&self.dir.join(&own));
             let mut all = true;
-            doubt = None;
             for r in (0..self.copies).filter(|r| *r != self.rank) {
-                let path = self.dir.join(name(r));
-                let Some(theirs) = mtime(&path) else {
+                let Some(other) = self.read::<Ready>(&name(r)).filter(|x| x.token == token) else {
                     all = false;
                     continue;
                 };
-                // An empty file: a copy that says nothing of itself.
-                let Some(other) = std::fs::read(&path)
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<Ready>(&b).ok())
-                else {
-                    continue;
-                };
-                let ours = mine.is_none_or(|m| theirs >= m);
-                if let Some(why) = &other.disagree
-                    && ours
-                {
+                if let Some(why) = &other.disagree {
                     return Some(Err(format!("copy {r} of the job: {why}")));
                 }
-                if let Some(why) = me.differs(&other, self.rank, r) {
-                    if ours {
-                        return Some(Err(why));
-                    }
-                    doubt = Some(why);
-                    all = false;
+                if let (Some(me), Some(theirs)) = (me, &other.launch)
+                    && let Some(why) = me.differs(theirs, self.rank, r, false)
+                {
+                    return Some(Err(why));
                 }
             }
             all.then_some(Ok(()))
         });
-        let why = match met {
-            Some(Ok(())) => return Meeting::Met,
-            Some(Err(why)) => why,
-            None => match doubt {
-                Some(why) => why,
-                None => return Meeting::Late,
-            },
-        };
-        let said = Ready {
-            disagree: Some(why.clone()),
-            ..me.clone()
-        };
-        let _ = write(&said);
-        Meeting::Disagree(why)
+        match met {
+            Some(Ok(())) => Met { all: true, ..none },
+            None => none,
+            Some(Err(why)) => {
+                let _ = write(Some(why.clone()));
+                Met {
+                    all: true,
+                    disagree: Some(why),
+                    ..none
+                }
+            }
+        }
     }
 
-    /// The meeting before attempt `n` of copies that say nothing of what they
-    /// launch: false when not every copy came in time.
-    #[cfg(test)]
-    pub fn meet(&self, n: u32) -> bool {
-        let unsaid = Ready {
-            copies: self.copies,
-            world: 0,
-            settings: String::new(),
+    fn first_meeting(&self, me: Option<&Launch>) -> Option<Met> {
+        let name = format!("ready-1-{}", self.rank);
+        let mine = Ready {
+            token: String::new(),
+            nonce: self.nonce.clone(),
+            launch: me.cloned(),
             disagree: None,
         };
-        self.meet_as(n, &unsaid) == Meeting::Met
+        let bytes = serde_json::to_vec(&mine).expect("Ready serialises");
+        let write = || {
+            self.write(&name, &bytes)
+                .inspect_err(|e| tracing::warn!("job folder {}: {e}", self.dir.display()))
+                .ok()
+        };
+        if write().is_none() && self.leader() {
+            return None;
+        }
+        if self.leader() {
+            let token = crate::untrusted::random_token();
+            let _ = self.token.set(token.clone());
+            // The followers' nonces as they come; a follower that cannot launch
+            // what copy 0 launches ends the wait at once.
+            let mut seen: BTreeMap<u32, String> = BTreeMap::new();
+            let mut disagree = None;
+            let all = self
+                .wait(|| {
+                    for r in self.ready_ranks() {
+                        if seen.contains_key(&r) {
+                            continue;
+                        }
+                        let Some(x) = self
+                            .read::<Ready>(&format!("ready-1-{r}"))
+                            .filter(|x| !x.nonce.is_empty())
+                        else {
+                            continue;
+                        };
+                        seen.insert(r, x.nonce);
+                        let why = match (me, &x.launch) {
+                            _ if r >= self.copies => Some(format!(
+                                "copy {r} came, but copy 0 counts {} copies",
+                                self.copies
+                            )),
+                            (Some(me), Some(theirs)) => me.differs(theirs, 0, r, true),
+                            _ => None,
+                        };
+                        if why.is_some() {
+                            disagree = why;
+                            return Some(());
+                        }
+                    }
+                    (seen.len() + 1 >= self.copies as usize).then_some(())
+                })
+                .is_some();
+            let meeting = MeetingFile {
+                token,
+                nonces: seen,
+                start: me.map(|l| l.knobs.clone()),
+                disagree: disagree.clone(),
+            };
+            if let Err(e) = self.write(
+                "meeting-1.json",
+                &serde_json::to_vec(&meeting).expect("Meeting serialises"),
+            ) {
+                tracing::warn!("job folder {}: {e}", self.dir.display());
+            }
+            return Some(Met {
+                all,
+                start: None,
+                disagree,
+            });
+        }
+        let meeting = self.wait(|| {
+            let m: Option<MeetingFile> = self.read("meeting-1.json");
+            match m {
+                Some(m) if m.nonces.get(&self.rank) == Some(&self.nonce) => Some(m),
+                _ => {
+                    // The leader cleared an earlier job's files, ours among
+                    // them if we came first: say again that we are here.
+                    let here: Option<Ready> = self.read(&name);
+                    if here.is_none_or(|r| r.nonce != self.nonce) {
+                        write();
+                    }
+                    None
+                }
+            }
+        })?;
+        let _ = self.token.set(meeting.token);
+        Some(Met {
+            all: true,
+            start: meeting.start.filter(|_| meeting.disagree.is_none()),
+            disagree: meeting.disagree,
+        })
+    }
+
+    /// The ranks of the `ready-1-R` files in the folder: the job's followers,
+    /// and any copy that counts more copies than copy 0 does.
+    fn ready_ranks(&self) -> Vec<u32> {
+        let mut ranks: Vec<u32> = (1..self.copies).collect();
+        if let Ok(entries) = std::fs::read_dir(self.folder()) {
+            let extra = entries
+                .flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()?
+                        .strip_prefix("ready-1-")?
+                        .parse()
+                        .ok()
+                })
+                .filter(|r: &u32| *r >= self.copies)
+                .take(64);
+            ranks.extend(extra);
+        }
+        ranks
     }
 
     /// This copy's end of attempt `n`.
     pub fn publish_end(&self, n: u32, end: &End) -> std::io::Result<()> {
-        let json = serde_json::to_vec(end).expect("End serialises");
-        self.write(&format!("end-{n}-{}.json", self.rank), &json)
+        self.publish(&format!("end-{n}-{}.json", self.rank), end)
+    }
+
+    fn publish<T: Serialize>(&self, name: &str, body: &T) -> std::io::Result<()> {
+        let Some(token) = self.token.get() else {
+            return Err(std::io::Error::other(
+                "this copy never met copy 0 of the job, so it cannot speak for it",
+            ));
+        };
+        let json = serde_json::to_vec(&Message {
+            token: token.clone(),
+            body,
+        })
+        .expect("a message serialises");
+        self.write(name, &json)
     }
 
     /// The leader: the followers' ends of attempt `n`, as many as came within
@@ -441,7 +664,7 @@ impl Job {
     pub fn await_ends(&self, n: u32) -> Vec<End> {
         let read = || -> Vec<End> {
             (1..self.copies)
-                .filter_map(|r| self.read(&format!("end-{n}-{r}.json")))
+                .filter_map(|r| self.message(&format!("end-{n}-{r}.json")))
                 .collect()
         };
         self.wait(|| {
@@ -452,10 +675,19 @@ impl Job {
         .unwrap_or_else(read)
     }
 
-    /// The leader's decision after attempt `n`.
+    /// The leader's decision after attempt `n`. A checkpoint is named by its
+    /// absolute path: a copy started in another folder finds it too.
     pub fn publish_decision(&self, n: u32, d: &Published) -> std::io::Result<()> {
-        let json = serde_json::to_vec(d).expect("Published serialises");
-        self.write(&format!("decision-{n}.json"), &json)
+        let d = match d {
+            Published::Relaunch { knobs, resume } => Published::Relaunch {
+                knobs: knobs.clone(),
+                resume: resume
+                    .as_ref()
+                    .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone())),
+            },
+            other => other.clone(),
+        };
+        self.publish(&format!("decision-{n}.json"), &d)
     }
 
     /// A follower: the leader's decision after attempt `n`, or None after the timeout.
@@ -463,21 +695,9 @@ impl Job {
         self.wait(|| self.decision(n))
     }
 
-    /// `dir/name` as attempt `n`'s, if it is there and this job's: not older than
-    /// this copy's own `ready-n-R` (an earlier job's with the same key is).
-    fn fresh<T: for<'de> Deserialize<'de>>(&self, n: u32, name: &str) -> Option<T> {
-        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        let ours = mtime(&self.dir.join(format!("ready-{n}-{}", self.rank)));
-        let theirs = mtime(&self.dir.join(name))?;
-        if ours.is_some_and(|r| theirs < r) {
-            return None;
-        }
-        self.read(name)
-    }
-
     /// The leader's decision after attempt `n`, if it is there and this job's.
     fn decision(&self, n: u32) -> Option<Published> {
-        self.fresh(n, &format!("decision-{n}.json"))
+        self.message(&format!("decision-{n}.json"))
     }
 
     /// While attempt `n` runs: why this copy should end it now, because the job
@@ -501,20 +721,19 @@ impl Job {
                 return decided;
             }
         }
+        self.handle.as_ref()?;
         // One listing of the folder, then only the files that are there (cheap on
         // a shared filesystem, whatever the number of copies).
         let prefix = format!("end-{n}-");
         let own = format!("end-{n}-{}.json", self.rank);
-        let names: Vec<String> = std::fs::read_dir(&self.dir)
+        let names: Vec<String> = std::fs::read_dir(self.folder())
             .ok()?
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|name| name.starts_with(&prefix) && name.ends_with(".json") && *name != own)
+            .take(self.copies as usize)
             .collect();
-        let ends: Vec<End> = names
-            .iter()
-            .filter_map(|name| self.fresh(n, name))
-            .collect();
+        let ends: Vec<End> = names.iter().filter_map(|name| self.message(name)).collect();
         let end = ends
             .iter()
             .find(|e| e.oom_line.is_some())
@@ -530,22 +749,141 @@ impl Job {
     }
 }
 
-/// Writes `dir/name` whole: a private temporary file renamed into place.
-fn write_private(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+/// The most oomguard reads of one job file.
+const MAX_FILE: u64 = 1 << 20;
+
+/// What a copy learns at a meeting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Met {
+    /// Every copy came within the timeout (or a disagreement ended the wait).
+    pub all: bool,
+    /// A follower at the first meeting: copy 0's settings for attempt 1.
+    pub start: Option<BTreeMap<String, Value>>,
+    /// The copies are not about to launch the same job: why. Nothing is
+    /// launched.
+    pub disagree: Option<String>,
+}
+
+/// `ready-N-R`: a copy's nonce at the first meeting, the job's token after;
+/// what it is about to launch, and a disagreement it found (later meetings).
+#[derive(Debug, Serialize, Deserialize)]
+struct Ready {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    nonce: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    launch: Option<Launch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    disagree: Option<String>,
+}
+
+/// `meeting-1.json`, written by copy 0.
+#[derive(Debug, Serialize, Deserialize)]
+struct MeetingFile {
+    token: String,
+    nonces: BTreeMap<u32, String>,
+    #[serde(default)]
+    start: Option<BTreeMap<String, Value>>,
+    /// Copy 0 found a copy that cannot launch what it launches: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    disagree: Option<String>,
+}
+
+/// A message of the job: counted only with the job's token.
+#[derive(Debug, Serialize, Deserialize)]
+struct Message<T> {
+    token: String,
+    body: T,
+}
+
+/// `dir` (`<root>/.oomguard-job/<key>`) opened as described at [`Job::open`].
+fn open_job_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, crate::runfolder::Unsafe> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, fstat, mkdirat};
+    let unsafe_ = |path: &Path, why: String| crate::runfolder::Unsafe {
+        path: path.to_path_buf(),
+        why,
+        advice: "The folder where the copies of a job meet must be yours and private (oomguard creates it so): remove it, or name another output folder",
+    };
+    let jobs = dir.parent().unwrap_or(Path::new("."));
+    let root = jobs.parent().unwrap_or(Path::new("."));
+    if let Err(e) = std::fs::create_dir_all(root) {
+        return Err(unsafe_(root, format!("cannot be created ({e})")));
+    }
+    let root_fd = nix::fcntl::open(
+        root,
+        OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| unsafe_(root, format!("cannot be opened ({e})")))?;
+    let sub = |parent: &std::os::fd::OwnedFd,
+               name: &std::ffi::OsStr,
+               shown: &Path,
+               others: u32|
+     -> Result<std::os::fd::OwnedFd, crate::runfolder::Unsafe> {
+        match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(unsafe_(shown, format!("cannot be created ({e})"))),
+        }
+        let fd = openat(
+            parent,
+            name,
+            OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            nix::errno::Errno::ELOOP => unsafe_(shown, "is a symbolic link".into()),
+            nix::errno::Errno::ENOTDIR
+                if std::fs::symlink_metadata(shown).is_ok_and(|m| m.file_type().is_symlink()) =>
+            {
+                unsafe_(shown, "is a symbolic link".into())
+            }
+            nix::errno::Errno::ENOTDIR => unsafe_(shown, "is not a folder".into()),
+            e => unsafe_(shown, format!("cannot be opened ({e})")),
+        })?;
+        let st = fstat(&fd).map_err(|e| unsafe_(shown, format!("cannot be examined ({e})")))?;
+        let me = crate::untrusted::euid();
+        if st.st_uid != me {
+            return Err(unsafe_(
+                shown,
+                format!("is owned by another user (uid {}, you are {me})", st.st_uid),
+            ));
+        }
+        if st.st_mode & others != 0 {
+            return Err(unsafe_(
+                shown,
+                format!("is open to others (mode {:o})", st.st_mode & 0o7777),
+            ));
+        }
+        Ok(fd)
+    };
+    let jobs_fd = sub(&root_fd, jobs.file_name().unwrap_or_default(), jobs, 0o022)?;
+    sub(&jobs_fd, dir.file_name().unwrap_or_default(), dir, 0o077)
+}
+
+/// Writes `dir/name` whole: a private file created new (never through a
+/// link) renamed into place.
+fn write_into(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(
+        ".{name}.{}.{}",
+        std::process::id(),
+        crate::untrusted::random_token()
+    ));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, dir.join(name))
+    let done = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, dir.join(name)));
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
 }
 
 /// `previous-run` in a requeued job's new run folder: the old run folder's path.
@@ -615,8 +953,16 @@ pub fn pod_fitting_path(
 
 /// A finished job's settings are not a restart's: a job submitted again under
 /// the same name starts as its command says.
+/// The file is removed through its folder opened as a job's folder is (never
+/// through a link, never in another user's folder).
 pub fn forget_fitting(path: &Path) {
-    let _ = std::fs::remove_file(path);
+    if std::fs::symlink_metadata(path).is_err() {
+        return;
+    }
+    let name = path.file_name().unwrap_or_default();
+    if let Ok((dir, _fd)) = fitting_dir(path) {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
 }
 
 /// How many times Slurm restarted this job (requeue, preemption).
@@ -624,21 +970,60 @@ pub fn restart_count(env: &dyn Fn(&str) -> Option<OsString>) -> u32 {
     env_u32(env, "SLURM_RESTART_COUNT").unwrap_or(0)
 }
 
-pub fn save_fitting(path: &Path, f: &Fitting) -> std::io::Result<()> {
+/// The folder of `path`, opened as a job's folder is ([`Job::open`]).
+fn fitting_dir(path: &Path) -> Result<(PathBuf, std::os::fd::OwnedFd), String> {
     let dir = path.parent().unwrap_or(Path::new("."));
+    let fd = open_job_dir(dir).map_err(|e| e.to_string())?;
+    use std::os::fd::AsRawFd;
+    Ok((
+        PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+        fd,
+    ))
+}
+
+pub fn save_fitting(path: &Path, f: &Fitting) -> std::io::Result<()> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or("fitting.json");
-    write_private(
-        dir,
+    let (dir, _fd) = fitting_dir(path).map_err(std::io::Error::other)?;
+    write_into(
+        &dir,
         name,
         &serde_json::to_vec(f).expect("Fitting serialises"),
     )
 }
 
-pub fn load_fitting(path: &Path) -> Option<Fitting> {
-    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+/// The job's last settings, when there are some: `Err` says why the file is
+/// not used (its folder or the file is not the user's own and private, a
+/// link, not a regular file, too large, not a fitting).
+pub fn load_fitting(path: &Path) -> Result<Option<Fitting>, String> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(None);
+    }
+    let name = path.file_name().unwrap_or_default();
+    let (dir, _fd) = fitting_dir(path)?;
+    let at = dir.join(name);
+    let shown = |e: std::io::Error| {
+        e.to_string()
+            .replace(&at.display().to_string(), &path.display().to_string())
+    };
+    let (_, m) = crate::untrusted::open(&at, crate::untrusted::Expect::own()).map_err(shown)?;
+    {
+        use std::os::unix::fs::MetadataExt;
+        if m.mode() & 0o077 != 0 {
+            return Err(format!(
+                "{} is open to others (mode {:o}); oomguard writes it 0600",
+                path.display(),
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    let bytes =
+        crate::untrusted::read(&at, MAX_FILE, crate::untrusted::Expect::own()).map_err(shown)?;
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| format!("{} is not a fitting ({e})", path.display()))
 }
 
 #[cfg(test)]
@@ -706,13 +1091,18 @@ mod tests {
     }
 
     fn job(dir: &Path, rank: u32) -> Job {
-        Job {
+        let mut j = Job {
             rank,
             copies: 2,
             dir: dir.to_path_buf(),
             source: String::new(),
             timeout: Duration::from_secs(20),
-        }
+            handle: None,
+            token: Default::default(),
+            nonce: crate::untrusted::random_token(),
+        };
+        j.open().unwrap();
+        j
     }
 
     #[test]
@@ -721,7 +1111,7 @@ mod tests {
         let dir = t.path().join("job");
         let (leader, follower) = (job(&dir, 0), job(&dir, 1));
         let f = std::thread::spawn(move || {
-            assert!(follower.meet(1));
+            assert!(follower.meet(1, None).all);
             let end = End {
                 rank: 1,
                 outcome: OutcomeKind::CudaOom,
@@ -729,11 +1119,11 @@ mod tests {
             };
             follower.publish_end(1, &end).unwrap();
             let d = follower.await_decision(1).expect("a decision");
-            assert!(follower.meet(2));
+            assert!(follower.meet(2, None).all);
             d
         });
         leader.clear_stale();
-        assert!(leader.meet(1));
+        assert!(leader.meet(1, None).all);
         let ends = leader.await_ends(1);
         assert_eq!(ends.len(), 1);
         assert_eq!(ends[0].outcome, OutcomeKind::CudaOom);
@@ -742,7 +1132,7 @@ mod tests {
             resume: Some(PathBuf::from("/shared/out/checkpoint-5")),
         };
         leader.publish_decision(1, &d).unwrap();
-        assert!(leader.meet(2));
+        assert!(leader.meet(2, None).all);
         assert_eq!(f.join().unwrap(), d);
     }
 
@@ -753,14 +1143,14 @@ mod tests {
         let path = fitting_path(&env, t.path()).unwrap();
         assert!(path.ends_with(".oomguard-job/slurm-9/fitting.json"));
         assert_eq!(restart_count(&env), 1);
-        assert_eq!(load_fitting(&path), None);
+        assert_eq!(load_fitting(&path), Ok(None));
         let f = Fitting {
             knobs: BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]),
             run_dir: PathBuf::from("/runs/a"),
         };
         save_fitting(&path, &f).unwrap();
         save_fitting(&path, &f).unwrap();
-        assert_eq!(load_fitting(&path), Some(f));
+        assert_eq!(load_fitting(&path), Ok(Some(f)));
     }
 
     #[test]
@@ -768,23 +1158,33 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("job");
         let (leader, follower) = (job(&dir, 0), job(&dir, 1));
-        // A decision an earlier job with the same key left: older than this copy's
-        // ready file, so it is not this job's.
+        // A decision an earlier job with the same key left, dated in the future:
+        // without this job's token it is not this job's.
         let d = Published::Relaunch {
             knobs: BTreeMap::new(),
             resume: None,
         };
-        leader.publish_decision(1, &d).unwrap();
-        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        let earlier = job(&dir, 0);
+        let _ = earlier.token.set("an earlier job".into());
+        earlier.publish_decision(1, &d).unwrap();
+        let later = std::time::SystemTime::now() + Duration::from_secs(3600);
         std::fs::File::options()
             .write(true)
             .open(dir.join("decision-1.json"))
             .unwrap()
-            .set_modified(old)
+            .set_modified(later)
             .unwrap();
+        // Stale ready files of that job do not make a meeting.
+        std::fs::write(dir.join("ready-1-0"), b"").unwrap();
+        std::fs::write(dir.join("ready-1-1"), b"").unwrap();
+        let mut alone = job(&dir, 1);
+        alone.timeout = Duration::from_millis(300);
+        assert!(!alone.meet(1, None).all, "a meeting of stale files");
         std::thread::scope(|s| {
-            s.spawn(|| assert!(follower.meet(1)));
-            assert!(leader.meet(1));
+            s.spawn(|| assert!(follower.meet(1, None).all));
+            leader.clear_stale();
+            let start = launch(2, 8, 4, 2);
+            assert!(leader.meet(1, Some(&start)).all);
         });
         assert_eq!(follower.moved_on(1), None, "an earlier job's decision");
         assert_eq!(leader.moved_on(1), None, "no follower has ended");
@@ -836,64 +1236,156 @@ mod tests {
         assert!(follower.moved_on(3).unwrap().contains("stopped"));
     }
 
+    /// What a copy of `copies` launches with world size `world`, micro-batch
+    /// `micro` and accumulation `accum`.
+    fn launch(copies: u32, world: u64, micro: u64, accum: u64) -> Launch {
+        let knobs = BTreeMap::from([
+            ("grad_accum".to_string(), Value::Int(accum)),
+            ("micro_batch".to_string(), Value::Int(micro)),
+        ]);
+        Launch {
+            copies,
+            world,
+            knobs,
+            global_batch: Some(micro * accum * world),
+            settings: format!("grad_accum={accum} micro_batch={micro}"),
+        }
+    }
+
     #[test]
-    fn copies_that_launch_differently_disagree_and_an_earlier_jobs_file_is_waited_on() {
+    fn followers_adopt_copy_0s_settings_and_copies_that_cannot_disagree() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("job");
-        let ready = |settings: &str| Ready {
-            copies: 2,
-            world: 8,
-            settings: settings.into(),
-            disagree: None,
-        };
-        // An earlier job's ready file, with other settings: not this job's, so the
-        // leader waits for its copy, which comes and agrees.
         let (leader, follower) = (job(&dir, 0), job(&dir, 1));
-        std::fs::create_dir_all(&dir).unwrap();
+        // An earlier job's files with the same key, one of them dated in the
+        // future and disagreeing: no date is trusted, and none counts.
+        let earlier = job(&dir, 1);
+        let _ = earlier.token.set("an earlier job".into());
         std::fs::write(
             dir.join("ready-1-1"),
-            serde_json::to_vec(&ready("micro_batch=16")).unwrap(),
+            serde_json::to_vec(&Ready {
+                token: String::new(),
+                nonce: "an earlier job's".into(),
+                launch: Some(launch(3, 8, 16, 1)),
+                disagree: None,
+            })
+            .unwrap(),
         )
         .unwrap();
-        let old = std::time::SystemTime::now() - Duration::from_secs(60);
+        let later = std::time::SystemTime::now() + Duration::from_secs(3600);
         std::fs::File::options()
             .write(true)
             .open(dir.join("ready-1-1"))
             .unwrap()
-            .set_modified(old)
+            .set_modified(later)
             .unwrap();
+        // Other settings of the same global batch: copy 1 adopts copy 0's.
         std::thread::scope(|s| {
             s.spawn(|| {
                 std::thread::sleep(Duration::from_millis(300));
-                assert_eq!(follower.meet_as(1, &ready("micro_batch=4")), Meeting::Met);
+                let m = follower.meet(1, Some(&launch(2, 8, 16, 2)));
+                assert!(m.all && m.disagree.is_none(), "{m:?}");
+                assert_eq!(m.start, Some(launch(2, 8, 4, 8).knobs));
             });
-            assert_eq!(leader.meet_as(1, &ready("micro_batch=4")), Meeting::Met);
+            leader.clear_stale();
+            let m = leader.meet(1, Some(&launch(2, 8, 4, 8)));
+            assert!(m.all && m.disagree.is_none(), "{m:?}");
         });
-        // This job's copies differ: both say so, neither waits for the timeout.
+        // An earlier job's disagreement at a later meeting (no token) is not
+        // this job's; this job's copies that launch differently both say so at
+        // once.
+        std::fs::write(
+            dir.join("ready-2-1"),
+            serde_json::to_vec(&Ready {
+                token: "an earlier job".into(),
+                nonce: String::new(),
+                launch: None,
+                disagree: Some("an earlier job's".into()),
+            })
+            .unwrap(),
+        )
+        .unwrap();
         let t0 = Instant::now();
         std::thread::scope(|s| {
             s.spawn(|| {
-                let m = follower.meet_as(2, &ready("micro_batch=8"));
-                assert!(
-                    matches!(&m, Meeting::Disagree(w) if w.contains("micro_batch=4")),
-                    "{m:?}"
-                );
+                std::thread::sleep(Duration::from_millis(300));
+                let m = follower.meet(2, Some(&launch(2, 8, 2, 16)));
+                let w = m.disagree.unwrap_or_default();
+                assert!(w.contains("micro_batch=4") && !w.contains("earlier"), "{w}");
             });
-            let m = leader.meet_as(2, &ready("micro_batch=4"));
-            assert!(
-                matches!(&m, Meeting::Disagree(w) if w.contains("micro_batch=8")),
-                "{m:?}"
-            );
+            let m = leader.meet(2, Some(&launch(2, 8, 4, 8)));
+            let w = m.disagree.unwrap_or_default();
+            assert!(w.contains("micro_batch=2") && !w.contains("earlier"), "{w}");
         });
         assert!(t0.elapsed() < Duration::from_secs(10));
     }
 
     #[test]
+    fn copies_that_cannot_launch_copy_0s_job_stop_at_the_first_meeting() {
+        // (copy 0's, copy 1's, what the disagreement names)
+        let cases = [
+            (launch(2, 8, 16, 2), launch(2, 8, 8, 2), "global batch"),
+            (launch(2, 8, 4, 8), launch(3, 8, 4, 8), "copy 1 counts 3"),
+            (launch(2, 8, 4, 8), launch(2, 16, 2, 8), "copy 1 has 16"),
+        ];
+        for (mine, theirs, said) in cases {
+            let t = tempfile::tempdir().unwrap();
+            let dir = t.path().join("job");
+            let (leader, follower) = (job(&dir, 0), job(&dir, 1));
+            let t0 = Instant::now();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let m = follower.meet(1, Some(&theirs));
+                    let w = m.disagree.unwrap_or_default();
+                    assert!(w.contains(said) && m.start.is_none(), "{w}");
+                    assert!(
+                        follower
+                            .publish_end(
+                                1,
+                                &End {
+                                    rank: 1,
+                                    outcome: OutcomeKind::OtherFailure,
+                                    oom_line: None,
+                                }
+                            )
+                            .is_ok()
+                    );
+                });
+                leader.clear_stale();
+                let m = leader.meet(1, Some(&mine));
+                let w = m.disagree.unwrap_or_default();
+                assert!(w.contains(said), "{w}");
+            });
+            assert!(t0.elapsed() < Duration::from_secs(10));
+        }
+        // A copy that counts more copies than copy 0 (rank 2 of 3, copy 0
+        // counts 2) hears it too.
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("job");
+        let leader = job(&dir, 0);
+        let mut third = job(&dir, 2);
+        third.copies = 3;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let m = third.meet(1, Some(&launch(3, 8, 4, 8)));
+                assert!(m.disagree.is_some_and(|w| w.contains("copy 2")));
+            });
+            leader.clear_stale();
+            let m = leader.meet(1, Some(&launch(2, 8, 4, 8)));
+            assert!(
+                m.disagree.as_ref().is_some_and(|w| w.contains("copy 2")),
+                "{m:?}"
+            );
+        });
+    }
+
+    #[test]
     fn waits_are_bounded() {
         let t = tempfile::tempdir().unwrap();
-        let mut j = job(t.path(), 1);
+        let mut j = job(&t.path().join("j"), 1);
         j.timeout = Duration::from_millis(200);
         assert_eq!(j.await_decision(3), None);
-        assert!(!j.meet(3));
+        assert!(!j.meet(3, None).all);
+        assert!(!j.meet(1, None).all);
     }
 }

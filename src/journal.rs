@@ -22,7 +22,7 @@ use serde_json::Value as Json;
 use crate::checkpoint::SkipKind;
 use crate::detect::{Finding, Kind, ProcessUse};
 use crate::envmerge::EnvSet;
-use crate::evidence::{Evidence, OutcomeKind};
+use crate::evidence::{Evidence, OutcomeKind, When};
 use crate::exit;
 use crate::gpu::{PeakReport, Tenant};
 use crate::gpuwatch::BeforeAttempt;
@@ -89,6 +89,17 @@ pub enum Event<'a> {
             serialize_with = "lossy_opt_path"
         )]
         file: Option<&'a Path>,
+        /// When in the run the OOM happened (`loading`, `saving`, `evaluation`,
+        /// `first_step`, `steady_state`, `training`); absent when nothing tells
+        /// (and in journals written before oomguard told it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        phase: Option<When>,
+        /// How the phase was told ("the traceback runs through load_state_dict").
+        #[serde(skip_serializing_if = "Option::is_none")]
+        phase_how: Option<&'a str>,
+        /// The training step the attempt reached before the OOM, when known.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        step_reached: Option<u64>,
     },
     AttemptEnd {
         attempt: u32,
@@ -763,8 +774,27 @@ impl End<'_> {
         } else {
             out.push_str(&table(&rows));
         }
-        for (n, cause, d) in decisions {
-            out.push_str(&format!("  attempt {n}: {cause} → {}\n", d.step));
+        // Each OOM with when in the run it happened, and what followed it.
+        for a in self.attempts {
+            let (n, Some(cause)) = (a.n, &a.evidence) else {
+                continue;
+            };
+            match &a.next {
+                Next::Decided { decision, .. } => {
+                    out.push_str(&format!("  attempt {n}: {cause} → {}\n", decision.step));
+                }
+                Next::Retry if a.foreign.is_none() => {
+                    out.push_str(&format!(
+                        "  attempt {n}: {cause} → the same settings again, the allocator set against fragmentation\n"
+                    ));
+                }
+                Next::Stop if matches!(cause.when(), Some(When::Loading | When::Saving)) => {
+                    out.push_str(&format!(
+                        "  attempt {n}: {cause} → stopped: no setting oomguard can change lowers that peak\n"
+                    ));
+                }
+                _ => {}
+            }
         }
         for a in self.attempts {
             if let Some(what) = &a.refused {
@@ -859,10 +889,13 @@ impl End<'_> {
                         .unwrap_or(d.step),
                     if ev.outcome == OutcomeKind::HostOom {
                         "host OOM"
-                    } else if ev.evaluation.is_some() {
-                        "OOM during evaluation"
                     } else {
-                        "OOM"
+                        match ev.when() {
+                            Some(When::Evaluation) => "OOM during evaluation",
+                            Some(When::Loading) => "OOM while loading a checkpoint",
+                            Some(When::Saving) => "OOM while saving a checkpoint",
+                            _ => "OOM",
+                        }
                     },
                     at.join(", ")
                 ),
@@ -893,6 +926,7 @@ fn step_of(k: Knob) -> Option<StepKind> {
         Knob::OffloadParam => StepKind::OffloadParam,
         Knob::DataloaderWorkers => StepKind::HalveDataloaderWorkers,
         Knob::EvalBatch => StepKind::HalveEvalBatch,
+        Knob::GatherOnSave => StepKind::NoGatherOnSave,
     })
 }
 
@@ -1214,7 +1248,7 @@ mod tests {
              \x20 knob         before  after  why\n\
              \x20 micro_batch  8       4      halve_micro_batch after the OOM in attempt 2\n\
              \x20 grad_accum   1       2      keeps the global batch at 16 as the micro-batch shrank\n\
-             \x20 attempt 2: OOM → halve_micro_batch\n\
+             \x20 attempt 2: OOM at step 7 → halve_micro_batch\n\
              oomguard: journal: run/journal.jsonl\n\
              oomguard: to rerun at the settings that fit: python3 train.py --bs 4 --accum 2 --resume out/checkpoint-5\n\
              oomguard:   run/attempt-3/ds.json is oomguard's copy of ds.json with the changed settings (kept in the run folder)\n\

@@ -3,6 +3,8 @@
 //! `main` is thin: parse the command line, call one function per subcommand,
 //! map the result to an exit code.
 
+#[cfg(test)]
+mod alloc_count;
 mod checkpoint;
 mod cli;
 mod command;
@@ -32,6 +34,7 @@ mod runfolder;
 mod settings;
 mod status;
 mod supervise;
+mod untrusted;
 
 use std::ffi::OsString;
 use std::process::ExitCode;

@@ -193,7 +193,7 @@ pub fn find_model(
 pub fn recipe_models<'a>(files: impl Iterator<Item = &'a str>) -> Vec<String> {
     let mut out = Vec::new();
     for f in files {
-        let Ok(text) = std::fs::read_to_string(f) else {
+        let Ok(text) = crate::untrusted::read_config(Path::new(f)) else {
             continue;
         };
         for line in text.lines() {
@@ -221,7 +221,7 @@ pub fn recipe_models<'a>(files: impl Iterator<Item = &'a str>) -> Vec<String> {
 /// The `config.json` of a local folder or of a hub name in the HF cache.
 fn config_for(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<ModelSpec> {
     let local = Path::new(name).join("config.json");
-    if let Ok(t) = std::fs::read_to_string(&local) {
+    if let Ok(t) = crate::untrusted::read_config(&local) {
         return ModelSpec::from_config_json(&local.display().to_string(), &t);
     }
     let (org, model) = name.split_once('/')?;
@@ -238,7 +238,7 @@ fn config_for(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<ModelS
     dirs.sort();
     dirs.iter().rev().find_map(|d| {
         let p = d.join("config.json");
-        let t = std::fs::read_to_string(&p).ok()?;
+        let t = crate::untrusted::read_config(&p).ok()?;
         ModelSpec::from_config_json(&p.display().to_string(), &t)
     })
 }

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::checkpoint::{self, ResumeHow, Skipped};
 use crate::envmerge::EnvSet;
-use crate::evidence::Evidence;
+use crate::evidence::{Evidence, When};
 use crate::exit;
 use crate::journal::{knob_values, lossy};
 use crate::knobs::{self, Knob, Settings, Value};
@@ -287,6 +287,9 @@ struct PlanJson<'a> {
     /// The evaluation batch each OOM during evaluation in turn relaunches with
     /// (empty: no evaluation batch knob, or it is 1: the ladder applies).
     eval_oom_eval_batch: Vec<u64>,
+    /// What each phase's OOM gets, in turn: `loading`, `saving` (each entry a
+    /// step's name, `retry_same_settings`, or `stop`).
+    phase_fixes: BTreeMap<&'static str, Vec<String>>,
     /// The memory model's table (`estimate --json`'s object).
     estimate: EstimateReport,
 }
@@ -400,6 +403,10 @@ impl Plan<'_> {
             ladder: self.rungs.iter().map(rung_json).collect(),
             host_oom_workers: host_oom_workers(cfg),
             eval_oom_eval_batch: eval_oom_batches(cfg),
+            phase_fixes: phase_fixes(cfg)
+                .into_iter()
+                .map(|(w, fixes)| (w.name(), fixes.into_iter().map(|(s, _)| s).collect()))
+                .collect(),
             estimate: EstimateReport::build(self.cfg),
         };
         // Through a `serde_json::Value`: its map sorts the keys, as `plan --json`
@@ -418,6 +425,7 @@ impl Plan<'_> {
         self.ladder(&mut o);
         self.host_oom(&mut o);
         self.eval_oom(&mut o);
+        self.phase_oom(&mut o);
         EstimateReport::build(self.cfg).text(&mut o, 12);
         o
     }
@@ -634,6 +642,29 @@ impl Plan<'_> {
         };
     }
 
+    /// What an OOM while loading or saving a checkpoint would get, and that
+    /// the first step and the steady state get the ladder.
+    fn phase_oom(&self, o: &mut String) {
+        for (w, fixes) in phase_fixes(self.cfg) {
+            let _ = writeln!(
+                o,
+                "\nafter an OOM {} (its traceback or progress shows it; no smaller batch, the memory model not calibrated):",
+                match w {
+                    When::Loading => "while loading a checkpoint",
+                    _ => "while saving a checkpoint",
+                }
+            );
+            for (i, (_, text)) in fixes.iter().enumerate() {
+                let _ = writeln!(o, "  {}. {text}", i + 1);
+            }
+        }
+        let _ = writeln!(
+            o,
+            "\nafter an OOM at the first step or in training: the ladder above; in the steady state ({} or more good steps before it) the memory model takes it for a spike",
+            crate::memory::SPIKE_STEPS
+        );
+    }
+
     fn ladder(&self, o: &mut String) {
         o.push_str("\nladder (attempt 1 runs as given; each OOM moves one rung down):\n");
         for (i, r) in self.rungs.iter().enumerate() {
@@ -667,7 +698,7 @@ fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
         oom: None,
         step_reached: None,
         steps_done: None,
-        evaluation: None,
+        phase: None,
     };
     while (out.len() as u32) + 1 < cfg.max_attempts {
         let Some(d) = policy::halve_dataloader_workers(&s, cfg.workers_floor, &ev) else {
@@ -679,12 +710,103 @@ fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
     out
 }
 
+/// What each OOM while loading, then while saving, gets in turn from the
+/// settings a run starts with (the same `policy` functions a run calls):
+/// (the step's name, the text `plan` shows).
+fn phase_fixes(cfg: &RunConfig) -> Vec<(When, Vec<(String, String)>)> {
+    use crate::detect::phase::{Phase, Seen};
+    let assumed = |phase| {
+        let mut ev = Evidence::assumed();
+        ev.phase = Some(Seen {
+            phase,
+            how: "assumed".into(),
+        });
+        ev
+    };
+    let start = cfg.start_settings().0;
+    let mut out = Vec::new();
+    // Loading: a retry, then the remedies, then stop.
+    let ev = assumed(Phase::Loading);
+    let mut s = start.clone();
+    let mut retried = false;
+    let mut load = Vec::new();
+    loop {
+        match policy::after_load_oom(&cfg.policy, &s, &ev, retried) {
+            policy::PhaseFix::Retry { .. } => {
+                retried = true;
+                load.push((
+                    "retry_same_settings".into(),
+                    "the same settings once more, relaunched from the last checkpoint, with PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (a key you set is kept)".into(),
+                ));
+            }
+            policy::PhaseFix::Step(d) => {
+                load.push((
+                    d.step.name().to_string(),
+                    format!("{}: {} → {}", d.step, d.before, d.after),
+                ));
+                s = d.after;
+            }
+            policy::PhaseFix::Stop { .. } => {
+                load.push(("stop".into(), stop_text(cfg, true)));
+                break;
+            }
+        }
+    }
+    out.push((When::Loading, load));
+    let ev = assumed(Phase::Saving);
+    let mut save = Vec::new();
+    let mut s = start;
+    let mut retried = false;
+    loop {
+        match policy::after_save_oom(&s, &ev, retried) {
+            policy::PhaseFix::Step(d) => {
+                save.push((
+                    d.step.name().to_string(),
+                    format!("{}: {} → {}", d.step, d.before, d.after),
+                ));
+                s = d.after;
+            }
+            policy::PhaseFix::Retry { .. } => {
+                retried = true;
+                save.push((
+                    "retry_same_settings".into(),
+                    "the same settings once more, relaunched from the last complete checkpoint, with PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (a key you set is kept)".into(),
+                ));
+            }
+            policy::PhaseFix::Stop { .. } => {
+                save.push(("stop".into(), stop_text(cfg, false)));
+                break;
+            }
+        }
+    }
+    out.push((When::Saving, save));
+    out
+}
+
+/// "stop (exit 75), with advice: ..." for the end of a phase's fixes.
+fn stop_text(cfg: &RunConfig, load: bool) -> String {
+    let fam = &cfg.disc.families;
+    let advice = if load {
+        crate::frameworks::load_advice(fam)
+    } else {
+        crate::frameworks::save_advice(fam)
+    };
+    format!(
+        "stop (exit {}), with advice: {}",
+        exit::EXHAUSTED,
+        advice.first().cloned().unwrap_or_default()
+    )
+}
+
 /// The evaluation batch each OOM during evaluation in turn relaunches with,
 /// from the settings a run starts with, within --max-attempts.
 fn eval_oom_batches(cfg: &RunConfig) -> Vec<u64> {
     let (mut s, _) = cfg.start_settings();
     let mut ev = Evidence::assumed();
-    ev.evaluation = Some("assumed".into());
+    ev.phase = Some(crate::detect::phase::Seen {
+        phase: crate::detect::phase::Phase::Evaluation,
+        how: "assumed".into(),
+    });
     let mut out = Vec::new();
     while (out.len() as u32) + 1 < cfg.max_attempts {
         let Ok(d) = policy::halve_eval_batch(&s, &ev) else {

@@ -48,6 +48,10 @@ pub enum StepKind {
     /// takes it itself; a policy cannot list it (it does not fix an OOM in
     /// training).
     HalveEvalBatch,
+    /// After a GPU OOM while saving a checkpoint: stop gathering the full
+    /// 16-bit weights on one rank (`gather_on_save` true → false). oomguard
+    /// takes it itself; a policy cannot list it.
+    NoGatherOnSave,
 }
 
 impl StepKind {
@@ -61,6 +65,7 @@ impl StepKind {
             StepKind::OffloadParam => "offload_param",
             StepKind::HalveDataloaderWorkers => "halve_dataloader_workers",
             StepKind::HalveEvalBatch => "halve_eval_batch",
+            StepKind::NoGatherOnSave => "no_gather_on_save",
         }
     }
 }
@@ -328,6 +333,13 @@ impl PolicyText<'_> {
                     s.kind.span().start,
                     "kind",
                     "halve_eval_batch is not a policy step: oomguard halves the evaluation batch itself after an OOM during evaluation, before any step of the policy, and a smaller evaluation batch does not fix an OOM in training".into(),
+                ));
+            }
+            StepKind::NoGatherOnSave => {
+                return Err(at.invalid(
+                    s.kind.span().start,
+                    "kind",
+                    "no_gather_on_save is not a policy step: oomguard turns the 16-bit gather off itself after an OOM while saving a checkpoint, and it does not fix an OOM in training".into(),
                 ));
             }
         }
@@ -683,7 +695,9 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
         StepKind::OffloadOptimizer => offload_optimizer(step, cur),
         StepKind::OffloadParam => offload_param(step, cur),
         // Rejected when the policy is read.
-        StepKind::HalveDataloaderWorkers | StepKind::HalveEvalBatch => None,
+        StepKind::HalveDataloaderWorkers | StepKind::HalveEvalBatch | StepKind::NoGatherOnSave => {
+            None
+        }
     }
 }
 
@@ -921,7 +935,7 @@ pub fn halve_dataloader_workers(
 /// policy decides as after any OOM): the evidence does not show evaluation,
 /// the command has no evaluation batch setting, or it is already 1.
 pub fn halve_eval_batch(cur: &Settings, evidence: &Evidence) -> Result<Decision, EvalNot> {
-    let Some(how) = &evidence.evaluation else {
+    let Some(how) = evidence.evaluation() else {
         return Err(EvalNot::Training);
     };
     let Some(n) = cur.int(Knob::EvalBatch) else {
@@ -943,6 +957,109 @@ pub fn halve_eval_batch(cur: &Settings, evidence: &Evidence) -> Result<Decision,
         after,
         reason: format!("{evidence} ({how}): evaluation batch {n} → {new}; {kept}"),
     })
+}
+
+/// What follows an OOM while loading or saving a checkpoint: a batch is not
+/// what overflowed, so neither the micro-batch nor the memory model's
+/// activation term is the fix (see [`after_load_oom`], [`after_save_oom`]).
+#[derive(Debug, Clone)]
+pub enum PhaseFix {
+    /// The same settings once more, with the allocator set against
+    /// fragmentation (`expandable_segments`).
+    Retry { reason: String },
+    /// A change that lowers the phase's own peak.
+    Step(Decision),
+    /// Nothing oomguard can change lowers it: stop, saying why.
+    Stop { why: String },
+}
+
+/// After an OOM while loading a checkpoint (resuming: the optimizer's state
+/// and the weights are loaded onto the GPU beside the model, a transient peak
+/// no smaller batch lowers), in this order: the same settings once more with
+/// the allocator set against fragmentation (`retried`: that was done in this
+/// run); then offloading the optimizer's state, where the command has that
+/// setting (the policy's own offload step, its NVMe path included, else to
+/// CPU), so that it is loaded into host memory; then stop.
+pub fn after_load_oom(policy: &Policy, cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix {
+    let how = ev.phase_how().unwrap_or("its traceback");
+    if !retried {
+        return PhaseFix::Retry {
+            reason: format!(
+                "{ev} ({how}): a load's peak is transient and no smaller batch lowers it; the same settings once more, with the allocator set against fragmentation"
+            ),
+        };
+    }
+    let step = policy
+        .steps
+        .iter()
+        .find(|s| s.kind == StepKind::OffloadOptimizer)
+        .cloned()
+        .unwrap_or(Step {
+            kind: StepKind::OffloadOptimizer,
+            min: 0,
+            factor: 0.5,
+            multiple_of: 1,
+            max: 0,
+            nvme_path: None,
+        });
+    if let Some((after, what)) = offload_optimizer(&step, cur) {
+        return PhaseFix::Step(Decision {
+            step: StepKind::OffloadOptimizer,
+            before: cur.clone(),
+            after,
+            reason: format!(
+                "{ev} ({how}), again after a retry at the same settings: {what}, so that its state is loaded into host memory; the batch is unchanged"
+            ),
+        });
+    }
+    let why = match cur.knobs.get(&Knob::OffloadOptimizer).and_then(Value::as_offload) {
+        Some(o) if *o != Offload::None => format!("the optimizer's state is already offloaded ({o})"),
+        Some(_) => "the optimizer's state cannot be offloaded at these settings (ZeRO stage 0 with more than one process)".into(),
+        None => "the command has no optimizer offload setting".into(),
+    };
+    PhaseFix::Stop {
+        why: format!(
+            "{ev} ({how}), again after a retry at the same settings, and {why}: a smaller batch does not lower a load's peak"
+        ),
+    }
+}
+
+/// After an OOM while saving a checkpoint (a full state dict gathered on
+/// one rank): the family's saving setting, `gather_on_save` true → false
+/// (DeepSpeed's `stage3_gather_16bit_weights_on_model_save`); never a
+/// smaller batch. Without that setting, or with it already off: the same
+/// settings once more with the allocator set against fragmentation
+/// (`retried`: that was done in this run), then stop.
+pub fn after_save_oom(cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix {
+    let how = ev.phase_how().unwrap_or("its traceback");
+    if cur.bool(Knob::GatherOnSave) == Some(true) {
+        let mut after = cur.clone();
+        after.knobs.insert(Knob::GatherOnSave, Value::Bool(false));
+        return PhaseFix::Step(Decision {
+            step: StepKind::NoGatherOnSave,
+            before: cur.clone(),
+            after,
+            reason: format!(
+                "{ev} ({how}): gather_on_save true → false: each rank saves its own shard instead of one rank gathering the full 16-bit weights (zero_to_fp32.py recovers them); the training is unchanged"
+            ),
+        });
+    }
+    let why = match cur.bool(Knob::GatherOnSave) {
+        Some(_) => "the 16-bit gather is already off",
+        None => "the command has no saving setting oomguard can change",
+    };
+    if !retried {
+        return PhaseFix::Retry {
+            reason: format!(
+                "{ev} ({how}), and {why}: a smaller batch does not lower a save's peak; the same settings once more, with the allocator set against fragmentation"
+            ),
+        };
+    }
+    PhaseFix::Stop {
+        why: format!(
+            "{ev} ({how}), again after a retry at the same settings, and {why}: a smaller batch does not lower a save's peak"
+        ),
+    }
 }
 
 /// Why an OOM is not met by halving the evaluation batch.
@@ -995,7 +1112,10 @@ mod tests {
 
     fn eval_oom(how: Option<&str>) -> Evidence {
         Evidence {
-            evaluation: how.map(str::to_string),
+            phase: how.map(|h| crate::detect::phase::Seen {
+                phase: crate::detect::phase::Phase::Evaluation,
+                how: h.to_string(),
+            }),
             ..Evidence::cuda_oom(Some(crate::detect::OomNumbers {
                 tried_to_allocate_bytes: Some(4 << 30),
                 device: Some(0),
@@ -1052,6 +1172,136 @@ mod tests {
         s.knobs.insert(Knob::EvalBatch, Value::Int(3));
         let d = halve_eval_batch(&s, &ev).unwrap();
         assert_eq!(d.after.int(Knob::EvalBatch), Some(1));
+    }
+
+    fn phase_oom(phase: crate::detect::phase::Phase, steps_done: Option<u64>) -> Evidence {
+        Evidence {
+            phase: Some(crate::detect::phase::Seen {
+                phase,
+                how: "the traceback runs through f".into(),
+            }),
+            steps_done,
+            ..Evidence::cuda_oom(None)
+        }
+    }
+
+    /// The decision per phase, table-first: loading → the same settings once,
+    /// then the optimizer offload where the command has it, then stop; saving →
+    /// the 16-bit gather off, else the same settings once, then stop; neither
+    /// ever shrinks the batch. Training (first step, steady state) is the
+    /// ladder's, as before.
+    #[test]
+    fn the_decision_per_phase() {
+        use crate::detect::phase::Phase;
+        let p = Policy::load("default").unwrap();
+        let base = settings(8, 2, Some(2048), false);
+        let mut offloadable = base.clone();
+        offloadable.world_size = 1;
+        offloadable.knobs.insert(Knob::ZeroStage, Value::Int(2));
+        offloadable
+            .knobs
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
+        let mut offloaded = offloadable.clone();
+        offloaded
+            .knobs
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::Cpu));
+        let mut gather = base.clone();
+        gather.knobs.insert(Knob::GatherOnSave, Value::Bool(true));
+        let mut no_gather = base.clone();
+        no_gather
+            .knobs
+            .insert(Knob::GatherOnSave, Value::Bool(false));
+        let fix = |f: PhaseFix| match f {
+            PhaseFix::Retry { .. } => "retry".to_string(),
+            PhaseFix::Step(d) => {
+                assert_eq!(d.after.int(Knob::MicroBatch), Some(8), "{}", d.reason);
+                assert_eq!(d.after.global_batch(), d.before.global_batch());
+                d.step.name().to_string()
+            }
+            PhaseFix::Stop { .. } => "stop".to_string(),
+        };
+        let load = phase_oom(Phase::Loading, Some(0));
+        let save = phase_oom(Phase::Saving, Some(40));
+        let cases: Vec<(&str, PhaseFix, &str)> = vec![
+            (
+                "load, first",
+                after_load_oom(&p, &base, &load, false),
+                "retry",
+            ),
+            (
+                "load, retried, no offload knob",
+                after_load_oom(&p, &base, &load, true),
+                "stop",
+            ),
+            (
+                "load, retried, offload knob",
+                after_load_oom(&p, &offloadable, &load, true),
+                "offload_optimizer",
+            ),
+            (
+                "load, retried, offloaded",
+                after_load_oom(&p, &offloaded, &load, true),
+                "stop",
+            ),
+            (
+                "save, gather on",
+                after_save_oom(&gather, &save, false),
+                "no_gather_on_save",
+            ),
+            (
+                "save, gather on, retried",
+                after_save_oom(&gather, &save, true),
+                "no_gather_on_save",
+            ),
+            (
+                "save, gather off",
+                after_save_oom(&no_gather, &save, false),
+                "retry",
+            ),
+            (
+                "save, no knob",
+                after_save_oom(&base, &save, false),
+                "retry",
+            ),
+            (
+                "save, no knob, retried",
+                after_save_oom(&base, &save, true),
+                "stop",
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(fix(got), want, "{what}");
+        }
+        // The reasons say when, and never a smaller batch.
+        let PhaseFix::Stop { why } = after_load_oom(&p, &base, &load, true) else {
+            panic!()
+        };
+        assert_eq!(
+            why,
+            "OOM while loading a checkpoint (the traceback runs through f), again after a retry at the same settings, and the command has no optimizer offload setting: a smaller batch does not lower a load's peak"
+        );
+        // Training: the first step and the steady state are told apart by the
+        // step, and the ladder decides as before.
+        for (steps, when) in [
+            (Some(0), crate::evidence::When::FirstStep),
+            (Some(3), crate::evidence::When::Training),
+            (
+                Some(crate::memory::SPIKE_STEPS),
+                crate::evidence::When::SteadyState,
+            ),
+        ] {
+            let ev = phase_oom(Phase::Training, steps);
+            assert_eq!(ev.when(), Some(when));
+            assert_eq!(
+                next(&p, &base, &ev).unwrap().step,
+                StepKind::HalveMicroBatch
+            );
+        }
+        assert_eq!(
+            phase_oom(Phase::Evaluation, Some(50)).when(),
+            Some(crate::evidence::When::Evaluation)
+        );
+        assert_eq!(Evidence::cuda_oom(None).when(), None);
     }
 
     /// The policy's ladder never touches the evaluation batch, and no policy

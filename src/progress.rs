@@ -74,15 +74,29 @@ pub fn last_step(buf: &[u8]) -> Option<u64> {
     if !STEP.is_match(buf) {
         return None;
     }
-    STEP.captures_iter(buf)
-        .filter_map(|c| {
-            if let Some(bar) = c.get(3) {
-                return training_bar(buf, bar.start(), c.get(0)?.end()).then_some(bar);
+    // One set of capture slots per thread, reused: `captures_iter` allocated a `Captures`
+    // per match, on every progress line looked at while an OOM is pending (the hot path
+    // of a run that survived one; `detect::tests::the_scanner_allocates_nothing_per_line_on_the_hot_path`).
+    thread_local! {
+        static SLOTS: std::cell::RefCell<regex::bytes::CaptureLocations> =
+            std::cell::RefCell::new(STEP.capture_locations());
+    }
+    SLOTS.with_borrow_mut(|slots| {
+        let mut last = None;
+        let mut at = 0;
+        while let Some(m) = STEP.captures_read_at(slots, buf, at) {
+            let found = match slots.get(3) {
+                Some((start, _)) => training_bar(buf, start, m.end()).then(|| slots.get(3)),
+                None => Some(slots.get(1).or_else(|| slots.get(2))),
+            };
+            if let Some(Some(span)) = found {
+                last = Some(span);
             }
-            c.get(1).or_else(|| c.get(2))
-        })
-        .last()
-        .and_then(|m| std::str::from_utf8(m.as_bytes()).ok()?.parse().ok())
+            // A match is never empty (it holds digits): the next one starts after it.
+            at = m.end().max(at + 1);
+        }
+        last.and_then(|(s, e)| std::str::from_utf8(&buf[s..e]).ok()?.parse().ok())
+    })
 }
 
 /// Whether the tqdm bar whose count starts at `at` (its `[` ends at `end`)

@@ -61,10 +61,134 @@ pub fn key(argv: &[OsString], files: &[String], gpus: &str, world: u64) -> Strin
 }
 
 fn load(path: &Path) -> File {
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    read_state(path).unwrap_or_default()
+}
+
+/// The most oomguard reads of one of its state files.
+const MAX_STATE: u64 = 16 << 20;
+
+/// A state file of oomguard's (`fits.json`, `peaks.json`): the user's own
+/// regular file, no link, capped; anything else reads as empty.
+pub fn read_state<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    let bytes = crate::untrusted::read(path, MAX_STATE, crate::untrusted::Expect::own()).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Read, change and write back a state file under an exclusive lock
+/// (`NAME.lock` beside it), so that runs finishing at once each add their
+/// entry and none is lost; written 0600 to a new file renamed into place.
+/// The folder is created private (0700).
+pub fn update_state<T>(path: &Path, change: impl FnOnce(&mut T)) -> std::io::Result<()>
+where
+    T: Default + Serialize + for<'de> Deserialize<'de>,
+{
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mut lock_name = path.file_name().unwrap_or_default().to_os_string();
+    lock_name.push(".lock");
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(dir.join(lock_name))?;
+    if !lock.metadata()?.is_file() {
+        return Err(std::io::Error::other("the lock file is not a regular file"));
+    }
+    // SAFETY: flock on a file descriptor we own; released when `lock` closes.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut state: T = read_state(path).unwrap_or_default();
+    change(&mut state);
+    let body = serde_json::to_vec_pretty(&state).map_err(std::io::Error::other)?;
+    crate::runfolder::write_private(path, &body)
+}
+
+/// A command line as oomguard keeps it in a state file a person may read:
+/// the values of options that name a secret (`--hub_token X`,
+/// `--api-key=X`, `HF_TOKEN=X`) and words that look like tokens (`hf_…`,
+/// `sk-…`, `ghp_…`, a URL's password) are replaced by `<redacted>`.
+pub fn redact(argv: &[OsString]) -> String {
+    const SECRET: &[&str] = &[
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "api_key",
+        "api-key",
+        "apikey",
+        "access_key",
+        "access-key",
+        "credential",
+        "auth",
+    ];
+    let secret_name = |n: &str| {
+        let n = n.to_ascii_lowercase();
+        SECRET.iter().any(|s| n.contains(s))
+    };
+    let looks_like_token = |w: &str| {
+        let long = |p: &str| {
+            w.strip_prefix(p).is_some_and(|r| {
+                r.len() >= 16
+                    && r.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            })
+        };
+        [
+            "hf_",
+            "sk-",
+            "ghp_",
+            "gho_",
+            "github_pat_",
+            "xoxb-",
+            "AKIA",
+            "wandb_",
+        ]
+        .iter()
+        .any(|p| long(p))
+    };
+    let mut out = Vec::new();
+    let mut hide_next = false;
+    for a in argv {
+        let a = a.to_string_lossy().into_owned();
+        if hide_next {
+            hide_next = false;
+            out.push("<redacted>".to_string());
+            continue;
+        }
+        if let Some((name, _)) = a.split_once('=')
+            && secret_name(name)
+        {
+            out.push(format!("{name}=<redacted>"));
+            continue;
+        }
+        if a.starts_with('-') && secret_name(&a) {
+            hide_next = true;
+            out.push(a);
+            continue;
+        }
+        if looks_like_token(&a) {
+            out.push("<redacted>".to_string());
+            continue;
+        }
+        // https://user:password@host/...
+        if let Some((scheme, rest)) = a.split_once("://")
+            && let Some((userinfo, host)) = rest.split_once('@')
+            && let Some((user, _)) = userinfo.split_once(':')
+        {
+            out.push(format!("{scheme}://{user}:<redacted>@{host}"));
+            continue;
+        }
+        out.push(a);
+    }
+    crate::plan::shell_quote(&out.iter().map(OsString::from).collect::<Vec<_>>())
 }
 
 /// The knob values that fit last time, if recorded.
@@ -72,41 +196,67 @@ pub fn recorded(path: &Path, key: &str) -> Option<BTreeMap<Knob, Value>> {
     load(path).fits.get(key).map(|e| e.knobs.clone())
 }
 
-/// Record the knob values of a run that fit.
+/// Record the knob values of a run that fit (`command`: the command line,
+/// redacted, for a person reading the file).
 pub fn record(
     path: &Path,
     key: &str,
     knobs: &BTreeMap<Knob, Value>,
     command: &str,
 ) -> std::io::Result<()> {
-    let mut f = load(path);
-    f.fits.insert(
-        key.to_string(),
-        Entry {
-            knobs: knobs.clone(),
-            recorded_at: chrono::Utc::now().to_rfc3339(),
-            command: command.to_string(),
-        },
-    );
-    while f.fits.len() > MAX_ENTRIES {
-        let oldest = f
-            .fits
-            .iter()
-            .min_by(|a, b| a.1.recorded_at.cmp(&b.1.recorded_at))
-            .map(|(k, _)| k.clone());
-        match oldest {
-            Some(k) => f.fits.remove(&k),
-            None => break,
-        };
-    }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".fits.json.{}", std::process::id()));
-    std::fs::write(
-        &tmp,
-        serde_json::to_vec_pretty(&f).map_err(std::io::Error::other)?,
-    )?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
+    update_state(path, |f: &mut File| {
+        f.fits.insert(
+            key.to_string(),
+            Entry {
+                knobs: knobs.clone(),
+                recorded_at: chrono::Utc::now().to_rfc3339(),
+                command: command.to_string(),
+            },
+        );
+        while f.fits.len() > MAX_ENTRIES {
+            let oldest = f
+                .fits
+                .iter()
+                .min_by(|a, b| a.1.recorded_at.cmp(&b.1.recorded_at))
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => f.fits.remove(&k),
+                None => break,
+            };
+        }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_in_a_command_line_are_redacted() {
+        let argv: Vec<OsString> = [
+            "python",
+            "train.py",
+            "--hub_token",
+            "hf_abcdefghijklmnopqrstuvwxyz",
+            "--api-key=s3cret",
+            "WANDB_API_KEY=abc",
+            "--report_to",
+            "https://me:pw@example.com/x",
+            "sk-0123456789abcdefghij",
+            "--per_device_train_batch_size",
+            "8",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let r = redact(&argv);
+        for secret in ["hf_abc", "s3cret", "=abc", ":pw@", "sk-0123"] {
+            assert!(!r.contains(secret), "{secret} in {r}");
+        }
+        assert!(r.contains("--per_device_train_batch_size 8"), "{r}");
+        assert!(
+            r.contains("--hub_token '<redacted>'") || r.contains("--hub_token <redacted>"),
+            "{r}"
+        );
+    }
 }

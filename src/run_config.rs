@@ -105,7 +105,7 @@ pub enum ConfigError {
     },
 }
 
-fn real_env(name: &str) -> Option<OsString> {
+pub(crate) fn real_env(name: &str) -> Option<OsString> {
     std::env::var_os(name)
 }
 

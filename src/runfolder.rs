@@ -287,16 +287,26 @@ pub fn open_append(path: &Path) -> io::Result<File> {
     Ok(f)
 }
 
-/// Read `path` without following a symlink at its last component.
+/// The most [`read_nofollow`] reads (a module, a kept original).
+const MAX_READ: u64 = 64 << 20;
+
+/// Read `path` without following a symlink at its last component, without
+/// blocking on a FIFO: a regular file of at most 64 MiB.
 pub fn read_nofollow(path: &Path) -> io::Result<(Vec<u8>, fs::Metadata)> {
     use std::io::Read;
-    let mut f = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
-    let m = f.metadata()?;
+    let expect = crate::untrusted::Expect {
+        no_link: true,
+        ..Default::default()
+    };
+    let (f, m) = crate::untrusted::open(path, expect)?;
+    if m.len() > MAX_READ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is larger than {} MiB", path.display(), MAX_READ >> 20),
+        ));
+    }
     let mut buf = Vec::new();
-    f.read_to_end(&mut buf)?;
+    f.take(MAX_READ).read_to_end(&mut buf)?;
     Ok((buf, m))
 }
 

@@ -25,10 +25,15 @@ pub enum Knob {
     /// `eval_batch_size`, `val_batch_size`): halved after an OOM during
     /// evaluation; never changes the training or the global batch.
     EvalBatch,
+    /// Whether a ZeRO-3 save gathers the full 16-bit weights on one rank
+    /// (DeepSpeed's `stage3_gather_16bit_weights_on_model_save`, accelerate's
+    /// `zero3_save_16bit_model`): turned off after an OOM while saving; never
+    /// changes the training.
+    GatherOnSave,
 }
 
 impl Knob {
-    pub const ALL: [Knob; 9] = [
+    pub const ALL: [Knob; 10] = [
         Knob::MicroBatch,
         Knob::GradAccum,
         Knob::SeqLen,
@@ -38,6 +43,7 @@ impl Knob {
         Knob::OffloadParam,
         Knob::DataloaderWorkers,
         Knob::EvalBatch,
+        Knob::GatherOnSave,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +57,7 @@ impl Knob {
             Knob::OffloadParam => "offload_param",
             Knob::DataloaderWorkers => "dataloader_workers",
             Knob::EvalBatch => "eval_batch",
+            Knob::GatherOnSave => "gather_on_save",
         }
     }
 
@@ -61,7 +68,7 @@ impl Knob {
     }
 
     pub fn is_bool(self) -> bool {
-        matches!(self, Knob::GradCheckpointing)
+        matches!(self, Knob::GradCheckpointing | Knob::GatherOnSave)
     }
 }
 

@@ -250,7 +250,9 @@ fn hf_trainer_oom_while_saving_resumes_from_the_previous_complete_checkpoint() {
     ];
     let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
 
-    run.check("exit code", Some(0), run.code);
+    // An OOM while saving is not the batch's: the same settings once more (from
+    // checkpoint-2), then a stop with advice (the save fails again here).
+    run.check("exit code", Some(75), run.code);
     let j = run.journal(&run_dir);
     let starts = events(&j, "attempt_start");
     run.check("attempts", 2, starts.len());
@@ -270,21 +272,14 @@ fn hf_trainer_oom_while_saving_resumes_from_the_previous_complete_checkpoint() {
         "a checkpoint_skipped event for checkpoint-4",
         &skipped,
     );
-    let state = run.read_json(&out.join("checkpoint-6/trainer_state.json"));
-    run.check("global_step", Some(6), state["global_step"].as_u64());
-    let logged: Vec<u64> = state["log_history"]
-        .as_array()
-        .map(|h| {
-            h.iter()
-                .filter(|e| e.get("loss").is_some())
-                .filter_map(|e| e["step"].as_u64())
-                .collect()
-        })
-        .unwrap_or_default();
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
     run.check(
-        "steps 1-2 from the resumed checkpoint, 3-6 retrained once",
-        vec![1, 2, 3, 4, 5, 6],
-        logged,
+        "the same settings once, never a smaller batch",
+        vec![serde_json::Value::from("retry_same_settings")],
+        steps,
     );
 }
 

@@ -144,7 +144,10 @@ fn status_and_runs_on_finished_runs() {
             .is_some_and(|b| b > 0)
             && v["last_oom"]["cause"]
                 .as_str()
-                .is_some_and(|c| c.starts_with("OOM (tried to allocate")),
+                // When in the run it happened comes first ("OOM at step 6 (tried ...").
+                .is_some_and(|c| {
+                    c.starts_with("OOM at step ") && c.contains(" (tried to allocate")
+                }),
         "bytes and the cause in words",
         &v["last_oom"],
     );

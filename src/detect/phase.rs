@@ -1,28 +1,41 @@
-//! Whether an OOM happened during evaluation rather than training, read from
-//! the attempt's output around the OOM line.
+//! When in the run an OOM happened — loading a checkpoint, saving one,
+//! evaluating, or training — read from the attempt's output around the OOM
+//! line. (The training phase is told apart further by the step reached, in
+//! `evidence::Evidence::when`: the first step, or the steady state.)
 //!
 //! Theory of operation: the traceback that ends in the OOM names the frames
 //! it ran through, outermost first. Scanned from the innermost frame out, the
-//! first frame that names a phase decides: an evaluation frame
-//! ([`EVAL_FRAMES`]: the Hugging Face Trainer's `prediction_step`,
-//! `evaluation_loop`, `evaluate`; Lightning's `validation_step`,
-//! `_evaluation_step`; `eval_step`, `validate`, nanoGPT's `estimate_loss`, ...)
-//! or a training or saving frame ([`TRAIN_FRAMES`]: `training_step`,
-//! `backward`, `optimizer_step`, `_save_checkpoint`, ...). Innermost first,
-//! because evaluation runs inside the training loop (`_inner_training_loop` →
-//! `_maybe_log_save_evaluate` → `evaluate`), and the Trainer's
-//! `_maybe_log_save_evaluate` also saves checkpoints, so it names no phase.
-//! Only the lines of the process that printed the OOM count (the same
+//! first frame that names a phase decides: loading a checkpoint or weights
+//! ([`LOAD_FRAMES`]: `load_state_dict`, the Trainer's `_load_from_checkpoint`
+//! and `_load_optimizer_and_scheduler`, `torch.load`'s frames in
+//! `torch/serialization.py`, DeepSpeed's `load_checkpoint`, accelerate's
+//! `load_state`, Lightning's `restore_training_state`, ...), saving one
+//! ([`SAVE_FRAMES`]: `save_model`, `_save_checkpoint`, `consolidate_state_dict`,
+//! DeepSpeed's `_zero3_consolidated_16bit_state_dict`, FSDP's
+//! `_full_pre_state_dict_hook`, Lightning's `dump_checkpoint`, ...), an
+//! evaluation ([`EVAL_FRAMES`]: `prediction_step`, `evaluation_loop`,
+//! `validation_step`, `estimate_loss`, ...) or a training step
+//! ([`TRAIN_FRAMES`]: `training_step`, `backward`, `optimizer_step`, ...).
+//! Innermost first, because the phases nest: evaluation and saving run inside
+//! the training loop (`_inner_training_loop` → `_maybe_log_save_evaluate` →
+//! `evaluate` or `_save_checkpoint`), and the Trainer loads the optimizer's
+//! state from inside its training loop too; `_maybe_log_save_evaluate` names no
+//! phase. Only the lines of the process that printed the OOM count (the same
 //! launcher prefix, `[rank1]:`), from the last `Traceback (most recent call
-//! last):` before the OOM line.
+//! last):` before the OOM line. Three frame styles are read: Python's
+//! (`File "x.py", line 3, in f`), rich's (`x.py:3 in f`) and IPython's
+//! (`File x.py:3, in Trainer.f(...)`).
 //!
 //! When no frame names a phase (no traceback, a trimmed one, frames of user
-//! code only), the last progress before the OOM line decides: an evaluation's
-//! start (`***** Running Evaluation *****`, a bar described `Validation`,
-//! `Evaluating`, `Sanity Checking`, ...) or a sign of training (the Trainer's
-//! `{'loss': ...}` log dict, its `{'eval_loss': ...}` dict that ends an
-//! evaluation, a bar described `Epoch`/`train`). Nothing found is training:
-//! the decision then is the one any OOM gets.
+//! code only), the last progress before the OOM line decides: a load's start
+//! (`Restoring states from the checkpoint path`, `Loading model from`,
+//! `Loading states from`), a save's start (`Saving model checkpoint to`,
+//! DeepSpeed's `is about to be saved!`), an evaluation's start (`*****
+//! Running Evaluation *****`, a bar described `Validation`, ...) or a sign of
+//! training (the Trainer's `{'loss': ...}` log dict, its `{'eval_loss': ...}`
+//! dict that ends an evaluation, a bar described `Epoch`/`train`, a load or a
+//! save said to be done). Nothing found is `None`: the decision then is the
+//! one any OOM gets.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -30,6 +43,138 @@ use std::path::Path;
 use std::sync::LazyLock;
 
 use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// Where in the run an OOM happened, as its output tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Loading a checkpoint (resuming) or weights: a transient peak that no
+    /// smaller batch lowers.
+    Loading,
+    /// Writing a checkpoint (a full state dict gathered on one rank).
+    Saving,
+    /// An evaluation inside training.
+    Evaluation,
+    /// A training step.
+    Training,
+}
+
+/// The phase an OOM happened in, and how that was told ("the traceback runs
+/// through _load_optimizer_and_scheduler").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub phase: Phase,
+    pub how: String,
+}
+
+/// Function names whose frame means the code loads a checkpoint or weights.
+pub const LOAD_FRAMES: &[&str] = &[
+    // PyTorch modules and optimizers, safetensors
+    "load_state_dict",
+    "_load_from_state_dict",
+    "load_file",
+    "safe_load_file",
+    // Hugging Face Trainer
+    "_load_from_checkpoint",
+    "_load_optimizer_and_scheduler",
+    "_load_best_model",
+    "_load_rng_state",
+    "load_sharded_checkpoint",
+    "_load_state_dict_into_meta_model",
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    // DeepSpeed
+    "load_checkpoint",
+    "_load_checkpoint",
+    "_load_zero_checkpoint",
+    "load_module_state_dict",
+    "_load_optimizer_state",
+    "load_optimizer_state",
+    "_restore_from_bit16_weights",
+    "_restore_base_optimizer_state",
+    // accelerate
+    "load_state",
+    "load_accelerator_state",
+    "load_checkpoint_in_model",
+    // Lightning (the checkpoint connector's restore)
+    "_restore_modules_and_callbacks",
+    "restore_training_state",
+    "restore_optimizers_and_schedulers",
+    "restore_optimizers",
+    "restore_model",
+    "resume_start",
+    "load_optimizer_state_dict",
+    "load_model_state_dict",
+    // torch.distributed.checkpoint, torchtune, Megatron, plain scripts
+    "load_checkpoint_and_dispatch",
+    "set_state_dict",
+    "set_optimizer_state_dict",
+    "load_from_checkpoint",
+    "resume_from_checkpoint",
+    "load_ckpt",
+    "load_checkpoint_from_path",
+];
+
+/// `torch.load`'s own frames (`torch/serialization.py`): loading when the
+/// frame's file is that module.
+const TORCH_LOAD_FRAMES: &[&str] = &[
+    "load",
+    "_load",
+    "persistent_load",
+    "load_tensor",
+    "restore_location",
+    "default_restore_location",
+    "_cuda_deserialize",
+];
+
+/// Function names whose frame means the code writes a checkpoint.
+pub const SAVE_FRAMES: &[&str] = &[
+    // Hugging Face Trainer, PEFT, save_pretrained
+    "_save_checkpoint",
+    "save_model",
+    "_save",
+    "_save_optimizer_and_scheduler",
+    "save_pretrained",
+    "_save_tpu",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+    "get_peft_model_state_dict",
+    // DeepSpeed
+    "save_checkpoint",
+    "_save_checkpoint_files",
+    "_save_zero_checkpoint",
+    "save_16bit_model",
+    "_zero3_consolidated_16bit_state_dict",
+    "_consolidated_16bit_state_dict",
+    "gather_16bit_weights_on_model_save",
+    // accelerate, FSDP, torch.distributed.checkpoint
+    "save_state",
+    "get_state_dict",
+    "_full_pre_state_dict_hook",
+    "_full_post_state_dict_hook",
+    "full_optim_state_dict",
+    "optim_state_dict",
+    "get_model_state_dict",
+    "get_optimizer_state_dict",
+    "consolidate_state_dict",
+    "_consolidate_state_dict",
+    // Lightning (the checkpoint connector and ModelCheckpoint)
+    "dump_checkpoint",
+    "_save_topk_checkpoint",
+    "_save_last_checkpoint",
+    "_save_none_monitor_checkpoint",
+    "_save_monitor_checkpoint",
+    "on_save_checkpoint",
+    // plain scripts
+    "save_ckpt",
+    "checkpoint_model",
+    "save_model_and_optimizer_sharded",
+    "fsdp_save_ckpt",
+];
+
+/// `torch.save`'s own frames (`torch/serialization.py`).
+const TORCH_SAVE_FRAMES: &[&str] = &["save", "_save", "_legacy_save"];
 
 /// Function names whose frame means the code runs an evaluation.
 /// (`_maybe_log_save_evaluate` is not one: it saves checkpoints too.)
@@ -70,7 +215,7 @@ pub const EVAL_FRAMES: &[&str] = &[
     "estimate_loss",
 ];
 
-/// Function names whose frame means the code trains (or saves), not evaluates.
+/// Function names whose frame means the code runs a training step.
 pub const TRAIN_FRAMES: &[&str] = &[
     "training_step",
     "train_step",
@@ -81,10 +226,6 @@ pub const TRAIN_FRAMES: &[&str] = &[
     "_optimizer_step",
     "_backward_and_opt",
     "fwbw",
-    "_save_checkpoint",
-    "save_checkpoint",
-    "save_model",
-    "_save_optimizer_and_scheduler",
 ];
 
 /// The most lines looked back from the OOM line for its traceback.
@@ -94,23 +235,22 @@ const PROGRESS_LINES: usize = 20000;
 /// The most of the log read: its end.
 const TAIL_BYTES: u64 = 4 << 20;
 
-/// `File "trainer.py", line 2988, in evaluation_loop`
+/// A frame, in Python's style (`File "trainer.py", line 2988, in
+/// evaluation_loop`), rich's (`trainer.py:2830 in save_model`) or IPython's
+/// (`File ~/trainer.py:1633, in Trainer.train(self, ...)`): the file and the
+/// function (its last dotted part).
 static FRAME: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r#"File "[^"]*", line \d+, in ([A-Za-z_][A-Za-z0-9_]*)"#).expect("frame pattern")
+    Regex::new(
+        r#"(?:File "(?P<f1>[^"]*)", line \d+, in (?P<n1>[A-Za-z_][A-Za-z0-9_]*))|(?:(?P<f2>[^\s│|"]+\.py):\d+,? in (?:[A-Za-z_][A-Za-z0-9_]*\.)*(?P<n2>[A-Za-z_<][A-Za-z0-9_>]*))"#,
+    )
+    .expect("frame pattern")
 });
 
-/// How a line marks the phase the run is in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mark {
-    Eval,
-    Train,
-}
-
-/// Whether the OOM whose line is `oom_line` (as the scanner found it) happened
-/// during evaluation, read from the end of the attempt's output `log`; the
-/// words saying how it was told. `None`: training, or it cannot be told (the
-/// line is not in the log: another copy's OOM, a per-task file).
-pub fn from_log(log: &Path, oom_line: &str) -> Option<String> {
+/// The phase of the OOM whose line is `oom_line` (as the scanner found it),
+/// read from the end of the attempt's output `log`. `None`: it cannot be told
+/// (nothing names a phase, or the line is not in the log: another copy's OOM,
+/// a per-task file).
+pub fn from_log(log: &Path, oom_line: &str) -> Option<Seen> {
     let mut f = File::open(log).ok()?;
     let md = f.metadata().ok()?;
     if !md.is_file() {
@@ -120,11 +260,11 @@ pub fn from_log(log: &Path, oom_line: &str) -> Option<String> {
         .ok()?;
     let mut buf = Vec::new();
     f.take(TAIL_BYTES).read_to_end(&mut buf).ok()?;
-    during_evaluation(&String::from_utf8_lossy(&buf), oom_line)
+    classify(&String::from_utf8_lossy(&buf), oom_line)
 }
 
 /// [`from_log`] on the output's text.
-pub fn during_evaluation(text: &str, oom_line: &str) -> Option<String> {
+pub fn classify(text: &str, oom_line: &str) -> Option<Seen> {
     let key = key_of(oom_line)?;
     let lines: Vec<&str> = text.split(['\n', '\r']).collect();
     let (at, prefix) = lines
@@ -132,14 +272,24 @@ pub fn during_evaluation(text: &str, oom_line: &str) -> Option<String> {
         .enumerate()
         .find_map(|(i, l)| l.find(key).map(|p| (i, &l[..p])))?;
     let before = &lines[..at];
-    match from_frames(before, prefix) {
-        Some((Mark::Eval, name)) => Some(format!("the traceback runs through {name}")),
-        Some((Mark::Train, _)) => None,
-        None => match from_progress(before) {
-            Some((Mark::Eval, line)) => Some(format!("the last progress before it: {line}")),
-            _ => None,
-        },
+    if let Some((phase, name)) = from_frames(before, prefix) {
+        return Some(Seen {
+            phase,
+            how: format!("the traceback runs through {name}"),
+        });
     }
+    from_progress(before).map(|(phase, line)| Seen {
+        phase,
+        how: format!("the last progress before it: {line}"),
+    })
+}
+
+/// Whether the OOM happened during evaluation, and how that was told.
+#[cfg(test)]
+pub fn during_evaluation(text: &str, oom_line: &str) -> Option<String> {
+    classify(text, oom_line)
+        .filter(|s| s.phase == Phase::Evaluation)
+        .map(|s| s.how)
 }
 
 /// What of the OOM line is looked for in the log: its start, trimmed, at most
@@ -164,18 +314,42 @@ fn same_process<'a>(line: &'a str, prefix: &str) -> Option<&'a str> {
     Some(&line[at + p.len()..])
 }
 
+/// The phase a frame (its file and function name) names, if any.
+fn frame_phase(file: &str, name: &str) -> Option<Phase> {
+    let torch_io = file.replace('\\', "/").ends_with("torch/serialization.py");
+    if torch_io && TORCH_LOAD_FRAMES.contains(&name) {
+        Some(Phase::Loading)
+    } else if torch_io && TORCH_SAVE_FRAMES.contains(&name) {
+        Some(Phase::Saving)
+    } else if LOAD_FRAMES.contains(&name) {
+        Some(Phase::Loading)
+    } else if SAVE_FRAMES.contains(&name) {
+        Some(Phase::Saving)
+    } else if EVAL_FRAMES.contains(&name) {
+        Some(Phase::Evaluation)
+    } else if TRAIN_FRAMES.contains(&name) {
+        Some(Phase::Training)
+    } else {
+        None
+    }
+}
+
 /// The phase the innermost deciding frame of the traceback before the OOM
 /// names, and its function name.
-fn from_frames<'a>(before: &[&'a str], prefix: &str) -> Option<(Mark, &'a str)> {
-    let mut frames: Vec<&'a str> = Vec::new();
+fn from_frames<'a>(before: &[&'a str], prefix: &str) -> Option<(Phase, &'a str)> {
+    let mut frames: Vec<(&'a str, &'a str)> = Vec::new();
     let mut header = false;
     for line in before.iter().rev().take(TRACEBACK_LINES) {
         let Some(line) = same_process(line, prefix) else {
             continue;
         };
         if let Some(c) = FRAME.captures(line) {
-            frames.push(c.get(1).map_or("", |m| m.as_str()));
+            let file = c.name("f1").or(c.name("f2")).map_or("", |m| m.as_str());
+            let name = c.name("n1").or(c.name("n2")).map_or("", |m| m.as_str());
+            frames.push((file, name));
         }
+        // Python's header, IPython's and rich's (`Traceback (most recent call last)`
+        // in a box).
         if line.contains("Traceback (most recent call last)") {
             header = true;
             break;
@@ -185,19 +359,13 @@ fn from_frames<'a>(before: &[&'a str], prefix: &str) -> Option<(Mark, &'a str)> 
         return None;
     }
     // Collected innermost first.
-    frames.into_iter().find_map(|name| {
-        if EVAL_FRAMES.contains(&name) {
-            Some((Mark::Eval, name))
-        } else if TRAIN_FRAMES.contains(&name) {
-            Some((Mark::Train, name))
-        } else {
-            None
-        }
-    })
+    frames
+        .into_iter()
+        .find_map(|(file, name)| frame_phase(file, name).map(|p| (p, name)))
 }
 
 /// The phase the last progress line before the OOM marks, and the line.
-fn from_progress(before: &[&str]) -> Option<(Mark, String)> {
+fn from_progress(before: &[&str]) -> Option<(Phase, String)> {
     before
         .iter()
         .rev()
@@ -214,30 +382,59 @@ fn shown(line: &str) -> String {
     }
 }
 
-/// The phase a line of output marks, if any.
-fn mark(line: &str) -> Option<Mark> {
+/// The phase a line of output marks, if any. A load or a save is marked only
+/// by the lines a framework prints as it starts one, and ends by the lines it
+/// prints when it is done (a training mark): a script's own "resuming from"
+/// or "loading model" lines come before training too, and would take a first
+/// step's OOM for a load's.
+fn mark(line: &str) -> Option<Phase> {
+    static HF_LOAD: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"loading model from \S*checkpoint-\d+").expect("load pattern")
+    });
     let l = line.to_ascii_lowercase();
-    // The Trainer's log dicts: a training step's, and the one that ends an evaluation.
-    if l.contains("{'loss':")
-        || l.contains("{\"loss\":")
-        || l.contains("{'eval_")
-        || l.contains("{\"eval_")
-        || l.contains("***** running training *****")
-    {
-        return Some(Mark::Train);
+    let has = |words: &[&str]| words.iter().any(|w| l.contains(w));
+    // A load or a save said to be done, and the Trainer's log dicts: a
+    // training step's, and the one that ends an evaluation.
+    if has(&[
+        "{'loss':",
+        "{\"loss\":",
+        "{'eval_",
+        "{\"eval_",
+        "***** running training *****",
+        "continuing training from checkpoint",
+        "restored all states from the checkpoint",
+        "is ready now!",
+        "loaded successfully",
+        "saved in ",
+        "deleting older checkpoint",
+    ]) {
+        return Some(Phase::Training);
     }
-    if [
+    if HF_LOAD.is_match(&l)
+        || has(&[
+            "restoring states from the checkpoint",
+            "loading states from ",
+        ])
+    {
+        return Some(Phase::Loading);
+    }
+    if has(&[
+        "saving model checkpoint to",
+        "is about to be saved!",
+        "saving model checkpoint:",
+        "saving model to ",
+    ]) {
+        return Some(Phase::Saving);
+    }
+    if has(&[
         "***** running evaluation",
         "***** running prediction",
         "running evaluation",
         "sanity checking",
         "validation dataloader",
         "testing dataloader",
-    ]
-    .iter()
-    .any(|w| l.contains(w))
-    {
-        return Some(Mark::Eval);
+    ]) {
+        return Some(Phase::Evaluation);
     }
     bar_mark(&l)
 }
@@ -245,7 +442,7 @@ fn mark(line: &str) -> Option<Mark> {
 /// A progress bar's description (`Validation DataLoader 0:  40%|`,
 /// `Epoch 1:  20%|`, `Evaluating: 3/10 [`): the phase it names. A bar
 /// without one (the Trainer's own) names none.
-fn bar_mark(l: &str) -> Option<Mark> {
+fn bar_mark(l: &str) -> Option<Phase> {
     let end = l.find("%|").or_else(|| {
         static COUNT: LazyLock<Regex> =
             LazyLock::new(|| Regex::new(r"\d+/\d+ \[").expect("count pattern"));
@@ -260,12 +457,12 @@ fn bar_mark(l: &str) -> Option<Mark> {
         .iter()
         .any(|w| desc.contains(w))
     {
-        Some(Mark::Eval)
+        Some(Phase::Evaluation)
     } else if ["train", "epoch", "step", "iter"]
         .iter()
         .any(|w| desc.contains(w))
     {
-        Some(Mark::Train)
+        Some(Phase::Training)
     } else {
         None
     }
@@ -428,6 +625,237 @@ mod tests {
             if let Some(why) = got {
                 assert!(why.starts_with("the last progress before it: "), "{why}");
             }
+        }
+    }
+
+    /// The phase of each real Trainer log (`tests/fixtures/phase/`): loading the
+    /// optimizer's state on resume, saving (a state-dict hook and the optimizer's
+    /// save), evaluation, a training step.
+    #[test]
+    fn the_phase_of_real_trainer_logs() {
+        let cases: &[(&str, Phase, &str)] = &[
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_load_oom.log"),
+                Phase::Loading,
+                "load_state_dict",
+            ),
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_save_state_dict_oom.log"),
+                Phase::Saving,
+                "save_pretrained",
+            ),
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_save_oom.log"),
+                Phase::Saving,
+                "_save_checkpoint",
+            ),
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_eval_oom.log"),
+                Phase::Evaluation,
+                "prediction_step",
+            ),
+            (
+                include_str!("../../tests/fixtures/phase/hf5_trainer_train_oom.log"),
+                Phase::Training,
+                "training_step",
+            ),
+        ];
+        for (log, phase, frame) in cases {
+            let got = classify(log, &oom_line(log)).expect("a phase");
+            assert_eq!(
+                (got.phase, got.how.as_str()),
+                (
+                    *phase,
+                    format!("the traceback runs through {frame}").as_str()
+                )
+            );
+        }
+    }
+
+    /// Each family's load and save frames, nested in its training loop; the
+    /// innermost frame that names a phase decides; torch.load's and
+    /// torch.save's own frames count only in torch/serialization.py.
+    #[test]
+    fn load_and_save_frames_across_families() {
+        let ser = "/venv/lib/python3.11/site-packages/torch/serialization.py";
+        type Frames<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Frames, Option<Phase>)] = &[
+            // HF Trainer resuming: the optimizer's state.
+            (
+                &[
+                    ("t.py", "train"),
+                    ("t.py", "_inner_training_loop"),
+                    ("t.py", "_load_optimizer_and_scheduler"),
+                    ("o.py", "load_state_dict"),
+                    ("o.py", "_process_value_according_to_param_policy"),
+                ],
+                Some(Phase::Loading),
+            ),
+            // torch.load itself, under a user's resume().
+            (
+                &[
+                    ("train.py", "main"),
+                    ("train.py", "resume"),
+                    (ser, "load"),
+                    (ser, "_load"),
+                    (ser, "persistent_load"),
+                    (ser, "restore_location"),
+                ],
+                Some(Phase::Loading),
+            ),
+            // A user function named load outside torch/serialization.py tells nothing.
+            (
+                &[
+                    ("train.py", "main"),
+                    ("data.py", "load"),
+                    ("m.py", "forward"),
+                ],
+                None,
+            ),
+            // DeepSpeed and accelerate, Lightning's restore.
+            (
+                &[
+                    ("e.py", "load_checkpoint"),
+                    ("e.py", "_load_zero_checkpoint"),
+                    ("z.py", "load_state_dict"),
+                ],
+                Some(Phase::Loading),
+            ),
+            (
+                &[("a.py", "load_state"), ("c.py", "load_accelerator_state")],
+                Some(Phase::Loading),
+            ),
+            (
+                &[
+                    ("t.py", "fit"),
+                    ("t.py", "_run"),
+                    ("c.py", "restore_training_state"),
+                    ("c.py", "restore_optimizers_and_schedulers"),
+                ],
+                Some(Phase::Loading),
+            ),
+            // Saving: the Trainer under DeepSpeed ZeRO-3, FSDP's full state dict, Lightning.
+            (
+                &[
+                    ("t.py", "_maybe_log_save_evaluate"),
+                    ("t.py", "_save_checkpoint"),
+                    ("t.py", "save_model"),
+                    ("e.py", "_zero3_consolidated_16bit_state_dict"),
+                ],
+                Some(Phase::Saving),
+            ),
+            (
+                &[
+                    ("u.py", "main"),
+                    ("f.py", "state_dict"),
+                    ("s.py", "_pre_state_dict_hook"),
+                    ("s.py", "_full_pre_state_dict_hook"),
+                    ("s.py", "_common_unshard_pre_state_dict_hook"),
+                ],
+                Some(Phase::Saving),
+            ),
+            (
+                &[
+                    ("t.py", "fit"),
+                    ("m.py", "on_train_epoch_end"),
+                    ("m.py", "_save_topk_checkpoint"),
+                    ("c.py", "dump_checkpoint"),
+                ],
+                Some(Phase::Saving),
+            ),
+            (
+                &[("train.py", "main"), (ser, "save"), (ser, "_save")],
+                Some(Phase::Saving),
+            ),
+            // A training step after a resume: training, however the run started.
+            (
+                &[
+                    ("t.py", "train"),
+                    ("t.py", "training_step"),
+                    ("m.py", "forward"),
+                ],
+                Some(Phase::Training),
+            ),
+            // An evaluation's frames under the save's caller: evaluation.
+            (
+                &[
+                    ("t.py", "_maybe_log_save_evaluate"),
+                    ("t.py", "evaluate"),
+                    ("t.py", "prediction_step"),
+                ],
+                Some(Phase::Evaluation),
+            ),
+        ];
+        for (frames, want) in cases {
+            let mut log = "Traceback (most recent call last):\n".to_string();
+            for (f, n) in frames.iter() {
+                log.push_str(&format!("  File \"{f}\", line 7, in {n}\n    x()\n"));
+            }
+            log.push_str(&format!("{OOM}\n"));
+            assert_eq!(classify(&log, OOM).map(|s| s.phase), *want, "{frames:?}");
+        }
+    }
+
+    /// rich's and IPython's frame styles are read too.
+    #[test]
+    fn rich_and_ipython_frames_are_read() {
+        let rich = format!(
+            "╭───── Traceback (most recent call last) ─────╮\n│ /x/trainer.py:1633 in train                 │\n│ /x/trainer.py:2830 in save_model            │\n╰─────────────────────────────────────────────╯\n{OOM}\n"
+        );
+        assert_eq!(classify(&rich, OOM).map(|s| s.phase), Some(Phase::Saving));
+        let ipython = format!(
+            "OutOfMemoryError                          Traceback (most recent call last)\nFile ~/t/trainer.py:1633, in Trainer.train(self, resume_from_checkpoint)\nFile ~/t/trainer.py:2010, in Trainer._load_from_checkpoint(self, resume_from_checkpoint)\n{OOM}\n"
+        );
+        assert_eq!(
+            classify(&ipython, OOM).map(|s| s.phase),
+            Some(Phase::Loading)
+        );
+    }
+
+    /// Without frames, a framework's own lines mark a load or a save only until
+    /// it says it is done; a script's own "resuming" line marks nothing.
+    #[test]
+    fn load_and_save_progress_marks_end_when_the_framework_says_done() {
+        let tail = format!("{OOM}\n");
+        let cases: &[(&str, Option<Phase>)] = &[
+            (
+                "Restoring states from the checkpoint path at /c/last.ckpt\n",
+                Some(Phase::Loading),
+            ),
+            (
+                "Restoring states from the checkpoint path at /c/last.ckpt\nRestored all states from the checkpoint at /c/last.ckpt\n",
+                Some(Phase::Training),
+            ),
+            (
+                "Loading model from out/checkpoint-500.\n",
+                Some(Phase::Loading),
+            ),
+            (
+                "Loading model from out/checkpoint-500.\n***** Running training *****\n",
+                Some(Phase::Training),
+            ),
+            (
+                "[Torch] Checkpoint global_step10 is about to be saved!\n",
+                Some(Phase::Saving),
+            ),
+            (
+                "[Torch] Checkpoint global_step10 is about to be saved!\n[Torch] Checkpoint global_step10 is ready now!\n",
+                Some(Phase::Training),
+            ),
+            (
+                "Saving model checkpoint to out/checkpoint-500\n",
+                Some(Phase::Saving),
+            ),
+            (
+                "Saving model checkpoint to out/checkpoint-500\nModel weights saved in out/checkpoint-500/model.safetensors\n",
+                Some(Phase::Training),
+            ),
+            ("resuming from out/checkpoint-2\n", None),
+            ("Loading model from /models/llama\n", None),
+        ];
+        for (progress, want) in cases {
+            let log = format!("{progress}{tail}");
+            assert_eq!(classify(&log, OOM).map(|s| s.phase), *want, "{progress:?}");
         }
     }
 

@@ -386,7 +386,7 @@ fn collect_maps<'a>(node: &'a Node, out: &mut Vec<&'a Node>) {
 impl Doc {
     /// Read and parse a file.
     pub fn load(path: &Path) -> Result<Doc, FileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
+        let text = crate::untrusted::read_config(path).map_err(|source| FileError::Read {
             path: path.to_path_buf(),
             source,
         })?;

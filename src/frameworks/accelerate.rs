@@ -93,6 +93,11 @@ pub static FAMILY: Family = Family {
                 key: "deepspeed_config.offload_param_device",
                 absent: None,
             },
+            KeySpec {
+                knob: Knob::GatherOnSave,
+                key: "deepspeed_config.zero3_save_16bit_model",
+                absent: None,
+            },
         ],
         world_key: Some("num_processes"),
         ..FileKind::NONE

@@ -9,6 +9,9 @@ use crate::settings::Knob;
 const STAGE: &str = "zero_optimization.stage";
 const OFFLOAD_OPT: &str = "zero_optimization.offload_optimizer.device";
 const OFFLOAD_PARAM: &str = "zero_optimization.offload_param.device";
+/// A ZeRO-3 save gathers the full 16-bit weights on rank 0 (`false`: only
+/// the sharded checkpoint is written, `zero_to_fp32.py` recovers the weights).
+const GATHER_ON_SAVE: &str = "zero_optimization.stage3_gather_16bit_weights_on_model_save";
 
 const ZERO_KEYS: &[KeySpec] = &[
     KeySpec {
@@ -68,6 +71,11 @@ pub static FAMILY: Family = Family {
                 knob: Knob::OffloadParam,
                 key: OFFLOAD_PARAM,
                 absent: Some(AbsentValue::NoOffload),
+            },
+            KeySpec {
+                knob: Knob::GatherOnSave,
+                key: GATHER_ON_SAVE,
+                absent: None,
             },
         ],
         global_batch_key: Some("train_batch_size"),

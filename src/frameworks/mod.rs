@@ -485,6 +485,49 @@ pub fn no_eval_batch(families: &[&str]) -> String {
     )
 }
 
+/// What lowers the peak of loading a checkpoint, for a run oomguard stopped
+/// after an OOM while loading one (`families`: the command's, as discovered):
+/// each family's own way first, then what holds for any.
+pub fn load_advice(families: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let has = |f: &str| families.contains(&f);
+    if has(deepspeed::FAMILY.name) || has(accelerate::FAMILY.name) {
+        out.push("DeepSpeed: offload the optimizer's state (zero_optimization.offload_optimizer.device: cpu; bind it with --knob offload_optimizer=FILE:KEY) or shard it over more GPUs (a higher ZeRO stage)".into());
+    }
+    if has(accelerate::FAMILY.name) {
+        out.push("accelerate FSDP: fsdp_cpu_ram_efficient_loading: true loads the weights on rank 0's CPU only".into());
+    }
+    if has(hf::FAMILY.name) {
+        out.push("Hugging Face Trainer: transformers 4.27 or newer loads the optimizer's state on the CPU first (upgrade an older one); resuming from a checkpoint without optimizer.pt (saved with --save_only_model) loads the weights only".into());
+    }
+    if has(lightning::FAMILY.name) {
+        out.push("Lightning: load the checkpoint with map_location=\"cpu\" (torch.load on the CPU) before the trainer moves it".into());
+    }
+    out.push("load the checkpoint on the CPU (torch.load(path, map_location=\"cpu\")) and drop the loaded dict once it is copied (del it, then torch.cuda.empty_cache()); free the GPU of other processes".into());
+    out.push("a smaller batch does not help here: the OOM happens before any batch runs".into());
+    out
+}
+
+/// What lowers the peak of saving a checkpoint, for a run oomguard stopped
+/// after an OOM while saving one.
+pub fn save_advice(families: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let has = |f: &str| families.contains(&f);
+    if has(deepspeed::FAMILY.name) || has(accelerate::FAMILY.name) || has(hf::FAMILY.name) {
+        out.push("DeepSpeed ZeRO-3: stage3_gather_16bit_weights_on_model_save: false (accelerate: zero3_save_16bit_model: false) saves each rank's shard instead of gathering the full weights on one GPU; oomguard turns it off itself when the config sets it (--knob gather_on_save=FILE:KEY binds another place)".into());
+        out.push("FSDP: save a sharded state dict (fsdp_state_dict_type: SHARDED_STATE_DICT in the accelerate config, state_dict_type in --fsdp_config) instead of FULL_STATE_DICT".into());
+    }
+    if has(hf::FAMILY.name) {
+        out.push("Hugging Face Trainer: --save_only_model leaves the optimizer's state out of each checkpoint (a relaunch then cannot resume it)".into());
+    }
+    if has(lightning::FAMILY.name) {
+        out.push("Lightning: ModelCheckpoint(save_weights_only=True), or a sharded checkpoint with FSDPStrategy(state_dict_type=\"sharded\")".into());
+    }
+    out.push("move the state dict to the CPU as it is gathered (FSDP: offload_to_cpu=True, rank0_only=True) and free the GPU of other processes".into());
+    out.push("a smaller batch does not help here: a save's peak is the weights and optimizer state, not the activations".into());
+    out
+}
+
 /// "--output_dir, --save, ..." — where oomguard looks for a checkpoint folder.
 pub fn output_hints() -> String {
     let mut v: Vec<&str> = Vec::new();

@@ -17,7 +17,7 @@ fn recognise(cmd: &Command) -> bool {
 
 /// A config module's `out_dir = '...'`.
 fn python_assignment(file: &Path, name: &str) -> Option<String> {
-    let text = std::fs::read_to_string(file).ok()?;
+    let text = crate::untrusted::read_config(file).ok()?;
     text.lines().rev().find_map(|l| {
         let (k, v) = l.split_once('=')?;
         if k.trim() != name {

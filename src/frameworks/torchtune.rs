@@ -79,7 +79,7 @@ fn find_packaged(name: &str, env: Env) -> Result<PathBuf, String> {
             .find(|p| p.is_file())
     };
     let tune = which("tune").ok_or("no `tune` on PATH")?;
-    let first = std::fs::read_to_string(&tune)
+    let first = crate::untrusted::read_config(&tune)
         .ok()
         .and_then(|t| t.lines().next().map(str::to_string))
         .unwrap_or_default();

@@ -11,9 +11,10 @@
 //!
 //! The key is a stable hash (FNV-1a, 64 bits) of the user's argv as given to oomguard, so
 //! the same command line finds its record; `command` is only there for a person reading
-//! the file. At most [`MAX_ENTRIES`] commands are kept (the oldest go). Written to a
-//! temporary file and renamed, so a reader never sees half a file; when two runs finish at
-//! once the last one wins, which is fine for a hint.
+//! the file (its secrets redacted). At most [`MAX_ENTRIES`] commands are kept (the oldest
+//! go). Read, changed and written back under the state file's lock, 0600, through a
+//! temporary file renamed into place (`remember::update_state`), so a reader never sees half
+//! a file and two runs finishing at once both keep their entry.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -66,10 +67,7 @@ pub fn key(argv: &[OsString]) -> String {
 }
 
 fn load(path: &Path) -> File {
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+    crate::remember::read_state(path).unwrap_or_default()
 }
 
 /// The peak recorded for this command line, if any. A missing or unreadable file is "none".
@@ -77,39 +75,29 @@ pub fn recorded(path: &Path, argv: &[OsString]) -> Option<u64> {
     load(path).commands.get(&key(argv)).map(|e| e.peak_bytes)
 }
 
-/// Remembers `peak_bytes` for this command line (after a successful attempt).
+/// Remembers `peak_bytes` for this command line (after a successful attempt),
+/// under the state file's lock, 0600, the command line redacted.
 pub fn record(path: &Path, argv: &[OsString], peak_bytes: u64) -> io::Result<()> {
-    let mut file = load(path);
-    let command = argv
-        .iter()
-        .map(|a| a.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ");
-    file.commands.insert(
-        key(argv),
-        Entry {
-            peak_bytes,
-            recorded_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            command,
-        },
-    );
-    while file.commands.len() > MAX_ENTRIES {
-        let oldest = file
-            .commands
-            .iter()
-            .min_by(|a, b| a.1.recorded_at.cmp(&b.1.recorded_at))
-            .map(|(k, _)| k.clone());
-        match oldest {
-            Some(k) => file.commands.remove(&k),
-            None => break,
-        };
-    }
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".peaks.json.{}", std::process::id()));
-    let body = serde_json::to_vec_pretty(&file).map_err(io::Error::other)?;
-    std::fs::write(&tmp, body)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
+    let command = crate::remember::redact(argv);
+    crate::remember::update_state(path, |file: &mut File| {
+        file.commands.insert(
+            key(argv),
+            Entry {
+                peak_bytes,
+                recorded_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                command,
+            },
+        );
+        while file.commands.len() > MAX_ENTRIES {
+            let oldest = file
+                .commands
+                .iter()
+                .min_by(|a, b| a.1.recorded_at.cmp(&b.1.recorded_at))
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => file.commands.remove(&k),
+                None => break,
+            };
+        }
     })
 }

@@ -613,6 +613,30 @@ fn sampler_stops_promptly_and_reports_least_headroom() {
 // ---- peaks record ----
 
 #[test]
+fn peaks_record_is_private_and_keeps_no_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/peaks.json");
+    let argv: Vec<OsString> = [
+        "torchrun",
+        "train.py",
+        "--hub_token",
+        "hf_abcdefghijklmnopqrstuvwxyz0123",
+    ]
+    .map(OsString::from)
+    .to_vec();
+    peaks::record(&path, &argv, 7 * GIB).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains("hf_abc"), "a token in peaks.json: {text}");
+    assert!(text.contains("torchrun train.py"), "{text}");
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(peaks::recorded(&path, &argv), Some(7 * GIB));
+}
+
+#[test]
 fn peaks_record_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sub/peaks.json");

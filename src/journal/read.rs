@@ -77,6 +77,12 @@ pub struct Oom {
     pub finding: OomLine,
     /// Seconds from launch to the OOM line.
     pub after_s: Option<f64>,
+    /// When in the run it happened; absent in journals written before
+    /// oomguard told it, and when nothing told it.
+    #[serde(default)]
+    pub phase: Option<crate::evidence::When>,
+    #[serde(default)]
+    pub step_reached: Option<u64>,
 }
 
 /// The decisive OOM line and its numbers (the journal's `finding`).
@@ -287,11 +293,28 @@ pub fn fold(lines: Vec<(Line, Option<String>)>, unreadable: usize) -> Option<Run
     Some(run)
 }
 
+/// The most of a journal's beginning and end `status` and `runs` read.
+const JOURNAL_HEAD: u64 = 16 << 20;
+const JOURNAL_TAIL: u64 = 48 << 20;
+
 /// Read `dir/journal.jsonl` (without following a link at its name).
 pub fn read_run(dir: &Path) -> Result<Run, ReadError> {
     let path = dir.join("journal.jsonl");
     let shown = path.display().to_string();
-    let (bytes, _) = crate::runfolder::read_nofollow(&path).map_err(|source| ReadError::Io {
+    // Not blocking on a FIFO, nothing but a regular file, and at most
+    // JOURNAL_HEAD + JOURNAL_TAIL bytes of it (a sparse 20 GB journal costs
+    // what a 64 MiB one does): its beginning (the run's start) and its end
+    // (where it stands now).
+    let (bytes, _left_out) = crate::untrusted::read_head_tail(
+        &path,
+        JOURNAL_HEAD,
+        JOURNAL_TAIL,
+        crate::untrusted::Expect {
+            no_link: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|source| ReadError::Io {
         path: shown.clone(),
         source,
     })?;
@@ -304,7 +327,7 @@ impl Oom {
     /// the end-of-run summary words it.
     pub fn cause(&self, outcome: Option<OutcomeKind>) -> String {
         let f = &self.finding;
-        Evidence {
+        let s = Evidence {
             outcome: match outcome {
                 Some(OutcomeKind::HungAfterOom) => OutcomeKind::HungAfterOom,
                 _ => OutcomeKind::CudaOom,
@@ -318,9 +341,13 @@ impl Oom {
             }),
             step_reached: None,
             steps_done: None,
-            evaluation: None,
+            phase: None,
         }
-        .to_string()
+        .to_string();
+        match self.phase {
+            Some(w) => s.replacen("OOM", &format!("OOM{}", w.words(self.step_reached)), 1),
+            None => s,
+        }
     }
 }
 

@@ -118,7 +118,7 @@ pub enum Site {
 
 pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
     match knob {
-        Knob::GradCheckpointing => match s {
+        Knob::GradCheckpointing | Knob::GatherOnSave => match s {
             Scalar::Bool(b) => Some(Value::Bool(*b)),
             Scalar::Str(x) => match x.to_ascii_lowercase().as_str() {
                 "true" => Some(Value::Bool(true)),

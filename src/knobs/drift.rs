@@ -58,7 +58,12 @@ pub fn changed(disc: &Discovery, start: &[Option<String>]) -> Vec<Drift> {
             continue;
         };
         let path = f.doc.path();
-        let now = std::fs::read(path).ok();
+        let now = crate::untrusted::read(
+            path,
+            crate::untrusted::MAX_TEXT,
+            crate::untrusted::Expect::any(),
+        )
+        .ok();
         let hash = now.as_deref().map(sha256);
         if hash.as_ref() == Some(was) {
             continue;

@@ -70,11 +70,16 @@ impl Drop for Guardian {
     fn drop(&mut self) {
         self.pipe.take();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        // The guardian exits within a millisecond or so of the byte or the pipe's close:
+        // look again soon, then less often (a fixed 5 ms sleep was most of the wait, on
+        // the path from an attempt's exit to the next one's exec).
+        let mut pause = std::time::Duration::from_micros(100);
         loop {
             match self.child.try_wait() {
                 Ok(Some(_)) => return,
                 Ok(None) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(5));
                 }
                 Ok(None) => {
                     tracing::warn!("guardian {} did not exit; killing it", self.child.id());

@@ -215,6 +215,8 @@ pub struct Report {
     /// The processes of the attempt's tree seen while it ran (sampled every 250-500 ms),
     /// the direct child first: whose death the kernel's OOM-killer record may explain.
     pub pids: detect::kernel::RunPids,
+    /// The names (`comm`) of those processes: a kernel record must name one.
+    pub names: std::collections::BTreeSet<String>,
     /// When it started, in milliseconds since boot (the kernel log's clock).
     pub started_ms: Option<detect::kernel::Millis>,
     /// Why [`Spec::stop_when`] ended the attempt, if it did.
@@ -396,6 +398,7 @@ pub(crate) fn run_wired(
         duration: start.elapsed(),
         oom_at: w.oom_at,
         pids: std::mem::take(&mut w.pids),
+        names: std::mem::take(&mut w.names),
         started_ms,
         stopped: outcome.stopped,
         task_files: w.files.as_ref().map(|f| f.files()).unwrap_or_default(),
@@ -495,6 +498,7 @@ struct Watch<'a> {
     last_output: Instant,
     /// The attempt's processes seen so far, and when the tree was last looked at.
     pids: detect::kernel::RunPids,
+    names: std::collections::BTreeSet<String>,
     pids_at: Option<Instant>,
     /// The tasks' output files, when srun writes them (see `taskfiles`).
     files: Option<taskfiles::Reader>,
@@ -529,6 +533,7 @@ impl<'a> Watch<'a> {
             oom_at: None,
             last_output: Instant::now(),
             pids: detect::kernel::RunPids::new(),
+            names: Default::default(),
             pids_at: None,
             tail: output::Ring::default(),
             files: None,
@@ -637,7 +642,7 @@ impl<'a> Watch<'a> {
             return;
         }
         self.pids_at = Some(now);
-        tree::descendants(pid, &mut self.pids);
+        tree::descendants(pid, &mut self.pids, &mut self.names);
     }
 
     /// Our stream first (live), then the scanner, then the log.
@@ -1103,11 +1108,16 @@ fn wait_ready(
     debug_assert!(streams.len() <= 2);
     let mut ready = [false; 2];
     let mut wake_ready = false;
-    let mut fds = Vec::with_capacity(3);
-    fds.push(PollFd::new(signals.wake_fd(), PollFlags::POLLIN));
+    // A fixed array, not a Vec: a Vec here was one allocation per read
+    // (`pass_through_allocates_nothing_per_line`). Unused slots are not polled.
+    let mut fds = [
+        PollFd::new(signals.wake_fd(), PollFlags::POLLIN),
+        PollFd::new(signals.wake_fd(), PollFlags::empty()),
+        PollFd::new(signals.wake_fd(), PollFlags::empty()),
+    ];
     let (mut open, mut n_open) = ([0usize; 2], 0);
     for (i, st) in streams.iter().enumerate().filter(|(_, st)| st.open) {
-        fds.push(PollFd::new(st.fd.as_fd(), PollFlags::POLLIN));
+        fds[1 + n_open] = PollFd::new(st.fd.as_fd(), PollFlags::POLLIN);
         open[n_open] = i;
         n_open += 1;
     }
@@ -1115,7 +1125,7 @@ fn wait_ready(
     // Round up: rounding down would spin on poll(0) for the last
     // fraction of a millisecond before every deadline.
     let ms = timeout.as_micros().div_ceil(1000).clamp(0, 60_000) as u16;
-    match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+    match nix::poll::poll(&mut fds[..1 + n_open], PollTimeout::from(ms)) {
         Ok(_) => {
             wake_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
             for (slot, &i) in open.iter().enumerate() {

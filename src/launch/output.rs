@@ -167,10 +167,22 @@ impl Log {
         let (a, b) = ring.as_slices();
         self.write_file(a);
         self.write_file(b);
-        if let Some(f) = self.file.take()
-            && let Err(e) = f.sync_all()
-        {
-            self.fail(e);
+        // Flushed to the disk on a thread of its own: the next attempt must not wait for
+        // the disk (an fsync on a busy machine took 30 ms of the gap between an attempt's
+        // exit and the next one's exec). What the log holds is already visible to readers
+        // (the page cache); only its durability across a power loss comes a moment later.
+        if let Some(f) = self.file.take() {
+            let path = self.path_shown.clone();
+            let synced = std::thread::Builder::new()
+                .name("log-sync".into())
+                .spawn(move || {
+                    if let Err(e) = f.sync_all() {
+                        tracing::warn!("could not write log {path}: {e}");
+                    }
+                });
+            if let Err(e) = synced {
+                tracing::debug!("log sync thread: {e}");
+            }
         }
     }
 

@@ -979,3 +979,33 @@ fn same_output_compares_the_files_behind_stdout_and_stderr() {
     let expected = matches!((id(1), id(2)), (Some(a), Some(b)) if a == b);
     assert_eq!(spawn::same_output(), expected);
 }
+
+/// The pass-through allocates nothing per line: ten times the lines cost (almost) no more
+/// allocations. Counted by the test build's allocator (`alloc_count`), on this thread,
+/// which runs the whole poll loop (read, write through, scan, log).
+#[test]
+fn pass_through_allocates_nothing_per_line() {
+    let _g = shared();
+    let signals = Signals::install().expect("install signals");
+    let dir = tempfile::tempdir().unwrap();
+    let count = |lines: u32| {
+        let script = format!(
+            "yes 'step 1234/100000 loss 2.3456 lr 2.0e-05 tokens/s 51234' | head -n {lines}"
+        );
+        let mut s = spec(&["sh", "-c", &script]);
+        s.log = Some(dir.path().join(format!("log-{lines}")));
+        let before = crate::alloc_count::allocations();
+        let r = run_with(&s, &signals, &mut io::sink(), &mut io::sink());
+        let n = crate::alloc_count::allocations() - before;
+        assert!(r.is_ok(), "run failed: {:?}", r.err());
+        n
+    };
+    let small = count(20_000);
+    let large = count(200_000);
+    // 180000 more lines (about 10 MB, some 150 more reads): a handful of allocations more
+    // at most (a buffer grown once), never one per line or per read.
+    assert!(
+        large <= small + 20,
+        "20000 lines: {small} allocations; 200000 lines: {large}"
+    );
+}

@@ -145,7 +145,11 @@ const MAX_REMEMBERED: usize = 65_536;
 /// Adds `root` and its descendants to `into`: each process's children as its main thread
 /// lists them (/proc/PID/task/PID/children; a child forked by another thread is found only
 /// through the main thread's). Processes that left the tree (reparented) are not found.
-pub(crate) fn descendants(root: i32, into: &mut std::collections::BTreeSet<u32>) {
+pub(crate) fn descendants(
+    root: i32,
+    into: &mut std::collections::BTreeSet<u32>,
+    names: &mut std::collections::BTreeSet<String>,
+) {
     let mut stack = vec![root];
     let mut walked = 0;
     while let Some(pid) = stack.pop() {
@@ -153,7 +157,13 @@ pub(crate) fn descendants(root: i32, into: &mut std::collections::BTreeSet<u32>)
         if pid <= 0 || walked > 4096 || into.len() >= MAX_REMEMBERED {
             break;
         }
-        into.insert(pid as u32);
+        if into.insert(pid as u32)
+            && names.len() < 256
+            && let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        {
+            // Its name as the kernel's OOM-killer record writes it (`comm`).
+            names.insert(comm.trim_end_matches('\n').to_string());
+        }
         let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
         else {
             continue;

@@ -26,7 +26,7 @@ impl<'c> Run<'c> {
         if !job::in_pod(&|k| std::env::var_os(k)) || in_slurm() {
             return;
         }
-        if path.exists() {
+        if std::fs::symlink_metadata(&path).is_ok() {
             self.start_at_fitting(&format!(
                 "restarted pod of a Kubernetes job (the job's last settings are in {})",
                 path.display()
@@ -46,16 +46,44 @@ impl<'c> Run<'c> {
     /// Start at the job's last settings (`why`: whose restart this is) and resume
     /// from the newest complete checkpoint; this new run folder names the old one.
     fn start_at_fitting(&mut self, why: &str) {
-        let Some(fitting) = self.fitting.as_deref().and_then(job::load_fitting) else {
+        let Some(path) = self.fitting.clone() else {
             return;
         };
+        let fitting = match job::load_fitting(&path) {
+            Ok(Some(f)) => f,
+            Ok(None) => return,
+            Err(why) => {
+                eprintln!(
+                    "oomguard: warning: {why}: the job's last settings are not used: {why}; starting at {}",
+                    self.settings
+                );
+                return;
+            }
+        };
+        let mut next = self.settings.clone();
         for (name, value) in &fitting.knobs {
             if let Ok(k) = name.parse::<crate::settings::Knob>()
-                && self.settings.knobs.contains_key(&k)
+                && next.knobs.contains_key(&k)
             {
-                self.settings.knobs.insert(k, value.clone());
+                next.knobs.insert(k, value.clone());
             }
         }
+        // oomguard keeps the global batch: settings that change it were not
+        // written by oomguard, whoever wrote the file.
+        if next.global_batch() != self.settings.global_batch() {
+            eprintln!(
+                "oomguard: warning: {why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}",
+                path.display(),
+                self.settings
+                    .global_batch()
+                    .map_or("unknown".into(), |g| g.to_string()),
+                next.global_batch()
+                    .map_or("unknown".into(), |g| g.to_string()),
+                self.settings
+            );
+            return;
+        }
+        self.settings = next;
         let res = self
             .cfg
             .resume(&checkpoint::Baseline::default(), Duration::from_millis(200));
@@ -73,6 +101,28 @@ impl<'c> Run<'c> {
                 "cannot write previous-run in {}: {e}",
                 self.cfg.run_dir.display()
             );
+        }
+    }
+
+    /// A follower at the first meeting: copy 0's settings for attempt 1 (its
+    /// remembered or requeued ones), not this copy's own.
+    pub(super) fn take_copy0_start(
+        &mut self,
+        knobs: std::collections::BTreeMap<String, knobs::Value>,
+    ) {
+        let before = self.settings.clone();
+        for (name, value) in knobs {
+            if let Ok(k) = name.parse::<crate::settings::Knob>()
+                && self.settings.knobs.contains_key(&k)
+            {
+                self.settings.knobs.insert(k, value);
+            }
+        }
+        if self.settings != before {
+            self.log.info(&format!(
+                "starting at copy 0's settings: {} (this copy's own were {before})",
+                self.settings
+            ));
         }
     }
 
@@ -170,6 +220,31 @@ impl<'c> Run<'c> {
                         self.settings.knobs.insert(k, value);
                     }
                 }
+                // The checkpoint is named by its absolute path; one this copy
+                // cannot reach (another filesystem, an older copy 0's relative
+                // path) stops this copy, and with it the job, as Slurm does
+                // when a task fails: never a relaunch that dies of a missing
+                // folder while copy 0 goes on alone.
+                if let Some(p) = &resume
+                    && (!p.is_absolute() || std::fs::metadata(p).is_err())
+                {
+                    eprintln!(
+                        "oomguard: copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job",
+                        p.display(),
+                        if p.is_absolute() {
+                            "not found here: the output folder must be on a filesystem every copy shares"
+                        } else {
+                            "not an absolute path"
+                        }
+                    );
+                    let end = job::End {
+                        rank: job.rank,
+                        outcome: crate::evidence::OutcomeKind::OtherFailure,
+                        oom_line: None,
+                    };
+                    let _ = job.publish_end(n + 1, &end);
+                    return Flow::Stop(own);
+                }
                 self.resume = match (resume, &self.cfg.layout) {
                     (Some(p), Some(l)) => Some(knobs::ResumeArg {
                         how: l.how.clone(),
@@ -205,13 +280,11 @@ impl<'c> Run<'c> {
         let code = match outcome {
             Outcome::GpuOom { finding, hung } => {
                 let reached = self.reached(log, started);
+                self.note_reached(reached);
                 let mut ev =
                     Evidence::gpu_oom(finding.as_ref(), hung, reached, self.started_from());
                 // Where in the run it happened: its traceback and progress.
-                ev.evaluation = finding
-                    .as_ref()
-                    .zip(log)
-                    .and_then(|(f, l)| crate::detect::phase::from_log(l, &f.line));
+                ev.phase = self.phase.take();
                 let flow = self.after_oom(rec, &ev, finding.as_ref(), report, started);
                 rec.evidence = Some(ev);
                 return flow;
@@ -223,7 +296,7 @@ impl<'c> Run<'c> {
                         path,
                         key,
                         &self.settings.knobs,
-                        &plan::shell_quote(&self.cfg.argv),
+                        &crate::remember::redact(&self.cfg.argv),
                     )
                 {
                     tracing::warn!("cannot remember the settings in {}: {e}", path.display());
@@ -285,6 +358,7 @@ impl<'c> Run<'c> {
                 code,
             } => {
                 let reached = self.reached(log, started);
+                self.note_reached(reached);
                 if let Some(flow) = self.after_host_oom(rec, reached, report, started) {
                     return flow;
                 }
@@ -292,7 +366,7 @@ impl<'c> Run<'c> {
                     (Some(v), _) => format!(": the kernel's OOM killer killed {}", v.describe()),
                     (None, Some(f)) => format!(": {}", f.line),
                     (None, None) => {
-                        " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer)"
+                        " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer, or its record could not be tied to this run: cannot confirm)"
                             .into()
                     }
                 };

@@ -3,6 +3,7 @@
 //! after a CPU offload, and the checkpoints a relaunch passes over.
 
 use super::*;
+use crate::evidence::When;
 
 impl<'c> Run<'c> {
     /// The policy, less the CPU offload steps a host OOM ruled out.
@@ -118,7 +119,7 @@ impl<'c> Run<'c> {
             oom: None,
             step_reached: reached,
             steps_done: reached.map(|r| r.step.saturating_sub(self.started_from())),
-            evaluation: None,
+            phase: None,
         }
     }
 
@@ -171,7 +172,12 @@ impl<'c> Run<'c> {
     /// after saving). `None`: it cannot be told.
     pub(super) fn reached(&self, log: Option<&Path>, started: SystemTime) -> Option<Reached> {
         let printed = log.and_then(|l| progress::read(l, self.cfg.logging, self.started_from()));
-        let res = self.cfg.resume(&self.baseline, Duration::ZERO);
+        // A checkpoint beyond what the output shows is not this attempt's.
+        let mut bounded = self.baseline.clone();
+        if let Some(p) = printed {
+            bounded.reached = Some(self.step_bound(p).max(bounded.reached.unwrap_or(0)));
+        }
+        let res = self.cfg.resume(&bounded, Duration::ZERO);
         let saved = res
             .chosen
             .as_ref()
@@ -184,6 +190,26 @@ impl<'c> Run<'c> {
         match (printed, saved) {
             (Some(p), Some(s)) => Some(p.max(s)),
             (p, s) => p.or(s),
+        }
+    }
+
+    /// The highest step an attempt that reached `r` can have saved: `r`, or
+    /// with "at least" (log dicts every N steps) up to N - 1 more.
+    pub(super) fn step_bound(&self, r: Reached) -> u64 {
+        if r.at_least {
+            r.step + self.cfg.logging.map_or(0, |l| l.every.max(1) - 1)
+        } else {
+            r.step
+        }
+    }
+
+    /// After an attempt that reached `r`: checkpoints beyond the highest step
+    /// this run reached are never resumed from (another run's, or an old one
+    /// touched). Unknown: no bound is added.
+    pub(super) fn note_reached(&mut self, r: Option<Reached>) {
+        if let Some(r) = r {
+            let b = self.step_bound(r);
+            self.baseline.reached = Some(self.baseline.reached.map_or(b, |x| x.max(b)));
         }
     }
 
@@ -235,6 +261,13 @@ impl<'c> Run<'c> {
             return Flow::Stop(exit::EXHAUSTED);
         }
         let oom_after = report.oom_at.unwrap_or(report.duration);
+        // An OOM while loading or saving a checkpoint: not the batch's, so
+        // neither a smaller batch nor the memory model's activations.
+        match ev.when() {
+            Some(When::Loading) => return self.after_load_oom(rec, ev, started, oom_after),
+            Some(When::Saving) => return self.after_save_oom(rec, ev, started, oom_after),
+            _ => {}
+        }
         // An OOM during evaluation: its batch first, the training's untouched.
         match policy::halve_eval_batch(&self.settings, ev) {
             Ok(d) => {
@@ -254,6 +287,102 @@ impl<'c> Run<'c> {
         };
         rec.next = self.decide(n, ev, d, started, oom_after);
         Flow::Again
+    }
+
+    /// After an OOM while loading a checkpoint: the same settings once, with
+    /// the allocator set against fragmentation; then offloading the
+    /// optimizer's state; then stop with advice (see `policy::after_load_oom`).
+    /// The memory model is not calibrated: the load's peak is no activation.
+    fn after_load_oom(
+        &mut self,
+        rec: &mut AttemptRecord,
+        ev: &Evidence,
+        started: SystemTime,
+        oom_after: Duration,
+    ) -> Flow {
+        let n = rec.n;
+        let retried = self.retried.contains(&When::Loading);
+        let fix = policy::after_load_oom(&self.policy(), &self.settings, ev, retried);
+        match fix {
+            policy::PhaseFix::Retry { reason } => {
+                self.retry_same(rec, ev, When::Loading, reason);
+                Flow::Again
+            }
+            policy::PhaseFix::Step(d) => {
+                rec.next = self.decide(n, ev, d, started, oom_after);
+                Flow::Again
+            }
+            policy::PhaseFix::Stop { why } => {
+                eprintln!("oomguard: {why}; oomguard stops here");
+                for a in crate::frameworks::load_advice(&self.cfg.disc.families) {
+                    eprintln!("oomguard:   {a}");
+                }
+                Flow::Stop(exit::EXHAUSTED)
+            }
+        }
+    }
+
+    /// After an OOM while saving a checkpoint: the family's saving setting
+    /// (`policy::after_save_oom`), never a smaller batch; else stop with advice.
+    fn after_save_oom(
+        &mut self,
+        rec: &mut AttemptRecord,
+        ev: &Evidence,
+        started: SystemTime,
+        oom_after: Duration,
+    ) -> Flow {
+        let retried = self.retried.contains(&When::Saving);
+        match policy::after_save_oom(&self.settings, ev, retried) {
+            policy::PhaseFix::Step(d) => {
+                rec.next = self.decide(rec.n, ev, d, started, oom_after);
+                Flow::Again
+            }
+            policy::PhaseFix::Retry { reason } => {
+                self.retry_same(rec, ev, When::Saving, reason);
+                Flow::Again
+            }
+            policy::PhaseFix::Stop { why } => {
+                eprintln!("oomguard: {why}; oomguard stops here");
+                for a in crate::frameworks::save_advice(&self.cfg.disc.families) {
+                    eprintln!("oomguard:   {a}");
+                }
+                Flow::Stop(exit::EXHAUSTED)
+            }
+        }
+    }
+
+    /// The same settings again after an OOM while loading or saving (`when`),
+    /// once a run each, with the allocator set against fragmentation, from the
+    /// newest checkpoint this run wrote.
+    fn retry_same(&mut self, rec: &mut AttemptRecord, ev: &Evidence, when: When, reason: String) {
+        self.retried.push(when);
+        let alloc = crate::envmerge::against_fragmentation(
+            &mut self.env_defaults,
+            &crate::run_config::real_env,
+        );
+        let reason = format!("{reason} ({alloc})");
+        let n = rec.n;
+        let peak = if when == When::Loading {
+            "a load's"
+        } else {
+            "a save's"
+        };
+        self.log.info(&format!(
+            "attempt {n}: {ev}: retrying the same settings once ({alloc}); a smaller batch does not lower {peak} peak"
+        ));
+        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        self.checkpoints_passed_over(rec.n, &res);
+        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
+        self.log.info(&res.why);
+        self.j.record(&Event::RetrySameSettings {
+            attempt: rec.n,
+            step: SameSettings::RetrySameSettings,
+            before: &self.settings,
+            after: &self.settings,
+            reason,
+            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+        });
+        rec.next = Next::Retry;
     }
 
     /// Why the policy has no step left, complete at the default verbosity: the
@@ -289,7 +418,7 @@ impl<'c> Run<'c> {
     /// Why an OOM during evaluation changes the training settings after all
     /// (`None`: it was not during evaluation).
     fn eval_fallback(&self, ev: &Evidence, not: policy::EvalNot) -> Option<String> {
-        let how = ev.evaluation.as_deref()?;
+        let how = ev.evaluation()?;
         let why = match not {
             policy::EvalNot::Training => return None,
             policy::EvalNot::AtOne => "the evaluation batch is already 1".to_string(),
@@ -353,7 +482,7 @@ impl<'c> Run<'c> {
         let retries = self
             .attempts
             .iter()
-            .filter(|a| matches!(a.next, Next::Retry))
+            .filter(|a| matches!(a.next, Next::Retry) && a.foreign.is_some())
             .count();
         if retries >= TENANT_RETRIES as usize || !self.gw.wait_for_tenant(pid) {
             eprintln!(

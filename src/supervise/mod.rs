@@ -118,6 +118,12 @@ struct Run<'c> {
     attempts: Vec<AttemptRecord>,
     /// The memory model, calibrated by every OOM so far (`None`: no model config).
     cal: Option<crate::memory::Calibrated>,
+    /// The phase the last attempt's GPU OOM happened in (see `detect::phase`),
+    /// told as it ended; taken by the decision after it.
+    phase: Option<crate::detect::phase::Seen>,
+    /// The phases (loading, saving) whose OOM was retried at the same
+    /// settings (each is, once a run).
+    retried: Vec<crate::evidence::When>,
     /// Offloads whose CPU form ran the host out of memory: never to CPU again.
     no_cpu_offload: Vec<knobs::Knob>,
     /// Whether "the kernel's log cannot be read" was said (it is said once a run).
@@ -137,6 +143,9 @@ struct Run<'c> {
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
 pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
+    // The scanner's patterns are built while the first attempt starts, not at its first
+    // OOM line (where the build delayed the hang timer's reaction).
+    std::thread::spawn(crate::detect::warm);
     let gw = cfg.gpu.take().expect("from_args opened the GPU watch");
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
@@ -186,6 +195,14 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
             return exit::USAGE;
         }
     };
+    // The job's folder is private and the user's, or refused before anything
+    // runs (see `job`): another user's files there would steer this run.
+    if let Some(job) = cfg.job.as_mut()
+        && let Err(e) = job.open()
+    {
+        eprintln!("oomguard: error: {e}");
+        return exit::USAGE;
+    }
     let mut run = Run::start(&cfg, gw, inplace, rungs);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
     run.restarted_pod();
@@ -265,6 +282,8 @@ impl<'c> Run<'c> {
             dropped: Vec::new(),
             cal: cfg.calibrated(),
             no_cpu_offload: Vec::new(),
+            phase: None,
+            retried: Vec::new(),
         }
     }
 
@@ -278,30 +297,30 @@ impl<'c> Run<'c> {
             }
             // The copies launch together: a relaunch of one copy alone would
             // wait in the rendezvous for peers that are not coming.
-            let me = job::Ready {
-                copies: job.copies,
-                world: self.settings.world_size,
-                settings: self.settings.to_string(),
-                disagree: None,
-            };
-            match job.meet_as(n, &me) {
-                job::Meeting::Met => {}
-                job::Meeting::Late => eprintln!(
+            // What this copy is about to launch; copy 0's settings for attempt 1
+            // (remembered, requeued) are the job's: the copies start alike.
+            let me = job::Launch::new(job.copies, &self.settings);
+            let met = job.meet(n, Some(&me));
+            // Half a job launched would wait in its rendezvous for ranks that
+            // are not coming: nothing is launched, and the non-zero status
+            // lets the job's own failure policy (Kubernetes, Slurm) act.
+            if let Some(why) = met.disagree {
+                eprintln!(
+                    "oomguard: the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
+                    job.dir.display(),
+                    exit::USAGE
+                );
+                return Flow::Stop(exit::USAGE);
+            }
+            if !met.all {
+                eprintln!(
                     "oomguard: warning: not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
                     job.timeout,
                     job.dir.display()
-                ),
-                // Half a job launched would wait in its rendezvous for ranks that
-                // are not coming: nothing is launched, and the non-zero status
-                // lets the job's own failure policy (Kubernetes, Slurm) act.
-                job::Meeting::Disagree(why) => {
-                    eprintln!(
-                        "oomguard: the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
-                        job.dir.display(),
-                        exit::USAGE
-                    );
-                    return Flow::Stop(exit::USAGE);
-                }
+                );
+            }
+            if let Some(knobs) = met.start {
+                self.take_copy0_start(knobs);
             }
         }
         let (spec, started) = match self.prepare(n) {
@@ -563,7 +582,12 @@ impl<'c> Run<'c> {
                 line,
             });
         }
-        if let Some(why) = unreadable
+        let unconfirmed = unreadable
+            .as_deref()
+            .is_some_and(|w| w.starts_with("the kernel's OOM killer killed"));
+        if let Some(why) = unreadable.as_deref().filter(|_| unconfirmed) {
+            eprintln!("oomguard: attempt {n}: killed by SIGKILL; {why}");
+        } else if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
             eprintln!(
@@ -577,12 +601,26 @@ impl<'c> Run<'c> {
                     file.display()
                 ));
             }
+            // When in the run it happened: its traceback and progress, and the
+            // step it reached (a GPU OOM's only: it decides the next attempt).
+            let mut seen = Evidence::gpu_oom(Some(f), false, None, self.started_from());
+            if matches!(outcome, Outcome::GpuOom { .. }) {
+                seen.phase = log.and_then(|l| crate::detect::phase::from_log(l, &f.line));
+                seen.step_reached = self.reached(log, started);
+                seen.steps_done = seen
+                    .step_reached
+                    .map(|r| r.step.saturating_sub(self.started_from()));
+            }
             self.j.record(&Event::Oom {
                 attempt: n,
                 finding: f.into(),
                 after_s: report.oom_at.map(|d| d.as_secs_f64()),
                 file: report.oom_file.as_deref(),
+                phase: seen.when(),
+                phase_how: seen.phase_how(),
+                step_reached: seen.step_reached.map(|r| r.step),
             });
+            self.phase = seen.phase.clone();
         }
         self.j.record(&Event::AttemptEnd {
             attempt: n,
@@ -761,6 +799,11 @@ impl<'c> Run<'c> {
 
     /// Journal the end, restore files edited in place, and print the summary.
     fn finish(mut self, code: i32) -> i32 {
+        // The fallback folder of config copies (no run folder) is this run's
+        // alone: gone with it (`remove_dir_all` never follows a link).
+        if let Some(d) = self.scratch.take() {
+            let _ = std::fs::remove_dir_all(&d);
+        }
         let lost = journal::lost(&self.attempts);
         // A relaunch that had not got back when the run ended.
         let n = self.begun;
@@ -867,11 +910,11 @@ fn last_command(
 /// restarters and batch-size finders inside the command; every note with -v.
 fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
     if let Some(s) = &cfg.inside.shell_script {
-        eprintln!("oomguard: warning: {}", crate::inside::shell_note(s));
+        log.info(&format!("warning: {}", crate::inside::shell_note(s)));
     }
     if rungs <= 1 && cfg.max_attempts > 1 {
         let mut line = format!(
-            "oomguard: warning: oomguard found no setting it can change after a GPU OOM in this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows where it looked",
+            "warning: oomguard found no setting it can change after a GPU OOM in this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows where it looked",
             plan::plan_hint(&cfg.argv)
         );
         if let Some(n) = plan::unbound_notes(cfg)
@@ -881,7 +924,7 @@ fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
         {
             line.push_str(&format!(". {n}"));
         }
-        eprintln!("{line}");
+        log.info(&line);
     }
     log.info(&plan::changeable(cfg));
     let inside = cfg.inside.notes();
