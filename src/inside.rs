@@ -9,7 +9,7 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use crate::command::{Command, FlagForm, LauncherKind, Target, base_name};
+use crate::command::{Command, FlagForm, Target, base_name};
 
 /// At most this much of a script is read to look for a finder or a shebang.
 const MAX_SCRIPT_BYTES: u64 = 1 << 20;
@@ -45,13 +45,15 @@ impl Inside {
     /// Look at the command, the text of the config files it names (shown name,
     /// text), and the script it runs (read without blocking, at most 1 MiB).
     pub fn find<'a>(cmd: &Command, configs: impl Iterator<Item = (&'a str, &'a str)>) -> Inside {
-        let torchrun_restarts = cmd
-            .launcher_value(
-                LauncherKind::Torchrun,
-                &["--max-restarts", "--max_restarts"],
-            )
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .filter(|&n| n > 0);
+        // As torchrun reads it: the command line, else `PET_MAX_RESTARTS` (which
+        // the Kubeflow operator sets from an elastic policy's `maxRestarts`).
+        let torchrun_restarts = crate::frameworks::launchers::torchrun_opt(
+            cmd,
+            &|k| std::env::var_os(k),
+            &["--max-restarts", "--max_restarts"],
+        )
+        .and_then(|o| o.value.trim().parse::<u32>().ok())
+        .filter(|&n| n > 0);
         Inside {
             shell_script: shell_script(cmd),
             torchrun_restarts,

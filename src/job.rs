@@ -11,8 +11,15 @@
 //! host). Files are written to a private temporary name and renamed into place,
 //! so a reader sees a whole file or none.
 //!
-//! * `ready-N-R`: copy R is about to launch attempt N. Every copy waits until
-//!   all have written theirs (the meeting), so the copies launch together.
+//! * `ready-N-R`: copy R is about to launch attempt N, and what it launches
+//!   (its count of copies, the world size, its settings). Every copy waits
+//!   until all have written theirs (the meeting), so the copies launch
+//!   together. At the first, each holds the copy's random nonce.
+//! * `meeting-1.json`: copy 0's answer at the first meeting: the job's random
+//!   token, the nonces it saw, its settings for attempt 1 (the followers adopt
+//!   them: the copies start alike) and, when a copy cannot launch what copy 0
+//!   launches (another count of copies or world size, settings it cannot
+//!   adopt), why: then no copy launches, and each stops with status 2.
 //! * `end-N-R.json`: how attempt N ended for copy R (its outcome and the OOM
 //!   line it saw, if any), written when it failed; the leader reads the
 //!   followers'.
@@ -33,9 +40,10 @@
 //! at once (SIGTERM, SIGKILL after the grace period) instead of waiting for
 //! NCCL's or the rendezvous' timeout — a rank whose peer died, or hung after
 //! its OOM, may wait in a collective for many minutes without a word — and
-//! then go on as after any failure. A file counts only when it is not older
-//! than this copy's own `ready-N-R` (the same filesystem's clock), so one left
-//! by an earlier job with the same key never ends an attempt.
+//! then go on as after any failure. Every file after the first meeting carries
+//! the job's token, and a file counts only with it (no file's date is
+//! trusted), so one left by an earlier job with the same key never ends an
+//! attempt, makes a meeting or says a disagreement.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -56,6 +64,11 @@ const TIMEOUT: Duration = Duration::from_secs(900);
 
 /// The folder under the checkpoint root.
 pub const FOLDER: &str = ".oomguard-job";
+
+/// The job's name, when the pods' manifest exposes it (the Kubeflow operator's
+/// `training.kubeflow.org/job-name` label, through the downward API): the job
+/// key of a job whose torchrun has no rendezvous id, and of one program per pod.
+pub const JOB_NAME: &str = "OOMGUARD_JOB_NAME";
 
 /// This copy's place in the job.
 #[derive(Debug, Clone)]
@@ -99,6 +112,84 @@ pub enum Published {
     Stop {
         code: i32,
     },
+}
+
+/// What a copy is about to launch, said in its `ready-N-R` at each meeting.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launch {
+    /// How many copies this copy counts in the job.
+    pub copies: u32,
+    pub world: u64,
+    /// Knob name → value: the knobs this copy's command binds.
+    pub knobs: BTreeMap<String, Value>,
+    /// The global batch of these settings (None: not known).
+    pub global_batch: Option<u64>,
+    /// The settings, as the journal says them (`micro_batch=8 grad_accum=4 ...`).
+    pub settings: String,
+}
+
+impl Launch {
+    /// What a copy counting `copies` copies launches with `s`.
+    pub fn new(copies: u32, s: &crate::settings::Settings) -> Launch {
+        Launch {
+            copies,
+            world: s.world_size,
+            knobs: s
+                .knobs
+                .iter()
+                .map(|(k, v)| (k.name().to_string(), v.clone()))
+                .collect(),
+            global_batch: s.global_batch(),
+            settings: s.to_string(),
+        }
+    }
+
+    /// Why copy `them` cannot launch what copy `me` launches, if it cannot.
+    /// The number of copies and the world size cannot be adopted. At the first
+    /// meeting (`adopt`) a follower takes copy 0's settings, which it can only
+    /// where its command binds the same knobs and has the same global batch
+    /// (oomguard never changes a global batch); later, the copies' settings
+    /// (each follows copy 0's decision) must be the same.
+    fn differs(&self, other: &Launch, me: u32, them: u32, adopt: bool) -> Option<String> {
+        if self.copies != other.copies {
+            return Some(format!(
+                "copy {me} counts {} copies, copy {them} counts {}",
+                self.copies, other.copies
+            ));
+        }
+        if self.world != other.world {
+            return Some(format!(
+                "copy {me} has world size {}, copy {them} has {}",
+                self.world, other.world
+            ));
+        }
+        let batch = |g: Option<u64>| g.map_or("unknown".into(), |g| g.to_string());
+        if adopt {
+            if !self.knobs.keys().eq(other.knobs.keys()) {
+                let names = |l: &Launch| l.knobs.keys().cloned().collect::<Vec<_>>().join(" ");
+                return Some(format!(
+                    "copy {them} cannot take copy {me}'s settings: copy {me}'s command sets {}, copy {them}'s sets {}",
+                    names(self),
+                    names(other)
+                ));
+            }
+            return (self.global_batch != other.global_batch).then(|| {
+                format!(
+                    "copy {me} would launch with {} (global batch {}), copy {them} with {} (global batch {}): copy {them} cannot take copy {me}'s settings without changing its global batch",
+                    self.settings,
+                    batch(self.global_batch),
+                    other.settings,
+                    batch(other.global_batch)
+                )
+            });
+        }
+        (self.settings != other.settings).then(|| {
+            format!(
+                "copy {me} would launch with {}, copy {them} with {}",
+                self.settings, other.settings
+            )
+        })
+    }
 }
 
 /// What a copy of a job does after one of its attempts ended.
@@ -182,29 +273,48 @@ impl Job {
             }
             _ => None,
         };
+        // torchrun's place, from its command line or, as torchrun reads them,
+        // its `PET_` variables (a Kubernetes operator's configuration).
         let torchrun = || {
-            let t = LauncherKind::Torchrun;
-            let nodes: u32 = cmd.launcher_value(t, &["--nnodes"])?.parse().ok()?;
-            let rank: u32 = cmd
-                .launcher_value(t, &["--node_rank", "--node-rank"])?
-                .parse()
-                .ok()?;
+            let opt = |names: &[&str]| crate::frameworks::launchers::torchrun_opt(cmd, env, names);
+            let nnodes = opt(&["--nnodes"])?;
+            let node_rank = opt(&["--node_rank", "--node-rank"])?;
+            let nodes: u32 = nnodes.value.parse().ok()?;
+            let rank: u32 = node_rank.value.parse().ok()?;
             if nodes < 2 {
                 return None;
             }
-            let id = cmd
-                .launcher_value(t, &["--rdzv_id", "--rdzv-id"])
-                .or_else(|| cmd.launcher_value(t, &["--rdzv_endpoint", "--rdzv-endpoint"]))
-                .or_else(|| cmd.launcher_value(t, &["--master_port", "--master-port"]))
-                .unwrap_or("default");
-            Some((
-                rank,
-                nodes,
-                format!("torchrun-{id}"),
-                format!("torchrun --node_rank {rank} of --nnodes {nodes}"),
-            ))
+            let id = opt(&["--rdzv_id", "--rdzv-id"])
+                .map(|o| o.value)
+                .or_else(|| env_str(env, JOB_NAME))
+                .or_else(|| opt(&["--rdzv_endpoint", "--rdzv-endpoint"]).map(|o| o.value))
+                .or_else(|| opt(&["--master_port", "--master-port"]).map(|o| o.value))
+                .unwrap_or_else(|| "default".into());
+            let source = if nnodes.from.starts_with("--") && node_rank.from.starts_with("--") {
+                format!("torchrun --node_rank {rank} of --nnodes {nodes}")
+            } else {
+                format!("torchrun {} of {}", node_rank.from, nnodes.from)
+            };
+            Some((rank, nodes, format!("torchrun-{id}"), source))
         };
-        let Some((rank, copies, key, source)) = slurm.or_else(torchrun) else {
+        // One program per pod (`WORLD_SIZE`, `RANK`): the job's name, else where
+        // its ranks meet (`MASTER_ADDR:MASTER_PORT`, the operator's stable
+        // service name), never the pod's own name, which a restart changes.
+        let per_pod = || {
+            if cmd.launchers.iter().any(|l| l.kind != LauncherKind::Python) {
+                return None;
+            }
+            let p = crate::frameworks::launchers::per_pod(env)?;
+            let id = env_str(env, JOB_NAME)
+                .or_else(|| {
+                    let addr = env_str(env, "MASTER_ADDR")?;
+                    let port = env_str(env, "MASTER_PORT").unwrap_or_default();
+                    Some(format!("{addr}-{port}"))
+                })
+                .unwrap_or_else(|| "default".into());
+            Some((p.pod, p.pods, format!("pods-{id}"), p.source))
+        };
+        let Some((rank, copies, key, source)) = slurm.or_else(torchrun).or_else(per_pod) else {
             return Ok(None);
         };
         let Some(root) = root else {
@@ -336,55 +446,92 @@ impl Job {
         }
     }
 
-    /// The meeting before attempt `n`: every copy says it is ready, and waits
-    /// for the others. The first meeting gives the job its token: each
+    /// The meeting before attempt `n`: every copy says it is ready and what it
+    /// is about to launch (`me`; None: a copy that says nothing of it), and
+    /// waits for the others. The first meeting gives the job its token: each
     /// follower's `ready-1-R` holds a random nonce of its own; copy 0, once
     /// every copy's is there, writes `meeting-1.json` with a new random token,
-    /// the nonces it saw and its settings for attempt 1; a follower takes the
-    /// token (and the settings) only from a meeting file that holds its own
-    /// nonce — never from an earlier job's files with the same key. Later
-    /// meetings and every message carry the token.
-    /// `start`: copy 0's knob values for attempt 1 (followers: None).
-    pub fn meet(&self, n: u32, start: Option<&BTreeMap<String, Value>>) -> Met {
+    /// the nonces it saw and its settings for attempt 1, which the followers
+    /// adopt; a follower takes the token (and the settings) only from a meeting
+    /// file that holds its own nonce — never from an earlier job's files with
+    /// the same key. Later meetings and every message carry the token.
+    ///
+    /// The copies also check that they launch the same job ([`Launch`]): at
+    /// the first meeting copy 0 checks each follower's (the same copies and
+    /// world size, settings it can adopt) and says a disagreement in
+    /// `meeting-1.json`; at a later one each copy compares the others' and
+    /// writes a disagreement into its own `ready-N-R`, so the others stop too.
+    /// Only files of this meeting count (the leader cleared the folder before
+    /// the first, later ones carry the token), so a disagreement is said at
+    /// once, never waited on.
+    pub fn meet(&self, n: u32, me: Option<&Launch>) -> Met {
         let none = Met {
             all: false,
             start: None,
+            disagree: None,
         };
         if n == 1 {
-            return self.first_meeting(start).unwrap_or(none);
+            return self.first_meeting(me).unwrap_or(none);
         }
         let Some(token) = self.token.get().cloned() else {
             return none;
         };
-        let mine = Ready {
-            token: token.clone(),
-            nonce: String::new(),
+        let name = |r: u32| format!("ready-{n}-{r}");
+        let write = |disagree: Option<String>| {
+            let mine = Ready {
+                token: token.clone(),
+                nonce: String::new(),
+                launch: me.cloned(),
+                disagree,
+            };
+            self.write(
+                &name(self.rank),
+                &serde_json::to_vec(&mine).expect("Ready serialises"),
+            )
         };
-        if let Err(e) = self.write(
-            &format!("ready-{n}-{}", self.rank),
-            &serde_json::to_vec(&mine).expect("Ready serialises"),
-        ) {
+        if let Err(e) = write(None) {
             tracing::warn!("job folder {}: {e}", self.dir.display());
             return none;
         }
-        let all = self
-            .wait(|| {
-                (0..self.copies)
-                    .all(|r| {
-                        self.read::<Ready>(&format!("ready-{n}-{r}"))
-                            .is_some_and(|x| x.token == token)
-                    })
-                    .then_some(())
-            })
-            .is_some();
-        Met { all, start: None }
+        let met = self.wait(|| {
+            let mut all = true;
+            for r in (0..self.copies).filter(|r| *r != self.rank) {
+                let Some(other) = self.read::<Ready>(&name(r)).filter(|x| x.token == token) else {
+                    all = false;
+                    continue;
+                };
+                if let Some(why) = &other.disagree {
+                    return Some(Err(format!("copy {r} of the job: {why}")));
+                }
+                if let (Some(me), Some(theirs)) = (me, &other.launch)
+                    && let Some(why) = me.differs(theirs, self.rank, r, false)
+                {
+                    return Some(Err(why));
+                }
+            }
+            all.then_some(Ok(()))
+        });
+        match met {
+            Some(Ok(())) => Met { all: true, ..none },
+            None => none,
+            Some(Err(why)) => {
+                let _ = write(Some(why.clone()));
+                Met {
+                    all: true,
+                    disagree: Some(why),
+                    ..none
+                }
+            }
+        }
     }
 
-    fn first_meeting(&self, start: Option<&BTreeMap<String, Value>>) -> Option<Met> {
+    fn first_meeting(&self, me: Option<&Launch>) -> Option<Met> {
         let name = format!("ready-1-{}", self.rank);
         let mine = Ready {
             token: String::new(),
             nonce: self.nonce.clone(),
+            launch: me.cloned(),
+            disagree: None,
         };
         let bytes = serde_json::to_vec(&mine).expect("Ready serialises");
         let write = || {
@@ -398,20 +545,44 @@ impl Job {
         if self.leader() {
             let token = crate::untrusted::random_token();
             let _ = self.token.set(token.clone());
-            let nonces = self.wait(|| {
-                let seen: BTreeMap<u32, String> = (1..self.copies)
-                    .filter_map(|r| {
-                        let x: Ready = self.read(&format!("ready-1-{r}"))?;
-                        (!x.nonce.is_empty()).then_some((r, x.nonce))
-                    })
-                    .collect();
-                (seen.len() + 1 >= self.copies as usize).then_some(seen)
-            });
-            let all = nonces.is_some();
-            let meeting = Meeting {
+            // The followers' nonces as they come; a follower that cannot launch
+            // what copy 0 launches ends the wait at once.
+            let mut seen: BTreeMap<u32, String> = BTreeMap::new();
+            let mut disagree = None;
+            let all = self
+                .wait(|| {
+                    for r in self.ready_ranks() {
+                        if seen.contains_key(&r) {
+                            continue;
+                        }
+                        let Some(x) = self
+                            .read::<Ready>(&format!("ready-1-{r}"))
+                            .filter(|x| !x.nonce.is_empty())
+                        else {
+                            continue;
+                        };
+                        seen.insert(r, x.nonce);
+                        let why = match (me, &x.launch) {
+                            _ if r >= self.copies => Some(format!(
+                                "copy {r} came, but copy 0 counts {} copies",
+                                self.copies
+                            )),
+                            (Some(me), Some(theirs)) => me.differs(theirs, 0, r, true),
+                            _ => None,
+                        };
+                        if why.is_some() {
+                            disagree = why;
+                            return Some(());
+                        }
+                    }
+                    (seen.len() + 1 >= self.copies as usize).then_some(())
+                })
+                .is_some();
+            let meeting = MeetingFile {
                 token,
-                nonces: nonces.unwrap_or_default(),
-                start: start.cloned(),
+                nonces: seen,
+                start: me.map(|l| l.knobs.clone()),
+                disagree: disagree.clone(),
             };
             if let Err(e) = self.write(
                 "meeting-1.json",
@@ -419,10 +590,14 @@ impl Job {
             ) {
                 tracing::warn!("job folder {}: {e}", self.dir.display());
             }
-            return Some(Met { all, start: None });
+            return Some(Met {
+                all,
+                start: None,
+                disagree,
+            });
         }
         let meeting = self.wait(|| {
-            let m: Option<Meeting> = self.read("meeting-1.json");
+            let m: Option<MeetingFile> = self.read("meeting-1.json");
             match m {
                 Some(m) if m.nonces.get(&self.rank) == Some(&self.nonce) => Some(m),
                 _ => {
@@ -439,8 +614,30 @@ impl Job {
         let _ = self.token.set(meeting.token);
         Some(Met {
             all: true,
-            start: meeting.start,
+            start: meeting.start.filter(|_| meeting.disagree.is_none()),
+            disagree: meeting.disagree,
         })
+    }
+
+    /// The ranks of the `ready-1-R` files in the folder: the job's followers,
+    /// and any copy that counts more copies than copy 0 does.
+    fn ready_ranks(&self) -> Vec<u32> {
+        let mut ranks: Vec<u32> = (1..self.copies).collect();
+        if let Ok(entries) = std::fs::read_dir(self.folder()) {
+            let extra = entries
+                .flatten()
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()?
+                        .strip_prefix("ready-1-")?
+                        .parse()
+                        .ok()
+                })
+                .filter(|r: &u32| *r >= self.copies)
+                .take(64);
+            ranks.extend(extra);
+        }
+        ranks
     }
 
     /// This copy's end of attempt `n`.
@@ -558,28 +755,39 @@ const MAX_FILE: u64 = 1 << 20;
 /// What a copy learns at a meeting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Met {
-    /// Every copy came within the timeout.
+    /// Every copy came within the timeout (or a disagreement ended the wait).
     pub all: bool,
     /// A follower at the first meeting: copy 0's settings for attempt 1.
     pub start: Option<BTreeMap<String, Value>>,
+    /// The copies are not about to launch the same job: why. Nothing is
+    /// launched.
+    pub disagree: Option<String>,
 }
 
-/// `ready-N-R`: a follower's nonce at the first meeting, the job's token after.
+/// `ready-N-R`: a copy's nonce at the first meeting, the job's token after;
+/// what it is about to launch, and a disagreement it found (later meetings).
 #[derive(Debug, Serialize, Deserialize)]
 struct Ready {
     #[serde(default)]
     token: String,
     #[serde(default)]
     nonce: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    launch: Option<Launch>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    disagree: Option<String>,
 }
 
 /// `meeting-1.json`, written by copy 0.
 #[derive(Debug, Serialize, Deserialize)]
-struct Meeting {
+struct MeetingFile {
     token: String,
     nonces: BTreeMap<u32, String>,
     #[serde(default)]
     start: Option<BTreeMap<String, Value>>,
+    /// Copy 0 found a copy that cannot launch what it launches: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    disagree: Option<String>,
 }
 
 /// A message of the job: counted only with the job's token.
@@ -707,6 +915,54 @@ pub fn fitting_path(env: &dyn Fn(&str) -> Option<OsString>, root: &Path) -> Opti
             .join(component(&format!("slurm-{job}")))
             .join("fitting.json"),
     )
+}
+
+/// Inside a Kubernetes pod (the kubelet sets `KUBERNETES_SERVICE_HOST` in every
+/// container), where the job of an operator (PyTorchJob, JobSet, Volcano)
+/// restarts a failed pod's container or the whole job by itself.
+pub fn in_pod(env: &dyn Fn(&str) -> Option<OsString>) -> bool {
+    env_str(env, "KUBERNETES_SERVICE_HOST").is_some()
+}
+
+/// Where a Kubernetes job keeps its [`Fitting`]: in the job's folder (its key is
+/// the rendezvous id or the job's name, which a restarted pod keeps, never the
+/// pod's name, which changes). A job of one pod has a folder too, when its key
+/// is known. None outside a pod or without a key.
+pub fn pod_fitting_path(
+    cmd: &Command,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    job: Option<&Job>,
+    root: &Path,
+) -> Option<PathBuf> {
+    if !in_pod(env) || env_str(env, "SLURM_JOB_ID").is_some() {
+        return None;
+    }
+    if let Some(j) = job {
+        return Some(j.dir.join("fitting.json"));
+    }
+    let key =
+        match crate::frameworks::launchers::torchrun_opt(cmd, env, &["--rdzv_id", "--rdzv-id"]) {
+            Some(o) => format!("torchrun-{}", o.value),
+            None if cmd.launcher(LauncherKind::Torchrun).is_some() => {
+                format!("torchrun-{}", env_str(env, JOB_NAME)?)
+            }
+            None => format!("pods-{}", env_str(env, JOB_NAME)?),
+        };
+    Some(root.join(FOLDER).join(component(&key)).join("fitting.json"))
+}
+
+/// A finished job's settings are not a restart's: a job submitted again under
+/// the same name starts as its command says.
+/// The file is removed through its folder opened as a job's folder is (never
+/// through a link, never in another user's folder).
+pub fn forget_fitting(path: &Path) {
+    if std::fs::symlink_metadata(path).is_err() {
+        return;
+    }
+    let name = path.file_name().unwrap_or_default();
+    if let Ok((dir, _fd)) = fitting_dir(path) {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
 }
 
 /// How many times Slurm restarted this job (requeue, preemption).
@@ -927,7 +1183,7 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| assert!(follower.meet(1, None).all));
             leader.clear_stale();
-            let start = BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]);
+            let start = launch(2, 8, 4, 2);
             assert!(leader.meet(1, Some(&start)).all);
         });
         assert_eq!(follower.moved_on(1), None, "an earlier job's decision");
@@ -978,6 +1234,149 @@ mod tests {
             .publish_decision(3, &Published::Stop { code: 1 })
             .unwrap();
         assert!(follower.moved_on(3).unwrap().contains("stopped"));
+    }
+
+    /// What a copy of `copies` launches with world size `world`, micro-batch
+    /// `micro` and accumulation `accum`.
+    fn launch(copies: u32, world: u64, micro: u64, accum: u64) -> Launch {
+        let knobs = BTreeMap::from([
+            ("grad_accum".to_string(), Value::Int(accum)),
+            ("micro_batch".to_string(), Value::Int(micro)),
+        ]);
+        Launch {
+            copies,
+            world,
+            knobs,
+            global_batch: Some(micro * accum * world),
+            settings: format!("grad_accum={accum} micro_batch={micro}"),
+        }
+    }
+
+    #[test]
+    fn followers_adopt_copy_0s_settings_and_copies_that_cannot_disagree() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("job");
+        let (leader, follower) = (job(&dir, 0), job(&dir, 1));
+        // An earlier job's files with the same key, one of them dated in the
+        // future and disagreeing: no date is trusted, and none counts.
+        let earlier = job(&dir, 1);
+        let _ = earlier.token.set("an earlier job".into());
+        std::fs::write(
+            dir.join("ready-1-1"),
+            serde_json::to_vec(&Ready {
+                token: String::new(),
+                nonce: "an earlier job's".into(),
+                launch: Some(launch(3, 8, 16, 1)),
+                disagree: None,
+            })
+            .unwrap(),
+        )
+        .unwrap();
+        let later = std::time::SystemTime::now() + Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join("ready-1-1"))
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        // Other settings of the same global batch: copy 1 adopts copy 0's.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                let m = follower.meet(1, Some(&launch(2, 8, 16, 2)));
+                assert!(m.all && m.disagree.is_none(), "{m:?}");
+                assert_eq!(m.start, Some(launch(2, 8, 4, 8).knobs));
+            });
+            leader.clear_stale();
+            let m = leader.meet(1, Some(&launch(2, 8, 4, 8)));
+            assert!(m.all && m.disagree.is_none(), "{m:?}");
+        });
+        // An earlier job's disagreement at a later meeting (no token) is not
+        // this job's; this job's copies that launch differently both say so at
+        // once.
+        std::fs::write(
+            dir.join("ready-2-1"),
+            serde_json::to_vec(&Ready {
+                token: "an earlier job".into(),
+                nonce: String::new(),
+                launch: None,
+                disagree: Some("an earlier job's".into()),
+            })
+            .unwrap(),
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                let m = follower.meet(2, Some(&launch(2, 8, 2, 16)));
+                let w = m.disagree.unwrap_or_default();
+                assert!(w.contains("micro_batch=4") && !w.contains("earlier"), "{w}");
+            });
+            let m = leader.meet(2, Some(&launch(2, 8, 4, 8)));
+            let w = m.disagree.unwrap_or_default();
+            assert!(w.contains("micro_batch=2") && !w.contains("earlier"), "{w}");
+        });
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn copies_that_cannot_launch_copy_0s_job_stop_at_the_first_meeting() {
+        // (copy 0's, copy 1's, what the disagreement names)
+        let cases = [
+            (launch(2, 8, 16, 2), launch(2, 8, 8, 2), "global batch"),
+            (launch(2, 8, 4, 8), launch(3, 8, 4, 8), "copy 1 counts 3"),
+            (launch(2, 8, 4, 8), launch(2, 16, 2, 8), "copy 1 has 16"),
+        ];
+        for (mine, theirs, said) in cases {
+            let t = tempfile::tempdir().unwrap();
+            let dir = t.path().join("job");
+            let (leader, follower) = (job(&dir, 0), job(&dir, 1));
+            let t0 = Instant::now();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let m = follower.meet(1, Some(&theirs));
+                    let w = m.disagree.unwrap_or_default();
+                    assert!(w.contains(said) && m.start.is_none(), "{w}");
+                    assert!(
+                        follower
+                            .publish_end(
+                                1,
+                                &End {
+                                    rank: 1,
+                                    outcome: OutcomeKind::OtherFailure,
+                                    oom_line: None,
+                                }
+                            )
+                            .is_ok()
+                    );
+                });
+                leader.clear_stale();
+                let m = leader.meet(1, Some(&mine));
+                let w = m.disagree.unwrap_or_default();
+                assert!(w.contains(said), "{w}");
+            });
+            assert!(t0.elapsed() < Duration::from_secs(10));
+        }
+        // A copy that counts more copies than copy 0 (rank 2 of 3, copy 0
+        // counts 2) hears it too.
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("job");
+        let leader = job(&dir, 0);
+        let mut third = job(&dir, 2);
+        third.copies = 3;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let m = third.meet(1, Some(&launch(3, 8, 4, 8)));
+                assert!(m.disagree.is_some_and(|w| w.contains("copy 2")));
+            });
+            leader.clear_stale();
+            let m = leader.meet(1, Some(&launch(2, 8, 4, 8)));
+            assert!(
+                m.disagree.as_ref().is_some_and(|w| w.contains("copy 2")),
+                "{m:?}"
+            );
+        });
     }
 
     #[test]

@@ -266,6 +266,12 @@ struct PlanJson<'a> {
     world_size: u64,
     world_source: &'a str,
     world_uncertain: bool,
+    /// An elastic torchrun's largest world (`PET_NNODES=1:4`), and the global
+    /// batch there; `world_size` and `global_batch` are its smallest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    world_max: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    global_batch_max: Option<u64>,
     hf_style: bool,
     families: &'a [&'static str],
     global_batch: Option<u64>,
@@ -370,6 +376,10 @@ impl Plan<'_> {
             world_size: cfg.disc.world.size,
             world_source: &cfg.disc.world.source,
             world_uncertain: cfg.disc.world.uncertain,
+            world_max: cfg.elastic.map(|(_, max)| max),
+            global_batch_max: cfg
+                .elastic
+                .and_then(|(_, max)| at_world(&self.settings, max).global_batch()),
             hf_style: cfg.disc.hf_style,
             families: &cfg.disc.families,
             global_batch: self.settings.global_batch(),
@@ -463,6 +473,14 @@ impl Plan<'_> {
                 "global batch: unknown (micro-batch or accumulation not bound)"
             ),
         };
+        if let Some((_, max)) = cfg.elastic
+            && let Some(g) = at_world(settings, max).global_batch()
+        {
+            let _ = writeln!(
+                o,
+                "              elastic: up to {g} with world size {max} (the global batch grows with the nodes that join)"
+            );
+        }
     }
 
     fn knobs(&self, o: &mut String) {
@@ -866,6 +884,13 @@ fn rung_text(o: &mut String, n: usize, r: &Rung) {
             let _ = writeln!(o, "       {line}");
         }
     }
+}
+
+/// `s` with another world size (an elastic run's other end).
+fn at_world(s: &Settings, world: u64) -> Settings {
+    let mut s = s.clone();
+    s.world_size = world;
+    s
 }
 
 #[cfg(test)]

@@ -50,6 +50,9 @@ pub struct RunConfig {
     pub gpu_memory: Option<f64>,
     /// This copy's place when the run is supervised by several (see `job`).
     pub job: Option<crate::job::Job>,
+    /// torchrun's elastic range (`--nnodes` / `PET_NNODES` `MIN:MAX`): the world
+    /// sizes at its two ends (the world is sized for the first).
+    pub elastic: Option<(u64, u64)>,
     /// The fewest DataLoader workers a host OOM halves to (see [`workers_floor`]).
     pub workers_floor: u64,
     /// How often the trainer prints its per-step log dicts, when the command says.
@@ -272,6 +275,12 @@ impl RunConfig {
                     None
                 }
             };
+        let elastic = crate::frameworks::launchers::elastic_range(&cmd, &env);
+        if let (Some((min, max)), None) = (elastic, &job) {
+            disc.notes.push(format!(
+                "elastic torchrun ({min} to {max} processes): the number of nodes is not fixed, so copies of oomguard on several nodes cannot meet as one job; sized for {min} processes (where ZeRO and FSDP shard over the fewest GPUs)"
+            ));
+        }
         let recipe_models =
             memory::recipe_models(disc.config.files.iter().map(|f| f.shown.as_str()));
         let env_text = |n: &str| real_env(n).and_then(|v| v.into_string().ok());
@@ -295,6 +304,7 @@ impl RunConfig {
         let logging = knobs::logging(&cmd, &disc);
         Ok(RunConfig {
             job,
+            elastic,
             task_files,
             inside,
             layout,

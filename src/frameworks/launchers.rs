@@ -70,18 +70,66 @@ pub fn world_size(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Worl
             .launchers
             .iter()
             .any(|l| matches!(l.kind, LauncherKind::Srun | LauncherKind::Mpirun));
-        let world = World {
-            size: 1,
-            source: if wrapped {
-                "1 process per task".into()
-            } else {
-                "single process (no distributed launcher)".into()
+        let world = match (wrapped, per_pod(env)) {
+            (false, Some(p)) => World {
+                size: p.world,
+                source: p.source,
+                uncertain: false,
             },
-            uncertain: false,
+            (true, _) => World {
+                size: 1,
+                source: "1 process per task".into(),
+                uncertain: false,
+            },
+            (false, None) => World {
+                size: 1,
+                source: "single process (no distributed launcher)".into(),
+                uncertain: false,
+            },
         };
         (world, 1)
     };
     with_tasks(cmd, env, inner, nodes)
+}
+
+/// A program started once per pod by an operator that configures PyTorch
+/// through the environment (the Kubeflow training operator's `WORLD_SIZE` and
+/// `RANK` for a plain `python train.py`, `LOCAL_WORLD_SIZE` processes per pod,
+/// default 1): the job's world, and this pod's place among the pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PerPod {
+    pub world: u64,
+    /// This pod's index (`RANK / LOCAL_WORLD_SIZE`) and the pods' number.
+    pub pod: u32,
+    pub pods: u32,
+    pub source: String,
+}
+
+/// [`PerPod`] from `WORLD_SIZE` > 1 and `RANK`, outside a Slurm step (whose
+/// tasks are counted by Slurm's own variables).
+pub fn per_pod(env: &dyn Fn(&str) -> Option<OsString>) -> Option<PerPod> {
+    let num = |name: &str| -> Option<u64> { env(name)?.to_str()?.trim().parse().ok() };
+    if env("SLURM_PROCID").is_some() {
+        return None;
+    }
+    let world = num("WORLD_SIZE").filter(|w| *w > 1)?;
+    let rank = num("RANK").filter(|r| *r < world)?;
+    let local = num("LOCAL_WORLD_SIZE")
+        .filter(|l| *l >= 1 && world % *l == 0)
+        .unwrap_or(1);
+    let local_said = if local > 1 {
+        format!(", LOCAL_WORLD_SIZE={local} per pod")
+    } else {
+        String::new()
+    };
+    Some(PerPod {
+        world,
+        pod: u32::try_from(rank / local).ok()?,
+        pods: u32::try_from(world / local).ok()?,
+        source: format!(
+            "WORLD_SIZE={world} (RANK={rank}{local_said}: one program per pod, configured by the environment)"
+        ),
+    })
 }
 
 /// The tasks one task-starting launcher (`srun`, `mpirun`) starts.
@@ -237,55 +285,124 @@ fn mpirun(cmd: &Command, l: &Launcher) -> Tasks {
     }
 }
 
-/// `torchrun --nproc_per_node N|gpu|auto --nnodes M|MIN:MAX`.
-fn torchrun(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> (World, u64) {
+/// One of torchrun's options as torchrun reads it: from the command line, else
+/// from `PET_<OPTION>` (torchrun's options all fall back to their
+/// `PET_`-prefixed variable — `--nproc-per-node` to `PET_NPROC_PER_NODE` — which
+/// is how the Kubeflow training operator, JobSet and Volcano configure it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TorchrunOpt {
+    pub value: String,
+    /// Where it was read: `--nnodes 2`, or `PET_NNODES=2`.
+    pub from: String,
+}
+
+/// The variable torchrun reads an option from: `PET_` and the option's
+/// name in capitals, `-` as `_` (argparse's `dest`).
+pub fn pet_name(names: &[&str]) -> Option<String> {
+    let long = names.iter().find(|n| n.starts_with("--"))?;
+    Some(format!(
+        "PET_{}",
+        long.trim_start_matches('-')
+            .replace('-', "_")
+            .to_ascii_uppercase()
+    ))
+}
+
+/// torchrun's option `names` (every spelling), command line first, as torchrun.
+pub fn torchrun_opt(
+    cmd: &Command,
+    env: &dyn Fn(&str) -> Option<OsString>,
+    names: &[&str],
+) -> Option<TorchrunOpt> {
     let t = LauncherKind::Torchrun;
+    cmd.launcher(t)?;
+    if let Some(v) = cmd.launcher_value(t, names) {
+        return Some(TorchrunOpt {
+            value: v.to_string(),
+            from: format!("{} {v}", names[0]),
+        });
+    }
+    let var = pet_name(names)?;
+    let v = env(&var)?.into_string().ok()?;
+    let v = v.trim();
+    (!v.is_empty()).then(|| TorchrunOpt {
+        value: v.to_string(),
+        from: format!("{var}={v}"),
+    })
+}
+
+/// `torchrun --nproc_per_node N|gpu|auto --nnodes M|MIN:MAX` (or their `PET_` variables).
+fn torchrun(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> (World, u64) {
     torchrun_rules(
         "torchrun",
-        cmd.launcher_value(t, &["--nproc_per_node", "--nproc-per-node"]),
-        cmd.launcher_value(t, &["--nnodes"]),
+        torchrun_opt(cmd, env, &["--nproc_per_node", "--nproc-per-node"]),
+        torchrun_opt(cmd, env, &["--nnodes"]),
         env,
     )
+}
+
+/// torchrun's elastic range (`--nnodes MIN:MAX`, `PET_NNODES=MIN:MAX`): the world
+/// sizes at its two ends, when the command is torchrun's and MIN < MAX.
+pub fn elastic_range(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Option<(u64, u64)> {
+    let nnodes = torchrun_opt(cmd, env, &["--nnodes"])?;
+    let (min, max) = min_max(&nnodes.value)?;
+    if min >= max {
+        return None;
+    }
+    let (w, nodes) = torchrun(cmd, env);
+    let per_node = w.size / nodes.max(1);
+    Some((per_node * min, per_node * max))
+}
+
+/// `MIN:MAX` (an elastic range), as torchrun splits it.
+fn min_max(v: &str) -> Option<(u64, u64)> {
+    let (a, b) = v.split_once(':')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
 }
 
 /// torchrun's own rules for its two options, however the command gives them
 /// (`who` names where they came from: `torchrun`, `axolotl train --launcher torchrun --`).
 fn torchrun_rules(
     who: &str,
-    nproc: Option<&str>,
-    nnodes: Option<&str>,
+    nproc: Option<TorchrunOpt>,
+    nnodes: Option<TorchrunOpt>,
     env: &dyn Fn(&str) -> Option<OsString>,
 ) -> (World, u64) {
-    let (per_node, mut uncertain, mut source) = match nproc {
+    let (per_node, mut uncertain, mut source) = match &nproc {
         None => (1, false, format!("{who} default --nproc_per_node 1")),
-        Some(v) => match (v.parse::<u64>(), visible_gpus(env)) {
-            (Ok(n), _) => (n, false, format!("{who} --nproc_per_node {n}")),
-            (Err(_), Some((n, seen))) => (n, false, format!("{who} --nproc_per_node {v}: {seen}")),
+        Some(o) => match (o.value.parse::<u64>(), visible_gpus(env)) {
+            (Ok(n), _) => (n, false, format!("{who} {}", o.from)),
+            (Err(_), Some((n, seen))) => (n, false, format!("{who} {}: {seen}", o.from)),
             (Err(_), None) => (
                 1,
                 true,
                 format!(
-                    "{who} --nproc_per_node {v}: GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
+                    "{who} {}: GPU count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1",
+                    o.from
                 ),
             ),
         },
     };
-    let nodes = match nnodes {
+    let nodes = match &nnodes {
         None => 1,
-        Some(v) => match v.parse::<u64>() {
+        Some(o) => match o.value.parse::<u64>() {
             Ok(n) => {
-                source.push_str(&format!(" × --nnodes {n}"));
+                source.push_str(&format!(" × {}", o.from));
                 n
             }
             Err(_) => {
                 // Elastic "MIN:MAX": the world size is not known before launch.
-                let min = v
-                    .split(':')
-                    .next()
-                    .and_then(|m| m.parse().ok())
-                    .unwrap_or(1);
+                // Sized for the fewest nodes: ZeRO and FSDP shard over the fewest
+                // GPUs there, so each holds the most.
+                let (min, max) = min_max(&o.value).unwrap_or((1, 1));
+                let min = min.max(1);
                 uncertain = true;
-                source.push_str(&format!(" × --nnodes {v} (elastic; assuming {min})"));
+                source.push_str(&format!(
+                    " × {} (elastic: {min} to {max} nodes, {} to {} processes; sized for the fewest)",
+                    o.from,
+                    per_node.saturating_mul(min),
+                    per_node.saturating_mul(max)
+                ));
                 min
             }
         },
@@ -442,10 +559,16 @@ pub fn axolotl(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Option<
         let nproc = cmd
             .value_in(passed.clone(), &["--nproc_per_node", "--nproc-per-node"])
             .or(legacy);
+        let opt = |v: Option<&str>, name: &str| {
+            v.map(|v| TorchrunOpt {
+                value: v.to_string(),
+                from: format!("{name} {v}"),
+            })
+        };
         let (w, _) = torchrun_rules(
             "axolotl train --launcher torchrun",
-            nproc,
-            cmd.value_in(passed, &["--nnodes"]),
+            opt(nproc, "--nproc_per_node"),
+            opt(cmd.value_in(passed, &["--nnodes"]), "--nnodes"),
             env,
         );
         return Some(w);
@@ -735,6 +858,63 @@ mod tests {
         );
         let w = ws("torchrun --nnodes 1:4 --nproc_per_node 2 t.py", None);
         assert_eq!((w.size, w.uncertain), (2, true));
+    }
+
+    #[test]
+    fn pet_variables_as_torchrun_reads_them() {
+        assert_eq!(
+            pet_name(&["--nproc-per-node", "--nproc_per_node"]).as_deref(),
+            Some("PET_NPROC_PER_NODE")
+        );
+        assert_eq!(
+            pet_name(&["--node_rank", "--node-rank"]).as_deref(),
+            Some("PET_NODE_RANK")
+        );
+        let pet = [("PET_NNODES", "2"), ("PET_NPROC_PER_NODE", "4")];
+        let w = ws_env("torchrun t.py", &pet);
+        assert_eq!(
+            (w.size, w.source.as_str()),
+            (8, "torchrun PET_NPROC_PER_NODE=4 × PET_NNODES=2")
+        );
+        // The command line wins, option by option; `gpu` from the environment
+        // counts the visible GPUs; an empty variable is no value.
+        assert_eq!(ws_env("torchrun --nnodes 3 t.py", &pet).size, 12);
+        let w = ws_env(
+            "torchrun t.py",
+            &[
+                ("PET_NPROC_PER_NODE", "gpu"),
+                ("CUDA_VISIBLE_DEVICES", "0,1"),
+            ],
+        );
+        assert_eq!(w.size, 2);
+        assert_eq!(ws_env("torchrun t.py", &[("PET_NNODES", "")]).size, 1);
+        // Not torchrun's: a plain script ignores PET_*, and reads WORLD_SIZE per pod.
+        assert_eq!(ws_env("python3 t.py", &pet).size, 1);
+        let w = ws_env("python3 t.py", &[("WORLD_SIZE", "4"), ("RANK", "2")]);
+        assert_eq!(w.size, 4);
+        let env = |k: &str| match k {
+            "WORLD_SIZE" => Some(OsString::from("8")),
+            "RANK" => Some(OsString::from("5")),
+            "LOCAL_WORLD_SIZE" => Some(OsString::from("4")),
+            _ => None,
+        };
+        let p = per_pod(&env).unwrap();
+        assert_eq!((p.world, p.pod, p.pods), (8, 1, 2));
+        // Inside a Slurm step, Slurm counts the tasks.
+        let w = ws_env(
+            "python3 t.py",
+            &[("WORLD_SIZE", "4"), ("RANK", "2"), ("SLURM_PROCID", "2")],
+        );
+        assert_eq!(w.size, 1);
+        let elastic = [("PET_NNODES", "1:4"), ("PET_NPROC_PER_NODE", "2")];
+        let argv: Vec<OsString> = ["torchrun", "t.py"].iter().map(OsString::from).collect();
+        let env = |k: &str| {
+            elastic
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| OsString::from(v))
+        };
+        assert_eq!(elastic_range(&Command::parse(&argv), &env), Some((2, 8)));
     }
 
     #[test]

@@ -11,6 +11,41 @@ impl<'c> Run<'c> {
         if restarts == 0 {
             return;
         }
+        self.start_at_fitting(&format!("requeued job (SLURM_RESTART_COUNT={restarts})"));
+    }
+
+    /// A pod of a Kubernetes job that the operator restarted (its container after
+    /// a failure, `restartPolicy: OnFailure`, or the whole job, `backoffLimit`):
+    /// the job's folder holds the settings it last launched (a job that finished
+    /// forgets them), so start there, as a requeued Slurm job does. Every pod
+    /// reads the same file, so the pods start at the same settings.
+    pub(super) fn restarted_pod(&mut self) {
+        let Some(path) = self.fitting.clone() else {
+            return;
+        };
+        if !job::in_pod(&|k| std::env::var_os(k)) || in_slurm() {
+            return;
+        }
+        if std::fs::symlink_metadata(&path).is_ok() {
+            self.start_at_fitting(&format!(
+                "restarted pod of a Kubernetes job (the job's last settings are in {})",
+                path.display()
+            ));
+        }
+    }
+
+    /// A job that finished (copy 0's success): its settings are no restart's.
+    pub(super) fn job_finished(&self, code: i32) {
+        let Some(path) = &self.fitting else { return };
+        let leader = self.cfg.job.as_ref().is_none_or(job::Job::leader);
+        if code == exit::SUCCESS && leader && !in_slurm() && job::in_pod(&|k| std::env::var_os(k)) {
+            job::forget_fitting(path);
+        }
+    }
+
+    /// Start at the job's last settings (`why`: whose restart this is) and resume
+    /// from the newest complete checkpoint; this new run folder names the old one.
+    fn start_at_fitting(&mut self, why: &str) {
         let Some(path) = self.fitting.clone() else {
             return;
         };
@@ -19,7 +54,7 @@ impl<'c> Run<'c> {
             Ok(None) => return,
             Err(why) => {
                 eprintln!(
-                    "oomguard: warning: requeued job (SLURM_RESTART_COUNT={restarts}): the job's last settings are not used: {why}; starting at {}",
+                    "oomguard: warning: {why}: the job's last settings are not used: {why}; starting at {}",
                     self.settings
                 );
                 return;
@@ -37,7 +72,7 @@ impl<'c> Run<'c> {
         // written by oomguard, whoever wrote the file.
         if next.global_batch() != self.settings.global_batch() {
             eprintln!(
-                "oomguard: warning: requeued job (SLURM_RESTART_COUNT={restarts}): {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}",
+                "oomguard: warning: {why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}",
                 path.display(),
                 self.settings
                     .global_batch()
@@ -55,7 +90,7 @@ impl<'c> Run<'c> {
         let step = res.chosen.as_ref().and_then(checkpoint::step_for);
         self.resume_from(&res, step);
         self.log.info(&format!(
-            "requeued job (SLURM_RESTART_COUNT={restarts}): starting at {} (the last settings launched, from {}); {}",
+            "{why}: starting at {} (the last settings launched, from {}); {}",
             self.settings,
             fitting.run_dir.display(),
             res.why
@@ -344,4 +379,9 @@ impl<'c> Run<'c> {
         };
         Flow::Stop(code)
     }
+}
+
+/// Inside a Slurm job, whose requeues are counted by Slurm.
+fn in_slurm() -> bool {
+    std::env::var_os("SLURM_JOB_ID").is_some_and(|v| !v.is_empty())
 }

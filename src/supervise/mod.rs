@@ -109,8 +109,9 @@ struct Run<'c> {
     /// The checkpoints there when the first attempt started: a relaunch never
     /// resumes from them (it continues this run, not an older experiment).
     baseline: checkpoint::Baseline,
-    /// Where this Slurm job keeps the settings it last launched with, for a
-    /// requeue (see `job::Fitting`); None outside Slurm or without checkpoints.
+    /// Where this Slurm or Kubernetes job keeps the settings it last launched
+    /// with, for a requeue or a restarted pod (see `job::Fitting`); None outside
+    /// both or without checkpoints.
     fitting: Option<PathBuf>,
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
@@ -204,6 +205,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     }
     let mut run = Run::start(&cfg, gw, inplace, rungs);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
+    run.restarted_pod();
     let code = loop {
         if let Some(sig) = signals.pending() {
             break exit::SIGNAL_BASE + sig;
@@ -213,6 +215,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
             Flow::Stop(code) => break code,
         }
     };
+    run.job_finished(code);
     run.finish(code)
 }
 
@@ -262,10 +265,13 @@ impl<'c> Run<'c> {
             resume: None,
             resumed_step: None,
             baseline: checkpoint::Baseline::default(),
-            fitting: cfg
-                .layout
-                .as_ref()
-                .and_then(|l| job::fitting_path(&|k| std::env::var_os(k), &l.root)),
+            fitting: cfg.layout.as_ref().and_then(|l| {
+                let env = |k: &str| std::env::var_os(k);
+                job::fitting_path(&env, &l.root).or_else(|| {
+                    let cmd = crate::command::Command::parse(&cfg.argv);
+                    job::pod_fitting_path(&cmd, &env, cfg.job.as_ref(), &l.root)
+                })
+            }),
             begun: 0,
             attempts: Vec::new(),
             kernel_unreadable_said: false,
@@ -291,17 +297,21 @@ impl<'c> Run<'c> {
             }
             // The copies launch together: a relaunch of one copy alone would
             // wait in the rendezvous for peers that are not coming.
-            // Copy 0 brings its settings for attempt 1 (remembered, requeued):
-            // the copies of one job start alike.
-            let start: Option<std::collections::BTreeMap<String, knobs::Value>> =
-                (n == 1 && job.leader()).then(|| {
-                    self.settings
-                        .knobs
-                        .iter()
-                        .map(|(k, v)| (k.name().to_string(), v.clone()))
-                        .collect()
-                });
-            let met = job.meet(n, start.as_ref());
+            // What this copy is about to launch; copy 0's settings for attempt 1
+            // (remembered, requeued) are the job's: the copies start alike.
+            let me = job::Launch::new(job.copies, &self.settings);
+            let met = job.meet(n, Some(&me));
+            // Half a job launched would wait in its rendezvous for ranks that
+            // are not coming: nothing is launched, and the non-zero status
+            // lets the job's own failure policy (Kubernetes, Slurm) act.
+            if let Some(why) = met.disagree {
+                eprintln!(
+                    "oomguard: the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
+                    job.dir.display(),
+                    exit::USAGE
+                );
+                return Flow::Stop(exit::USAGE);
+            }
             if !met.all {
                 eprintln!(
                     "oomguard: warning: not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
