@@ -293,10 +293,35 @@ pub fn classify(text: &str, oom_line: &str) -> Option<Seen> {
             how: format!("the traceback runs through {name}"),
         });
     }
-    from_progress(before).map(|(phase, line)| Seen {
-        phase,
-        how: format!("the last progress before it: {line}"),
-    })
+    // A load's or a save's OOM shows its frames (`load_state_dict`, `torch.save`,
+    // `_save_checkpoint`, ...): a traceback of the OOM's process that names none
+    // of them is no load's or save's, whatever a start line printed before it
+    // says (a script that prints "Saving model checkpoint to" after its save).
+    let traceback = traceback_seen(before, prefix);
+    from_progress(before)
+        .filter(|(phase, _)| !(traceback && matches!(phase, Phase::Loading | Phase::Saving)))
+        .map(|(phase, line)| Seen {
+            phase,
+            how: format!("the last progress before it: {line}"),
+        })
+}
+
+/// Whether a traceback of the OOM's process (its header and at least one frame)
+/// ends at the OOM line.
+fn traceback_seen(before: &[&str], prefix: &str) -> bool {
+    let mut frames = 0;
+    for line in before.iter().rev().take(TRACEBACK_LINES) {
+        let Some(line) = same_process(line, prefix) else {
+            continue;
+        };
+        if FRAME.is_match(line) {
+            frames += 1;
+        }
+        if line.contains("Traceback (most recent call last)") {
+            return frames > 0;
+        }
+    }
+    false
 }
 
 /// Whether the OOM happened during evaluation, and how that was told.
@@ -525,6 +550,31 @@ fn bar_mark(l: &str) -> Option<Phase> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_start_line_before_a_traceback_without_load_or_save_frames_is_no_save() {
+        // A script that prints its save line after saving, then OOMs in the next
+        // step's forward: the traceback runs through no save frame.
+        let log = "step 2/6 micro=8 loss=0.1\nSaving model checkpoint to out/checkpoint-2\n\
+                   Traceback (most recent call last):\n  File \"/w/ddp_oom.py\", line 130, in main\n    \
+                   loss = model(x)\n  File \"/w/ddp_oom.py\", line 63, in forward\n    raise oom\n\
+                   torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n";
+        let seen = classify(
+            log,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        );
+        assert!(
+            seen.as_ref().is_none_or(|s| s.phase != Phase::Saving),
+            "{seen:?}"
+        );
+        // Without a traceback the start line still tells a save.
+        let log = "Saving model checkpoint to out/checkpoint-2\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n";
+        let seen = classify(
+            log,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        );
+        assert_eq!(seen.map(|s| s.phase), Some(Phase::Saving));
+    }
 
     const OOM: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free.";
 
