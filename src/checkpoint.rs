@@ -31,6 +31,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::command::Command;
+use crate::detect::saves::Announced;
 
 /// A checkpoint found on disk.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -76,6 +77,9 @@ pub enum SkipKind {
     BeingWritten,
     /// Its step is beyond the step this run reached: another run's.
     BeyondReached,
+    /// Written during the run, but the trainer's output, which announced its
+    /// other saves, never announced this one: another process's.
+    NotAnnounced,
 }
 
 impl std::fmt::Display for SkipKind {
@@ -87,6 +91,7 @@ impl std::fmt::Display for SkipKind {
             SkipKind::Incomplete => "incomplete",
             SkipKind::BeingWritten => "still being written",
             SkipKind::BeyondReached => "beyond the step this run reached",
+            SkipKind::NotAnnounced => "not announced by the trainer's output",
         })
     }
 }
@@ -348,6 +353,12 @@ pub struct Baseline {
     /// reached), when known: a checkpoint of a later step is another run's,
     /// however recent its files (`touch` makes any folder recent).
     pub reached: Option<u64>,
+    /// The checkpoints this run's attempts announced they saved, in the
+    /// order announced (see `detect::saves`), each with where it resolves to
+    /// when it could be resolved. When one of them is a candidate, a
+    /// candidate written during the run that none names is another
+    /// process's: the trainer announces every save it makes.
+    announced: Vec<(Announced, Option<PathBuf>)>,
 }
 
 impl Default for Baseline {
@@ -357,6 +368,7 @@ impl Default for Baseline {
             started: SystemTime::UNIX_EPOCH,
             seen: Default::default(),
             reached: None,
+            announced: Vec::new(),
         }
     }
 }
@@ -381,7 +393,67 @@ impl Baseline {
             started,
             seen,
             reached: None,
+            announced: Vec::new(),
         }
+    }
+
+    /// Add the checkpoints an attempt's output announced it saved.
+    pub fn note_announced(&mut self, saves: &[Announced]) {
+        for a in saves {
+            if self.announced.len() >= 100_000 {
+                break;
+            }
+            if !self.announced.iter().any(|(b, _)| b == a) {
+                let resolved = match a {
+                    Announced::Path(p) => std::fs::canonicalize(p).ok(),
+                    Announced::Name(_) => None,
+                };
+                self.announced.push((a.clone(), resolved));
+            }
+        }
+    }
+
+    /// Whether the output announced `p` (it, a file in it, or a folder it is in).
+    fn announced(&self, p: &Path) -> bool {
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let forms = [
+            Some(crate::detect::saves::absolute(&cwd, p)),
+            std::fs::canonicalize(p).ok(),
+        ];
+        let name = p.file_name().and_then(|n| n.to_str());
+        self.announced.iter().any(|(a, resolved)| match a {
+            Announced::Name(n) => name == Some(n.as_str()),
+            Announced::Path(a) => forms.iter().flatten().any(|f| {
+                [Some(a), resolved.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .any(|a| a.starts_with(f) || f.starts_with(a))
+            }),
+        })
+    }
+
+    /// Why the output's announcements rule `p` out, when they do.
+    fn unannounced_why(&self) -> String {
+        let names: Vec<String> = self
+            .announced
+            .iter()
+            .rev()
+            .take(3)
+            .map(|(a, _)| match a {
+                Announced::Path(p) => p.display().to_string(),
+                Announced::Name(n) => n.clone(),
+            })
+            .collect();
+        let more = self.announced.len() - names.len();
+        format!(
+            "written during this run but never announced by the trainer's output, which announced {}{} (newest first): another process's",
+            names.join(", "),
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        )
     }
 
     /// Why `p` is not this run's checkpoint, or None when this run wrote it.
@@ -985,11 +1057,41 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
         }
     }
     let mut latest = None;
+    // The trainer announces its saves: a candidate it did not announce is
+    // another process's. Only when one announcement is a candidate here (a
+    // path printed from inside a container, or a save line oomguard does not
+    // know, leaves the step and time rules to decide).
+    let announcing =
+        !baseline.announced.is_empty() && cands.iter().any(|c| baseline.announced(&c.path));
     let stepped = !matches!(
         layout.kind,
         Kind::Lightning | Kind::NanoGpt | Kind::Torchtune
     );
     for c in cands {
+        // There at the start, or written before it: that says most (an older
+        // experiment's), whatever its step.
+        if let Some((kind, why)) = baseline.not_this_runs(&c.path) {
+            ignored.push(Skipped {
+                path: c.path,
+                kind,
+                why,
+            });
+            continue;
+        }
+        // Lightning's `last.ckpt` is saved beside the announced ones, unannounced.
+        let lightning_last = layout.kind == Kind::Lightning
+            && c.path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("last"));
+        if announcing && !lightning_last && !baseline.announced(&c.path) {
+            ignored.push(Skipped {
+                path: c.path,
+                kind: SkipKind::NotAnnounced,
+                why: baseline.unannounced_why(),
+            });
+            continue;
+        }
         if let Some(limit) = baseline.reached.filter(|_| stepped)
             && let Some(step) = recorded_step(&c.path)
                 .filter(|_| layout.kind == Kind::HuggingFace)
@@ -1000,14 +1102,6 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
                 path: c.path,
                 kind: SkipKind::BeyondReached,
                 why: format!("step {step}, beyond step {limit} this run reached"),
-            });
-            continue;
-        }
-        if let Some((kind, why)) = baseline.not_this_runs(&c.path) {
-            ignored.push(Skipped {
-                path: c.path,
-                kind,
-                why,
             });
             continue;
         }

@@ -95,6 +95,7 @@ use crate::progress;
 pub mod kernel;
 pub mod phase;
 pub mod refusal;
+pub mod saves;
 pub mod score;
 
 /// What a log (or an attempt's output) says happened.

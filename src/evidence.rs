@@ -250,10 +250,22 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
             // one of theirs (as far as they were seen).
             let named =
                 |v: &Victim| r.names.is_empty() || v.name.is_empty() || r.names.contains(&v.name);
-            let victims: Vec<Victim> = kernel::of_run(&all, &pids, r.started_ms)
-                .into_iter()
-                .filter(|v| named(v))
-                .collect();
+            // And its memory cgroup one of the run's, where the record names one
+            // (`task_memcg=`) and the run's were seen: a record with the run's pid
+            // and name in another cgroup is another tenant's, in another namespace.
+            let tie = |v: &Victim| kernel::in_run_cgroup(v.memcg.as_deref(), &r.cgroups);
+            let (victims, elsewhere): (Vec<Victim>, Vec<Victim>) =
+                kernel::of_run(&all, &pids, r.started_ms)
+                    .into_iter()
+                    .filter(|v| named(v))
+                    .partition(|v| tie(v) != Some(false));
+            let cgroups = || {
+                r.cgroups
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             match victims.into_iter().next() {
                 Some(victim) => (
                     Outcome::HostOom {
@@ -263,6 +275,19 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
                     },
                     None,
                 ),
+                None if killed && !elsewhere.is_empty() => (
+                    Outcome::HostOom {
+                        finding: kill_line.cloned(),
+                        victim: None,
+                        code,
+                    },
+                    Some(format!(
+                        "the kernel's OOM killer killed {} during this attempt, with a pid and name of this run's, but in memory cgroup {}, not this run's ({}): cannot confirm it was this run's",
+                        elsewhere[0].describe(),
+                        elsewhere[0].memcg.as_deref().unwrap_or("?"),
+                        cgroups()
+                    )),
+                ),
                 None if killed => {
                     // A kill of a process by the name of one of the run's, during
                     // the attempt, whose pid is not the run's: a PID namespace's
@@ -271,11 +296,22 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
                         (Some(at), Some(s)) => at + 10_000 >= s,
                         _ => false,
                     };
-                    match all
-                        .iter()
-                        .rev()
-                        .find(|v| !v.name.is_empty() && r.names.contains(&v.name) && since(v))
-                    {
+                    match all.iter().rev().find(|v| {
+                        !v.name.is_empty()
+                            && r.names.contains(&v.name)
+                            && since(v)
+                            && tie(v) != Some(false)
+                    }) {
+                        // In the run's own cgroup (not its namespace's root): the
+                        // run's, under a host pid.
+                        Some(v) if tie(v) == Some(true) => (
+                            Outcome::HostOom {
+                                finding: kill_line.cloned(),
+                                victim: Some(v.clone()),
+                                code,
+                            },
+                            None,
+                        ),
                         Some(v) => (
                             Outcome::HostOom {
                                 finding: kill_line.cloned(),
@@ -569,11 +605,13 @@ mod tests {
             warnings: Vec::new(),
             pids: Default::default(),
             names: Default::default(),
+            cgroups: Default::default(),
             started_ms: None,
             stopped: None,
             task_files: Vec::new(),
             oom_file: None,
             back_at: None,
+            saves: Vec::new(),
             torchrun: None,
             tail: log.as_bytes().to_vec(),
         }

@@ -34,6 +34,10 @@ pub struct Victim {
     /// Why the kernel chose to kill: `CONSTRAINT_MEMCG` (a cgroup's memory limit, as in
     /// a container or a Slurm job) or `CONSTRAINT_NONE` (the machine ran out).
     pub constraint: Option<String>,
+    /// The memory cgroup the process was in (`task_memcg=` of the `oom-kill:` line),
+    /// as the kernel names it: from the root of the hierarchy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memcg: Option<String>,
     /// Seconds since boot, when the kernel wrote it (absent from a paste without times).
     #[serde(skip)]
     pub at_ms: Option<Millis>,
@@ -51,6 +55,9 @@ impl Victim {
         self.anon_rss_bytes = self.anon_rss_bytes.or(other.anon_rss_bytes);
         if self.constraint.is_none() {
             self.constraint = other.constraint;
+        }
+        if self.memcg.is_none() {
+            self.memcg = other.memcg;
         }
         self.at_ms = self.at_ms.or(other.at_ms);
     }
@@ -85,6 +92,10 @@ static OOM_KILL: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"oom-kill:constraint=(\w+).*?,task=(.{0,64}?),pid=(\d+)").expect("oom-kill pattern")
 });
 
+/// "task_memcg=/job/step_0," (the victim's memory cgroup).
+static TASK_MEMCG: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"[,:]task_memcg=([^,\s]{1,4096})").expect("memcg pattern"));
+
 /// A time stamp at the start of a line: dmesg's and journalctl's "[ 5219.962437]",
 /// or /dev/kmsg's "6,1234,5219962437,-;".
 static STAMP: LazyLock<Regex> = LazyLock::new(|| {
@@ -106,6 +117,7 @@ pub fn victim_in(line: &str) -> Option<Victim> {
             pid: c[3].parse().ok()?,
             name: c[2].to_string(),
             constraint: Some(c[1].to_string()),
+            memcg: TASK_MEMCG.captures(line).map(|m| m[1].to_string()),
             at_ms,
             ..Victim::default()
         });
@@ -159,6 +171,49 @@ pub fn victims(log: &str) -> Vec<Victim> {
         }
     }
     out
+}
+
+/// Whether a victim in memory cgroup `memcg` (as the kernel names it) was in one of
+/// the run's cgroups (`/proc/PID/cgroup` of its processes: the memory controller's
+/// path, or cgroup v2's). Inside a cgroup namespace a process sees its path from the
+/// namespace's root, so the kernel's path may end with it. `None`: it cannot be told
+/// (no `task_memcg=` in the record, no cgroup of the run seen, or only the
+/// namespace's root `/`, which every path ends in).
+pub fn in_run_cgroup(memcg: Option<&str>, run: &BTreeSet<String>) -> Option<bool> {
+    let memcg = memcg?.trim_end_matches('/');
+    let known: Vec<&str> = run
+        .iter()
+        .map(|p| p.trim_end_matches('/'))
+        .filter(|p| !p.is_empty())
+        .collect();
+    if known.is_empty() {
+        return None;
+    }
+    Some(known.iter().any(|p| {
+        memcg == *p
+            || memcg
+                .strip_suffix(p)
+                .is_some_and(|head| head.ends_with('/') || p.starts_with('/'))
+    }))
+}
+
+/// The memory cgroup in a `/proc/PID/cgroup` text: cgroup v1's `memory` controller
+/// line, else cgroup v2's `0::PATH`.
+pub fn memory_cgroup(text: &str) -> Option<String> {
+    let mut v2 = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(ctl), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if ctl.split(',').any(|c| c == "memory") {
+            return Some(path.to_string());
+        }
+        if id == "0" && ctl.is_empty() {
+            v2 = Some(path.to_string());
+        }
+    }
+    v2
 }
 
 /// The run's processes, as far as oomguard knows them: those it saw in the run's tree
@@ -354,6 +409,35 @@ mod tests {
         assert!(
             of_run(&v, &run, Some(6_000_000)).is_empty(),
             "killed long before the attempt started: another process with that PID"
+        );
+    }
+
+    #[test]
+    fn a_victims_cgroup_is_matched_to_the_runs() {
+        let run: BTreeSet<String> = ["/process_api/abc".to_string()].into();
+        assert_eq!(in_run_cgroup(Some("/process_api/abc"), &run), Some(true));
+        // Seen from inside a cgroup namespace: the kernel's path ends with ours.
+        assert_eq!(
+            in_run_cgroup(Some("/kubepods/x/process_api/abc"), &run),
+            Some(true)
+        );
+        assert_eq!(
+            in_run_cgroup(Some("/kubepods/x/process_api/abcd"), &run),
+            Some(false)
+        );
+        assert_eq!(in_run_cgroup(Some("/other/job"), &run), Some(false));
+        assert_eq!(in_run_cgroup(None, &run), None);
+        // Only the namespace's root: nothing to tell.
+        assert_eq!(in_run_cgroup(Some("/a"), &["/".to_string()].into()), None);
+        let v = victims(MEMCG);
+        assert_eq!(v[0].memcg.as_deref(), Some("/oomtest"));
+        assert_eq!(
+            memory_cgroup("5:devices:/\n4:cpu,memory:/job/1\n0::/\n").as_deref(),
+            Some("/job/1")
+        );
+        assert_eq!(
+            memory_cgroup("0::/user.slice/x\n").as_deref(),
+            Some("/user.slice/x")
         );
     }
 }

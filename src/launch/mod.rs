@@ -217,6 +217,9 @@ pub struct Report {
     pub pids: detect::kernel::RunPids,
     /// The names (`comm`) of those processes: a kernel record must name one.
     pub names: std::collections::BTreeSet<String>,
+    /// Their memory cgroups (`/proc/PID/cgroup`): a kernel record that names another
+    /// is not this run's.
+    pub cgroups: std::collections::BTreeSet<String>,
     /// When it started, in milliseconds since boot (the kernel log's clock).
     pub started_ms: Option<detect::kernel::Millis>,
     /// Why [`Spec::stop_when`] ended the attempt, if it did.
@@ -228,6 +231,8 @@ pub struct Report {
     /// Time from start until the output first showed the step [`Spec::back_to`]
     /// watches for; `None` when it never did (or nothing was watched).
     pub back_at: Option<Duration>,
+    /// The checkpoints the output announced it saved (`detect::saves`).
+    pub saves: Vec<detect::saves::Announced>,
     /// torchrun's own restarts in this attempt (when [`Spec::torchrun_restarts`]).
     pub torchrun: Option<TorchrunRestarts>,
     /// The last [`TAIL_BYTES`] of the output (stdout and stderr as they came): where a
@@ -399,11 +404,14 @@ pub(crate) fn run_wired(
         oom_at: w.oom_at,
         pids: std::mem::take(&mut w.pids),
         names: std::mem::take(&mut w.names),
+        cgroups: std::mem::take(&mut w.cgroups),
         started_ms,
         stopped: outcome.stopped,
         task_files: w.files.as_ref().map(|f| f.files()).unwrap_or_default(),
         oom_file: w.oom_file.take(),
         back_at: w.back_at,
+        saves: std::mem::replace(&mut w.saves, detect::saves::Saves::new(Default::default()))
+            .finish(),
         tail: w.tail.to_vec(),
         warnings,
         torchrun,
@@ -499,6 +507,7 @@ struct Watch<'a> {
     /// The attempt's processes seen so far, and when the tree was last looked at.
     pids: detect::kernel::RunPids,
     names: std::collections::BTreeSet<String>,
+    cgroups: std::collections::BTreeSet<String>,
     pids_at: Option<Instant>,
     /// The tasks' output files, when srun writes them (see `taskfiles`).
     files: Option<taskfiles::Reader>,
@@ -507,6 +516,8 @@ struct Watch<'a> {
     /// The step watched for (see `Spec::back_to`), and when it was seen.
     back: Option<crate::progress::StepWatch>,
     back_at: Option<Duration>,
+    /// The checkpoints the output announced (see [`Report::saves`]).
+    saves: detect::saves::Saves,
     /// torchrun's worker group failures seen (with [`Spec::torchrun_restarts`]),
     /// and the last bytes of each stream, for a line split across chunks.
     group_failures: u32,
@@ -534,12 +545,14 @@ impl<'a> Watch<'a> {
             last_output: Instant::now(),
             pids: detect::kernel::RunPids::new(),
             names: Default::default(),
+            cgroups: Default::default(),
             pids_at: None,
             tail: output::Ring::default(),
             files: None,
             oom_file: None,
             back: spec.back_to.clone(),
             back_at: None,
+            saves: detect::saves::Saves::new(std::env::current_dir().unwrap_or_default()),
             group_failures: 0,
             failure_carry: Default::default(),
             worker_oom: false,
@@ -590,7 +603,9 @@ impl<'a> Watch<'a> {
         let (oom_at, oom_file) = (&mut self.oom_at, &mut self.oom_file);
         let (start, last_output) = (self.start, &mut self.last_output);
         let (back, back_at) = (&mut self.back, &mut self.back_at);
+        let saves = &mut self.saves;
         files.read(now, last, |path, bytes| {
+            saves.feed(detect::Stream::Files as usize, bytes);
             if let Some(b) = back.as_mut()
                 && b.feed(detect::Stream::Files as usize, bytes)
             {
@@ -642,7 +657,7 @@ impl<'a> Watch<'a> {
             return;
         }
         self.pids_at = Some(now);
-        tree::descendants(pid, &mut self.pids, &mut self.names);
+        tree::descendants(pid, &mut self.pids, &mut self.names, &mut self.cgroups);
     }
 
     /// Our stream first (live), then the scanner, then the log.
@@ -663,6 +678,7 @@ impl<'a> Watch<'a> {
         {
             self.back_at = Some(self.start.elapsed());
         }
+        self.saves.feed(kind as usize, chunk);
         if self.spec.torchrun_restarts.is_some() {
             self.group_failures_in(kind, chunk);
         }

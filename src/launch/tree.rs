@@ -149,6 +149,7 @@ pub(crate) fn descendants(
     root: i32,
     into: &mut std::collections::BTreeSet<u32>,
     names: &mut std::collections::BTreeSet<String>,
+    cgroups: &mut std::collections::BTreeSet<String>,
 ) {
     let mut stack = vec![root];
     let mut walked = 0;
@@ -157,12 +158,21 @@ pub(crate) fn descendants(
         if pid <= 0 || walked > 4096 || into.len() >= MAX_REMEMBERED {
             break;
         }
-        if into.insert(pid as u32)
-            && names.len() < 256
+        let new = into.insert(pid as u32);
+        // Its name as the kernel's OOM-killer record writes it (`comm`), read on
+        // every sample: seen first between fork and exec, it still has oomguard's.
+        if names.len() < 256
             && let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/comm"))
         {
-            // Its name as the kernel's OOM-killer record writes it (`comm`).
             names.insert(comm.trim_end_matches('\n').to_string());
+        }
+        // Its memory cgroup, which the kernel's record names too (kept across exec).
+        if new
+            && cgroups.len() < 64
+            && let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            && let Some(cg) = crate::detect::kernel::memory_cgroup(&text)
+        {
+            cgroups.insert(cg);
         }
         let Ok(children) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
         else {

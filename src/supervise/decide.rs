@@ -601,6 +601,13 @@ impl<'c> Run<'c> {
                 "ignored {}; a relaunch resumes only from checkpoints this run wrote",
                 checkpoint::ignored_text(&found.ignored)
             ));
+            if let Some(s) = found
+                .ignored
+                .iter()
+                .find(|s| s.kind == checkpoint::SkipKind::NotAnnounced)
+            {
+                self.log.info(&format!("{}: {}", s.path.display(), s.why));
+            }
             self.j.record(&Event::CheckpointsIgnored {
                 attempt: n,
                 count: found.ignored.len(),

@@ -332,6 +332,7 @@ impl<'c> Run<'c> {
             Ok(r) => r,
             Err(code) => return Flow::Stop(code),
         };
+        self.baseline.note_announced(&report.saves);
         let outcome = self.ended(n, &report, peak.as_ref(), spec.log.as_deref(), started);
         let mut rec = AttemptRecord {
             n,
