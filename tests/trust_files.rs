@@ -200,7 +200,10 @@ fn ds_trainer(flag: &Path, go: Option<&Path>) -> String {
         None => String::new(),
     };
     format!(
-        "import os,sys\n{wait}print('argv', ' '.join(sys.argv[1:]), flush=True)\nf={flag:?}\nif not os.path.exists(f):\n    open(f,'w').close(); sys.stderr.write('{OOM_LINE}\\n'); sys.exit(1)\nprint('finished', flush=True)\n"
+        "import os,sys,stat\n{wait}print('argv', ' '.join(sys.argv[1:]), flush=True)\n\
+         a=sys.argv[1:]\nd=os.path.dirname(a[a.index('--deepspeed')+1]) if '--deepspeed' in a else ''\n\
+         while d not in ('', '/'):\n    st=os.lstat(d)\n    print('folder', d, oct(stat.S_IMODE(st.st_mode)), int(stat.S_ISLNK(st.st_mode)), flush=True)\n    d=os.path.dirname(d)\n\
+         f={flag:?}\nif not os.path.exists(f):\n    open(f,'w').close(); sys.stderr.write('{OOM_LINE}\\n'); sys.exit(1)\nprint('finished', flush=True)\n"
     )
 }
 
@@ -210,6 +213,18 @@ fn ds_copy(stdout: &str) -> Option<PathBuf> {
     let mut words = line.split_whitespace();
     words.find(|w| *w == "--deepspeed")?;
     words.next().map(PathBuf::from)
+}
+
+/// A folder above the `--deepspeed` path as the trainer saw it while it ran (oomguard
+/// removes its fallback folder when the run ends): its mode, and whether it was a link.
+fn seen_folder(stdout: &str, folder: &Path) -> Option<(u32, bool)> {
+    let want = folder.to_str()?;
+    stdout.lines().rev().find_map(|l| {
+        let mut w = l.split_whitespace();
+        (w.next()? == "folder" && w.next()? == want).then_some(())?;
+        let mode = u32::from_str_radix(w.next()?.trim_start_matches("0o"), 8).ok()?;
+        Some((mode, w.next()? == "1"))
+    })
 }
 
 // ------------------------------------------------------------------- run folders
@@ -265,7 +280,9 @@ fn a_planted_symlink_in_an_existing_run_folder_is_replaced_never_followed() {
         ));
     }
     let copy = ds_copy(&g.stdout()).unwrap_or_else(|| g.fail("a --deepspeed copy"));
-    if copy.starts_with(&victim) || mode(copy.parent().unwrap()) != 0o700 {
+    if copy.starts_with(&victim)
+        || seen_folder(&g.stdout(), copy.parent().unwrap()) != Some((0o700, false))
+    {
         g.fail("the copy in a private folder of oomguard's own");
     }
 }
@@ -355,10 +372,12 @@ fn without_a_writable_run_folder_config_copies_go_to_a_fresh_private_folder_not_
         .find(|a| a.parent() == Some(tmpdir.as_path()))
         .unwrap_or_else(|| g.fail("the copy in a folder under $TMPDIR"));
     if folder.file_name().unwrap().to_string_lossy() == format!("oomguard-{pid}")
-        || mode(folder) != 0o700
-        || std::fs::symlink_metadata(folder).unwrap().is_symlink()
+        || seen_folder(&g.stdout(), folder) != Some((0o700, false))
     {
         g.fail("a fresh private folder with a random name");
+    }
+    if folder.exists() {
+        g.fail("the fallback folder removed when the run ends");
     }
 }
 
