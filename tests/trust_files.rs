@@ -177,10 +177,6 @@ fn events<'a>(j: &'a [Value], name: &str) -> Vec<&'a Value> {
     j.iter().filter(|e| e["event"] == name).collect()
 }
 
-fn mode(p: &Path) -> u32 {
-    std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
-}
-
 fn chmod(p: &Path, m: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
 }
