@@ -1084,7 +1084,20 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
                 .file_name()
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("last"));
+        // A half-written save is said as such first: the trainer's own save
+        // that ran out (a trainer may announce a save only once it is done).
+        let readable_now = || {
+            if c.path.is_dir() {
+                readable(&c.path)
+            } else {
+                Ok(())
+            }
+        };
         if announcing && !lightning_last && !baseline.announced(&c.path) {
+            if let Err(why) = readable_now().and_then(|()| check(&c.path)) {
+                skipped.push(Skipped::failed(c.path, why));
+                continue;
+            }
             ignored.push(Skipped {
                 path: c.path,
                 kind: SkipKind::NotAnnounced,
