@@ -80,7 +80,7 @@ def allocations(a, cfg, ds, world, seq=None):
     factor = float(os.environ.get("SIM_ACT_FACTOR", "1.0"))
     tokens = a.per_device_train_batch_size * (seq or a.max_seq_length)
     # The per-layer and logits figures measured for a Hugging Face Trainer with --bf16 on
-    # an H100 (README, "Measured on a GPU"); SIM_ACT_FACTOR is what a run deviates by.
+    # an H100 (docs/internals/memory-model.md, "Measured on a GPU"); SIM_ACT_FACTOR is what a run deviates by.
     act = 1.9 * (16 * h + 4.5 * inter) * tokens * factor
     if a.gradient_checkpointing:
         for i in range(layers):

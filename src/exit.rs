@@ -1,4 +1,4 @@
-//! Exit codes: named, documented constants (the README's table mirrors this).
+//! Exit codes: named, documented constants (docs/reference.md's table mirrors this).
 
 /// The run finished (or `plan` / `diagnose` succeeded).
 pub const SUCCESS: i32 = 0;

@@ -94,7 +94,7 @@ pub enum ConfigError {
     Gpu(String),
     /// `oomguard sbatch ...`: nothing would be supervised.
     #[error(
-        "sbatch returns as soon as the job is submitted, so oomguard would supervise nothing: put oomguard in front of the srun line inside the batch script instead (`oomguard srun python3 train.py ...`; README, Clusters)"
+        "sbatch returns as soon as the job is submitted, so oomguard would supervise nothing: put oomguard in front of the srun line inside the batch script instead (`oomguard srun python3 train.py ...`; docs/clusters.md)"
     )]
     Sbatch,
     #[error("--{flag} {value}: {why}")]
@@ -245,7 +245,7 @@ impl RunConfig {
         disc.notes.extend(inside.notes());
         if program == Some("salloc") {
             disc.warnings.push(
-                "salloc: oomguard sees salloc, not the srun steps it starts, so a Ctrl-C or a kill cannot cancel them; wrap the srun instead: `salloc -N2 oomguard srun ...` (README, Clusters)".into(),
+                "salloc: oomguard sees salloc, not the srun steps it starts, so a Ctrl-C or a kill cannot cancel them; wrap the srun instead: `salloc -N2 oomguard srun ...` (docs/clusters.md)".into(),
             );
         }
         let layout = knobs::layout(&cmd, &disc, policy.resume.as_ref());

@@ -1,11 +1,11 @@
-//! Every example command in the README's "Where knobs live" table, run as a newcomer
+//! Every example command in the "Where knobs live" table (docs/knobs.md), run as a newcomer
 //! runs it: the files it names are laid out in a fresh folder (shaped like the real
 //! ones), a complete checkpoint is written where that trainer writes it, and
-//! `oomguard plan --json` must show the ladder and resume line the README promises:
+//! `oomguard plan --json` must show the ladder and resume line the table promises:
 //! the checkpoint found where the trainer keeps them, and ignored, since it was
 //! there before the run (a relaunch resumes only from checkpoints the run writes).
 //!
-//! The commands are read from README.md itself, so a changed example is tested as
+//! The commands are read from docs/knobs.md itself (the README links there), so a changed example is tested as
 //! written, and an example without an entry here (or an entry without an example)
 //! fails the test.
 
@@ -19,7 +19,7 @@ use serde_json::Value as J;
 
 const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
-/// What one README example must show.
+/// What one table example must show.
 struct Expect {
     /// Files to write (relative path, content).
     files: &'static [(&'static str, &'static str)],
@@ -49,6 +49,9 @@ enum Ckpt {
     NanoGpt(&'static str),
     /// LitGPT: `DIR/step-00000100/lit_model.pth`.
     LitGpt(&'static str),
+    /// Megatron: `DIR/iter_0000100/mp_rank_00/model_optim_rng.pt` and
+    /// `DIR/latest_checkpointed_iteration.txt`.
+    Megatron(&'static str),
 }
 
 /// A `torch.save` zip: local header, then the end-of-central-directory record.
@@ -103,6 +106,17 @@ fn checkpoint(root: &Path, c: Ckpt) -> String {
             fs::create_dir_all(&d).unwrap();
             fs::write(d.join("lit_model.pth"), zip_bytes()).unwrap();
             format!("{dir}/step-00000100")
+        }
+        Ckpt::Megatron(dir) => {
+            let d = root.join(dir).join("iter_0000100/mp_rank_00");
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("model_optim_rng.pt"), zip_bytes()).unwrap();
+            fs::write(
+                root.join(dir).join("latest_checkpointed_iteration.txt"),
+                "100",
+            )
+            .unwrap();
+            format!("{dir}/iter_0000100")
         }
     }
 }
@@ -450,6 +464,20 @@ mode = \"selective\"
         },
     );
     m.insert(
+        "Megatron-LM",
+        Expect {
+            files: &[(
+                "pretrain_gpt.py",
+                "from megatron.training import pretrain\n",
+            )],
+            checkpoint: Some(Ckpt::Megatron("ckpt")),
+            first_step: "halve_micro_batch",
+            layout: Some("megatron"),
+            resume_how: &[],
+            rung2_has: &["--micro-batch-size", "2", "--global-batch-size", "256"],
+        },
+    );
+    m.insert(
         "environment",
         Expect {
             files: &[],
@@ -463,15 +491,17 @@ mode = \"selective\"
     m
 }
 
-/// (family, command) for each row of the README's "Where knobs live" table.
+/// The knob table's file: the README links to it, and the family pages show its commands.
+const KNOBS_MD: &str = "docs/knobs.md";
+
+/// (family, command) for each row of the "Where knobs live" table (`docs/knobs.md`).
 fn readme_examples() -> Vec<(String, String)> {
-    let readme = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    let section = readme
-        .split("\n## Where knobs live")
-        .nth(1)
-        .expect("README has a 'Where knobs live' section");
-    let section = section.split("\n## ").next().unwrap();
+    let text =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(KNOBS_MD)).expect(KNOBS_MD);
+    let at = text
+        .find("# Where knobs live")
+        .expect("docs/knobs.md has a 'Where knobs live' heading");
+    let section = &text[at..];
     let mut out = Vec::new();
     for line in section.lines().filter(|l| l.starts_with("| ")) {
         let cells: Vec<&str> = line.split(" | ").collect();
@@ -487,6 +517,80 @@ fn readme_examples() -> Vec<(String, String)> {
         }
     }
     out
+}
+
+/// The commands a guide page shows: its indented (4 spaces) code lines that run
+/// `oomguard` (after `VAR=VALUE` words), with `\` continuations joined.
+fn page_commands(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        let Some(code) = line.strip_prefix("    ") else {
+            continue;
+        };
+        let code = code.trim();
+        let cont = code.ends_with('\\');
+        let part = code.trim_end_matches('\\').trim();
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(part);
+        if !cont {
+            let words: Vec<&str> = cur.split_whitespace().collect();
+            let runs = words
+                .iter()
+                .position(|w| *w == "oomguard")
+                .is_some_and(|at| words[..at].iter().all(|w| w.contains('=')));
+            if runs {
+                out.push(words.join(" "));
+            }
+            cur.clear();
+        }
+    }
+    out
+}
+
+/// Every command a family page of the user guide (`docs/frameworks/*.md`) shows is a
+/// row of the knob table, so `every_readme_knob_example_plans_its_ladder_and_resume`
+/// plans it with its files and checkpoint; and every row has a page that shows it.
+#[test]
+fn every_family_page_command_is_a_planned_knob_table_example() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let table: Vec<String> = readme_examples()
+        .into_iter()
+        .map(|(_, c)| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    let mut shown = Vec::new();
+    let mut failures = Vec::new();
+    let mut pages: Vec<PathBuf> = fs::read_dir(root.join("docs/frameworks"))
+        .expect("docs/frameworks")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    assert!(pages.len() >= 10, "only {} family pages", pages.len());
+    for page in &pages {
+        let text = fs::read_to_string(page).unwrap();
+        let cmds = page_commands(&text);
+        if cmds.is_empty() && !page.ends_with("README.md") {
+            failures.push(format!("{} shows no oomguard command", page.display()));
+        }
+        for c in cmds {
+            if !table.contains(&c) {
+                failures.push(format!(
+                    "{} shows `{c}`, which is not a row of {KNOBS_MD}'s table (so no test plans it)",
+                    page.display()
+                ));
+            }
+            shown.push(c);
+        }
+    }
+    for c in &table {
+        if !shown.contains(c) {
+            failures.push(format!("no family page shows the table's `{c}`"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// A torchtune installed the way pip installs it: `bin/tune` names its Python, and
@@ -527,14 +631,14 @@ fn every_readme_knob_example_plans_its_ladder_and_resume() {
     let mut want = expectations();
     assert!(
         examples.len() >= 15,
-        "found only {} examples in README's table",
+        "found only {} examples in docs/knobs.md's table",
         examples.len()
     );
     let mut failures = Vec::new();
     for (family, line) in &examples {
         let Some(exp) = want.remove(family.as_str()) else {
             failures.push(format!(
-                "README example for {family:?} has no expectation in tests/readme_examples.rs"
+                "docs/knobs.md example for {family:?} has no expectation in tests/readme_examples.rs"
             ));
             continue;
         };
@@ -654,7 +758,7 @@ fn every_readme_knob_example_plans_its_ladder_and_resume() {
     }
     for family in want.keys() {
         failures.push(format!(
-            "an expectation for {family:?} but no such example in README's table"
+            "an expectation for {family:?} but no such example in docs/knobs.md's table"
         ));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

@@ -636,7 +636,7 @@ fn accelerate_launch_recovers_with_accumulation_from_the_derived_config() {
     );
 }
 
-/// The README's Hydra advice (`--knob micro_batch=+data.batch_size=64` for a batch size
+/// The Hydra advice in docs/knobs.md (`--knob micro_batch=+data.batch_size=64` for a batch size
 /// that lives only in the config) relaunches with an override real hydra-core accepts.
 #[test]
 #[ignore = "needs the real-client venv: run bash tests/run.sh"]

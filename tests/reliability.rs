@@ -3,7 +3,7 @@
 //! disk never hang or stop supervision, and the run folder stays private.
 //!
 //! Fills the gaps left by `tests/cli.rs`, `tests/launch_orphans.rs`, `tests/launch_tty.rs`,
-//! `tests/sim_trainer.rs` and the unit tests in `src/launch/tests.rs` (the README's
+//! `tests/sim_trainer.rs` and the unit tests in `src/launch/tests.rs` (docs/reference.md's
 //! "Guarantees" section lists which test checks what). The child programs are written into
 //! a temporary folder by each test. Every wait polls with a deadline; no assertion rests on
 //! a fixed sleep.

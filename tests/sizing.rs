@@ -234,7 +234,7 @@ fn benchmark(extra: &[&str]) -> serde_json::Value {
 }
 
 /// The sizing benchmark's done-when targets, on a small draw of scenarios
-/// (`benches/sizing.py`; the README has the full table): every run finishes,
+/// (`benches/sizing.py`; docs/internals/memory-model.md has the full table): every run finishes,
 /// median ≤ 1 relaunch and max ≤ 3, mean ≥ 0.90 and worst ≥ 0.75 of the best
 /// fitting throughput, and no needless shortening.
 #[test]

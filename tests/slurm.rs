@@ -633,7 +633,7 @@ fn slurm_an_oom_only_in_per_task_error_files_reused_by_every_step_is_found() {
     per_task_files("task-error-files", "--error=logs/err-%t.log", "err-1.log");
 }
 
-/// The README's per-node recipe on the cluster, with real torch on gloo:
+/// The per-node recipe of docs/clusters.md on the cluster, with real torch on gloo:
 /// `srun -N2 -n2 bash -c 'exec oomguard torchrun --nnodes 2 --node_rank $SLURM_NODEID ...'`.
 /// Copy 1's node OOMs at step 3, after checkpoint-2; node 0 dies of its peer. Needs the real-client venv too (`OOMGUARD_REAL_PYTHON`, set by tests/run.sh).
 #[test]

@@ -10,7 +10,7 @@
 //! - numbers, policies and knob values that cannot work are usage errors (exit 2)
 //!   before anything runs.
 //!
-//! The README's "Guarantees" section names each test here.
+//! The "Guarantees" section of docs/reference.md names each test here.
 
 mod common;
 

@@ -172,7 +172,7 @@ pub fn misses(all: &[Scored]) -> Vec<&Scored> {
         .collect()
 }
 
-/// The table as text (markdown, so the README can hold it as printed).
+/// The table as text (markdown, so docs/internals/detection.md can hold it as printed).
 pub fn render_text(all: &[Scored]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "| class | labels | logs | recall | precision |");
