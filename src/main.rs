@@ -74,6 +74,15 @@ fn run(args: Vec<OsString>) -> i32 {
     if let Some(e) = cli::mistyped_option(&args, command) {
         return usage_error(&e);
     }
+    if cli.sub.is_some() {
+        // A report (`plan … | head`) ends quietly when its reader goes away, as
+        // other Unix tools do, instead of panicking on the broken pipe. Not for a
+        // run: oomguard itself must never die of its output's reader.
+        // SAFETY: setting a disposition has no memory-safety implications.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.sub {
         Some(cli::Sub::Diagnose {
             json,

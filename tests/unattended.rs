@@ -148,3 +148,40 @@ fn a_mistyped_option_is_a_usage_error_and_creates_nothing() {
     );
     assert_eq!(run.code, Some(127), "{}", run.stderr);
 }
+
+/// `oomguard plan … | head -1`: the report ends quietly when its reader goes away (no
+/// panic on the broken pipe), as other Unix tools do. The reader here is gone before
+/// oomguard writes its first line.
+#[test]
+fn a_report_whose_reader_went_away_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(OOMGUARD)
+        .args([
+            "plan",
+            "python3",
+            "train.py",
+            "--per_device_train_batch_size",
+            "8",
+            "--output_dir",
+            "out",
+        ])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "ended by SIGPIPE as `cat` would be: {:?}; {err}",
+        out.status
+    );
+}
