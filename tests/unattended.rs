@@ -185,3 +185,36 @@ fn a_report_whose_reader_went_away_ends_quietly() {
         out.status
     );
 }
+
+/// The guide's `setsid -f oomguard … >log 2>&1`: the run goes on in a session of its own,
+/// with no terminal, and finishes; its output and oomguard's summary are in the log.
+#[test]
+fn setsid_leaves_a_run_going_without_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = common::repo().join("tests/children/outlive_hangup.py");
+    let inner = format!(
+        "cd '{dir}' && setsid -f '{OOMGUARD}' --run-dir '{dir}/run' python3 '{child}' '{dir}' >'{dir}/log' 2>&1",
+        dir = dir.path().display(),
+        child = child.display(),
+    );
+    let status = Command::new("sh").args(["-c", &inner]).status().unwrap();
+    assert!(status.success(), "setsid -f returns at once");
+    let ready = dir.path().join("ready");
+    assert!(wait_until(Duration::from_secs(60), || ready.exists()));
+    let oomguard: i32 = std::fs::read_to_string(&ready)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: getsid only reads another process's session id.
+    let (sid, ours) = unsafe { (libc::getsid(oomguard), libc::getsid(0)) };
+    assert!(
+        sid > 0 && sid != ours,
+        "oomguard runs in a session of its own"
+    );
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert!(wait_until(Duration::from_secs(60), || !alive(oomguard)));
+    let log = read(&dir.path().join("log"));
+    assert!(log.contains("training finished after the hangup"), "{log}");
+    assert!(log.contains("oomguard: finished after 1 attempt"), "{log}");
+}
