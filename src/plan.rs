@@ -121,15 +121,25 @@ pub fn changeable(cfg: &RunConfig) -> String {
 
 /// The notes that say how to bind the knobs oomguard did not find
 /// (`micro_batch: --batch_size may be the global batch ...`).
+/// One note per knob, the first said: a knob the program's parser lacks is not
+/// also told "bind it with --knob … (added when absent)".
 pub fn unbound_notes(cfg: &RunConfig) -> Vec<&str> {
+    let mut seen: Vec<Knob> = Vec::new();
     cfg.disc
         .notes
         .iter()
         .filter(|n| {
-            Knob::ALL.iter().any(|k| {
+            let knob = Knob::ALL.iter().copied().find(|k| {
                 !cfg.disc.knobs.contains_key(k)
                     && n.strip_prefix(k.name()).is_some_and(|r| r.starts_with(':'))
-            })
+            });
+            match knob {
+                Some(k) if !seen.contains(&k) => {
+                    seen.push(k);
+                    true
+                }
+                _ => false,
+            }
         })
         .map(String::as_str)
         .collect()

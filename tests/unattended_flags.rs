@@ -177,6 +177,21 @@ fn a_plain_argparse_script_without_accumulation_stops_with_the_advice() {
         "no refusal",
         &r.stderr,
     );
+    // Said at the start, without contradicting the knob it did find; and one note per
+    // knob at the stop (never "added with value 1 when absent" for a flag it never adds).
+    let start = "oomguard: warning: no step of the policy 'default' applies to this command: an OOM ends the run (exit 75)";
+    r.ensure(
+        "the start warns that an OOM ends the run",
+        r.stderr.contains(start),
+        start,
+        &r.stderr,
+    );
+    r.ensure(
+        "no advice to let oomguard add the flag the parser lacks",
+        !r.stderr.contains("added with value 1 when absent"),
+        "one note for grad_accum",
+        &r.stderr,
+    );
     no_kept_claim(&r);
 }
 

@@ -914,10 +914,20 @@ fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
         log.info(&format!("warning: {}", crate::inside::shell_note(s)));
     }
     if rungs <= 1 && cfg.max_attempts > 1 {
-        let mut line = format!(
-            "warning: oomguard found no setting it can change after a GPU OOM in this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows where it looked",
-            plan::plan_hint(&cfg.argv)
-        );
+        let mut line = if cfg.disc.knobs.is_empty() {
+            format!(
+                "warning: oomguard found no setting it can change after a GPU OOM in this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows where it looked",
+                plan::plan_hint(&cfg.argv)
+            )
+        } else {
+            // Knobs found, but no step of the policy can use them (a micro-batch
+            // without an accumulation to keep the global batch).
+            format!(
+                "warning: no step of the policy '{}' applies to this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows why each step does not",
+                cfg.policy.name,
+                plan::plan_hint(&cfg.argv)
+            )
+        };
         if let Some(n) = plan::unbound_notes(cfg)
             .into_iter()
             .find(|n| n.starts_with("micro_batch:"))
