@@ -132,10 +132,10 @@ fn flag(argv: &[String], name: &str) -> Option<String> {
 /// uses it; both refuse before anything runs, naming it.
 #[test]
 fn a_job_folder_another_user_planted_is_refused_before_anything_runs() {
-    if !root() {
-        eprintln!("skipped: needs root to act as a second user");
-        return;
-    }
+    assert!(
+        root(),
+        "this test needs root (setpriv to the user nobody, the second user)"
+    );
     let t = shared_tmp();
     let out = t.path().join("out");
     std::fs::create_dir(&out).unwrap();
@@ -193,10 +193,10 @@ fn a_job_folder_another_user_planted_is_refused_before_anything_runs() {
 /// victim's (the user running oomguard): copy 0's cleanup never deletes through it.
 #[test]
 fn a_symlinked_job_folder_never_makes_oomguard_delete_through_it() {
-    if !root() {
-        eprintln!("skipped: needs root to act as a second user");
-        return;
-    }
+    assert!(
+        root(),
+        "this test needs root (setpriv to the user nobody, the second user)"
+    );
     let t = shared_tmp();
     let victim = t.path().join("victim");
     std::fs::create_dir_all(victim.join("slurm-78.0")).unwrap();
