@@ -461,23 +461,6 @@ fn pods_that_disagree_stop_the_job_with_a_non_zero_exit() {
     }
 }
 
-/// The real-client venv's bin folder (see tests/real_clients.rs).
-fn venv_bin() -> PathBuf {
-    let p = std::env::var_os("OOMGUARD_REAL_PYTHON")
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| panic!("OOMGUARD_REAL_PYTHON is not set: run bash tests/run.sh"));
-    let bin = PathBuf::from(p)
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    assert!(
-        bin.join("python").exists(),
-        "no python in {}",
-        bin.display()
-    );
-    bin
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -15,39 +15,6 @@ use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(420);
 
-/// The real-client venv's bin folder (see `tests/real_clients.rs`).
-fn venv_bin() -> PathBuf {
-    let p = std::env::var_os("OOMGUARD_REAL_PYTHON")
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| {
-            panic!(
-                "OOMGUARD_REAL_PYTHON is not set: needs the real-client venv: run bash tests/run.sh"
-            )
-        });
-    let bin = PathBuf::from(p)
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    assert!(
-        bin.join("python").exists(),
-        "no python in {}",
-        bin.display()
-    );
-    bin
-}
-
-/// The value after `flag` in an argv (`--x 4` or `--x=4`).
-fn flag_value(argv: &[String], flag: &str) -> Option<String> {
-    let eq = format!("{flag}=");
-    argv.iter().enumerate().find_map(|(i, a)| {
-        if a == flag {
-            argv.get(i + 1).cloned()
-        } else {
-            a.strip_prefix(&eq).map(str::to_string)
-        }
-    })
-}
-
 /// A first run of the real Trainer (without oomguard) that leaves `out/checkpoint-2` with
 /// the optimizer's state (`optimizer.pt`), for a run that resumes from it.
 fn first_run(bin: &Path, out: &Path) {

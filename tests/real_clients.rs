@@ -31,27 +31,6 @@ fn torchrun_turn() -> std::sync::MutexGuard<'static, ()> {
     TORCHRUN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Why the tests here are ignored, and what to run instead.
-const NEEDS_VENV: &str = "needs the real-client venv: run bash tests/run.sh";
-
-/// The venv's bin folder; panics with [`NEEDS_VENV`] when the tier is not set up.
-fn venv_bin() -> PathBuf {
-    let p = std::env::var_os("OOMGUARD_REAL_PYTHON")
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| panic!("OOMGUARD_REAL_PYTHON is not set: {NEEDS_VENV}"));
-    // Not canonicalized: a venv's python is a symlink out of the venv.
-    let bin = PathBuf::from(p)
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    assert!(
-        bin.join("python").exists(),
-        "OOMGUARD_REAL_PYTHON: no python in {}",
-        bin.display()
-    );
-    bin
-}
-
 #[test]
 #[ignore = "needs the real-client venv: run bash tests/run.sh"]
 fn torchrun_ddp_oom_on_one_rank_halves_the_micro_batch_and_keeps_the_global_batch() {

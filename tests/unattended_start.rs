@@ -239,26 +239,6 @@ fn plan_says_what_restarts_or_resizes_the_run_inside_the_command() {
     );
 }
 
-/// Why the tests below are ignored, and what to run instead.
-const NEEDS_VENV: &str = "needs the real-client venv: run bash tests/run.sh";
-
-/// The venv's bin folder (`OOMGUARD_REAL_PYTHON`'s), first on PATH for torchrun.
-fn venv_bin() -> PathBuf {
-    let p = std::env::var_os("OOMGUARD_REAL_PYTHON")
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| panic!("OOMGUARD_REAL_PYTHON is not set: {NEEDS_VENV}"));
-    let bin = PathBuf::from(p)
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    assert!(
-        bin.join("python").exists(),
-        "OOMGUARD_REAL_PYTHON: no python in {}",
-        bin.display()
-    );
-    bin
-}
-
 /// Real torchrun with `--max-restarts 2`: the first launch fails of something else
 /// (torchrun restarts its workers, as asked), the restarted workers die of an OOM. That
 /// is one attempt of oomguard's: it stops torchrun before it re-runs the settings that

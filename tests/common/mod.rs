@@ -337,3 +337,38 @@ pub fn demo_args(out: &Path) -> Vec<String> {
     v.push(out.display().to_string());
     v
 }
+
+/// The real-client tier's venv `bin` folder (`OOMGUARD_REAL_PYTHON`'s parent, set by
+/// `tests/run.sh`); panics saying how to set it up when it is not.
+pub fn venv_bin() -> PathBuf {
+    let p = std::env::var_os("OOMGUARD_REAL_PYTHON")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| {
+            panic!(
+                "OOMGUARD_REAL_PYTHON is not set: needs the real-client venv: run bash tests/run.sh"
+            )
+        });
+    // Not canonicalized: a venv's python is a symlink out of the venv.
+    let bin = PathBuf::from(p)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    assert!(
+        bin.join("python").exists(),
+        "OOMGUARD_REAL_PYTHON: no python in {}",
+        bin.display()
+    );
+    bin
+}
+
+/// The value after `flag` in an argv (`--x 4` or `--x=4`).
+pub fn flag_value(argv: &[String], flag: &str) -> Option<String> {
+    let eq = format!("{flag}=");
+    argv.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            argv.get(i + 1).cloned()
+        } else {
+            a.strip_prefix(&eq).map(str::to_string)
+        }
+    })
+}
