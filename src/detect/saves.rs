@@ -44,6 +44,16 @@ static MEGATRON: LazyLock<Regex> = LazyLock::new(|| {
 
 /// The longest line looked at; a longer one is cut (no save line is that long).
 const MAX_LINE: usize = 8 << 10;
+
+/// Whether `text` holds a word every save line has (`sav` of saving/saved, or
+/// DeepSpeed's `ready now`); searchers built once.
+fn may_announce(text: &[u8]) -> bool {
+    static SAV: LazyLock<memchr::memmem::Finder<'static>> =
+        LazyLock::new(|| memchr::memmem::Finder::new(b"av"));
+    static READY: LazyLock<memchr::memmem::Finder<'static>> =
+        LazyLock::new(|| memchr::memmem::Finder::new(b"ready now"));
+    SAV.find(text).is_some() || READY.find(text).is_some()
+}
 /// At most this many announcements are kept (a run saving every step for a
 /// week stays small).
 const MAX_KEPT: usize = 100_000;
@@ -70,23 +80,41 @@ impl Saves {
     pub fn feed(&mut self, stream: usize, chunk: &[u8]) {
         let stream = stream.min(2);
         let mut rest = chunk;
-        while let Some(at) = memchr::memchr2(b'\n', b'\r', rest) {
+        // The line carried from the last chunk ends in this one: joined, then read.
+        if !self.carry[stream].is_empty() {
+            let Some(at) = memchr::memchr2(b'\n', b'\r', rest) else {
+                self.keep(stream, rest);
+                return;
+            };
             let (line, after) = rest.split_at(at);
-            if self.carry[stream].is_empty() {
-                self.line(line);
-            } else {
-                let mut whole = std::mem::take(&mut self.carry[stream]);
-                whole.extend_from_slice(&line[..line.len().min(MAX_LINE)]);
-                self.line(&whole);
-                // Its buffer kept: passing output through allocates nothing per line.
-                whole.clear();
-                self.carry[stream] = whole;
+            let mut whole = std::mem::take(&mut self.carry[stream]);
+            whole.extend_from_slice(&line[..line.len().min(MAX_LINE)]);
+            self.line(&whole);
+            // Its buffer kept: passing output through allocates nothing per line.
+            whole.clear();
+            self.carry[stream] = whole;
+            rest = &after[1..];
+        }
+        // The lines wholly in this chunk: read one by one only when the chunk holds a
+        // word of a save line at all (every training byte passes here; almost no line
+        // is a save's).
+        if let Some(last) = memchr::memrchr2(b'\n', b'\r', rest) {
+            let (lines, after) = rest.split_at(last);
+            if may_announce(lines) {
+                for line in lines.split(|&b| b == b'\n' || b == b'\r') {
+                    self.line(line);
+                }
             }
             rest = &after[1..];
         }
+        self.keep(stream, rest);
+    }
+
+    /// Keeps the start of an unfinished line (at most [`MAX_LINE`] bytes).
+    fn keep(&mut self, stream: usize, part: &[u8]) {
         let carry = &mut self.carry[stream];
         let room = MAX_LINE.saturating_sub(carry.len());
-        carry.extend_from_slice(&rest[..rest.len().min(room)]);
+        carry.extend_from_slice(&part[..part.len().min(room)]);
     }
 
     /// What was announced (the unfinished last lines included).
@@ -100,10 +128,7 @@ impl Saves {
 
     fn line(&mut self, line: &[u8]) {
         let line = &line[..line.len().min(MAX_LINE)];
-        if self.found.len() >= MAX_KEPT
-            || (memchr::memmem::find(line, b"av").is_none()
-                && memchr::memmem::find(line, b"ready now").is_none())
-        {
+        if self.found.len() >= MAX_KEPT || !may_announce(line) {
             return;
         }
         if let Some(c) = MEGATRON.captures(line) {
