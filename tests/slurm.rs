@@ -801,8 +801,17 @@ fn slurm_a_requeued_job_resumes_at_the_fitting_settings() {
     assert!(out.status.success(), "sbatch: {out:?}");
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     let fail = |what: &str| -> ! {
+        // Slurm's own view of the job, for a run that did not go as expected.
+        let shown = Command::new("scontrol")
+            .args(["show", "job", &job])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
         let _ = Command::new("scancel").arg(&job).status();
-        panic!("{what}\n--- job output ---\n{}", tail(&read(), 6000));
+        panic!(
+            "{what}\n--- scontrol show job ---\n{shown}\n--- job output ---\n{}",
+            tail(&read(), 6000)
+        );
     };
     // Down to the micro-batch that fits, and a checkpoint past the OOM's.
     if !wait_until(Duration::from_secs(90), || {
@@ -815,8 +824,10 @@ fn slurm_a_requeued_job_resumes_at_the_fitting_settings() {
         .status()
         .unwrap();
     assert!(ok.success());
-    // Slurm holds a requeued job back for a while: let it start now.
-    let started = wait_until(Duration::from_secs(180), || {
+    // Slurm holds a requeued job back for a while: let it start now. The job
+    // first has to finish completing: on a loaded 2-core machine (the whole
+    // Slurm tier at once) its steps' termination alone has taken minutes.
+    let started = wait_until(Duration::from_secs(480), || {
         if read().contains("SLURM_RESTART_COUNT=1") {
             return true;
         }
@@ -831,7 +842,7 @@ fn slurm_a_requeued_job_resumes_at_the_fitting_settings() {
     if !started {
         fail("the requeued job did not start");
     }
-    if !wait_until(Duration::from_secs(90), || {
+    if !wait_until(Duration::from_secs(240), || {
         dir.join("out/final.json").exists()
     }) {
         fail("the requeued job did not finish");
