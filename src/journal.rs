@@ -521,14 +521,8 @@ pub struct Journal {
     warned: bool,
 }
 
-pub use crate::runfolder::{create_private_dir, write_private};
-
-/// `.oomguard/runs/<local time>`: the name a run folder starts from
-/// (`runfolder::create_run_dir` adds `-2`, `-3`... when another run took it).
-pub fn default_run_dir() -> PathBuf {
-    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
-    Path::new(".oomguard").join("runs").join(stamp)
-}
+use crate::run_folder::RunFolder;
+pub use crate::run_folder::{create_private_dir, write_private};
 
 impl Journal {
     /// Open the journal in `dir`. On failure, warn once and run without one.
@@ -536,7 +530,7 @@ impl Journal {
         // Appended to (a run folder given again keeps every run's lines), but
         // never through a symlink or a link to another file.
         let result = create_private_dir(&dir)
-            .and_then(|()| crate::runfolder::open_append(&dir.join("journal.jsonl")));
+            .and_then(|()| crate::run_folder::open_append(&RunFolder::at(&dir).journal()));
         match result {
             Ok(file) => Journal {
                 dir: Some(dir),
@@ -558,12 +552,12 @@ impl Journal {
     }
 
     pub fn path(&self) -> Option<PathBuf> {
-        self.dir.as_ref().map(|d| d.join("journal.jsonl"))
+        self.dir.as_ref().map(|d| RunFolder::at(d).journal())
     }
 
     /// The folder for attempt `n`, created on demand; `None` when it cannot be.
     pub fn attempt_dir(&mut self, n: u32) -> Option<PathBuf> {
-        let d = self.dir.as_ref()?.join(format!("attempt-{n}"));
+        let d = RunFolder::at(self.dir.as_ref()?).attempt(n);
         match create_private_dir(&d) {
             Ok(()) => Some(d),
             Err(e) => {

@@ -30,7 +30,7 @@ mod policy;
 mod progress;
 mod remember;
 mod run_config;
-mod runfolder;
+mod run_folder;
 mod settings;
 mod status;
 mod supervise;

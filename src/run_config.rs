@@ -12,7 +12,6 @@ use crate::cli::RunArgs;
 use crate::command::Command;
 use crate::envmerge::{self, EnvSet};
 use crate::gpuwatch::{GpuOptions, GpuWatch};
-use crate::journal;
 use crate::knobs::{self, Discovery};
 use crate::memory;
 use crate::policy::{self, Policy};
@@ -311,7 +310,9 @@ impl RunConfig {
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,
             run_dir_given: args.run_dir.is_some(),
-            run_dir: args.run_dir.unwrap_or_else(journal::default_run_dir),
+            run_dir: args
+                .run_dir
+                .unwrap_or_else(crate::run_folder::RunFolder::default_name),
             no_env: args.no_env,
             hang_timeout: secs("hang-timeout", args.hang_timeout, 0.001)?,
             grace: secs("grace", args.grace, 0.0)?,
@@ -469,6 +470,6 @@ impl RunConfig {
 
     /// The folder of attempt `n` (what `plan` shows; `run` creates it through the journal).
     pub fn attempt_dir(&self, n: usize) -> PathBuf {
-        self.run_dir.join(format!("attempt-{n}"))
+        crate::run_folder::RunFolder::at(&self.run_dir).attempt(n as u32)
     }
 }

@@ -47,7 +47,7 @@ use crate::plan;
 use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
 use crate::run_config::{ResumeInfo, RunConfig};
-use crate::runfolder::{self, RunDirError};
+use crate::run_folder::{self, RunDirError};
 
 /// The first bytes of an attempt's output, written to `attempt-N/output.log`
 /// as they come; the rest reaches the file when the attempt ends (its tail).
@@ -170,7 +170,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     }
     // The run folder is created fresh and private, or refused before anything
     // runs; so are the files --edit-in-place would edit.
-    let run_dir = match runfolder::create_run_dir(&cfg.run_dir, cfg.run_dir_given) {
+    let run_dir = match run_folder::create_run_dir(&cfg.run_dir, cfg.run_dir_given) {
         Ok(d) => Ok(d),
         Err(RunDirError::Unsafe(e)) => {
             eprintln!("oomguard: error: {e}");
@@ -426,7 +426,7 @@ impl<'c> Run<'c> {
             argv: m.argv,
             env_set,
             tty: self.tty,
-            log: adir.map(|d| d.join("output.log")),
+            log: adir.as_deref().map(run_folder::output_log_in),
             log_head_bytes: LOG_HEAD_BYTES,
             log_tail_bytes: 4 << 20,
             hang_timeout: cfg.hang_timeout,
@@ -463,7 +463,7 @@ impl<'c> Run<'c> {
     /// folder cannot be written. `Err`: the exit code.
     fn scratch_dir(&mut self, n: u32) -> Result<std::path::PathBuf, i32> {
         if self.scratch.is_none() {
-            match runfolder::fresh_temp_dir() {
+            match run_folder::fresh_temp_dir() {
                 Ok(d) => self.scratch = Some(d),
                 Err(e) => {
                     eprintln!(
@@ -474,7 +474,7 @@ impl<'c> Run<'c> {
             }
         }
         let dir = self.scratch.as_ref().expect("made above");
-        Ok(dir.join(format!("attempt-{n}")))
+        Ok(dir.join(run_folder::names::attempt(n)))
     }
 
     /// A config file the user edited since the run started is not in the
