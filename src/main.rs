@@ -25,15 +25,18 @@ mod knobs;
 mod launch;
 mod liveness;
 mod memory;
+mod options;
 mod plan;
 mod policy;
 mod progress;
 mod remember;
+mod resume;
 mod run_config;
 mod run_folder;
 mod settings;
 mod status;
 mod supervise;
+mod target;
 mod untrusted;
 
 use std::ffi::OsString;
@@ -103,22 +106,22 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Man) => completions::man_main(),
         Some(cli::Sub::Estimate { json, run }) => {
             init_tracing(run.verbose, run.quiet);
-            match run_config::RunConfig::from_args(run) {
-                Ok(cfg) => plan::estimate_main(&cfg, json),
+            match configure(run) {
+                Ok((cfg, _gpus)) => plan::estimate_main(&cfg, json),
                 Err(e) => usage_error(&e),
             }
         }
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
-            match run_config::RunConfig::from_args(run) {
-                Ok(cfg) => plan::plan(&cfg, json),
+            match configure(run) {
+                Ok((cfg, _gpus)) => plan::plan(&cfg, json),
                 Err(e) => usage_error(&e),
             }
         }
         None => {
             init_tracing(cli.run.verbose, cli.run.quiet);
-            let cfg = match run_config::RunConfig::from_args(cli.run) {
-                Ok(cfg) => cfg,
+            let (cfg, gpus) = match configure(cli.run) {
+                Ok(c) => c,
                 Err(e) => return usage_error(&e),
             };
             let signals = match launch::Signals::install() {
@@ -128,9 +131,22 @@ fn run(args: Vec<OsString>) -> i32 {
                     return exit::CANNOT_EXECUTE;
                 }
             };
-            supervise::run(cfg, &signals)
+            supervise::run(&cfg, gpus, &signals)
         }
     }
+}
+
+/// The options of `run`, `plan` and `estimate`, the GPU watch (the one live
+/// service they share: it picks `--gpus auto:N` and says how many GPUs and how
+/// much memory there are), and the target inspected with what it said.
+fn configure(
+    args: cli::RunArgs,
+) -> Result<(run_config::RunConfig, gpuwatch::GpuWatch), run_config::ConfigError> {
+    let opts = options::Options::from_args(args)?;
+    let gpus = gpuwatch::GpuWatch::open(opts.gpu.clone(), &opts.argv)
+        .map_err(run_config::ConfigError::Gpu)?;
+    let cfg = run_config::RunConfig::new(opts, &target::GpuFacts::of(&gpus))?;
+    Ok((cfg, gpus))
 }
 
 fn usage_error(e: &dyn std::fmt::Display) -> i32 {

@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::Duration;
 
 use serde::Serialize;
 
@@ -19,7 +18,8 @@ use crate::exit;
 use crate::journal::{knob_values, lossy};
 use crate::knobs::{self, Knob, Settings, Value};
 use crate::policy::{self, Decision, NotApplicable};
-use crate::run_config::{ResumeInfo, RunConfig};
+use crate::resume::{Resumer, Resumption};
+use crate::run_config::RunConfig;
 
 /// Quote an argv for display the way a POSIX shell would read it back.
 pub fn shell_quote(argv: &[OsString]) -> String {
@@ -92,6 +92,7 @@ pub fn plan_hint(argv: &[OsString]) -> String {
 /// each knob found with where it lives, then the knobs not found.
 pub fn changeable(cfg: &RunConfig) -> String {
     let found: Vec<String> = cfg
+        .target
         .disc
         .knobs
         .iter()
@@ -99,7 +100,7 @@ pub fn changeable(cfg: &RunConfig) -> String {
         .collect();
     let missing: Vec<&str> = Knob::ALL
         .iter()
-        .filter(|k| !cfg.disc.knobs.contains_key(k))
+        .filter(|k| !cfg.target.disc.knobs.contains_key(k))
         .map(|k| k.name())
         .collect();
     let can = if found.is_empty() {
@@ -113,7 +114,7 @@ pub fn changeable(cfg: &RunConfig) -> String {
             line,
             "; cannot change (not found in the command): {}; {} shows why and how to bind a knob with --knob",
             missing.join(", "),
-            plan_hint(&cfg.argv)
+            plan_hint(&cfg.opts.argv)
         );
     }
     line
@@ -125,12 +126,13 @@ pub fn changeable(cfg: &RunConfig) -> String {
 /// also told "bind it with --knob … (added when absent)".
 pub fn unbound_notes(cfg: &RunConfig) -> Vec<&str> {
     let mut seen: Vec<Knob> = Vec::new();
-    cfg.disc
+    cfg.target
+        .disc
         .notes
         .iter()
         .filter(|n| {
             let knob = Knob::ALL.iter().copied().find(|k| {
-                !cfg.disc.knobs.contains_key(k)
+                !cfg.target.disc.knobs.contains_key(k)
                     && n.strip_prefix(k.name()).is_some_and(|r| r.starts_with(':'))
             });
             match knob {
@@ -165,9 +167,15 @@ pub fn ladder(
     rungs.push(Rung {
         step: None,
         settings: s.clone(),
-        m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
+        m: knobs::materialize(
+            &cfg.opts.argv,
+            &cfg.target.disc,
+            &s,
+            None,
+            &cfg.attempt_dir(1),
+        )?,
     });
-    while (rungs.len() as u32) < cfg.max_attempts {
+    while (rungs.len() as u32) < cfg.opts.max_attempts {
         let Some(d) = after_oom(cfg, &s, cal.as_mut()) else {
             break;
         };
@@ -176,7 +184,7 @@ pub fn ladder(
         rungs.push(Rung {
             step: Some(d),
             settings: s.clone(),
-            m: knobs::materialize(&cfg.argv, &cfg.disc, &s, resume, &dir)?,
+            m: knobs::materialize(&cfg.opts.argv, &cfg.target.disc, &s, resume, &dir)?,
         });
     }
     Ok(rungs)
@@ -191,7 +199,7 @@ pub fn after_oom(
     s: &Settings,
     cal: Option<&mut crate::memory::Calibrated>,
 ) -> Option<Decision> {
-    crate::memory::decide(&cfg.policy, s, &Evidence::assumed(), cal)
+    crate::memory::decide(&cfg.opts.policy, s, &Evidence::assumed(), cal)
 }
 
 /// Every knob a decision changes, `knob before → after`, in the knobs' order:
@@ -231,7 +239,7 @@ fn step_label(d: &Decision) -> String {
 struct Plan<'a> {
     cfg: &'a RunConfig,
     env: Vec<EnvSet>,
-    res: ResumeInfo,
+    res: Resumption,
     rungs: Vec<Rung>,
     na: Vec<NotApplicable>,
     settings: Settings,
@@ -241,7 +249,7 @@ struct Plan<'a> {
 pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
     // As a run would see it at its start: every checkpoint there now is
     // another run's, and plan says so.
-    let res = cfg.resume(&cfg.baseline(), Duration::ZERO);
+    let res = Resumer::now(cfg.target.layout.clone()).search();
     let rungs = match ladder(cfg, res.arg.as_ref()) {
         Ok(r) => r,
         Err(e) => {
@@ -253,8 +261,8 @@ pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
         env: cfg.env_defaults(),
         res,
         rungs,
-        na: policy::not_applicable(&cfg.policy, &cfg.disc),
-        settings: cfg.disc.settings(),
+        na: policy::not_applicable(&cfg.opts.policy, &cfg.target.disc),
+        settings: cfg.target.disc.settings(),
         cfg,
     };
     if as_json {
@@ -325,7 +333,7 @@ struct ResumeJson<'a> {
     skipped: &'a [Skipped],
     /// Checkpoints a relaunch would not resume from: not this run's.
     ignored: &'a [Skipped],
-    why: &'a str,
+    why: String,
 }
 
 #[derive(Serialize)]
@@ -362,13 +370,14 @@ impl Plan<'_> {
     fn json(&self) -> String {
         let (cfg, res) = (self.cfg, &self.res);
         let out = PlanJson {
-            command: &cfg.argv,
+            command: &cfg.opts.argv,
             policy: PolicyJson {
-                name: &cfg.policy.name,
-                description: &cfg.policy.description,
+                name: &cfg.opts.policy.name,
+                description: &cfg.opts.policy.description,
             },
-            max_attempts: cfg.max_attempts,
+            max_attempts: cfg.opts.max_attempts,
             knobs: cfg
+                .target
                 .disc
                 .knobs
                 .iter()
@@ -383,15 +392,16 @@ impl Plan<'_> {
                     )
                 })
                 .collect(),
-            world_size: cfg.disc.world.size,
-            world_source: &cfg.disc.world.source,
-            world_uncertain: cfg.disc.world.uncertain,
-            world_max: cfg.elastic.map(|(_, max)| max),
+            world_size: cfg.target.disc.world.size,
+            world_source: &cfg.target.disc.world.source,
+            world_uncertain: cfg.target.disc.world.uncertain,
+            world_max: cfg.target.elastic.map(|(_, max)| max),
             global_batch_max: cfg
+                .target
                 .elastic
                 .and_then(|(_, max)| at_world(&self.settings, max).global_batch()),
-            hf_style: cfg.disc.hf_style,
-            families: &cfg.disc.families,
+            hf_style: cfg.target.disc.hf_style,
+            families: &cfg.target.disc.families,
             global_batch: self.settings.global_batch(),
             env: self
                 .env
@@ -400,15 +410,15 @@ impl Plan<'_> {
                 .collect(),
             resume: res.found.as_ref().map(|f| ResumeJson {
                 layout: &f.layout,
-                dir: cfg.layout.as_ref().map(|l| l.root.as_path()),
-                how: cfg.layout.as_ref().map(|l| &l.how),
+                dir: cfg.target.layout.as_ref().map(|l| l.root.as_path()),
+                how: cfg.target.layout.as_ref().map(|l| &l.how),
                 checkpoint: res.chosen.as_ref().map(|c| c.path.as_path()),
                 skipped: &f.skipped,
                 ignored: &f.ignored,
-                why: &res.why,
+                why: res.because.to_string(),
             }),
-            notes: &cfg.disc.notes,
-            warnings: &cfg.disc.warnings,
+            notes: &cfg.target.disc.notes,
+            warnings: &cfg.target.disc.warnings,
             not_applicable: &self.na,
             ladder: self.rungs.iter().map(rung_json).collect(),
             host_oom_workers: host_oom_workers(cfg),
@@ -443,21 +453,21 @@ impl Plan<'_> {
     fn header(&self, o: &mut String) {
         let (cfg, settings) = (self.cfg, &self.settings);
         o.push_str("oomguard plan: nothing is run\n\n");
-        let _ = writeln!(o, "command:      {}", shell_quote(&cfg.argv));
+        let _ = writeln!(o, "command:      {}", shell_quote(&cfg.opts.argv));
         if let (_, Some(line)) = cfg.start_settings() {
             let _ = writeln!(o, "start:        {line}");
         }
         let _ = writeln!(
             o,
             "policy:       {} ({}), at most {} attempts",
-            cfg.policy.name, cfg.policy.description, cfg.max_attempts
+            cfg.opts.policy.name, cfg.opts.policy.description, cfg.opts.max_attempts
         );
         let _ = writeln!(
             o,
             "world size:   {} ({}){}",
-            cfg.disc.world.size,
-            cfg.disc.world.source,
-            if cfg.disc.world.uncertain {
+            cfg.target.disc.world.size,
+            cfg.target.disc.world.source,
+            if cfg.target.disc.world.uncertain {
                 " — uncertain: check the global batch below"
             } else {
                 ""
@@ -483,7 +493,7 @@ impl Plan<'_> {
                 "global batch: unknown (micro-batch or accumulation not bound)"
             ),
         };
-        if let Some((_, max)) = cfg.elastic
+        if let Some((_, max)) = cfg.target.elastic
             && let Some(g) = at_world(settings, max).global_batch()
         {
             let _ = writeln!(
@@ -497,7 +507,7 @@ impl Plan<'_> {
         o.push_str("\nknobs:\n");
         let w = Knob::ALL.iter().map(|k| k.name().len()).max().unwrap_or(0);
         for k in Knob::ALL {
-            let _ = match self.cfg.disc.knobs.get(&k) {
+            let _ = match self.cfg.target.disc.knobs.get(&k) {
                 Some(b) => writeln!(
                     o,
                     "  {:w$}  {:<6}  {}",
@@ -513,7 +523,7 @@ impl Plan<'_> {
     fn environment(&self, o: &mut String) {
         o.push_str("\nenvironment added to yours:\n");
         if self.env.is_empty() {
-            o.push_str(if self.cfg.no_env {
+            o.push_str(if self.cfg.opts.no_env {
                 "  none (--no-env)\n"
             } else {
                 "  none (you set them all)\n"
@@ -527,7 +537,7 @@ impl Plan<'_> {
     fn resume(&self, o: &mut String) {
         o.push_str("\nresume:\n");
         if let Some(f) = &self.res.found {
-            if let Some(l) = &self.cfg.layout {
+            if let Some(l) = &self.cfg.target.layout {
                 let _ = writeln!(o, "  layout: {} in {}", f.layout, l.root.display());
             }
             let named = f.skipped.len().min(checkpoint::NAMED);
@@ -551,12 +561,12 @@ impl Plan<'_> {
                 );
             }
         }
-        let _ = writeln!(o, "  {}", self.res.why);
+        let _ = writeln!(o, "  {}", self.res.because);
     }
 
     /// Warnings, notes, and the steps that cannot apply.
     fn lists(&self, o: &mut String) {
-        let disc = &self.cfg.disc;
+        let disc = &self.cfg.target.disc;
         for (title, items) in [("warnings", &disc.warnings), ("notes", &disc.notes)] {
             if !items.is_empty() {
                 let _ = writeln!(o, "\n{title}:");
@@ -589,7 +599,7 @@ impl Plan<'_> {
                     o,
                     "  dataloader_workers {}, one halving per host OOM, each relaunched from the last checkpoint (the batches are the same); {}",
                     chain.join(" → "),
-                    if cfg.workers_floor > 0 {
+                    if cfg.target.workers_floor > 0 {
                         "not below 1: the command sets a prefetch factor or persistent workers; then oomguard stops with advice"
                     } else {
                         "then oomguard stops with advice"
@@ -626,7 +636,7 @@ impl Plan<'_> {
         };
         let _ = match (
             start.int(Knob::EvalBatch),
-            cfg.disc.knobs.get(&Knob::EvalBatch),
+            cfg.target.disc.knobs.get(&Knob::EvalBatch),
         ) {
             (Some(b), Some(bound)) if !halvings.is_empty() => {
                 let chain: Vec<String> = std::iter::once(b)
@@ -647,7 +657,7 @@ impl Plan<'_> {
             (None, _) => writeln!(
                 o,
                 "  the ladder above applies: {}",
-                crate::frameworks::no_eval_batch(&cfg.disc.families)
+                crate::frameworks::no_eval_batch(&cfg.target.disc.families)
             ),
         };
     }
@@ -680,7 +690,7 @@ impl Plan<'_> {
         for (i, r) in self.rungs.iter().enumerate() {
             rung_text(o, i + 1, r);
         }
-        let max = self.cfg.max_attempts;
+        let max = self.cfg.opts.max_attempts;
         let _ = if (self.rungs.len() as u32) < max {
             writeln!(
                 o,
@@ -710,8 +720,8 @@ fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
         steps_done: None,
         phase: None,
     };
-    while (out.len() as u32) + 1 < cfg.max_attempts {
-        let Some(d) = policy::halve_dataloader_workers(&s, cfg.workers_floor, &ev) else {
+    while (out.len() as u32) + 1 < cfg.opts.max_attempts {
+        let Some(d) = policy::halve_dataloader_workers(&s, cfg.target.workers_floor, &ev) else {
             break;
         };
         s = d.after;
@@ -741,7 +751,7 @@ fn phase_fixes(cfg: &RunConfig) -> Vec<(When, Vec<(String, String)>)> {
     let mut retried = false;
     let mut load = Vec::new();
     loop {
-        match policy::after_load_oom(&cfg.policy, &s, &ev, retried) {
+        match policy::after_load_oom(&cfg.opts.policy, &s, &ev, retried) {
             policy::PhaseFix::Retry { .. } => {
                 retried = true;
                 load.push((
@@ -795,7 +805,7 @@ fn phase_fixes(cfg: &RunConfig) -> Vec<(When, Vec<(String, String)>)> {
 
 /// "stop (exit 75), with advice: ..." for the end of a phase's fixes.
 fn stop_text(cfg: &RunConfig, load: bool) -> String {
-    let fam = &cfg.disc.families;
+    let fam = &cfg.target.disc.families;
     let advice = if load {
         crate::frameworks::load_advice(fam)
     } else {
@@ -818,7 +828,7 @@ fn eval_oom_batches(cfg: &RunConfig) -> Vec<u64> {
         how: "assumed".into(),
     });
     let mut out = Vec::new();
-    while (out.len() as u32) + 1 < cfg.max_attempts {
+    while (out.len() as u32) + 1 < cfg.opts.max_attempts {
         let Ok(d) = policy::halve_eval_batch(&s, &ev) else {
             break;
         };
@@ -951,7 +961,7 @@ impl EstimateReport {
         let Some(cal) = cfg.calibrated() else {
             return EstimateReport {
                 model: None,
-                gpu_total_bytes: cfg.gpu_memory,
+                gpu_total_bytes: cfg.target.gpu_memory,
                 margin: crate::memory::MARGIN,
                 given: None,
                 candidates: Vec::new(),
@@ -968,7 +978,7 @@ impl EstimateReport {
             settings: start.clone(),
             steps: Vec::new(),
         };
-        let mut cands = crate::memory::candidates(&cfg.policy, &start, &cal);
+        let mut cands = crate::memory::candidates(&cfg.opts.policy, &start, &cal);
         let seq = |c: &crate::memory::Candidate| c.settings.int(Knob::SeqLen).unwrap_or(0);
         cands.sort_by(|a, b| {
             (b.fits == Some(true))
@@ -1326,7 +1336,7 @@ pub fn estimate_main(cfg: &RunConfig, as_json: bool) -> i32 {
         let _ = writeln!(
             o,
             "oomguard estimate: nothing is run\n\ncommand: {}",
-            shell_lines(&cfg.argv, WIDTH - "command: ".len())
+            shell_lines(&cfg.opts.argv, WIDTH - "command: ".len())
         );
         r.text(&mut o, 15);
         print!("{o}");

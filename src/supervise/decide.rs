@@ -9,9 +9,9 @@ impl<'c> Run<'c> {
     /// The policy, less the CPU offload steps a host OOM ruled out.
     pub(super) fn policy(&self) -> std::borrow::Cow<'c, policy::Policy> {
         if self.no_cpu_offload.is_empty() {
-            return std::borrow::Cow::Borrowed(&self.cfg.policy);
+            return std::borrow::Cow::Borrowed(&self.cfg.opts.policy);
         }
-        let mut p = self.cfg.policy.clone();
+        let mut p = self.cfg.opts.policy.clone();
         p.steps.retain(|s| {
             s.nvme_path.is_some()
                 || !self.no_cpu_offload.iter().any(|k| {
@@ -40,7 +40,7 @@ impl<'c> Run<'c> {
     ) -> Option<Flow> {
         use knobs::{Knob, Offload, Value};
         let n = rec.n;
-        if n >= self.cfg.max_attempts {
+        if n >= self.cfg.opts.max_attempts {
             return None;
         }
         let cpu = Value::Offload(Offload::Cpu);
@@ -102,7 +102,8 @@ impl<'c> Run<'c> {
     ) -> Option<Flow> {
         let n = rec.n;
         let ev = self.host_evidence(reached);
-        let d = policy::halve_dataloader_workers(&self.settings, self.cfg.workers_floor, &ev)?;
+        let d =
+            policy::halve_dataloader_workers(&self.settings, self.cfg.target.workers_floor, &ev)?;
         self.log.info(&format!(
             "attempt {n}: host OOM: halving the DataLoader's workers"
         ));
@@ -158,12 +159,7 @@ impl<'c> Run<'c> {
     /// The step the attempt that ran since `started` began from: the checkpoint
     /// it resumed from, else the user's own resume argument's, else 0.
     pub(super) fn started_from(&self) -> u64 {
-        self.resumed_step
-            .or_else(|| {
-                let user = self.cfg.layout.as_ref()?.user_resume.as_ref()?;
-                checkpoint::recorded_step(user)
-            })
-            .unwrap_or(0)
+        self.resumer.started_from()
     }
 
     /// The step the attempt that ran since `started` reached: what its log
@@ -171,13 +167,12 @@ impl<'c> Run<'c> {
     /// checkpoint it saved when that is later (a lower bound: it went on
     /// after saving). `None`: it cannot be told.
     pub(super) fn reached(&self, log: Option<&Path>, started: SystemTime) -> Option<Reached> {
-        let printed = log.and_then(|l| progress::read(l, self.cfg.logging, self.started_from()));
+        let printed =
+            log.and_then(|l| progress::read(l, self.cfg.target.logging, self.started_from()));
         // A checkpoint beyond what the output shows is not this attempt's.
-        let mut bounded = self.baseline.clone();
-        if let Some(p) = printed {
-            bounded.reached = Some(self.step_bound(p).max(bounded.reached.unwrap_or(0)));
-        }
-        let res = self.cfg.resume(&bounded, Duration::ZERO);
+        let res = self
+            .resumer
+            .search_reached(printed.map(|p| self.step_bound(p)));
         let saved = res
             .chosen
             .as_ref()
@@ -197,7 +192,7 @@ impl<'c> Run<'c> {
     /// with "at least" (log dicts every N steps) up to N - 1 more.
     pub(super) fn step_bound(&self, r: Reached) -> u64 {
         if r.at_least {
-            r.step + self.cfg.logging.map_or(0, |l| l.every.max(1) - 1)
+            r.step + self.cfg.target.logging.map_or(0, |l| l.every.max(1) - 1)
         } else {
             r.step
         }
@@ -209,7 +204,7 @@ impl<'c> Run<'c> {
     pub(super) fn note_reached(&mut self, r: Option<Reached>) {
         if let Some(r) = r {
             let b = self.step_bound(r);
-            self.baseline.reached = Some(self.baseline.reached.map_or(b, |x| x.max(b)));
+            self.resumer.note_reached(b);
         }
     }
 
@@ -217,14 +212,16 @@ impl<'c> Run<'c> {
     pub(super) fn host_oom_advice(&self, n: u32) -> String {
         let buffers = "reduce host-side buffers (load checkpoints with low_cpu_mem_usage or mmap, less CPU offload) or use a machine with more RAM";
         match self.settings.int(knobs::Knob::DataloaderWorkers) {
-            Some(w) if w > self.cfg.workers_floor && n >= self.cfg.max_attempts => format!(
-                "{n} attempts made (--max-attempts {}), so the DataLoader's {w} workers are not halved again; {buffers}",
-                self.cfg.max_attempts
-            ),
+            Some(w) if w > self.cfg.target.workers_floor && n >= self.cfg.opts.max_attempts => {
+                format!(
+                    "{n} attempts made (--max-attempts {}), so the DataLoader's {w} workers are not halved again; {buffers}",
+                    self.cfg.opts.max_attempts
+                )
+            }
             Some(0) => {
                 format!("the DataLoader already loads in the main process (0 workers); {buffers}")
             }
-            Some(w) if self.cfg.workers_floor > 0 => format!(
+            Some(w) if self.cfg.target.workers_floor > 0 => format!(
                 "the DataLoader already runs with {w} worker (the command sets a prefetch factor or persistent workers, which need one); {buffers}"
             ),
             Some(w) => format!("the DataLoader already runs with {w} workers; {buffers}"),
@@ -245,7 +242,7 @@ impl<'c> Run<'c> {
         report: &launch::Report,
         started: SystemTime,
     ) -> Flow {
-        let (n, max) = (rec.n, self.cfg.max_attempts);
+        let (n, max) = (rec.n, self.cfg.opts.max_attempts);
         self.log.info(&format!("attempt {n}: {ev}"));
         self.suspect(n, ev);
         if !ev.hung()
@@ -314,7 +311,7 @@ impl<'c> Run<'c> {
             }
             policy::PhaseFix::Stop { why } => {
                 eprintln!("oomguard: {why}; oomguard stops here");
-                for a in crate::frameworks::load_advice(&self.cfg.disc.families) {
+                for a in crate::frameworks::load_advice(&self.cfg.target.disc.families) {
                     eprintln!("oomguard:   {a}");
                 }
                 Flow::Stop(exit::EXHAUSTED)
@@ -343,7 +340,7 @@ impl<'c> Run<'c> {
             }
             policy::PhaseFix::Stop { why } => {
                 eprintln!("oomguard: {why}; oomguard stops here");
-                for a in crate::frameworks::save_advice(&self.cfg.disc.families) {
+                for a in crate::frameworks::save_advice(&self.cfg.target.disc.families) {
                     eprintln!("oomguard:   {a}");
                 }
                 Flow::Stop(exit::EXHAUSTED)
@@ -370,10 +367,10 @@ impl<'c> Run<'c> {
         self.log.info(&format!(
             "attempt {n}: {ev}: retrying the same settings once ({alloc}); a smaller batch does not lower {peak} peak"
         ));
-        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        let res = self.resumer.search();
         self.checkpoints_passed_over(rec.n, &res);
-        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
-        self.log.info(&res.why);
+        self.resumer.resume_from(&res, res.step());
+        self.log.info(&res.because.to_string());
         self.j.record(&Event::RetrySameSettings {
             attempt: rec.n,
             step: SameSettings::RetrySameSettings,
@@ -398,20 +395,20 @@ impl<'c> Run<'c> {
         };
         eprintln!(
             "oomguard: the policy '{}' has no step left; the run still does not fit {at}",
-            cfg.policy.name
+            cfg.opts.policy.name
         );
-        for na in policy::not_applicable(&cfg.policy, &cfg.disc) {
+        for na in policy::not_applicable(&cfg.opts.policy, &cfg.target.disc) {
             eprintln!("oomguard:   {} not applicable: {}", na.step, na.why);
         }
         for n in plan::unbound_notes(cfg) {
             eprintln!("oomguard:   {n}");
         }
-        if let Some(s) = &cfg.inside.shell_script {
+        if let Some(s) = &cfg.target.inside.shell_script {
             eprintln!("oomguard:   {}", crate::inside::shell_note(s));
         }
         eprintln!(
             "oomguard:   {} shows every knob, where oomguard looked for it and the ladder",
-            plan::plan_hint(&cfg.argv)
+            plan::plan_hint(&cfg.opts.argv)
         );
     }
 
@@ -425,7 +422,7 @@ impl<'c> Run<'c> {
             policy::EvalNot::Unbound => {
                 format!(
                     "there is {}",
-                    crate::frameworks::no_eval_batch(&self.cfg.disc.families)
+                    crate::frameworks::no_eval_batch(&self.cfg.target.disc.families)
                 )
             }
         };
@@ -490,9 +487,9 @@ impl<'c> Run<'c> {
             );
             return None;
         }
-        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        let res = self.resumer.search();
         self.checkpoints_passed_over(rec.n, &res);
-        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
+        self.resumer.resume_from(&res, res.step());
         self.log
             .info("memory is free again: retrying the same settings");
         self.j.record(&Event::RetrySameSettings {
@@ -519,12 +516,12 @@ impl<'c> Run<'c> {
     ) -> Next {
         // The previous attempt's group is gone (launch waits for it), so a
         // checkpoint it was writing is as complete as it will ever be.
-        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        let res = self.resumer.search();
         self.checkpoints_passed_over(n, &res);
-        let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
+        let new_step = res.step();
         let loss = Loss::measure(
             ev.step_reached,
-            self.resumed_step,
+            self.resumer.resumed_step(),
             new_step,
             res.chosen
                 .as_ref()
@@ -536,16 +533,16 @@ impl<'c> Run<'c> {
             attempt: n,
             step_reached: ev.step_reached.map(|r| r.step),
             step_reached_at_least: ev.step_reached.is_some_and(|r| r.at_least),
-            started_from_step: self.resumed_step,
+            started_from_step: self.resumer.resumed_step(),
             resume_from_step: new_step,
             steps_lost: loss.steps,
             steps_lost_at_least: loss.at_least,
             seconds_lost: loss.seconds,
         });
-        self.resume_from(&res, new_step);
+        self.resumer.resume_from(&res, new_step);
         self.log
             .info(&format!("decision: {} — {}", d.step, d.reason));
-        self.log.info(&res.why);
+        self.log.info(&res.because.to_string());
         self.j.record(&Event::Decision {
             attempt: n,
             step: d.step,
@@ -565,7 +562,7 @@ impl<'c> Run<'c> {
     /// why: the newest few skipped one by one, the rest counted; those this
     /// run did not write in one line. (Ten thousand broken folders once wrote
     /// ten thousand lines on every relaunch.)
-    pub(super) fn checkpoints_passed_over(&mut self, n: u32, res: &ResumeInfo) {
+    pub(super) fn checkpoints_passed_over(&mut self, n: u32, res: &Resumption) {
         let Some(found) = &res.found else { return };
         let named = found.skipped.len().min(checkpoint::NAMED);
         let (first, rest) = found.skipped.split_at(named);
@@ -654,11 +651,11 @@ impl<'c> Run<'c> {
             _ => (self.first.clone(), None, None),
         };
         base.knobs.remove(&knob);
-        if n >= self.cfg.max_attempts {
+        if n >= self.cfg.opts.max_attempts {
             self.settings = base;
             eprintln!(
                 "oomguard: {n} attempts made (--max-attempts {}); the run still does not fit at {}",
-                self.cfg.max_attempts, self.settings
+                self.cfg.opts.max_attempts, self.settings
             );
             self.bind_advice();
             return Flow::Stop(exit::EXHAUSTED);
@@ -685,7 +682,7 @@ impl<'c> Run<'c> {
             eprintln!(
                 "oomguard: without {}, the policy '{}' has no other step for the OOM of attempt {oom_at}: the run still does not fit at {}",
                 without.join(" and "),
-                self.cfg.policy.name,
+                self.cfg.opts.policy.name,
                 self.settings
             );
             self.bind_advice();
@@ -697,7 +694,7 @@ impl<'c> Run<'c> {
         );
         self.log
             .info(&format!("decision: {} — {}", d.step, d.reason));
-        let resume = self.resume.as_ref().map(|r| PathBuf::from(&r.path));
+        let resume = self.resumer.next().map(|r| PathBuf::from(&r.path));
         self.j.record(&Event::Decision {
             attempt: n,
             step: d.step,
@@ -707,7 +704,7 @@ impl<'c> Run<'c> {
             global_batch_after: d.after.global_batch(),
             reason: &d.reason,
             resume: resume.as_deref(),
-            resume_step: self.resumed_step,
+            resume_step: self.resumer.resumed_step(),
         });
         self.settings = d.after.clone();
         if let Next::Decided { decision, .. } = &mut self.attempts[i].next {
