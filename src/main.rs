@@ -34,6 +34,7 @@ mod resume;
 mod run_config;
 mod run_folder;
 mod settings;
+mod signal;
 mod status;
 mod supervise;
 mod target;

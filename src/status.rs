@@ -28,6 +28,7 @@ use crate::supervise::LOG_HEAD_BYTES;
 use crate::run_folder::RunFolder;
 /// Where the run folders of the current directory are.
 use crate::run_folder::names::RUNS;
+use crate::signal::Signal;
 
 /// How a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -703,8 +704,7 @@ fn ended_state(code: i32, last: Option<&read::Attempt>) -> State {
         outcome,
         None | Some(OutcomeKind::CudaOom | OutcomeKind::HungAfterOom)
     );
-    let users_signal = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM]
-        .contains(&(code - exit::SIGNAL_BASE));
+    let users_signal = Signal::from_exit_code(code).is_some_and(Signal::is_user_interrupt);
     match code {
         exit::SUCCESS => State::Finished,
         _ if outcome == Some(OutcomeKind::Interrupted) => State::Interrupted,

@@ -266,3 +266,156 @@ impl Target {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::path::Path;
+
+    /// Inspect `oomguard ARGS...` as `run` would, in an environment of `env`
+    /// only and without GPUs.
+    fn inspect_with(args: &[&str], env: &[(&str, &str)]) -> Result<Target, ConfigError> {
+        let argv = std::iter::once("oomguard").chain(args.iter().copied());
+        let cli = crate::cli::Cli::try_parse_from(argv).expect("a valid command line");
+        let opts = Options::from_args(cli.run)?;
+        let env: Vec<(String, OsString)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        let lookup = move |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        Target::inspect(&opts, &GpuFacts::default(), &lookup)
+    }
+
+    fn inspect(args: &[&str]) -> Target {
+        inspect_with(args, &[]).expect("inspected")
+    }
+
+    fn path(p: &Path) -> &str {
+        p.to_str().unwrap()
+    }
+
+    #[test]
+    fn hf_trainer_under_torchrun() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let target = inspect(&[
+            "torchrun",
+            "--nproc_per_node=4",
+            "train.py",
+            "--per_device_train_batch_size",
+            "8",
+            "--gradient_accumulation_steps",
+            "4",
+            "--output_dir",
+            path(&out),
+        ]);
+        let s = target.disc.settings();
+        assert_eq!(s.int(Knob::MicroBatch), Some(8));
+        assert_eq!(s.int(Knob::GradAccum), Some(4));
+        assert_eq!(target.disc.world.size, 4, "{}", target.disc.world.source);
+        assert_eq!(s.global_batch(), Some(8 * 4 * 4));
+        let layout = target
+            .layout
+            .as_ref()
+            .expect("the output folder is the layout");
+        assert_eq!(layout.root, out);
+        assert!(target.job.is_none() && target.elastic.is_none());
+        assert!(target.inside.shell_script.is_none());
+        assert_eq!(
+            target.cmd.args.first().map(String::as_str),
+            Some("torchrun")
+        );
+    }
+
+    #[test]
+    fn deepspeed_launcher_with_its_config_file() {
+        let t = tempfile::tempdir().unwrap();
+        let ds = t.path().join("ds.json");
+        std::fs::write(
+            &ds,
+            r#"{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}"#,
+        )
+        .unwrap();
+        let target = inspect(&[
+            "deepspeed",
+            "--num_gpus",
+            "2",
+            "train.py",
+            "--deepspeed",
+            path(&ds),
+        ]);
+        let s = target.disc.settings();
+        assert_eq!(s.int(Knob::MicroBatch), Some(4));
+        assert_eq!(s.int(Knob::GradAccum), Some(2));
+        assert_eq!(s.int(Knob::ZeroStage), Some(1));
+        assert_eq!(target.disc.world.size, 2, "{}", target.disc.world.source);
+        assert_eq!(target.disc.config.files.len(), 1);
+    }
+
+    #[test]
+    fn accelerate_launch_counts_its_processes() {
+        let target = inspect(&[
+            "accelerate",
+            "launch",
+            "--num_processes",
+            "2",
+            "train.py",
+            "--per_device_train_batch_size",
+            "4",
+            "--gradient_accumulation_steps",
+            "1",
+        ]);
+        let s = target.disc.settings();
+        assert_eq!(s.int(Knob::MicroBatch), Some(4));
+        assert_eq!(target.disc.world.size, 2, "{}", target.disc.world.source);
+    }
+
+    #[test]
+    fn a_shell_script_is_seen_as_one_and_binds_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let script = t.path().join("train.sh");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\npython train.py --per_device_train_batch_size 8\n",
+        )
+        .unwrap();
+        let target = inspect(&["bash", path(&script)]);
+        assert!(target.disc.knobs.is_empty(), "{:?}", target.disc.knobs);
+        assert!(target.inside.shell_script.is_some(), "{:?}", target.inside);
+        assert!(
+            target.disc.notes.iter().any(|n| n.contains("train.sh")),
+            "{:?}",
+            target.disc.notes
+        );
+    }
+
+    #[test]
+    fn what_the_gpus_and_options_say_is_read_once() {
+        let argv = ["oomguard", "--gpu-memory", "40", "python", "train.py"];
+        let cli = crate::cli::Cli::try_parse_from(argv).unwrap();
+        let opts = Options::from_args(cli.run).unwrap();
+        let gpu = GpuFacts {
+            cuda_visible: Some("2,3".into()),
+            count: 2,
+            identity: None,
+            total_bytes: Some(80 << 30),
+        };
+        let target = Target::inspect(&opts, &gpu, &|_| None).unwrap();
+        assert_eq!(target.cuda_visible.as_deref(), Some("2,3"));
+        // --gpu-memory wins over NVML.
+        assert_eq!(target.gpu_memory, Some(40.0 * memory::GIB));
+        assert!(
+            target.remember.is_none(),
+            "nothing to remember without NVML's identity"
+        );
+    }
+
+    #[test]
+    fn sbatch_is_refused() {
+        assert!(matches!(
+            inspect_with(&["sbatch", "job.sh"], &[]),
+            Err(ConfigError::Sbatch)
+        ));
+    }
+}

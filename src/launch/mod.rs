@@ -72,6 +72,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::detect;
+pub use crate::signal::Signal;
 
 pub use guard::guard_main;
 pub use signals::{Signals, inherited_ignored};
@@ -156,7 +157,7 @@ pub struct TorchrunRestarts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Code(i32),
-    Signal(i32),
+    Signal(Signal),
 }
 
 impl Exit {
@@ -164,7 +165,7 @@ impl Exit {
     pub fn status_code(&self) -> i32 {
         match *self {
             Exit::Code(c) => c,
-            Exit::Signal(n) => 128 + n,
+            Exit::Signal(s) => s.exit_code(),
         }
     }
 
@@ -172,7 +173,7 @@ impl Exit {
         use std::os::unix::process::ExitStatusExt;
         match (status.code(), status.signal()) {
             (Some(c), _) => Exit::Code(c),
-            (None, Some(s)) => Exit::Signal(s),
+            (None, Some(s)) => Exit::Signal(Signal::from_raw(s)),
             (None, None) => Exit::Code(status.into_raw()),
         }
     }
@@ -182,16 +183,14 @@ impl fmt::Display for Exit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Exit::Code(c) => write!(f, "exit code {c}"),
-            Exit::Signal(n) => write!(f, "signal {n} ({})", signal_name(n)),
+            Exit::Signal(s) => write!(
+                f,
+                "signal {} ({})",
+                s.raw(),
+                s.name().unwrap_or("unknown signal")
+            ),
         }
     }
-}
-
-/// "SIGKILL" for 9; "unknown signal" for numbers nix does not know.
-pub fn signal_name(sig: i32) -> &'static str {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str())
-        .unwrap_or("unknown signal")
 }
 
 /// What happened during one attempt.
@@ -202,7 +201,7 @@ pub struct Report {
     pub exit: Exit,
     /// The user signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT) received and forwarded during this
     /// attempt, if any (the first one).
-    pub interrupted: Option<i32>,
+    pub interrupted: Option<Signal>,
     /// Killed by us because it hung after an OOM.
     pub hung: bool,
     /// Everything the child printed went through `scanner.feed(stream, bytes)`.
@@ -749,7 +748,7 @@ impl Drop for Attempt {
 
 struct Outcome {
     exit: Exit,
-    interrupted: Option<i32>,
+    interrupted: Option<Signal>,
     hung: bool,
     stopped: Option<String>,
     /// Ended by oomguard when a torchrun worker died of a GPU OOM.
@@ -826,7 +825,7 @@ struct LoopState {
     kill_at: Option<Instant>,
     gone_at: Option<Instant>,
     hung: bool,
-    interrupted: Option<i32>,
+    interrupted: Option<Signal>,
     /// Why `Spec::stop_when` ended the attempt, and when it was last asked.
     stop_why: Option<String>,
     /// The attempt was ended because a torchrun worker died of a GPU OOM.
@@ -921,7 +920,7 @@ impl LoopState {
             let now = Instant::now();
             match sig {
                 libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT => {
-                    self.interrupted.get_or_insert(sig);
+                    self.interrupted.get_or_insert(Signal::from_raw(sig));
                     // Why: SIGTERM (`kill`, a scheduler) and SIGHUP (`tmux kill-server`, a
                     // closed terminal) mean "stop now": a command that ignores them would
                     // otherwise keep the GPUs with nobody left to stop it. They are

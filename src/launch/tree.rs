@@ -13,6 +13,8 @@
 
 use std::io::Read;
 
+use crate::signal::Signal;
+
 /// Name of the environment variable that marks an attempt's processes.
 pub const MARKER_VAR: &str = "OOMGUARD_ATTEMPT";
 
@@ -29,7 +31,7 @@ pub(crate) fn kill_group(pgid: i32, sig: i32) -> bool {
     }
     let e = std::io::Error::last_os_error();
     if e.raw_os_error() != Some(libc::ESRCH) {
-        tracing::warn!("kill(-{pgid}, {}) failed: {e}", super::signal_name(sig));
+        tracing::warn!("kill(-{pgid}, {}) failed: {e}", Signal::from_raw(sig));
     }
     false
 }
@@ -40,7 +42,7 @@ pub(crate) fn kill_pid(pid: i32, sig: i32) {
     if pid > 0 && unsafe { libc::kill(pid, sig) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::ESRCH) {
-            tracing::warn!("kill({pid}, {}) failed: {e}", super::signal_name(sig));
+            tracing::warn!("kill({pid}, {}) failed: {e}", Signal::from_raw(sig));
         }
     }
 }

@@ -294,11 +294,9 @@ impl<'c> Run<'c> {
                 exit::SUCCESS
             }
             Outcome::Interrupted { signal } => {
-                self.log.info(&format!(
-                    "interrupted by {}; not relaunching",
-                    signal_name(signal)
-                ));
-                exit::SIGNAL_BASE + signal
+                self.log
+                    .info(&format!("interrupted by {signal}; not relaunching"));
+                signal.exit_code()
             }
             Outcome::Other { code, exit, why } => {
                 let line = why

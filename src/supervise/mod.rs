@@ -229,7 +229,7 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
     run.restarted_pod();
     let code = loop {
         if let Some(sig) = signals.pending() {
-            break exit::SIGNAL_BASE + sig;
+            break sig.exit_code();
         }
         match run.attempt(signals) {
             Flow::Again => {}
@@ -973,10 +973,4 @@ fn kind_word(k: OutcomeKind) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
-}
-
-fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| format!("signal {sig}"))
 }
