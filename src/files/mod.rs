@@ -20,6 +20,10 @@
 //! - Python: a small tokenizer; top-level `NAME = literal` assignments and
 //!   `"key": literal` entries of dict literals anywhere in the file.
 //!
+//! The modules depend one way: each format's module (`json`, `yaml`, `toml`, `python`)
+//! writes values with `render`; `render` and `yaml` read YAML plain scalars with
+//! `plain` (a leaf); `yaml` inserts into flow mappings with `json`'s braced insertion.
+//!
 //! Key paths are dotted (`zero_optimization.offload_optimizer.device`); a key
 //! that itself contains a dot cannot be addressed (rare in these configs).
 //!
@@ -45,6 +49,7 @@
 #![allow(dead_code)] // the API is wired into discover/materialize by its owners; until then parts are unused
 
 mod json;
+mod plain;
 mod python;
 mod render;
 mod toml;

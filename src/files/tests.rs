@@ -653,8 +653,8 @@ fn floats_render_for_every_reader() {
     assert_eq!(render::float(0.3), "0.3");
     assert_eq!(render::float(1e-5), "1.0e-5");
     assert_eq!(render::float(1e20), "1.0e+20");
-    assert_eq!(yaml::resolve("1.0e-5"), Scalar::Float(1e-5));
-    assert_eq!(yaml::resolve("1.0e+20"), Scalar::Float(1e20));
+    assert_eq!(plain::resolve("1.0e-5"), Scalar::Float(1e-5));
+    assert_eq!(plain::resolve("1.0e+20"), Scalar::Float(1e20));
 }
 
 // ---------------------------------------------------------------------------
