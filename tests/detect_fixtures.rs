@@ -1,6 +1,6 @@
 //! `oomguard diagnose` through the real binary, on the project's own small logs
 //! (tests/fixtures/logs) and on the labelled set of real logs copied from public issue
-//! threads (tests/fixtures/corpus/logs). The detection details are unit-tested in src/detect.rs;
+//! threads (tests/fixtures/corpus/logs). The detection details are unit-tested in src/detect/tests.rs;
 //! this checks the command: exit codes, the JSON contract, stdin, the error message.
 
 mod common;

@@ -46,8 +46,6 @@
 //! accepted; setting a key back to its original value restores the original
 //! spelling (`6e-4`, `~`, quotes) byte for byte.
 
-#![allow(dead_code)] // the API is wired into discover/materialize by its owners; until then parts are unused
-
 mod json;
 mod plain;
 mod python;
@@ -453,17 +451,6 @@ impl Doc {
     /// Whether the current text differs from the original.
     pub fn changed(&self) -> bool {
         self.text != self.original
-    }
-
-    /// A unified diff from the original to the current text, labelled with the
-    /// file name; empty when unchanged.
-    pub fn diff(&self, new_label: &str) -> String {
-        unified_diff(
-            &self.path.display().to_string(),
-            new_label,
-            &self.original,
-            &self.text,
-        )
     }
 
     fn unsupported(&self, key: &str, why: impl Into<String>) -> FileError {
