@@ -21,6 +21,12 @@ impl Signal {
     pub const QUIT: Signal = Signal(libc::SIGQUIT);
     pub const KILL: Signal = Signal(libc::SIGKILL);
     pub const TERM: Signal = Signal(libc::SIGTERM);
+    pub const USR1: Signal = Signal(libc::SIGUSR1);
+    pub const USR2: Signal = Signal(libc::SIGUSR2);
+    pub const STOP: Signal = Signal(libc::SIGSTOP);
+    pub const TSTP: Signal = Signal(libc::SIGTSTP);
+    pub const CONT: Signal = Signal(libc::SIGCONT);
+    pub const WINCH: Signal = Signal(libc::SIGWINCH);
 
     /// The signals a user (or a scheduler, or a closed terminal) sends to end
     /// a run: forwarded to the command, and never followed by a relaunch.

@@ -714,8 +714,8 @@ impl Attempt {
                 tracing::info!("cancelled Slurm {what}");
             }
         }
-        tree::kill_group(self.pid, libc::SIGKILL);
-        tree::kill_marked(&self.marker, libc::SIGKILL);
+        tree::kill_group(self.pid, Signal::KILL);
+        tree::kill_marked(&self.marker, Signal::KILL);
     }
 
     /// Normal end: the group is gone; tell the guardian so and stop the stdin thread.
@@ -919,22 +919,22 @@ impl LoopState {
         for (sig, n) in signals.take_new() {
             let now = Instant::now();
             match sig {
-                libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT => {
-                    self.interrupted.get_or_insert(Signal::from_raw(sig));
+                Signal::INT | Signal::TERM | Signal::HUP | Signal::QUIT => {
+                    self.interrupted.get_or_insert(sig);
                     // Why: SIGTERM (`kill`, a scheduler) and SIGHUP (`tmux kill-server`, a
                     // closed terminal) mean "stop now": a command that ignores them would
                     // otherwise keep the GPUs with nobody left to stop it. They are
                     // forwarded, and `escalate` sends SIGKILL when `grace` is over; the
                     // same one again kills at once, as a second Ctrl-C does.
-                    let ends = matches!(sig, libc::SIGTERM | libc::SIGHUP);
+                    let ends = matches!(sig, Signal::TERM | Signal::HUP);
                     let count = match sig {
-                        libc::SIGINT => &mut self.sigints,
-                        libc::SIGTERM => &mut self.sigterms,
-                        libc::SIGHUP => &mut self.sighups,
+                        Signal::INT => &mut self.sigints,
+                        Signal::TERM => &mut self.sigterms,
+                        Signal::HUP => &mut self.sighups,
                         _ => &mut self.sigquits,
                     };
                     *count += n;
-                    let again = *count >= 2 && sig != libc::SIGQUIT;
+                    let again = *count >= 2 && sig != Signal::QUIT;
                     if again {
                         tracing::info!("second interrupt: killing process group {pgid}");
                         attempt.kill_all();
@@ -948,22 +948,22 @@ impl LoopState {
                         // srun ignores one SIGINT ("one more within 1 sec to abort"):
                         // the second, a moment later, ends the step (the tasks get
                         // Ctrl-C). The grace period then applies as for SIGTERM.
-                        if sig == libc::SIGINT && attempt.srun && self.exited.is_none() {
+                        if sig == Signal::INT && attempt.srun && self.exited.is_none() {
                             self.second_sigint_at = Some(now + slurm::SECOND_SIGINT);
                             self.term_at.get_or_insert(now);
                         }
                     }
                 }
-                libc::SIGUSR1 | libc::SIGUSR2 => {
+                Signal::USR1 | Signal::USR2 => {
                     tree::kill_group(pgid, sig);
                 }
-                libc::SIGTSTP => {
+                Signal::TSTP => {
                     // In tty mode the child's group is orphaned (its parent is in another
                     // session), and the kernel discards SIGTSTP sent to an orphaned group.
                     let stop = if w.spec.tty {
-                        libc::SIGSTOP
+                        Signal::STOP
                     } else {
-                        libc::SIGTSTP
+                        Signal::TSTP
                     };
                     tree::kill_group(pgid, stop);
                     self.stopped = true;
@@ -971,12 +971,12 @@ impl LoopState {
                     // (SIGTSTP), not 147; we continue here on SIGCONT.
                     signals::stop_self();
                 }
-                libc::SIGCONT => {
-                    tree::kill_group(pgid, libc::SIGCONT);
+                Signal::CONT => {
+                    tree::kill_group(pgid, Signal::CONT);
                     self.stopped = false;
                     w.last_output = now; // time spent stopped is not a hang
                 }
-                libc::SIGWINCH => {
+                Signal::WINCH => {
                     if let (Some(m), Some(ws)) = (master, spawn::our_winsize()) {
                         spawn::set_winsize(m.as_raw_fd(), &ws);
                     }
@@ -1022,8 +1022,8 @@ impl LoopState {
         if let Some(why) = (stop.0)() {
             let pgid = attempt.pid;
             tracing::info!("{why}: terminating process group {pgid}");
-            tree::kill_group(pgid, libc::SIGTERM);
-            tree::kill_marked(&attempt.marker, libc::SIGTERM);
+            tree::kill_group(pgid, Signal::TERM);
+            tree::kill_marked(&attempt.marker, Signal::TERM);
             self.term_at = Some(now);
             self.stop_why = Some(why);
         }
@@ -1038,8 +1038,8 @@ impl LoopState {
         }
         let pgid = attempt.pid;
         tracing::info!("a torchrun worker died of an OOM: terminating process group {pgid}");
-        tree::kill_group(pgid, libc::SIGTERM);
-        tree::kill_marked(&attempt.marker, libc::SIGTERM);
+        tree::kill_group(pgid, Signal::TERM);
+        tree::kill_marked(&attempt.marker, Signal::TERM);
         self.term_at = Some(now);
         self.worker_oom = true;
     }
@@ -1055,7 +1055,7 @@ impl LoopState {
             self.second_sigint_at = None;
             if self.exited.is_none() && self.kill_at.is_none() {
                 tracing::info!("second SIGINT to srun {pgid}: it ends the step");
-                tree::kill_group(pgid, libc::SIGINT);
+                tree::kill_group(pgid, Signal::INT);
             }
         }
         if self.exited.is_none() {
@@ -1069,8 +1069,8 @@ impl LoopState {
                     w.spec.hang_timeout
                 );
                 self.hung = true;
-                tree::kill_group(pgid, libc::SIGTERM);
-                tree::kill_marked(&attempt.marker, libc::SIGTERM);
+                tree::kill_group(pgid, Signal::TERM);
+                tree::kill_marked(&attempt.marker, Signal::TERM);
                 self.term_at = Some(now);
             }
         } else if self.gone_at.is_none() {
@@ -1094,8 +1094,8 @@ impl LoopState {
             self.gone_at = Some(now);
         } else if self.term_at.is_none() {
             tracing::debug!("child exited; terminating the rest of group {pgid}");
-            tree::kill_group(pgid, libc::SIGTERM);
-            tree::kill_marked(&attempt.marker, libc::SIGTERM);
+            tree::kill_group(pgid, Signal::TERM);
+            tree::kill_marked(&attempt.marker, Signal::TERM);
             self.term_at = Some(now);
         } else if let Some(k) = self.kill_at
             && now >= k + KILL_WAIT

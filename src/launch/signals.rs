@@ -15,6 +15,8 @@ use std::sync::{Mutex, OnceLock};
 use crate::signal::Signal;
 
 /// Every signal oomguard handles (forwarded, or acted on by `run()`).
+/// Raw numbers here and in the dispositions below: they index the handlers'
+/// counters and go to signal-hook and `sigaction`; what leaves this module is a [`Signal`].
 const HANDLED: [i32; 10] = [
     libc::SIGINT,
     libc::SIGTERM,
@@ -166,7 +168,7 @@ impl Signals {
     }
 
     /// Signals that arrived since last asked, as (signal, how many times), and marks them seen.
-    pub(crate) fn take_new(&self) -> Vec<(i32, usize)> {
+    pub(crate) fn take_new(&self) -> Vec<(Signal, usize)> {
         let shared = Self::shared();
         let mut handled = self.handled.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
@@ -174,7 +176,7 @@ impl Signals {
             let now = shared.counts[sig as usize].load(Ordering::SeqCst);
             let seen = handled[sig as usize];
             if now > seen {
-                out.push((sig, now - seen));
+                out.push((Signal::from_raw(sig), now - seen));
                 handled[sig as usize] = now;
             }
         }

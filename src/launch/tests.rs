@@ -507,7 +507,7 @@ fn a_process_that_left_the_group_and_holds_stdout_does_not_hang_run() {
     ]));
     let r = ok(r, &out, &err);
     let pid: i32 = String::from_utf8_lossy(&out).trim().parse().unwrap();
-    tree::kill_pid(pid, libc::SIGKILL);
+    tree::kill_pid(pid, Signal::KILL);
     assert_eq!(r.exit, Exit::Code(0));
     assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
 }
