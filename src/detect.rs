@@ -102,6 +102,9 @@ pub mod score;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
+    /// A GPU (CUDA, ROCm, XPU) ran out of memory: `cuda_oom`, the journal's word for
+    /// the outcome, in `diagnose` as in the journal.
+    #[serde(rename = "cuda_oom")]
     GpuOom,
     HostOom,
     /// An allocation far beyond the device (or any machine): a corrupted size, an
@@ -116,7 +119,7 @@ impl Kind {
     /// The snake_case name used in JSON and messages.
     pub fn as_str(self) -> &'static str {
         match self {
-            Kind::GpuOom => "gpu_oom",
+            Kind::GpuOom => "cuda_oom",
             Kind::HostOom => "host_oom",
             Kind::AbsurdRequest => "absurd_request",
             Kind::OtherFailure => "other_failure",
@@ -2858,7 +2861,7 @@ GPU 1 has a total capacity of 7.79 GiB of which 3.06 MiB is free. Of the allocat
     fn json_is_flat_with_nulls() {
         let f = classify_log(&own("own-gpu_old_cached.log"));
         let v: serde_json::Value = serde_json::from_str(&render_json(&f)).unwrap();
-        assert_eq!(v["kind"], "gpu_oom");
+        assert_eq!(v["kind"], "cuda_oom");
         assert_eq!(v["line_no"], 4);
         assert_eq!(v["device"], 0);
         assert_eq!(v["tried_to_allocate_bytes"], 200u64 << 20);
@@ -2874,7 +2877,7 @@ GPU 1 has a total capacity of 7.79 GiB of which 3.06 MiB is free. Of the allocat
     fn human_form_names_kind_line_numbers_and_advice() {
         let f = classify_log(&own("own-gpu_rank_prefixed_then_nccl.log"));
         let text = render_human(&f);
-        assert!(text.starts_with("kind: gpu_oom"), "{text}");
+        assert!(text.starts_with("kind: cuda_oom"), "{text}");
         assert!(text.contains("line 7: torch.OutOfMemoryError"), "{text}");
         assert!(text.contains("tried to allocate: 1.25 GiB"), "{text}");
         assert!(text.contains("pid 40211 (512.00 MiB)"), "{text}");

@@ -458,6 +458,9 @@ pub struct FileCopy<'a> {
 /// The journal's record of an OOM line: the finding and its numbers, flat.
 #[derive(Debug, Serialize)]
 pub struct OomRecord<'a> {
+    /// `gpu_oom` for a GPU OOM: the one place the journal keeps the old word (its
+    /// readers read it here); the outcome, and `diagnose`, say `cuda_oom`.
+    #[serde(serialize_with = "finding_kind")]
     kind: Kind,
     line: &'a str,
     line_no: u64,
@@ -489,6 +492,14 @@ impl<'a> From<&'a Finding> for OomRecord<'a> {
             other_processes: &n.other_processes,
             victim: n.victim.as_ref(),
         }
+    }
+}
+
+/// A finding's kind as the journal has always written it (`gpu_oom`, `host_oom`, ...).
+fn finding_kind<S: Serializer>(kind: &Kind, s: S) -> Result<S::Ok, S::Error> {
+    match kind {
+        Kind::GpuOom => s.serialize_str("gpu_oom"),
+        k => k.serialize(s),
     }
 }
 

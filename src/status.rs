@@ -23,7 +23,7 @@ use crate::gpu::{self, Probe, gib};
 use crate::journal::read::{self, DecisionStep, Knobs, OomLine, ReadError, Run};
 use crate::liveness::{Liveness, Supervisor};
 use crate::progress;
-use crate::supervise::LOG_HEAD_BYTES;
+use crate::runfolder::LOG_HEAD_BYTES;
 
 /// Where the run folders of the current directory are.
 const RUNS: &str = ".oomguard/runs";

@@ -49,11 +49,6 @@ use crate::progress::{self, Loss, Reached};
 use crate::run_config::{ResumeInfo, RunConfig};
 use crate::runfolder::{self, RunDirError};
 
-/// The first bytes of an attempt's output, written to `attempt-N/output.log`
-/// as they come; the rest reaches the file when the attempt ends (its tail).
-/// `oomguard status` reads the step from the log, live only this far.
-pub const LOG_HEAD_BYTES: u64 = 8 << 20;
-
 /// oomguard's own messages on stderr (`--quiet` silences them).
 struct Log {
     quiet: bool,
@@ -427,7 +422,7 @@ impl<'c> Run<'c> {
             env_set,
             tty: self.tty,
             log: adir.map(|d| d.join("output.log")),
-            log_head_bytes: LOG_HEAD_BYTES,
+            log_head_bytes: runfolder::LOG_HEAD_BYTES,
             log_tail_bytes: 4 << 20,
             hang_timeout: cfg.hang_timeout,
             grace: cfg.grace,
