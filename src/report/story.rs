@@ -1,54 +1,35 @@
-//! Reading a journal back (`oomguard status`, `oomguard runs`): each line
-//! into one typed [`Line`], the lines of one run folded into a [`Run`].
+//! The story: the fold of a run's [`events`](crate::events), from which both
+//! the end of the run and `oomguard status` are told.
 //!
-//! The writer's [`Event`](super::Event) borrows everything it writes, so it
-//! cannot be read into; [`Line`] is its owned mirror for the fields a reader
-//! needs, built on the same shared types the writer serialises ([`Knob`],
-//! [`Value`], [`OutcomeKind`], [`StepKind`], [`PeakReport`], [`Supervisor`]), so
-//! a name or a JSON type changed on one side fails the round-trip test below.
-//! The OOM line's fields are read into [`OomLine`], as plain numbers: the
-//! writer's `OomRecord` is built from `detect`'s types, which are not readable.
+//! Theory of operation. Every event the run emits is heard by the story as it
+//! happens (a listener of the supervisor), and every line of a journal read
+//! back is the same [`Event`]: so the story of a run in progress, of a run that
+//! ended, and of a run whose oomguard was killed are one fold. What the run
+//! derives once — the step an attempt started from, the trainer's logging
+//! interval, the stretches of time lost to OOMs — the story keeps as the run
+//! said it, and `status` reads it from here instead of working it out again.
 //!
 //! A journal is read while it is being written: a last line without its
 //! newline may be half written and is skipped without a word; any other line
 //! that cannot be read (a future event's field this version does not know) is
-//! counted, never fatal. Events a reader does not need are [`Line::Other`].
+//! counted, never fatal. Events the story does not need are heard and dropped.
 
-use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
+use std::time::SystemTime;
 
+use chrono::{DateTime, FixedOffset};
 use serde::{Deserialize, Serialize};
 
-use super::SameSettings;
-use crate::detect::OomNumbers;
-use crate::evidence::{Evidence, OutcomeKind};
+use crate::evidence::{Evidence, OutcomeKind, When};
+use crate::events::{Event, Knobs, Listener, SameSettings, SetbackState};
 use crate::gpu::PeakReport;
-use crate::knobs::{Knob, Value};
 use crate::liveness::Supervisor;
 use crate::policy::StepKind;
+use crate::progress::Logging;
 
-/// A settings' knob values, as the journal writes them (`{"micro_batch": 8}`).
-pub type Knobs = BTreeMap<Knob, Value>;
-
-/// One journal line a reader needs; `time` is the writer's RFC 3339 stamp.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum Line {
-    RunStart(RunStart),
-    AttemptStart(AttemptStart),
-    Oom(Oom),
-    AttemptEnd(AttemptEnd),
-    WorkLost(WorkLost),
-    Decision(Decision),
-    TimeLost(TimeLost),
-    RunEnd(RunEnd),
-    /// Any other event (checkpoints skipped, a config changed, ...).
-    #[serde(other)]
-    Other,
-}
-
-#[derive(Debug, Clone, Deserialize)]
+/// The run before its first attempt (`run_start`); `time` is when it started.
+#[derive(Debug, Clone)]
 pub struct RunStart {
     pub time: String,
     pub argv: Vec<String>,
@@ -59,9 +40,12 @@ pub struct RunStart {
     pub global_batch: Option<u64>,
     /// Absent in journals written before oomguard recorded it.
     pub supervisor: Option<Supervisor>,
+    /// The trainer's logging interval as the run knew it (absent in journals
+    /// written before oomguard recorded it: see [`Story::logging`]).
+    pub logging: Option<Logging>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct AttemptStart {
     pub time: String,
     pub attempt: u32,
@@ -71,7 +55,7 @@ pub struct AttemptStart {
     pub resume: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Oom {
     pub attempt: u32,
     pub finding: OomLine,
@@ -79,9 +63,7 @@ pub struct Oom {
     pub after_s: Option<f64>,
     /// When in the run it happened; absent in journals written before
     /// oomguard told it, and when nothing told it.
-    #[serde(default)]
-    pub phase: Option<crate::evidence::When>,
-    #[serde(default)]
+    pub phase: Option<When>,
     pub step_reached: Option<u64>,
 }
 
@@ -97,9 +79,8 @@ pub struct OomLine {
 
 /// `attempt_end`, also as written when the command could not be started
 /// (then `error` is set and `exit`, `duration_s` are not).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct AttemptEnd {
-    pub attempt: u32,
     pub outcome: OutcomeKind,
     pub status: i32,
     pub exit: Option<String>,
@@ -108,13 +89,10 @@ pub struct AttemptEnd {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct WorkLost {
-    pub attempt: u32,
     pub step_reached: Option<u64>,
     pub steps_lost: Option<u64>,
-    /// Journals before this field said nothing: their counts were taken as exact.
-    #[serde(default)]
     pub steps_lost_at_least: bool,
 }
 
@@ -138,7 +116,7 @@ impl std::fmt::Display for DecisionStep {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct Decision {
     pub attempt: u32,
     pub step: DecisionStep,
@@ -147,28 +125,27 @@ pub struct Decision {
     pub resume_step: Option<u64>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone)]
 pub struct RunEnd {
     pub time: String,
     pub exit_code: i32,
     pub lost_s: f64,
     /// Absent in journals written before oomguard recorded it.
-    #[serde(default)]
     pub last_command: Option<String>,
 }
 
-/// `time_lost`: one stretch of time lost to OOMs, as it stood when written.
-#[derive(Debug, Clone, Deserialize)]
+/// `time_lost`: one stretch of time lost to OOMs, as it stood when told.
+#[derive(Debug, Clone)]
 pub struct TimeLost {
     pub attempt: u32,
-    pub state: super::SetbackState,
+    pub state: SetbackState,
     pub ooms: Vec<u32>,
     pub back_to_step: Option<u64>,
     pub since: String,
     pub seconds: Option<f64>,
 }
 
-/// One attempt, as far as the journal has got.
+/// One attempt, as far as the story has got.
 #[derive(Debug, Clone)]
 pub struct Attempt {
     pub start: AttemptStart,
@@ -178,15 +155,15 @@ pub struct Attempt {
     pub decision: Option<Decision>,
 }
 
-/// One run: its `run_start` and what followed, in order.
+/// One run: its start and what followed, in order.
 #[derive(Debug, Clone)]
-pub struct Run {
+pub struct Story {
     pub start: RunStart,
     pub attempts: Vec<Attempt>,
     pub end: Option<RunEnd>,
-    /// The stretches of time lost to OOMs, each as its last `time_lost` line has it.
+    /// The stretches of time lost to OOMs, each as its last `time_lost` has it.
     pub setbacks: Vec<TimeLost>,
-    /// The time of the last line read.
+    /// The time of the last event heard.
     pub last_time: Option<String>,
     /// Lines that could not be read (not counting a half-written last line).
     pub unreadable: usize,
@@ -201,9 +178,10 @@ pub enum ReadError {
     NoRun { path: String },
 }
 
-/// The lines of `text` that can be read, and how many cannot. A last line
-/// without its newline is read when it is whole and dropped otherwise.
-pub fn lines(text: &[u8]) -> (Vec<(Line, Option<String>)>, usize) {
+/// The events of `text` (journal lines) that can be read, with their times,
+/// and how many cannot. A last line without its newline is read when it is
+/// whole and dropped otherwise.
+pub fn lines(text: &[u8]) -> (Vec<(Event, Option<String>)>, usize) {
     let mut out = Vec::new();
     let mut bad = 0;
     let mut rest = text;
@@ -225,72 +203,374 @@ pub fn lines(text: &[u8]) -> (Vec<(Line, Option<String>)>, usize) {
     (out, bad)
 }
 
-fn parse(line: &[u8]) -> Option<(Line, Option<String>)> {
+fn parse(line: &[u8]) -> Option<(Event, Option<String>)> {
     let v: serde_json::Value = serde_json::from_slice(line).ok()?;
     let time = v.get("time").and_then(|t| t.as_str()).map(String::from);
-    let l = Line::deserialize(v).ok()?;
-    Some((l, time))
+    Some((Event::read(v)?, time))
 }
 
-/// Fold the lines of a journal into its last run (a run folder given again
-/// with `--run-dir` holds every run's lines: the last `run_start` begins the
-/// one that counts).
-pub fn fold(lines: Vec<(Line, Option<String>)>, unreadable: usize) -> Option<Run> {
-    let first = lines
+/// Fold the events of a journal into the story of its last run (a run folder
+/// given again with `--run-dir` holds every run's lines: the last `run_start`
+/// begins the one that counts).
+pub fn fold(events: Vec<(Event, Option<String>)>, unreadable: usize) -> Option<Story> {
+    let first = events
         .iter()
-        .rposition(|(l, _)| matches!(l, Line::RunStart(_)))?;
-    let mut it = lines.into_iter().skip(first);
-    let Some((Line::RunStart(start), t0)) = it.next() else {
-        unreachable!("rposition found a run_start here")
-    };
-    let mut run = Run {
-        start,
-        attempts: Vec::new(),
-        end: None,
-        setbacks: Vec::new(),
-        last_time: t0,
-        unreadable,
-    };
-    for (line, time) in it {
-        if time.is_some() {
-            run.last_time = time;
-        }
-        let n = match &line {
-            Line::Oom(o) => o.attempt,
-            Line::AttemptEnd(e) => e.attempt,
-            Line::WorkLost(w) => w.attempt,
-            Line::Decision(d) => d.attempt,
-            _ => 0,
+        .rposition(|(e, _)| matches!(e, Event::RunStart { .. }))?;
+    let mut it = events.into_iter().skip(first);
+    let (start, t0) = it.next()?;
+    let mut story = Story::begin(&start, t0)?;
+    story.unreadable = unreadable;
+    for (e, time) in it {
+        story.hear(&e, time);
+    }
+    Some(story)
+}
+
+impl Story {
+    /// The story of a run that starts with `run_start` (told at `time`);
+    /// `None` for any other event.
+    pub fn begin(e: &Event, time: Option<String>) -> Option<Story> {
+        let Event::RunStart {
+            argv,
+            policy,
+            max_attempts,
+            settings,
+            world_size,
+            global_batch,
+            supervisor,
+            logging,
+            ..
+        } = e
+        else {
+            return None;
         };
-        let at = run.attempts.iter_mut().rev().find(|a| a.start.attempt == n);
-        match (line, at) {
-            (Line::AttemptStart(s), _) => run.attempts.push(Attempt {
-                start: s,
+        Some(Story {
+            start: RunStart {
+                time: time.clone().unwrap_or_default(),
+                argv: argv.clone(),
+                policy: policy.clone(),
+                max_attempts: *max_attempts,
+                settings: settings.clone(),
+                world_size: *world_size,
+                global_batch: *global_batch,
+                supervisor: supervisor.clone(),
+                logging: *logging,
+            },
+            attempts: Vec::new(),
+            end: None,
+            setbacks: Vec::new(),
+            last_time: time,
+            unreadable: 0,
+        })
+    }
+
+    /// One more event of the run, told at `time`.
+    pub fn hear(&mut self, e: &Event, time: Option<String>) {
+        if time.is_some() {
+            self.last_time.clone_from(&time);
+        }
+        let time = time.unwrap_or_default();
+        let n = e.attempt();
+        if let Event::AttemptStart {
+            attempt,
+            settings,
+            global_batch,
+            resume,
+            ..
+        } = e
+        {
+            self.attempts.push(Attempt {
+                start: AttemptStart {
+                    time,
+                    attempt: *attempt,
+                    settings: settings.clone(),
+                    global_batch: *global_batch,
+                    resume: resume.clone(),
+                },
                 oom: None,
                 end: None,
                 lost: None,
                 decision: None,
-            }),
-            (Line::Oom(o), Some(a)) => a.oom = Some(o),
-            (Line::AttemptEnd(e), Some(a)) => a.end = Some(e),
-            (Line::WorkLost(w), Some(a)) => a.lost = Some(w),
-            (Line::Decision(d), Some(a)) => a.decision = Some(d),
-            (Line::RunEnd(e), _) => run.end = Some(e),
-            (Line::TimeLost(t), _) => {
+            });
+            return;
+        }
+        match e {
+            Event::RunEnd {
+                exit_code,
+                lost_s,
+                last_command,
+                ..
+            } => {
+                self.end = Some(RunEnd {
+                    time,
+                    exit_code: *exit_code,
+                    lost_s: *lost_s,
+                    last_command: last_command.clone(),
+                });
+                return;
+            }
+            Event::TimeLost {
+                attempt,
+                state,
+                ooms,
+                back_to_step,
+                since,
+                seconds,
+            } => {
+                let t = TimeLost {
+                    attempt: *attempt,
+                    state: *state,
+                    ooms: ooms.clone(),
+                    back_to_step: *back_to_step,
+                    since: since.clone(),
+                    seconds: *seconds,
+                };
                 // A stretch is named by its first OOM.
-                match run
+                match self
                     .setbacks
                     .iter_mut()
                     .find(|s| s.ooms.first() == t.ooms.first())
                 {
                     Some(s) => *s = t,
-                    None => run.setbacks.push(t),
+                    None => self.setbacks.push(t),
                 }
+                return;
+            }
+            _ => {}
+        }
+        let Some(a) = self
+            .attempts
+            .iter_mut()
+            .rev()
+            .find(|a| a.start.attempt == n)
+        else {
+            return;
+        };
+        match e {
+            Event::Oom {
+                attempt,
+                finding,
+                after_s,
+                phase,
+                step_reached,
+                ..
+            } => {
+                a.oom = Some(Oom {
+                    attempt: *attempt,
+                    finding: OomLine {
+                        line: finding.line.clone(),
+                        device: finding.device,
+                        tried_to_allocate_bytes: finding.tried_to_allocate_bytes,
+                        total_bytes: finding.total_bytes,
+                        free_bytes: finding.free_bytes,
+                    },
+                    after_s: *after_s,
+                    phase: *phase,
+                    step_reached: *step_reached,
+                })
+            }
+            Event::AttemptEnd {
+                status,
+                exit,
+                outcome,
+                duration_s,
+                gpu_peak,
+                ..
+            } => {
+                a.end = Some(AttemptEnd {
+                    outcome: *outcome,
+                    status: *status,
+                    exit: Some(exit.clone()),
+                    duration_s: Some(*duration_s),
+                    gpu_peak: gpu_peak.clone(),
+                    error: None,
+                })
+            }
+            Event::CannotExecute(c) => {
+                a.end = Some(AttemptEnd {
+                    outcome: c.outcome,
+                    status: c.status,
+                    exit: None,
+                    duration_s: None,
+                    gpu_peak: None,
+                    error: Some(c.error.clone()),
+                })
+            }
+            Event::WorkLost {
+                step_reached,
+                steps_lost,
+                steps_lost_at_least,
+                ..
+            } => {
+                a.lost = Some(WorkLost {
+                    step_reached: *step_reached,
+                    steps_lost: *steps_lost,
+                    steps_lost_at_least: *steps_lost_at_least,
+                })
+            }
+            Event::Decision {
+                attempt,
+                step,
+                reason,
+                resume,
+                resume_step,
+                ..
+            } => {
+                a.decision = Some(Decision {
+                    attempt: *attempt,
+                    step: DecisionStep::Policy(*step),
+                    reason: reason.clone(),
+                    resume: resume.clone(),
+                    resume_step: *resume_step,
+                })
+            }
+            Event::RetrySameSettings(r) => {
+                a.decision = Some(Decision {
+                    attempt: r.attempt,
+                    step: DecisionStep::Same(r.step),
+                    reason: r.reason.clone(),
+                    resume: r.resume.clone(),
+                    resume_step: None,
+                })
             }
             _ => {}
         }
     }
-    Some(run)
+
+    /// The step attempt `i` (its index) started from: the step of the
+    /// checkpoint that the decision before it resumed from; `None` for a fresh
+    /// start (and the first attempt, which runs the command as written).
+    pub fn started_from(&self, i: usize) -> Option<u64> {
+        let a = self.attempts.get(i)?;
+        i.checked_sub(1)
+            .and_then(|p| self.attempts[p].decision.as_ref())
+            .filter(|d| d.resume.is_some() && d.resume == a.start.resume)
+            .and_then(|d| d.resume_step)
+    }
+
+    /// How often the trainer prints its log dicts (they name no step), as the
+    /// run knew it: from its flags and the recipes it names. A journal written
+    /// before oomguard recorded it has the command's flags only.
+    pub fn logging(&self) -> Option<Logging> {
+        self.start.logging.or_else(|| {
+            let argv: Vec<std::ffi::OsString> = self.start.argv.iter().map(Into::into).collect();
+            crate::frameworks::logging(
+                &crate::command::Command::parse(&argv),
+                &crate::frameworks::Ctx {
+                    recipe_output_dir: None,
+                    recipe_value: &|_| None,
+                },
+            )
+        })
+    }
+
+    /// Seconds spent in attempts that did not succeed: as the run's end says,
+    /// or so far.
+    pub fn lost_s(&self) -> f64 {
+        match &self.end {
+            Some(e) => e.lost_s,
+            None => self
+                .attempts
+                .iter()
+                .filter_map(|a| a.end.as_ref())
+                .filter(|e| e.outcome != OutcomeKind::Success)
+                .filter_map(|e| e.duration_s)
+                .sum(),
+        }
+    }
+
+    /// Training steps redone after OOMs where known (`None`: none known), and
+    /// how many OOMs' count is unknown or only a lower bound.
+    pub fn steps_lost(&self) -> (Option<u64>, usize) {
+        let lost: Vec<&WorkLost> = self
+            .attempts
+            .iter()
+            .filter_map(|a| a.lost.as_ref())
+            .collect();
+        let known: Vec<u64> = lost.iter().filter_map(|l| l.steps_lost).collect();
+        let unknown = lost
+            .iter()
+            .filter(|l| l.steps_lost.is_none() || l.steps_lost_at_least)
+            .count();
+        ((!known.is_empty()).then(|| known.iter().sum()), unknown)
+    }
+
+    /// The stretches of time lost to OOMs at `until`: an open one (a relaunch
+    /// not back yet) counts until then, and is `seen_back` when the running
+    /// attempt already printed the step (`live_step`), at a time only its end
+    /// will tell.
+    pub fn setbacks(
+        &self,
+        until: DateTime<FixedOffset>,
+        live_step: Option<u64>,
+    ) -> Vec<crate::journal::Setback> {
+        let last = self.attempts.last();
+        self.setbacks
+            .iter()
+            .filter_map(|t| {
+                let since = DateTime::parse_from_rfc3339(&t.since).ok()?;
+                let open = t.state == SetbackState::Behind;
+                Some(crate::journal::Setback {
+                    ooms: t.ooms.clone(),
+                    step: t.back_to_step,
+                    since: since.into(),
+                    state: t.state,
+                    ended_in: if open {
+                        last.map(|a| a.start.attempt)
+                    } else {
+                        Some(t.attempt)
+                    },
+                    seconds: if open {
+                        Some(((until - since).num_milliseconds() as f64 / 1000.0).max(0.0))
+                    } else {
+                        t.seconds
+                    },
+                    seen_back: open
+                        && last.is_some_and(|a| a.end.is_none())
+                        && t.back_to_step.zip(live_step).is_some_and(|(s, r)| r >= s),
+                })
+            })
+            .collect()
+    }
+
+    /// The time lost to OOMs at `until` (see [`Story::setbacks`]): seconds where
+    /// any can be told, whether that is the whole figure, and in words as the
+    /// summary says it. `going`: the run still runs.
+    pub fn time_lost(
+        &self,
+        until: DateTime<FixedOffset>,
+        live_step: Option<u64>,
+        going: bool,
+    ) -> TimeLostNow {
+        let setbacks = self.setbacks(until, live_step);
+        let counted = |s: &&crate::journal::Setback| s.state != SetbackState::Unknown && !s.seen_back;
+        let measured = setbacks.iter().any(|s| counted(&s));
+        TimeLostNow {
+            seconds: measured
+                .then(|| setbacks.iter().filter(counted).filter_map(|s| s.seconds).sum()),
+            exact: setbacks.iter().all(|s| s.state == SetbackState::Back),
+            text: crate::journal::time_lost_text(&setbacks, going),
+        }
+    }
+}
+
+/// The time lost to OOMs, at one instant (see [`Story::time_lost`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeLostNow {
+    pub seconds: Option<f64>,
+    pub exact: bool,
+    pub text: Option<String>,
+}
+
+impl Listener for Option<Story> {
+    /// The story of the run in progress: begun by its `run_start`.
+    fn on(&mut self, at: SystemTime, event: &Event) {
+        let time = Some(crate::report::journal::stamp(at));
+        match self {
+            Some(s) => s.hear(event, time),
+            None => *self = Story::begin(event, time),
+        }
+    }
 }
 
 /// The most of a journal's beginning and end `status` and `runs` read.
@@ -298,7 +578,7 @@ const JOURNAL_HEAD: u64 = 16 << 20;
 const JOURNAL_TAIL: u64 = 48 << 20;
 
 /// Read `dir/journal.jsonl` (without following a link at its name).
-pub fn read_run(dir: &Path) -> Result<Run, ReadError> {
+pub fn read_run(dir: &Path) -> Result<Story, ReadError> {
     let path = dir.join("journal.jsonl");
     let shown = path.display().to_string();
     // Not blocking on a FIFO, nothing but a regular file, and at most
@@ -332,12 +612,12 @@ impl Oom {
                 Some(OutcomeKind::HungAfterOom) => OutcomeKind::HungAfterOom,
                 _ => OutcomeKind::CudaOom,
             },
-            oom: Some(OomNumbers {
+            oom: Some(crate::detect::OomNumbers {
                 device: f.device,
                 tried_to_allocate_bytes: f.tried_to_allocate_bytes,
                 total_bytes: f.total_bytes,
                 free_bytes: f.free_bytes,
-                ..OomNumbers::default()
+                ..Default::default()
             }),
             step_reached: None,
             steps_done: None,
