@@ -22,7 +22,6 @@ pub use crate::events::{SetbackState, knob_values, lossy};
 pub use crate::report::journal::{Journal, default_run_dir};
 pub use crate::runfolder::{create_private_dir, write_private};
 
-
 /// "4.2 s", "3m 05s", "2h 03m", "1d 04h".
 pub fn duration(secs: f64) -> String {
     let s = secs.max(0.0);
@@ -492,8 +491,6 @@ fn moved(d: &Decision) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn table_aligns_columns() {

@@ -19,13 +19,13 @@ use std::time::Duration;
 use chrono::{DateTime, FixedOffset, Local};
 use serde::Serialize;
 
+use crate::events::Knobs;
 use crate::evidence::OutcomeKind;
 use crate::exit;
 use crate::gpu::{self, Probe, gib};
-use crate::events::Knobs;
-use crate::report::story::{self as read, DecisionStep, OomLine, ReadError, Story};
 use crate::liveness::{Liveness, Supervisor};
 use crate::progress;
+use crate::report::story::{self as read, DecisionStep, OomLine, ReadError, Story};
 use crate::runfolder::LOG_HEAD_BYTES;
 
 /// Where the run folders of the current directory are.

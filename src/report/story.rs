@@ -21,8 +21,8 @@ use std::time::SystemTime;
 use chrono::{DateTime, FixedOffset};
 use serde::{Deserialize, Serialize};
 
-use crate::evidence::{Evidence, OutcomeKind, When};
 use crate::events::{Event, Knobs, Listener, SameSettings, SetbackState};
+use crate::evidence::{Evidence, OutcomeKind, When};
 use crate::gpu::PeakReport;
 use crate::liveness::Supervisor;
 use crate::policy::StepKind;
@@ -543,11 +543,17 @@ impl Story {
         going: bool,
     ) -> TimeLostNow {
         let setbacks = self.setbacks(until, live_step);
-        let counted = |s: &&crate::journal::Setback| s.state != SetbackState::Unknown && !s.seen_back;
+        let counted =
+            |s: &&crate::journal::Setback| s.state != SetbackState::Unknown && !s.seen_back;
         let measured = setbacks.iter().any(|s| counted(&s));
         TimeLostNow {
-            seconds: measured
-                .then(|| setbacks.iter().filter(counted).filter_map(|s| s.seconds).sum()),
+            seconds: measured.then(|| {
+                setbacks
+                    .iter()
+                    .filter(counted)
+                    .filter_map(|s| s.seconds)
+                    .sum()
+            }),
             exact: setbacks.iter().all(|s| s.state == SetbackState::Back),
             text: crate::journal::time_lost_text(&setbacks, going),
         }
@@ -634,63 +640,122 @@ impl Oom {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::{Event, Journal};
-    use crate::knobs::Settings;
+    use crate::events::{CannotExecute, RetrySame};
+    use crate::knobs::Knob;
+    use crate::knobs::Value;
+    use crate::report::journal::Journal;
     use crate::settings::Offload;
+    use std::collections::BTreeMap;
+    use std::time::Duration;
 
-    fn settings(micro: u64, accum: u64) -> Settings {
-        Settings {
-            knobs: [
-                (Knob::MicroBatch, Value::Int(micro)),
-                (Knob::GradAccum, Value::Int(accum)),
-                (Knob::GradCheckpointing, Value::Bool(false)),
-                (
-                    Knob::OffloadOptimizer,
-                    Value::Offload(Offload::Nvme {
-                        path: Some("/local_nvme".into()),
-                    }),
-                ),
-            ]
-            .into_iter()
-            .collect(),
+    fn knobs(micro: u64, accum: u64) -> Knobs {
+        [
+            (Knob::MicroBatch, Value::Int(micro)),
+            (Knob::GradAccum, Value::Int(accum)),
+            (Knob::GradCheckpointing, Value::Bool(false)),
+            (
+                Knob::OffloadOptimizer,
+                Value::Offload(Offload::Nvme {
+                    path: Some("/local_nvme".into()),
+                }),
+            ),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    fn run_start(settings: Knobs, logging: Option<Logging>) -> Event {
+        Event::RunStart {
+            argv: vec!["python3".into(), "train.py".into()],
+            policy: "default".into(),
+            max_attempts: 8,
+            settings,
             world_size: 2,
-            accum_covers_world: false,
+            world_source: "default".into(),
+            global_batch: Some(16),
+            env: serde_json::json!([]),
+            notes: vec![],
+            warnings: vec![],
+            tty: false,
+            supervisor: Some(Supervisor::me()),
+            logging,
         }
     }
 
-    /// What the writer writes, the reader reads: the shared types round-trip.
+    fn attempt_start(n: u32, settings: Knobs, resume: Option<&str>) -> Event {
+        Event::AttemptStart {
+            attempt: n,
+            gpu: serde_json::Value::Null,
+            argv: vec!["python3".into(), "train.py".into()],
+            env: BTreeMap::new(),
+            settings,
+            global_batch: Some(16),
+            resume: resume.map(String::from),
+            files: vec![],
+        }
+    }
+
+    fn end(n: u32, outcome: OutcomeKind, secs: f64) -> Event {
+        Event::AttemptEnd {
+            attempt: n,
+            status: if outcome == OutcomeKind::Success {
+                0
+            } else {
+                1
+            },
+            exit: "exit code 1".into(),
+            outcome,
+            why: None,
+            kernel_oom_kill: None,
+            duration_s: secs,
+            error_line: None,
+            gpu_peak: None,
+            torchrun: None,
+        }
+    }
+
+    fn decision(n: u32, resume: Option<&str>, resume_step: Option<u64>) -> Event {
+        Event::Decision {
+            attempt: n,
+            step: StepKind::HalveMicroBatch,
+            before: knobs(8, 1),
+            after: knobs(4, 2),
+            global_batch_before: Some(16),
+            global_batch_after: Some(16),
+            reason: "OOM: micro-batch 8 → 4".into(),
+            resume: resume.map(String::from),
+            resume_step,
+        }
+    }
+
+    fn time_lost(n: u32, state: SetbackState, seconds: Option<f64>) -> Event {
+        Event::TimeLost {
+            attempt: n,
+            state,
+            ooms: vec![1],
+            back_to_step: Some(7),
+            since: "2026-01-01T00:00:00.000+00:00".into(),
+            seconds,
+        }
+    }
+
+    /// A story told from events as they happen, one second apart.
+    fn told(events: &[Event]) -> Story {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+        let mut story = None;
+        for (i, e) in events.iter().enumerate() {
+            story.on(t0 + Duration::from_secs(i as u64), e);
+        }
+        story.expect("a run_start first")
+    }
+
+    /// What the run writes, the story reads back: the shared types round-trip,
+    /// and a story heard live is the story read from its journal.
     #[test]
-    fn the_writers_events_read_back() {
+    fn the_writers_events_read_back_as_the_same_story() {
         let t = tempfile::tempdir().unwrap();
         let dir = t.path().join("run");
         let mut j = Journal::open(dir.clone());
-        let (a, b) = (settings(8, 1), settings(4, 2));
-        let me = Supervisor::me();
-        let argv = vec!["python3".into(), "train.py".into()];
-        j.record(&Event::RunStart {
-            argv: &argv,
-            policy: "default",
-            max_attempts: 8,
-            settings: &a,
-            world_size: 2,
-            world_source: "default",
-            global_batch: a.global_batch(),
-            env: &[],
-            notes: &[],
-            warnings: &[],
-            tty: false,
-            supervisor: &me,
-        });
-        j.record(&Event::AttemptStart {
-            attempt: 1,
-            gpu: None,
-            argv: &argv,
-            env: BTreeMap::new(),
-            settings: &a,
-            global_batch: a.global_batch(),
-            resume: None,
-            files: vec![],
-        });
         let peak = PeakReport {
             per_gpu: vec![crate::gpu::GpuPeak {
                 gpu: 0,
@@ -701,87 +766,65 @@ mod tests {
             samples: 3,
             ..PeakReport::default()
         };
-        j.record(&Event::AttemptEnd {
-            attempt: 1,
-            status: 1,
-            exit: "exit code 1".into(),
-            outcome: OutcomeKind::CudaOom,
-            duration_s: 2.5,
-            error_line: None,
-            why: None,
-            kernel_oom_kill: None,
-            gpu_peak: Some(&peak),
-            torchrun: None,
-        });
-        j.record(&Event::Suspect {
-            attempt: 1,
-            why: "not read",
-        });
-        j.record(&Event::WorkLost {
-            attempt: 1,
-            step_reached: Some(7),
-            step_reached_at_least: true,
-            started_from_step: None,
-            resume_from_step: Some(5),
-            steps_lost: Some(2),
-            steps_lost_at_least: true,
-            seconds_lost: 0.5,
-        });
-        j.record(&Event::Decision {
-            attempt: 1,
-            step: StepKind::HalveMicroBatch,
-            before: &a,
-            after: &b,
-            global_batch_before: a.global_batch(),
-            global_batch_after: b.global_batch(),
-            reason: "OOM: micro-batch 8 → 4",
-            resume: Some(Path::new("out/checkpoint-5")),
-            resume_step: Some(5),
-        });
-        j.record(&Event::RetrySameSettings {
-            attempt: 1,
-            step: SameSettings::RetrySameSettings,
-            before: &b,
-            after: &b,
-            reason: "another tenant".into(),
-            resume: None,
-        });
-        j.record(&Event::CannotExecute {
-            attempt: 2,
-            outcome: OutcomeKind::CannotExecute,
-            error: "not found".into(),
-            status: 127,
-        });
-        let since = "2026-01-01T00:00:00.000+00:00".to_string();
-        j.record(&Event::TimeLost {
-            attempt: 1,
-            state: crate::journal::SetbackState::Behind,
-            ooms: &[1],
-            back_to_step: Some(7),
-            since: since.clone(),
-            seconds: None,
-        });
-        j.record(&Event::TimeLost {
-            attempt: 2,
-            state: crate::journal::SetbackState::NotBack,
-            ooms: &[1],
-            back_to_step: Some(7),
-            since,
-            seconds: Some(3.5),
-        });
-        j.record(&Event::RunEnd {
-            exit_code: 127,
-            attempts: 2,
-            lost_s: 2.5,
-            settings: &b,
-            time_lost_s: 3.5,
-            time_lost_complete: false,
-            last_command: Some("python3 train.py --bs 4"),
-        });
+        let events = vec![
+            run_start(knobs(8, 1), None),
+            attempt_start(1, knobs(8, 1), None),
+            {
+                let mut e = end(1, OutcomeKind::CudaOom, 2.5);
+                if let Event::AttemptEnd { gpu_peak, .. } = &mut e {
+                    *gpu_peak = Some(peak.clone());
+                }
+                e
+            },
+            Event::Suspect {
+                attempt: 1,
+                why: "not read".into(),
+            },
+            Event::WorkLost {
+                attempt: 1,
+                step_reached: Some(7),
+                step_reached_at_least: true,
+                started_from_step: None,
+                resume_from_step: Some(5),
+                steps_lost: Some(2),
+                steps_lost_at_least: true,
+                seconds_lost: 0.5,
+            },
+            decision(1, Some("out/checkpoint-5"), Some(5)),
+            Event::RetrySameSettings(RetrySame {
+                attempt: 1,
+                step: SameSettings::RetrySameSettings,
+                before: knobs(4, 2),
+                after: knobs(4, 2),
+                reason: "another tenant".into(),
+                resume: None,
+            }),
+            Event::CannotExecute(CannotExecute {
+                attempt: 2,
+                outcome: OutcomeKind::CannotExecute,
+                error: "not found".into(),
+                status: 127,
+            }),
+            time_lost(1, SetbackState::Behind, None),
+            time_lost(2, SetbackState::NotBack, Some(3.5)),
+            Event::RunEnd {
+                exit_code: 127,
+                attempts: 2,
+                lost_s: 2.5,
+                settings: knobs(4, 2),
+                time_lost_s: 3.5,
+                time_lost_complete: false,
+                last_command: Some("python3 train.py --bs 4".into()),
+            },
+        ];
+        let now = SystemTime::now();
+        for e in &events {
+            j.on(now, e);
+        }
         let run = read_run(&dir).unwrap();
         assert_eq!(run.unreadable, 0);
-        assert_eq!(run.start.settings, a.knobs);
-        assert_eq!(run.start.supervisor.as_ref(), Some(&me));
+        assert_eq!(run.start.settings, knobs(8, 1));
+        assert_eq!(run.start.supervisor.as_ref(), Some(&Supervisor::me()));
         assert_eq!(run.attempts.len(), 1, "attempt 2 never started");
         let a1 = &run.attempts[0];
         assert_eq!(a1.end.as_ref().unwrap().outcome, OutcomeKind::CudaOom);
@@ -801,8 +844,113 @@ mod tests {
         // One stretch of time lost, as its last line has it.
         assert_eq!(run.setbacks.len(), 1);
         let s = &run.setbacks[0];
-        assert_eq!(s.state, crate::journal::SetbackState::NotBack);
+        assert_eq!(s.state, SetbackState::NotBack);
         assert_eq!((s.back_to_step, s.seconds), (Some(7), Some(3.5)));
+        // Heard live, the same story.
+        let live = {
+            let mut story = None;
+            for e in &events {
+                story.on(now, e);
+            }
+            story.unwrap()
+        };
+        assert_eq!(format!("{live:?}"), format!("{run:?}"));
+    }
+
+    #[test]
+    fn the_step_an_attempt_started_from_is_the_checkpoint_its_decision_resumed() {
+        let story = told(&[
+            run_start(knobs(8, 1), None),
+            attempt_start(1, knobs(8, 1), None),
+            end(1, OutcomeKind::CudaOom, 2.0),
+            decision(1, Some("out/checkpoint-5"), Some(5)),
+            attempt_start(2, knobs(4, 2), Some("out/checkpoint-5")),
+            end(2, OutcomeKind::CudaOom, 2.0),
+            // No checkpoint to resume from: a fresh start, whatever the step says.
+            decision(2, None, Some(5)),
+            attempt_start(3, knobs(2, 4), None),
+        ]);
+        assert_eq!(story.started_from(0), None, "the command as written");
+        assert_eq!(story.started_from(1), Some(5));
+        assert_eq!(story.started_from(2), None);
+        assert_eq!(story.started_from(3), None, "no such attempt");
+        // Each attempt's time is when it was heard (the fifth event).
+        let t4 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_604);
+        assert_eq!(
+            story.attempts[1].start.time,
+            crate::report::journal::stamp(t4)
+        );
+    }
+
+    /// The logging interval is the run's (its recipe's `logging_steps` included),
+    /// not what the command's flags alone say; an older journal without it falls
+    /// back to the flags.
+    #[test]
+    fn the_logging_interval_is_the_one_the_run_knew() {
+        let every5 = Logging {
+            every: 5,
+            first_step: false,
+        };
+        let story = told(&[run_start(knobs(8, 1), Some(every5))]);
+        assert_eq!(story.logging(), Some(every5));
+        let mut start = run_start(knobs(8, 1), None);
+        if let Event::RunStart { argv, .. } = &mut start {
+            argv.extend(["--logging_steps".to_string(), "10".to_string()]);
+        }
+        let older = told(&[start]);
+        assert_eq!(older.logging().map(|l| l.every), Some(10));
+        // Written only when known: a journal without it reads as before.
+        let v = crate::events::json(&run_start(knobs(8, 1), None));
+        assert!(v.get("logging").is_none());
+        let v = crate::events::json(&run_start(knobs(8, 1), Some(every5)));
+        assert_eq!(
+            v["logging"],
+            serde_json::json!({"every": 5, "first_step": false})
+        );
+    }
+
+    #[test]
+    fn the_time_lost_is_told_from_the_stretches_as_they_stand() {
+        let since = DateTime::parse_from_rfc3339("2026-01-01T00:00:00.000+00:00").unwrap();
+        let until = since + chrono::Duration::seconds(4);
+        let behind = told(&[
+            run_start(knobs(8, 1), None),
+            attempt_start(1, knobs(8, 1), None),
+            end(1, OutcomeKind::CudaOom, 2.0),
+            time_lost(1, SetbackState::Behind, None),
+            attempt_start(2, knobs(4, 2), None),
+        ]);
+        // Open: counted until now.
+        let now = behind.time_lost(until, Some(3), true);
+        assert_eq!(now.seconds, Some(4.0));
+        assert!(!now.exact);
+        assert!(
+            now.text.as_deref().unwrap().ends_with(
+                "attempt 2 is not back at step 7 yet (4.0 s since the OOM in attempt 1)"
+            ),
+            "{now:?}"
+        );
+        // The running attempt printed step 7: back, at a time its end will tell.
+        let seen = behind.time_lost(until, Some(7), true);
+        assert_eq!(seen.seconds, None);
+        assert!(seen.text.unwrap().contains("attempt 2 is back at step 7"));
+        let back = told(&[
+            run_start(knobs(8, 1), None),
+            attempt_start(1, knobs(8, 1), None),
+            end(1, OutcomeKind::CudaOom, 2.0),
+            time_lost(1, SetbackState::Behind, None),
+            attempt_start(2, knobs(4, 2), None),
+            end(2, OutcomeKind::Success, 9.0),
+            time_lost(2, SetbackState::Back, Some(1.25)),
+        ]);
+        let done = back.time_lost(until, None, false);
+        assert_eq!((done.seconds, done.exact), (Some(1.25), true));
+        assert_eq!(
+            done.text.as_deref(),
+            Some("1.2 s from the OOM back to the step it died at (restart and redone steps)")
+        );
+        assert_eq!(back.lost_s(), 2.0, "so far: the failed attempt");
+        assert_eq!(back.steps_lost(), (None, 0));
     }
 
     #[test]

@@ -194,7 +194,10 @@ mod tests {
         );
         let verbose = said(Verbosity::Verbose);
         assert!(verbose.contains("oomguard: GPUs before attempt 2: GPU 0 free\n"));
-        assert!(verbose.contains("oomguard: note: a note for -v\n"), "{verbose}");
+        assert!(
+            verbose.contains("oomguard: note: a note for -v\n"),
+            "{verbose}"
+        );
         assert!(verbose.contains("oomguard: note: a note a user must see\n"));
     }
 }

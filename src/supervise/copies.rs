@@ -53,7 +53,10 @@ impl<'c> Run<'c> {
             Ok(Some(f)) => f,
             Ok(None) => return,
             Err(why) => {
-                self.term.warn(&format!("{why}: the job's last settings are not used: {why}; starting at {}", self.settings));
+                self.term.warn(&format!(
+                    "{why}: the job's last settings are not used: {why}; starting at {}",
+                    self.settings
+                ));
                 return;
             }
         };
@@ -159,7 +162,10 @@ impl<'c> Run<'c> {
             },
         };
         if let Err(e) = job.publish_end(n, &end) {
-            self.term.warn(&format!("could not write this copy's end in {}: {e}", job.dir.display()));
+            self.term.warn(&format!(
+                "could not write this copy's end in {}: {e}",
+                job.dir.display()
+            ));
         }
     }
 
@@ -318,9 +324,12 @@ impl<'c> Run<'c> {
             } => return self.after_refused(rec, knob, &added, &line, code),
             Outcome::AbsurdRequest { finding, code } => {
                 if crate::detect::sizeless_thrust_alloc(&finding) {
-                    self.term.say(&format!("{}: {}\noomguard: {}; stopping with status {code}", crate::detect::absurd_what(&finding),
+                    self.term.say(&format!(
+                        "{}: {}\noomguard: {}; stopping with status {code}",
+                        crate::detect::absurd_what(&finding),
                         finding.line,
-                        crate::detect::advice(&finding)));
+                        crate::detect::advice(&finding)
+                    ));
                 } else {
                     self.term.say(&format!("the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}", finding.line));
                 }

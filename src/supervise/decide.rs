@@ -252,7 +252,9 @@ impl<'c> Run<'c> {
             return flow;
         }
         if n >= max {
-            self.term.say(&format!("{n} attempts made (--max-attempts {max}); the run still does not fit"));
+            self.term.say(&format!(
+                "{n} attempts made (--max-attempts {max}); the run still does not fit"
+            ));
             return Flow::Stop(exit::EXHAUSTED);
         }
         let oom_after = report.oom_at.unwrap_or(report.duration);
@@ -391,17 +393,25 @@ impl<'c> Run<'c> {
         } else {
             format!("at {}", self.settings)
         };
-        self.term.say(&format!("the policy '{}' has no step left; the run still does not fit {at}", cfg.policy.name));
+        self.term.say(&format!(
+            "the policy '{}' has no step left; the run still does not fit {at}",
+            cfg.policy.name
+        ));
         for na in policy::not_applicable(&cfg.policy, &cfg.disc) {
-            self.term.say(&format!("  {} not applicable: {}", na.step, na.why));
+            self.term
+                .say(&format!("  {} not applicable: {}", na.step, na.why));
         }
         for n in plan::unbound_notes(cfg) {
             self.term.say(&format!("  {n}"));
         }
         if let Some(s) = &cfg.inside.shell_script {
-            self.term.say(&format!("  {}", crate::inside::shell_note(s)));
+            self.term
+                .say(&format!("  {}", crate::inside::shell_note(s)));
         }
-        self.term.say(&format!("  {} shows every knob, where oomguard looked for it and the ladder", plan::plan_hint(&cfg.argv)));
+        self.term.say(&format!(
+            "  {} shows every knob, where oomguard looked for it and the ladder",
+            plan::plan_hint(&cfg.argv)
+        ));
     }
 
     /// Why an OOM during evaluation changes the training settings after all
@@ -460,7 +470,8 @@ impl<'c> Run<'c> {
         }
         let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
         let who = who.join("; ");
-        self.term.say(&format!("this OOM is not the run's own: {who}"));
+        self.term
+            .say(&format!("this OOM is not the run's own: {who}"));
         self.emit(Event::ForeignOom {
             attempt: rec.n,
             tenants: events::json(&tenants),
@@ -472,7 +483,9 @@ impl<'c> Run<'c> {
             .filter(|a| matches!(a.next, Next::Retry) && a.foreign.is_some())
             .count();
         if retries >= TENANT_RETRIES as usize || !self.gw.wait_for_tenant(pid) {
-            self.term.say("the memory did not come back in time (--wait-timeout); falling back to the policy");
+            self.term.say(
+                "the memory did not come back in time (--wait-timeout); falling back to the policy",
+            );
             return None;
         }
         let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
@@ -638,7 +651,10 @@ impl<'c> Run<'c> {
         base.knobs.remove(&knob);
         if n >= self.cfg.max_attempts {
             self.settings = base;
-            self.term.say(&format!("{n} attempts made (--max-attempts {}); the run still does not fit at {}", self.cfg.max_attempts, self.settings));
+            self.term.say(&format!(
+                "{n} attempts made (--max-attempts {}); the run still does not fit at {}",
+                self.cfg.max_attempts, self.settings
+            ));
             self.bind_advice();
             return Flow::Stop(exit::EXHAUSTED);
         }

@@ -34,22 +34,22 @@ use crate::checkpoint;
 use crate::detect::Finding;
 use crate::detect::kernel;
 use crate::envmerge::EnvSet;
+use crate::events::{self, Event, Listener, RetrySame, SameSettings, SetbackState};
 use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
 use crate::gpu::PeakReport;
 use crate::gpuwatch::{GpuWatch, TENANT_RETRIES};
 use crate::inplace::InPlace;
 use crate::job;
-use crate::events::{self, Event, Listener, RetrySame, SameSettings, SetbackState};
 use crate::journal::{self, AttemptRecord, Journal, Next};
 use crate::knobs::{self, Settings};
 use crate::launch;
 use crate::plan;
 use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
-use crate::run_config::{ResumeInfo, RunConfig};
 use crate::report::story::Story;
 use crate::report::terminal::{Terminal, Verbosity};
+use crate::run_config::{ResumeInfo, RunConfig};
 use crate::runfolder::{self, RunDirError};
 
 /// How long a copy's ranks may go on after it heard that the job moved on before
@@ -376,7 +376,9 @@ impl<'c> Run<'c> {
             exit::EXHAUSTED
         })?;
         if let Err(e) = self.inplace.write_derived(&m.files) {
-            self.term.error(&format!("cannot write attempt {n}'s files: {e}\noomguard: attempt {n} was not launched"));
+            self.term.error(&format!(
+                "cannot write attempt {n}'s files: {e}\noomguard: attempt {n} was not launched"
+            ));
             return Err(exit::CANNOT_WRITE);
         }
         self.added = knobs::added(&cfg.disc, &self.settings);
@@ -577,7 +579,8 @@ impl<'c> Run<'c> {
             .as_deref()
             .is_some_and(|w| w.starts_with("the kernel's OOM killer killed"));
         if let Some(why) = unreadable.as_deref().filter(|_| unconfirmed) {
-            self.term.say(&format!("attempt {n}: killed by SIGKILL; {why}"));
+            self.term
+                .say(&format!("attempt {n}: killed by SIGKILL; {why}"));
         } else if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
@@ -852,7 +855,8 @@ impl<'c> Run<'c> {
         };
         self.term.block(&end.summary());
         if let Some(p) = self.gw.peak_summary() {
-            self.term.say(&format!("GPU memory of the last attempt: {p}"));
+            self.term
+                .say(&format!("GPU memory of the last attempt: {p}"));
         }
         if let Some(line) =
             progress::save_interval_advice(&end.losses(), self.cfg.layout.as_ref(), lost)
