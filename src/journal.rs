@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::evidence::{Evidence, OutcomeKind, When};
-use crate::exit;
 use crate::knobs::{Knob, Settings};
 use crate::policy::{Decision, StepKind};
 use crate::progress::Loss;
+use crate::report::story::Story;
 
 pub use crate::events::{SetbackState, knob_values, lossy};
 pub use crate::report::journal::{Journal, default_run_dir};
@@ -189,8 +189,8 @@ pub enum Next {
     Stop,
     /// Another tenant's memory came back: the same settings again.
     Retry,
-    /// The policy's step, and the work the OOM cost.
-    Decided { decision: Decision, loss: Loss },
+    /// The policy's step (the work the OOM cost is its `work_lost` event).
+    Decided { decision: Decision },
 }
 
 /// One attempt that ran (was launched), and what followed it: the run's
@@ -225,17 +225,13 @@ pub struct End<'a> {
     pub first: &'a Settings,
     pub last: &'a Settings,
     pub attempts: &'a [AttemptRecord],
-    /// Attempts begun (one that could not be started counts).
-    pub begun: u32,
-    pub code: i32,
+    /// The run's events, folded: how it ended, its duration, the work and
+    /// the time the OOMs cost (told as `oomguard status` tells them).
+    pub story: &'a Story,
     pub journal: Option<&'a Path>,
     /// Who decided the changes, when this copy of a job followed another
     /// (`copy 0 of the job`): the table's "why" for them.
     pub decided_by: Option<&'a str>,
-    /// The run's whole duration.
-    pub elapsed: Duration,
-    /// The time lost to OOMs, stretch by stretch.
-    pub setbacks: &'a [Setback],
     /// The last attempt's command line, and what to know about it, when it is
     /// not the command as the user wrote it.
     pub last_command: Option<&'a LastCommand>,
@@ -270,51 +266,17 @@ impl End<'_> {
 
     /// The work each OOM that led to a decision cost.
     pub fn losses(&self) -> Vec<Loss> {
-        self.attempts
-            .iter()
-            .filter_map(|a| match &a.next {
-                Next::Decided { loss, .. } => Some(*loss),
-                _ => None,
-            })
-            .collect()
+        self.story.losses()
     }
 
     /// The end-of-run summary for stderr: how the run ended, the table of
     /// changed knobs (knob, before, after, why), each decision's cause, the
     /// journal, and the OOMs other tenants caused.
     pub fn summary(&self) -> String {
-        let (attempts, code) = (self.begun, self.code);
+        let code = self.story.end.as_ref().map_or(0, |e| e.exit_code);
         let decisions = self.decisions();
         let rows = self.rows(&decisions);
-        let status = match code {
-            0 => "finished".to_string(),
-            exit::EXHAUSTED => "gave up: the run still does not fit".to_string(),
-            c => format!("stopped (exit {c})"),
-        };
-        let mut out = format!(
-            "\noomguard: {status} after {attempts} attempt{}; {} in all\n",
-            if attempts == 1 { "" } else { "s" },
-            duration(self.elapsed.as_secs_f64())
-        );
-        // One figure for the work the OOMs cost: the steps redone, and the time
-        // from each OOM until a relaunch was back at the step it died at.
-        let losses = self.losses();
-        let time = time_lost_text(self.setbacks, false);
-        if !losses.is_empty() {
-            out += &format!(
-                "oomguard: work lost to {} OOM{}: {} of redone training",
-                losses.len(),
-                if losses.len() == 1 { "" } else { "s" },
-                crate::progress::steps_text(&losses)
-            );
-            out += &time.map(|t| format!("; {t}\n")).unwrap_or("\n".into());
-        } else if let Some(t) = time {
-            let n: usize = self.setbacks.iter().map(|s| s.ooms.len()).sum();
-            out += &format!(
-                "oomguard: time lost to {n} OOM{}: {t}\n",
-                if n == 1 { "" } else { "s" }
-            );
-        }
+        let mut out = self.story.ending().unwrap_or_default();
         if rows.is_empty() {
             out.push_str("oomguard: no setting was changed\n");
         } else {
@@ -587,32 +549,87 @@ mod tests {
             refused: None,
             next,
         };
-        let loss = Loss {
-            steps: Some(2),
-            at_least: false,
-            seconds: 1.0,
-        };
         let attempts = [
             record(1, OutcomeKind::CudaOom, Next::Retry, Some("pid 9 (bob)")),
             record(
                 2,
                 OutcomeKind::CudaOom,
-                Next::Decided { decision, loss },
+                Next::Decided { decision },
                 Some("pid 9 (bob)"),
             ),
             record(3, OutcomeKind::Success, Next::Stop, None),
         ];
-        let t0 = std::time::SystemTime::UNIX_EPOCH;
-        let setback = |ooms: Vec<u32>, state, seconds| Setback {
-            ooms,
-            step: Some(7),
-            since: t0,
-            state,
-            ended_in: Some(3),
-            seconds,
-            seen_back: false,
+        // The story the run's events tell: three attempts, the work the OOM
+        // in attempt 2 cost, one stretch of time back, nine seconds in all.
+        use crate::events::{Event, Listener};
+        let t0 = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+        let start = Event::RunStart {
+            argv: vec!["python3".into(), "train.py".into()],
+            policy: "default".into(),
+            max_attempts: 8,
+            settings: first.knobs.clone(),
+            world_size: 2,
+            world_source: "default".into(),
+            global_batch: first.global_batch(),
+            env: serde_json::Value::Null,
+            notes: vec![],
+            warnings: vec![],
+            tty: false,
+            supervisor: None,
+            logging: None,
         };
-        let setbacks = [setback(vec![1, 2], SetbackState::Back, Some(1.25))];
+        let mut story = Story::begin(&start, Some(crate::report::journal::stamp(t0))).unwrap();
+        for n in 1..=3 {
+            story.on(
+                t0,
+                &Event::AttemptStart {
+                    attempt: n,
+                    gpu: serde_json::Value::Null,
+                    argv: vec![],
+                    env: Default::default(),
+                    settings: last.knobs.clone(),
+                    global_batch: last.global_batch(),
+                    resume: None,
+                    files: vec![],
+                },
+            );
+        }
+        story.on(
+            t0,
+            &Event::WorkLost {
+                attempt: 2,
+                step_reached: Some(7),
+                step_reached_at_least: false,
+                started_from_step: None,
+                resume_from_step: Some(5),
+                steps_lost: Some(2),
+                steps_lost_at_least: false,
+                seconds_lost: 1.0,
+            },
+        );
+        story.on(
+            t0,
+            &Event::TimeLost {
+                attempt: 3,
+                state: SetbackState::Back,
+                ooms: vec![1, 2],
+                back_to_step: Some(7),
+                since: crate::report::journal::stamp(t0),
+                seconds: Some(1.25),
+            },
+        );
+        story.on(
+            t0 + Duration::from_secs(9),
+            &Event::RunEnd {
+                exit_code: 0,
+                attempts: 3,
+                lost_s: 4.0,
+                settings: last.knobs.clone(),
+                time_lost_s: 1.25,
+                time_lost_complete: true,
+                last_command: None,
+            },
+        );
         let last_command = LastCommand {
             line: "python3 train.py --bs 4 --accum 2 --resume out/checkpoint-5".into(),
             copies: vec![("ds.json".into(), "run/attempt-3/ds.json".into())],
@@ -624,12 +641,9 @@ mod tests {
             first: &first,
             last: &last,
             attempts: &attempts,
-            begun: 3,
-            code: 0,
+            story: &story,
             journal: Some(Path::new("run/journal.jsonl")),
             decided_by: None,
-            elapsed: Duration::from_secs(9),
-            setbacks: &setbacks,
             last_command: Some(&last_command),
         };
         assert_eq!(lost(&attempts), Duration::from_secs(4));

@@ -94,6 +94,7 @@ pub struct WorkLost {
     pub step_reached: Option<u64>,
     pub steps_lost: Option<u64>,
     pub steps_lost_at_least: bool,
+    pub seconds_lost: f64,
 }
 
 /// The step of a `decision` line: the policy's, or the same settings again
@@ -129,6 +130,8 @@ pub struct Decision {
 pub struct RunEnd {
     pub time: String,
     pub exit_code: i32,
+    /// Attempts begun (one that could not be started counts).
+    pub attempts: u32,
     pub lost_s: f64,
     /// Absent in journals written before oomguard recorded it.
     pub last_command: Option<String>,
@@ -297,6 +300,7 @@ impl Story {
         match e {
             Event::RunEnd {
                 exit_code,
+                attempts,
                 lost_s,
                 last_command,
                 ..
@@ -304,6 +308,7 @@ impl Story {
                 self.end = Some(RunEnd {
                     time,
                     exit_code: *exit_code,
+                    attempts: *attempts,
                     lost_s: *lost_s,
                     last_command: last_command.clone(),
                 });
@@ -400,12 +405,14 @@ impl Story {
                 step_reached,
                 steps_lost,
                 steps_lost_at_least,
+                seconds_lost,
                 ..
             } => {
                 a.lost = Some(WorkLost {
                     step_reached: *step_reached,
                     steps_lost: *steps_lost,
                     steps_lost_at_least: *steps_lost_at_least,
+                    seconds_lost: *seconds_lost,
                 })
             }
             Event::Decision {
@@ -560,23 +567,85 @@ impl Story {
     }
 }
 
+impl Story {
+    /// The work each OOM that was decided on cost (a `work_lost` each), in
+    /// the order of the attempts.
+    pub fn losses(&self) -> Vec<crate::progress::Loss> {
+        self.attempts
+            .iter()
+            .filter_map(|a| a.lost.as_ref())
+            .map(|l| crate::progress::Loss {
+                steps: l.steps_lost,
+                at_least: l.steps_lost_at_least,
+                seconds: l.seconds_lost,
+            })
+            .collect()
+    }
+
+    /// Seconds from the run's start to its end (or to the last event heard).
+    pub fn elapsed(&self) -> Option<f64> {
+        let start = DateTime::parse_from_rfc3339(&self.start.time).ok()?;
+        let last = self
+            .end
+            .as_ref()
+            .map(|e| e.time.as_str())
+            .or(self.last_time.as_deref())?;
+        let last = DateTime::parse_from_rfc3339(last).ok()?;
+        Some(((last - start).num_milliseconds() as f64 / 1000.0).max(0.0))
+    }
+
+    /// The first line of the end summary and the one figure of the work lost
+    /// to OOMs (steps redone, time back), as `oomguard:` lines; `None` before
+    /// the run's end was heard.
+    pub fn ending(&self) -> Option<String> {
+        let end = self.end.as_ref()?;
+        let (attempts, code) = (end.attempts, end.exit_code);
+        let status = match code {
+            0 => "finished".to_string(),
+            crate::exit::EXHAUSTED => "gave up: the run still does not fit".to_string(),
+            c => format!("stopped (exit {c})"),
+        };
+        let mut out = format!(
+            "\noomguard: {status} after {attempts} attempt{}; {} in all\n",
+            if attempts == 1 { "" } else { "s" },
+            crate::journal::duration(self.elapsed().unwrap_or(0.0))
+        );
+        // One figure for the work the OOMs cost: the steps redone, and the time
+        // from each OOM until a relaunch was back at the step it died at.
+        let losses = self.losses();
+        let until = DateTime::parse_from_rfc3339(&end.time).ok()?;
+        let time = self.time_lost(until, None, false).text;
+        if !losses.is_empty() {
+            out += &format!(
+                "oomguard: work lost to {} OOM{}: {} of redone training",
+                losses.len(),
+                if losses.len() == 1 { "" } else { "s" },
+                crate::progress::steps_text(&losses)
+            );
+            out += &time.map(|t| format!("; {t}\n")).unwrap_or("\n".into());
+        } else if let Some(t) = time {
+            let n: usize = self.setbacks.iter().map(|s| s.ooms.len()).sum();
+            out += &format!(
+                "oomguard: time lost to {n} OOM{}: {t}\n",
+                if n == 1 { "" } else { "s" }
+            );
+        }
+        Some(out)
+    }
+}
+
+impl Listener for Story {
+    fn on(&mut self, at: SystemTime, event: &Event) {
+        self.hear(event, Some(crate::report::journal::stamp(at)));
+    }
+}
+
 /// The time lost to OOMs, at one instant (see [`Story::time_lost`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TimeLostNow {
     pub seconds: Option<f64>,
     pub exact: bool,
     pub text: Option<String>,
-}
-
-impl Listener for Option<Story> {
-    /// The story of the run in progress: begun by its `run_start`.
-    fn on(&mut self, at: SystemTime, event: &Event) {
-        let time = Some(crate::report::journal::stamp(at));
-        match self {
-            Some(s) => s.hear(event, time),
-            None => *self = Story::begin(event, time),
-        }
-    }
 }
 
 /// The most of a journal's beginning and end `status` and `runs` read.
@@ -742,11 +811,12 @@ mod tests {
     /// A story told from events as they happen, one second apart.
     fn told(events: &[Event]) -> Story {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
-        let mut story = None;
-        for (i, e) in events.iter().enumerate() {
+        let mut story = Story::begin(&events[0], Some(crate::report::journal::stamp(t0)))
+            .expect("a run_start first");
+        for (i, e) in events.iter().enumerate().skip(1) {
             story.on(t0 + Duration::from_secs(i as u64), e);
         }
-        story.expect("a run_start first")
+        story
     }
 
     /// What the run writes, the story reads back: the shared types round-trip,
@@ -848,11 +918,12 @@ mod tests {
         assert_eq!((s.back_to_step, s.seconds), (Some(7), Some(3.5)));
         // Heard live, the same story.
         let live = {
-            let mut story = None;
-            for e in &events {
+            let stamp = Some(crate::report::journal::stamp(now));
+            let mut story = Story::begin(&events[0], stamp).unwrap();
+            for e in &events[1..] {
                 story.on(now, e);
             }
-            story.unwrap()
+            story
         };
         assert_eq!(format!("{live:?}"), format!("{run:?}"));
     }
@@ -951,6 +1022,67 @@ mod tests {
         );
         assert_eq!(back.lost_s(), 2.0, "so far: the failed attempt");
         assert_eq!(back.steps_lost(), (None, 0));
+    }
+
+    /// The end of the summary is told from the events alone: how the run ended,
+    /// its duration, the work the OOMs cost and the time back.
+    #[test]
+    fn the_ending_is_told_from_the_events() {
+        let lost = |n: u32, steps: Option<u64>| Event::WorkLost {
+            attempt: n,
+            step_reached: steps.map(|s| s + 5),
+            step_reached_at_least: false,
+            started_from_step: None,
+            resume_from_step: Some(5),
+            steps_lost: steps,
+            steps_lost_at_least: false,
+            seconds_lost: 0.5,
+        };
+        let run_end = |code: i32, attempts: u32| Event::RunEnd {
+            exit_code: code,
+            attempts,
+            lost_s: 4.0,
+            settings: knobs(4, 2),
+            time_lost_s: 0.0,
+            time_lost_complete: false,
+            last_command: None,
+        };
+        let mut events = vec![
+            run_start(knobs(8, 1), None),
+            attempt_start(1, knobs(8, 1), None),
+            end(1, OutcomeKind::CudaOom, 2.0),
+            lost(1, Some(2)),
+            decision(1, Some("out/checkpoint-5"), Some(5)),
+            time_lost(1, SetbackState::Behind, None),
+            attempt_start(2, knobs(4, 2), Some("out/checkpoint-5")),
+        ];
+        assert_eq!(told(&events).ending(), None, "not ended yet");
+        events.extend([
+            end(2, OutcomeKind::CudaOom, 2.0),
+            lost(2, None),
+            time_lost(2, SetbackState::NotBack, Some(3.0)),
+            run_end(crate::exit::EXHAUSTED, 2),
+        ]);
+        let story = told(&events);
+        assert_eq!(story.elapsed(), Some(10.0));
+        assert_eq!(
+            story.ending().unwrap(),
+            "\noomguard: gave up: the run still does not fit after 2 attempts; 10.0 s in all\n\
+             oomguard: work lost to 2 OOMs: at least 2 steps (the step reached after 1 of them is unknown) of redone training; \
+             at least 3.0 s from the OOM back to the step it died at (restart and redone steps); \
+             attempt 2 had not got back to step 7 when the run ended (3.0 s after the OOM in attempt 1)\n"
+        );
+        // Interrupted before any OOM: the ending alone.
+        let story = told(&[
+            run_start(knobs(8, 1), None),
+            attempt_start(1, knobs(8, 1), None),
+            end(1, OutcomeKind::Interrupted, 2.0),
+            run_end(130, 1),
+        ]);
+        assert_eq!(
+            story.ending().unwrap(),
+            "\noomguard: stopped (exit 130) after 1 attempt; 3.0 s in all\n"
+        );
     }
 
     #[test]

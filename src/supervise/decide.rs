@@ -555,7 +555,7 @@ impl<'c> Run<'c> {
         });
         self.term.info(&res.why);
         self.settings = d.after.clone();
-        Next::Decided { decision: d, loss }
+        Next::Decided { decision: d }
     }
 
     /// Say which newer checkpoints the next attempt does not resume from, and

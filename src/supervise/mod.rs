@@ -80,7 +80,7 @@ struct Run<'c> {
     /// The only writer of `oomguard:` lines.
     term: Terminal,
     /// The run's events, folded: what the end summary tells.
-    story: Option<Story>,
+    story: Story,
     /// Added to every attempt's environment.
     env_defaults: Vec<EnvSet>,
     tty: bool,
@@ -116,8 +116,6 @@ struct Run<'c> {
     no_cpu_offload: Vec<knobs::Knob>,
     /// Whether "the kernel's log cannot be read" was said (it is said once a run).
     kernel_unreadable_said: bool,
-    /// When the run started, for its duration in the summary.
-    t0: std::time::Instant,
     /// The time lost to OOMs, stretch by stretch (the last may be open).
     setbacks: Vec<journal::Setback>,
     /// The command line of the last attempt prepared.
@@ -242,8 +240,8 @@ impl<'c> Run<'c> {
         };
         let at = SystemTime::now();
         j.on(at, &start);
-        let mut story = None;
-        story.on(at, &start);
+        let story = Story::begin(&start, Some(crate::report::journal::stamp(at)))
+            .expect("run_start begins a story");
         for w in &cfg.disc.warnings {
             term.warn(w);
         }
@@ -279,7 +277,6 @@ impl<'c> Run<'c> {
             begun: 0,
             attempts: Vec::new(),
             kernel_unreadable_said: false,
-            t0: std::time::Instant::now(),
             setbacks: Vec::new(),
             last_command: None,
             added: Vec::new(),
@@ -840,8 +837,7 @@ impl<'c> Run<'c> {
             first: &self.first,
             last: &self.settings,
             attempts: &self.attempts,
-            begun: self.begun,
-            code,
+            story: &self.story,
             journal: path.as_deref(),
             decided_by: self
                 .cfg
@@ -849,8 +845,6 @@ impl<'c> Run<'c> {
                 .as_ref()
                 .filter(|j| !j.leader())
                 .map(|_| "copy 0 of the job"),
-            elapsed: self.t0.elapsed(),
-            setbacks: &self.setbacks,
             last_command: self.last_command.as_ref(),
         };
         self.term.block(&end.summary());
