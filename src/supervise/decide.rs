@@ -710,7 +710,7 @@ impl<'c> Run<'c> {
     /// How to give oomguard each knob the command refused, where it accepts it.
     fn bind_advice(&self) {
         for k in &self.dropped {
-            self.term.say(&format!("{}", bind_advice(*k)));
+            self.term.say(&bind_advice(*k));
         }
     }
 }
