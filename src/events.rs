@@ -117,6 +117,7 @@ pub enum Event {
         /// The exit code, or 128+N for death by signal N.
         status: i32,
         /// "exit code 1", "signal 9 (SIGKILL)".
+        #[serde(default)]
         exit: String,
         outcome: OutcomeKind,
         /// Why a kill is not a host OOM ("killed by SIGKILL (not by the OOM killer...)").
