@@ -71,13 +71,16 @@ impl<'c> Run<'c> {
         // oomguard keeps the global batch: settings that change it were not
         // written by oomguard, whoever wrote the file.
         if next.global_batch() != self.settings.global_batch() {
-            self.term.warn(&format!("{why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}", path.display(),
+            self.term.warn(&format!(
+                "{why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}",
+                path.display(),
                 self.settings
                     .global_batch()
                     .map_or("unknown".into(), |g| g.to_string()),
                 next.global_batch()
                     .map_or("unknown".into(), |g| g.to_string()),
-                self.settings));
+                self.settings
+            ));
             return;
         }
         self.settings = next;
@@ -192,8 +195,11 @@ impl<'c> Run<'c> {
         ));
         match job.await_decision(n) {
             None => {
-                self.term.say(&format!("no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone", job.timeout,
-                    job.dir.display()));
+                self.term.say(&format!(
+                    "no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone",
+                    job.timeout,
+                    job.dir.display()
+                ));
                 Flow::Stop(own)
             }
             Some(job::Published::Stop { code }) => {
@@ -222,12 +228,15 @@ impl<'c> Run<'c> {
                 if let Some(p) = &resume
                     && (!p.is_absolute() || std::fs::metadata(p).is_err())
                 {
-                    self.term.say(&format!("copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job", p.display(),
+                    self.term.say(&format!(
+                        "copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job",
+                        p.display(),
                         if p.is_absolute() {
                             "not found here: the output folder must be on a filesystem every copy shares"
                         } else {
                             "not an absolute path"
-                        }));
+                        }
+                    ));
                     let end = job::End {
                         rank: job.rank,
                         outcome: crate::evidence::OutcomeKind::OtherFailure,
@@ -307,13 +316,18 @@ impl<'c> Run<'c> {
                     .or_else(|| report.scanner.error_line().map(str::to_string))
                     .map(|l| format!(": {l}"))
                     .unwrap_or_default();
-                self.term.say(&format!("the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"));
+                self.term.say(&format!(
+                    "the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
+                ));
                 code
             }
             Outcome::PeerFailure { code, line } => {
                 // A copy alone (no job channel, or oomguard around one launcher): the
                 // rank that failed first is elsewhere, and its output is not here.
-                self.term.say(&format!("the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}", report.exit));
+                self.term.say(&format!(
+                    "the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}",
+                    report.exit
+                ));
                 code
             }
             Outcome::Refused {
@@ -331,7 +345,10 @@ impl<'c> Run<'c> {
                         crate::detect::advice(&finding)
                     ));
                 } else {
-                    self.term.say(&format!("the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}", finding.line));
+                    self.term.say(&format!(
+                        "the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
+                        finding.line
+                    ));
                 }
                 code
             }
@@ -353,7 +370,10 @@ impl<'c> Run<'c> {
                             .into()
                     }
                 };
-                self.term.say(&format!("host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}", self.host_oom_advice(rec.n)));
+                self.term.say(&format!(
+                    "host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}",
+                    self.host_oom_advice(rec.n)
+                ));
                 code
             }
         };

@@ -67,11 +67,14 @@ impl<'c> Run<'c> {
             if let Some(flow) = self.halve_workers(rec, reached, report, started) {
                 return Some(flow);
             }
-            self.term.say(&format!("host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead", added
+            self.term.say(&format!(
+                "host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead",
+                added
                     .iter()
                     .map(|k| format!("{k}=cpu"))
                     .collect::<Vec<_>>()
-                    .join(" ")));
+                    .join(" ")
+            ));
             return None;
         };
         let undo: Vec<String> = added.iter().map(|k| format!("{k} cpu undone")).collect();
@@ -447,7 +450,9 @@ impl<'c> Run<'c> {
         };
         let before = prev.evidence.as_ref().and_then(Evidence::tried_to_allocate);
         if before.is_some() && before == ev.tried_to_allocate() {
-            self.term.warn("the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)");
+            self.term.warn(
+                "the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)",
+            );
             self.emit(Event::Suspect {
                 attempt: n,
                 why: "same allocation size after halving the micro-batch".into(),
@@ -633,7 +638,9 @@ impl<'c> Run<'c> {
         if !self.dropped.contains(&knob) {
             self.dropped.push(knob);
         }
-        self.term.say(&format!("attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"));
+        self.term.say(&format!(
+            "attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"
+        ));
         let decided = self
             .attempts
             .iter()
@@ -677,9 +684,12 @@ impl<'c> Run<'c> {
         let Some(mut d) = d else {
             self.settings = base;
             let without: Vec<&str> = self.dropped.iter().map(|k| k.name()).collect();
-            self.term.say(&format!("without {}, the policy '{}' has no other step for the OOM of attempt {oom_at}: the run still does not fit at {}", without.join(" and "),
+            self.term.say(&format!(
+                "without {}, the policy '{}' has no other step for the OOM of attempt {oom_at}: the run still does not fit at {}",
+                without.join(" and "),
                 self.cfg.policy.name,
-                self.settings));
+                self.settings
+            ));
             self.bind_advice();
             return Flow::Stop(exit::EXHAUSTED);
         };

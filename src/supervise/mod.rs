@@ -306,13 +306,19 @@ impl<'c> Run<'c> {
             // are not coming: nothing is launched, and the non-zero status
             // lets the job's own failure policy (Kubernetes, Slurm) act.
             if let Some(why) = met.disagree {
-                self.term.say(&format!("the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)", job.dir.display(),
-                    exit::USAGE));
+                self.term.say(&format!(
+                    "the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
+                    job.dir.display(),
+                    exit::USAGE
+                ));
                 return Flow::Stop(exit::USAGE);
             }
             if !met.all {
-                self.term.warn(&format!("not every copy of the job came to attempt {n} within {:?} ({}); launching anyway", job.timeout,
-                    job.dir.display()));
+                self.term.warn(&format!(
+                    "not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
+                    job.timeout,
+                    job.dir.display()
+                ));
             }
             if let Some(knobs) = met.start {
                 self.take_copy0_start(knobs);
@@ -459,7 +465,9 @@ impl<'c> Run<'c> {
             match runfolder::fresh_temp_dir() {
                 Ok(d) => self.scratch = Some(d),
                 Err(e) => {
-                    self.term.error(&format!("cannot prepare attempt {n}: no run folder, and no private temporary folder: {e}"));
+                    self.term.error(&format!(
+                        "cannot prepare attempt {n}: no run folder, and no private temporary folder: {e}"
+                    ));
                     return Err(exit::CANNOT_WRITE);
                 }
             }
@@ -538,8 +546,11 @@ impl<'c> Run<'c> {
         if let Some(tf) = &self.cfg.task_files
             && report.task_files.is_empty()
         {
-            self.term.warn(&format!("attempt {n}: no file of srun's {} was written by this step in {}; an OOM printed there could not be seen", tf.patterns.join(", "),
-                tf.cwd.display()));
+            self.term.warn(&format!(
+                "attempt {n}: no file of srun's {} was written by this step in {}; an OOM printed there could not be seen",
+                tf.patterns.join(", "),
+                tf.cwd.display()
+            ));
         }
         if let Some(t) = &report.torchrun {
             if t.stopped_at_oom {
@@ -581,7 +592,9 @@ impl<'c> Run<'c> {
         } else if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
-            self.term.warn(&format!("cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"));
+            self.term.warn(&format!(
+                "cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"
+            ));
         }
         if let Some(f) = outcome.finding() {
             if let Some(file) = &report.oom_file {
@@ -691,7 +704,10 @@ impl<'c> Run<'c> {
             Flow::Stop(code) => job::Published::Stop { code },
         };
         if let Err(e) = job.publish_decision(n, &published) {
-            self.term.warn(&format!("could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting", job.dir.display()));
+            self.term.warn(&format!(
+                "could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting",
+                job.dir.display()
+            ));
         }
         flow
     }
