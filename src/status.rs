@@ -999,6 +999,71 @@ pub fn runs_main(json: bool) -> i32 {
 mod tests {
     use super::*;
 
+    /// The step a running attempt reached, from the Trainer's log dicts (which
+    /// name no step): counted with the logging interval the run knew (here from
+    /// a recipe, not in the command's flags), as the run counted it. A journal
+    /// written before the run recorded the interval has the flags only, and
+    /// cannot tell the step.
+    #[test]
+    fn the_step_of_log_dicts_is_counted_with_the_runs_logging_interval() {
+        use crate::events::Event;
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path();
+        std::fs::create_dir(dir.join("attempt-1")).unwrap();
+        let dicts = "{'loss': 2.1, 'learning_rate': 1e-05, 'epoch': 0.1}\n\
+                     {'loss': 1.9, 'learning_rate': 1e-05, 'epoch': 0.2}\n\
+                     {'loss': 1.7, 'learning_rate': 1e-05, 'epoch': 0.3}\n";
+        std::fs::write(dir.join("attempt-1/output.log"), dicts).unwrap();
+        let step = |logging: Option<progress::Logging>| {
+            let start = Event::RunStart {
+                argv: ["accelerate", "launch", "train.py", "recipe.yaml"]
+                    .map(String::from)
+                    .to_vec(),
+                policy: "default".into(),
+                max_attempts: 8,
+                settings: Knobs::new(),
+                world_size: 1,
+                world_source: "default".into(),
+                global_batch: None,
+                env: serde_json::Value::Null,
+                notes: vec![],
+                warnings: vec![],
+                tty: false,
+                supervisor: Some(Supervisor::me()),
+                logging,
+            };
+            let t0 = "2026-01-01T00:00:00.000+00:00".to_string();
+            let mut story = Story::begin(&start, Some(t0.clone())).unwrap();
+            story.hear(
+                &Event::AttemptStart {
+                    attempt: 1,
+                    gpu: serde_json::Value::Null,
+                    argv: vec![],
+                    env: Default::default(),
+                    settings: Knobs::new(),
+                    global_batch: None,
+                    resume: None,
+                    files: vec![],
+                },
+                Some(t0.clone()),
+            );
+            let s = Status::of(dir, &story, parse_time(&t0).unwrap(), None);
+            assert_eq!(s.state, State::Running);
+            s.step_reached
+        };
+        let every = |n| progress::Logging {
+            every: n,
+            first_step: false,
+        };
+        assert_eq!(step(Some(every(5))), Some(15));
+        assert_eq!(step(Some(every(1))), Some(3));
+        assert_eq!(
+            step(None),
+            None,
+            "an older journal: the flags name no interval"
+        );
+    }
+
     /// A journal: `run_start`, then an attempt per outcome, then `run_end`
     /// with `code` (none: still going), written by a supervisor that is alive
     /// (this process) or gone.
