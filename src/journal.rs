@@ -204,9 +204,6 @@ pub struct AttemptRecord {
     pub evidence: Option<Evidence>,
     /// Whose memory caused the OOM, when another tenant's did.
     pub foreign: Option<String>,
-    /// What oomguard added that the command refused, and the knob dropped for it
-    /// ("--gradient_accumulation_steps (grad_accum)"), when it did.
-    pub refused: Option<String>,
     pub next: Next,
 }
 
@@ -304,11 +301,11 @@ impl End<'_> {
                 _ => {}
             }
         }
-        for a in self.attempts {
+        for a in &self.story.attempts {
             if let Some(what) = &a.refused {
                 out.push_str(&format!(
                     "  attempt {}: the command refused {what}, which oomguard added → dropped, not counted as the run's failure\n",
-                    a.n
+                    a.start.attempt
                 ));
             }
         }
@@ -546,7 +543,6 @@ mod tests {
             duration: Duration::from_secs(2),
             evidence: Some(oom.clone()),
             foreign: foreign.map(String::from),
-            refused: None,
             next,
         };
         let attempts = [

@@ -156,6 +156,9 @@ pub struct Attempt {
     pub end: Option<AttemptEnd>,
     pub lost: Option<WorkLost>,
     pub decision: Option<Decision>,
+    /// What oomguard added that the command refused, and the knob dropped for
+    /// it ("--gradient_accumulation_steps (grad_accum)"), when it did.
+    pub refused: Option<String>,
 }
 
 /// One run: its start and what followed, in order.
@@ -294,6 +297,7 @@ impl Story {
                 end: None,
                 lost: None,
                 decision: None,
+                refused: None,
             });
             return;
         }
@@ -431,6 +435,7 @@ impl Story {
                     resume_step: *resume_step,
                 })
             }
+            Event::Refused { knob, added, .. } => a.refused = Some(format!("{added} ({knob})")),
             Event::RetrySameSettings(r) => {
                 a.decision = Some(Decision {
                     attempt: r.attempt,

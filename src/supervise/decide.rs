@@ -634,7 +634,6 @@ impl<'c> Run<'c> {
         code: i32,
     ) -> Flow {
         let n = rec.n;
-        rec.refused = Some(format!("{added} ({knob})"));
         if !self.dropped.contains(&knob) {
             self.dropped.push(knob);
         }

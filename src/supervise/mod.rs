@@ -342,7 +342,6 @@ impl<'c> Run<'c> {
             duration: report.duration,
             evidence: None,
             foreign: None,
-            refused: None,
             next: Next::Stop,
         };
         let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
