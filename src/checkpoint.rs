@@ -2,7 +2,10 @@
 //!
 //! Theory of operation: a family (`frameworks`) or a policy's `[resume]`
 //! table says where a command keeps its checkpoints — one of the layouts of
-//! [`Kind`] — and how it is told to resume. When the run starts, a
+//! [`Kind`]: a family's [`Format`], which lives in the family's file with its
+//! candidates and completeness check, or a custom one — and how it is told to
+//! resume. This module keeps what the formats share: the generic checks below
+//! and [`find`]. When the run starts, a
 //! [`Baseline`] records the candidates already there. `find` lists the
 //! candidates newest first, ignores those this run did not write (there at
 //! the start and unchanged, or last written before it), and takes the first
@@ -195,16 +198,65 @@ pub enum ResumeHow {
     Automatic,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "snake_case")]
+/// A checkpoint format: where a family's checkpoints are under its root and when one is
+/// complete. Each family's lives in its file under `frameworks/` (its `CHECKPOINTS`);
+/// this module keeps what they share: the generic checks (a zip directory, safetensors,
+/// a sharded index, temporaries, markers) and [`find`].
+#[derive(Debug)]
+pub struct Format {
+    /// Its name in serialized layouts (`hugging_face`).
+    pub id: &'static str,
+    /// How plan names the layout.
+    pub label: &'static str,
+    /// The candidates under the root, newest first, and the newer ones the format's
+    /// own "latest" marker already rules out.
+    pub candidates: fn(&Path) -> (Vec<Checkpoint>, Vec<Skipped>),
+    /// Why the candidate (second) under the root (first) is not complete, or Ok.
+    pub complete: fn(&Path, &Path) -> Result<(), String>,
+    /// The candidates' numbers are training steps (one beyond the step the run reached
+    /// is another run's); false where they are times or epochs.
+    pub stepped: bool,
+    /// The step a candidate records of itself, where it does (the Trainer's
+    /// `trainer_state.json`); else its number stands.
+    pub recorded_step: Option<fn(&Path) -> Option<u64>>,
+    /// A candidate the trainer saves beside the announced ones without announcing it
+    /// (Lightning's `last.ckpt`).
+    pub unannounced: fn(&Path) -> bool,
+}
+
+impl PartialEq for Format {
+    fn eq(&self, other: &Format) -> bool {
+        self.id == other.id
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub enum Kind {
-    HuggingFace,
-    DeepSpeed,
-    Megatron,
-    Lightning,
-    Torchtune,
-    NanoGpt,
+    /// A family's format.
+    Format(&'static Format),
+    /// A policy's `[resume]` table (or a family that describes its layout as one).
     Custom(CustomSpec),
+}
+
+impl Kind {
+    /// The family's format; None for a custom layout.
+    pub fn format(&self) -> Option<&'static Format> {
+        match self {
+            Kind::Format(f) => Some(f),
+            Kind::Custom(_) => None,
+        }
+    }
+}
+
+/// Serialized as before the formats moved to their families: a family's format by its
+/// name (`"hugging_face"`), a custom one as `{"custom": {...}}`.
+impl Serialize for Kind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Kind::Format(f) => s.serialize_unit_variant("Kind", 0, f.id),
+            Kind::Custom(spec) => s.serialize_newtype_variant("Kind", 1, "custom", spec),
+        }
+    }
 }
 
 /// Where a command keeps its checkpoints and how it resumes from one.
@@ -220,12 +272,7 @@ pub struct Layout {
 impl Layout {
     pub fn name(&self) -> &str {
         match &self.kind {
-            Kind::HuggingFace => "hugging-face output_dir/checkpoint-N",
-            Kind::DeepSpeed => "deepspeed latest → global_stepN",
-            Kind::Megatron => "megatron latest_checkpointed_iteration.txt → iter_N",
-            Kind::Lightning => "lightning *.ckpt",
-            Kind::Torchtune => "torchtune output_dir with recipe_state.pt",
-            Kind::NanoGpt => "nanogpt out_dir/ckpt.pt",
+            Kind::Format(f) => f.label,
             Kind::Custom(spec) => spec
                 .label
                 .as_deref()
@@ -262,7 +309,7 @@ pub fn custom_layout(cmd: &Command, spec: &CustomSpec) -> Layout {
 
 // ---------------------------------------------------------------- completeness
 
-fn is_temporary(name: &str) -> bool {
+pub fn is_temporary(name: &str) -> bool {
     name.ends_with(".tmp")
         || name.starts_with("tmp-")
         || name.ends_with(".incomplete")
@@ -483,7 +530,7 @@ impl Baseline {
 
 /// `torch.save` writes a zip whose end-of-central-directory record comes last:
 /// a file cut mid-write lacks it.
-fn zip_complete(file: &Path) -> Result<(), String> {
+pub fn zip_complete(file: &Path) -> Result<(), String> {
     let (mut f, m) = crate::untrusted::open(file, crate::untrusted::Expect::any())
         .map_err(|e| format!("cannot open: {e}"))?;
     let len = m.len();
@@ -505,7 +552,7 @@ fn zip_complete(file: &Path) -> Result<(), String> {
     }
 }
 
-fn nonempty(p: &Path) -> Result<(), String> {
+pub fn nonempty(p: &Path) -> Result<(), String> {
     match fs::metadata(p) {
         Err(_) => Err(format!(
             "no {}",
@@ -519,7 +566,7 @@ fn nonempty(p: &Path) -> Result<(), String> {
     }
 }
 
-fn no_temporaries(dir: &Path) -> Result<(), String> {
+pub fn no_temporaries(dir: &Path) -> Result<(), String> {
     for e in fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if is_temporary(&name) {
@@ -531,7 +578,7 @@ fn no_temporaries(dir: &Path) -> Result<(), String> {
 
 /// Why an I/O error kept a file or folder from being read, in words
 /// ("permission denied", not "no such file" when the file is there).
-fn io_why(e: &std::io::Error) -> String {
+pub fn io_why(e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::PermissionDenied => "permission denied".into(),
         std::io::ErrorKind::NotFound => "not found".into(),
@@ -547,7 +594,7 @@ fn readable(dir: &Path) -> Result<(), String> {
 }
 
 /// `name` read from `dir`; a missing file is `missing`, another error says why.
-fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, String> {
+pub fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, String> {
     crate::untrusted::read(
         &dir.join(name),
         MAX_SMALL_FILE,
@@ -564,14 +611,14 @@ fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, String> {
 const MAX_SMALL_FILE: u64 = 64 << 20;
 
 /// A checkpoint's small text file (`latest`), read as [`read_in`] does.
-fn read_small(path: &Path) -> std::io::Result<String> {
+pub fn read_small(path: &Path) -> std::io::Result<String> {
     crate::untrusted::read(path, MAX_SMALL_FILE, crate::untrusted::Expect::any())
         .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 /// A file name inside a checkpoint folder, as an index or a `latest` tag
 /// writes it: one plain component, never a way out of the folder.
-fn plain_name(name: &str) -> bool {
+pub fn plain_name(name: &str) -> bool {
     !name.is_empty()
         && name != "."
         && name != ".."
@@ -586,7 +633,7 @@ const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
 
 /// Why a safetensors file is not whole, or Ok: an 8-byte little-endian header
 /// length, that many bytes of JSON header, and every tensor's bytes behind it.
-fn safetensors_complete(file: &Path) -> Result<(), String> {
+pub fn safetensors_complete(file: &Path) -> Result<(), String> {
     let name = file.file_name().unwrap_or_default().to_string_lossy();
     let (mut f, m) = crate::untrusted::open(file, crate::untrusted::Expect::any())
         .map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
@@ -634,7 +681,7 @@ fn safetensors_complete(file: &Path) -> Result<(), String> {
 
 /// Why a weights file is not whole, or Ok, by its kind: safetensors by its
 /// header, a `torch.save` file by its zip directory.
-fn weights_complete(file: &Path) -> Result<(), String> {
+pub fn weights_complete(file: &Path) -> Result<(), String> {
     let name = file.file_name().unwrap_or_default().to_string_lossy();
     if name.ends_with(".safetensors") {
         safetensors_complete(file)
@@ -646,7 +693,7 @@ fn weights_complete(file: &Path) -> Result<(), String> {
 /// Why a sharded checkpoint is not whole, or Ok: every shard the index's
 /// `weight_map` lists is in the folder and whole, and together they hold at
 /// least the index's `metadata.total_size` (tensor bytes; files add headers).
-fn index_complete(dir: &Path, index: &str) -> Result<(), String> {
+pub fn index_complete(dir: &Path, index: &str) -> Result<(), String> {
     let text = read_in(dir, index, &format!("no {index}"))?;
     let v: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|_| format!("{index} is not valid JSON (cut off mid-write?)"))?;
@@ -689,113 +736,7 @@ fn index_complete(dir: &Path, index: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The model weights a Hugging Face checkpoint may hold: sharded by an index,
-/// or single files.
-const HF_INDEXES: &[&str] = &[
-    "model.safetensors.index.json",
-    "pytorch_model.bin.index.json",
-    "adapter_model.safetensors.index.json",
-];
-const HF_WEIGHTS: &[&str] = &[
-    "model.safetensors",
-    "pytorch_model.bin",
-    "adapter_model.safetensors",
-    "adapter_model.bin",
-];
-
-/// Every weights file (or index) present is whole; `Ok(false)` when none is present.
-fn hf_weights(dir: &Path) -> Result<bool, String> {
-    let mut any = false;
-    for index in HF_INDEXES {
-        if fs::symlink_metadata(dir.join(index)).is_ok() {
-            index_complete(dir, index)?;
-            any = true;
-        }
-    }
-    for w in HF_WEIGHTS {
-        if fs::symlink_metadata(dir.join(w)).is_ok() {
-            weights_complete(&dir.join(w))?;
-            any = true;
-        }
-    }
-    Ok(any)
-}
-
-/// Why `dir` is not a complete Hugging Face checkpoint, or Ok.
-fn hf_complete(dir: &Path) -> Result<(), String> {
-    let text = read_in(
-        dir,
-        "trainer_state.json",
-        "no trainer_state.json (the Trainer writes it last)",
-    )?;
-    if text.is_empty() {
-        return Err("trainer_state.json is empty".into());
-    }
-    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&text) else {
-        return Err("trainer_state.json is not valid JSON (cut off mid-write?)".into());
-    };
-    if !state.get("global_step").is_some_and(|g| g.is_u64()) {
-        return Err(format!(
-            "trainer_state.json has no numeric global_step (it is {})",
-            match &state {
-                serde_json::Value::Object(_) => "an object without one",
-                serde_json::Value::Null => "null",
-                serde_json::Value::Array(_) => "a list",
-                _ => "not an object",
-            }
-        ));
-    }
-    no_temporaries(dir)?;
-    let weights = hf_weights(dir)?;
-    // With DeepSpeed the weights live in the global_stepN folder `latest` names.
-    match read_small(&dir.join("latest")) {
-        Ok(tag) => {
-            let tag = tag.trim();
-            if !plain_name(tag) {
-                return Err(format!(
-                    "`latest` names {tag:?}, which is not a folder name inside the checkpoint: not followed"
-                ));
-            }
-            ds_tag_complete(&dir.join(tag))
-        }
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(format!("cannot read latest: {}", io_why(&e)))
-        }
-        Err(_) if weights => Ok(()),
-        Err(_) => {
-            Err("no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into())
-        }
-    }
-}
-
-fn ds_tag_complete(sub: &Path) -> Result<(), String> {
-    let tag = sub.file_name().unwrap_or_default().to_string_lossy();
-    let entries: Vec<_> = match fs::read_dir(sub) {
-        Ok(rd) => rd.flatten().collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(format!("`latest` names {tag}, which does not exist"));
-        }
-        Err(e) => return Err(format!("cannot read {tag}: {}", io_why(&e))),
-    };
-    if entries.is_empty() {
-        return Err(format!("{tag} is empty"));
-    }
-    for e in &entries {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if is_temporary(&name) {
-            return Err(format!("{tag} holds a temporary file {name}"));
-        }
-        if e.metadata()
-            .map(|m| m.is_file() && m.len() == 0)
-            .unwrap_or(false)
-        {
-            return Err(format!("{tag}/{name} is empty"));
-        }
-    }
-    Ok(())
-}
-
-fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
+pub fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
     let mut out: Vec<Checkpoint> = fs::read_dir(root)
         .into_iter()
         .flatten()
@@ -826,37 +767,6 @@ fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
     out
 }
 
-/// Every `*.ckpt` under `root` (depth ≤ 5), newest first, `last.ckpt` before its peers.
-fn lightning_candidates(root: &Path) -> Vec<Checkpoint> {
-    let mut files: Vec<(SystemTime, bool, PathBuf)> = Vec::new();
-    let mut stack = vec![(root.to_path_buf(), 0)];
-    while let Some((d, depth)) = stack.pop() {
-        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            let Ok(md) = e.metadata() else { continue };
-            if md.is_dir() && depth < 5 {
-                stack.push((p, depth + 1));
-            } else if md.is_file() && p.extension().is_some_and(|x| x == "ckpt") {
-                let last = p
-                    .file_stem()
-                    .is_some_and(|s| s.to_string_lossy().starts_with("last"));
-                files.push((md.modified().unwrap_or(SystemTime::UNIX_EPOCH), last, p));
-            }
-        }
-    }
-    files.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
-    files
-        .into_iter()
-        .map(|(t, _, p)| Checkpoint {
-            step: t
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            path: p,
-        })
-        .collect()
-}
-
 /// Candidates newest first, each with its completeness check.
 type Check = Box<dyn Fn(&Path) -> Result<(), String>>;
 
@@ -865,29 +775,11 @@ type Check = Box<dyn Fn(&Path) -> Result<(), String>>;
 fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
     let root = &layout.root;
     match &layout.kind {
-        Kind::HuggingFace => (
-            numbered_dirs(root, "checkpoint-", ""),
-            Box::new(hf_complete),
-            Vec::new(),
-        ),
-        Kind::DeepSpeed => {
-            let (c, pre) = deepspeed_candidates(root);
-            (c, Box::new(ds_tag_complete), pre)
-        }
-        Kind::Megatron => {
-            let (c, pre) = megatron_candidates(root);
-            (c, Box::new(megatron_complete), pre)
-        }
-        Kind::Lightning => (
-            lightning_candidates(root),
-            Box::new(zip_complete),
-            Vec::new(),
-        ),
-        Kind::NanoGpt => (nanogpt_candidates(root), Box::new(zip_complete), Vec::new()),
-        Kind::Torchtune => {
-            let root2 = root.clone();
-            let check: Check = Box::new(move |p: &Path| torchtune_complete(&root2, p));
-            (torchtune_candidates(root), check, Vec::new())
+        Kind::Format(f) => {
+            let (c, pre) = (f.candidates)(root);
+            let (root2, complete) = (root.clone(), f.complete);
+            let check: Check = Box::new(move |p: &Path| complete(&root2, p));
+            (c, check, pre)
         }
         Kind::Custom(spec) => {
             let (pre_s, post_s) = spec
@@ -898,129 +790,6 @@ fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
             let check: Check = Box::new(move |p: &Path| custom_complete(&markers, p));
             (numbered_dirs(root, pre_s, post_s), check, Vec::new())
         }
-    }
-}
-
-/// DeepSpeed's global_stepN folders, newest first, and those newer than the
-/// tag `latest` names (not finished).
-fn deepspeed_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
-    let mut pre = Vec::new();
-    // `latest` names the newest tag; older global_stepN folders are fallbacks.
-    let mut c = numbered_dirs(root, "global_step", "");
-    if let Ok(tag) = read_small(&root.join("latest")) {
-        let tag = tag.trim().to_string();
-        if let Some(pos) = c
-            .iter()
-            .position(|x| x.path.file_name().is_some_and(|n| n == tag.as_str()))
-        {
-            let newer: Vec<Checkpoint> = c.drain(..pos).collect();
-            for n in newer {
-                pre.push(Skipped {
-                    path: n.path,
-                    kind: SkipKind::Incomplete,
-                    why: format!("newer than `latest` ({tag}): not finished"),
-                });
-            }
-        }
-    }
-    (c, pre)
-}
-
-/// Megatron's iter_N (and global_stepN) folders, newest first, and those newer
-/// than latest_checkpointed_iteration.txt (not finished).
-fn megatron_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
-    let mut pre = Vec::new();
-    let mut c = numbered_dirs(root, "iter_", "");
-    c.extend(numbered_dirs(root, "global_step", ""));
-    c.sort_by_key(|c| std::cmp::Reverse(c.step));
-    if let Ok(t) = read_small(&root.join("latest_checkpointed_iteration.txt"))
-        && let Ok(it) = t.trim().parse::<u64>()
-    {
-        let newer: Vec<Checkpoint> = c.iter().filter(|x| x.step > it).cloned().collect();
-        c.retain(|x| x.step <= it);
-        for n in newer {
-            pre.push(Skipped {
-                path: n.path,
-                kind: SkipKind::Incomplete,
-                why: format!("newer than latest_checkpointed_iteration.txt ({it}): not finished"),
-            });
-        }
-    }
-    (c, pre)
-}
-
-/// Why a Megatron iteration folder is not complete, or Ok: it holds `.pt`
-/// files (loose, or the first of each subfolder), loose ones non-empty, a
-/// subfolder's ending with a zip directory, and no temporary names.
-fn megatron_complete(p: &Path) -> Result<(), String> {
-    let mut any = false;
-    for e in fs::read_dir(p).into_iter().flatten().flatten() {
-        let sub = e.path();
-        if sub.is_dir() {
-            if let Some(f) = fs::read_dir(&sub)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .find(|f| f.path().extension().is_some_and(|x| x == "pt"))
-            {
-                zip_complete(&f.path()).map_err(|w| format!("{} {w}", f.path().display()))?;
-                any = true;
-            }
-        } else if sub.extension().is_some_and(|x| x == "pt") {
-            nonempty(&sub)?;
-            any = true;
-        }
-    }
-    if any {
-        no_temporaries(p)
-    } else {
-        Err("holds no .pt files".into())
-    }
-}
-
-/// nanoGPT's single `ckpt.pt`, if there is one.
-fn nanogpt_candidates(root: &Path) -> Vec<Checkpoint> {
-    let ckpt = root.join("ckpt.pt");
-    if ckpt.exists() {
-        vec![Checkpoint {
-            path: ckpt,
-            step: 0,
-        }]
-    } else {
-        Vec::new()
-    }
-}
-
-/// torchtune's epoch_N and step_N folders, newest first.
-fn torchtune_candidates(root: &Path) -> Vec<Checkpoint> {
-    let mut c = numbered_dirs(root, "epoch_", "");
-    c.extend(numbered_dirs(root, "step_", ""));
-    c.sort_by_key(|c| std::cmp::Reverse(c.step));
-    c
-}
-
-/// Why torchtune's folder `p` (under `root`) is not complete, or Ok: a
-/// complete recipe_state.pt, no temporaries, and non-empty model weights.
-fn torchtune_complete(root: &Path, p: &Path) -> Result<(), String> {
-    let rs = [
-        root.join("recipe_state").join("recipe_state.pt"),
-        root.join("recipe_state.pt"),
-        p.join("recipe_state.pt"),
-    ];
-    let Some(r) = rs.iter().find(|r| r.exists()) else {
-        return Err("no recipe_state.pt (the recipe writes it with every checkpoint)".into());
-    };
-    zip_complete(r).map_err(|w| format!("recipe_state.pt {w}"))?;
-    no_temporaries(p)?;
-    let has_weights = fs::read_dir(p).into_iter().flatten().flatten().any(|e| {
-        let n = e.file_name().to_string_lossy().into_owned();
-        (n.ends_with(".safetensors") || n.ends_with(".pt") || n.ends_with(".bin"))
-            && e.metadata().map(|m| m.len() > 0).unwrap_or(false)
-    });
-    if has_weights {
-        Ok(())
-    } else {
-        Err("no model weights".into())
     }
 }
 
@@ -1063,10 +832,8 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
     // know, leaves the step and time rules to decide).
     let announcing =
         !baseline.announced.is_empty() && cands.iter().any(|c| baseline.announced(&c.path));
-    let stepped = !matches!(
-        layout.kind,
-        Kind::Lightning | Kind::NanoGpt | Kind::Torchtune
-    );
+    let format = layout.kind.format();
+    let stepped = format.is_none_or(|f| f.stepped);
     for c in cands {
         // There at the start, or written before it: that says most (an older
         // experiment's), whatever its step.
@@ -1079,11 +846,7 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
             continue;
         }
         // Lightning's `last.ckpt` is saved beside the announced ones, unannounced.
-        let lightning_last = layout.kind == Kind::Lightning
-            && c.path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("last"));
+        let unannounced = format.is_some_and(|f| (f.unannounced)(&c.path));
         // A half-written save is said as such first: the trainer's own save
         // that ran out (a trainer may announce a save only once it is done).
         let readable_now = || {
@@ -1093,7 +856,7 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
                 Ok(())
             }
         };
-        if announcing && !lightning_last && !baseline.announced(&c.path) {
+        if announcing && !unannounced && !baseline.announced(&c.path) {
             if let Err(why) = readable_now().and_then(|()| check(&c.path)) {
                 skipped.push(Skipped::failed(c.path, why));
                 continue;
@@ -1106,8 +869,9 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
             continue;
         }
         if let Some(limit) = baseline.reached.filter(|_| stepped)
-            && let Some(step) = recorded_step(&c.path)
-                .filter(|_| layout.kind == Kind::HuggingFace)
+            && let Some(step) = format
+                .and_then(|f| f.recorded_step)
+                .and_then(|recorded| recorded(&c.path))
                 .or(Some(c.step))
                 .filter(|s| *s > limit)
         {
@@ -1176,6 +940,24 @@ pub fn written_at(p: &Path) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frameworks::{deepspeed, hf, lightning, megatron, nanogpt, torchtune};
+
+    /// A layout's kind serializes as it did when the formats were variants of `Kind`.
+    #[test]
+    fn a_kind_serializes_by_its_formats_name() {
+        let names = [
+            (&hf::CHECKPOINTS, "hugging_face"),
+            (&deepspeed::CHECKPOINTS, "deep_speed"),
+            (&megatron::CHECKPOINTS, "megatron"),
+            (&lightning::CHECKPOINTS, "lightning"),
+            (&torchtune::CHECKPOINTS, "torchtune"),
+            (&nanogpt::CHECKPOINTS, "nano_gpt"),
+        ];
+        for (format, name) in names {
+            let json = serde_json::to_string(&Kind::Format(format)).unwrap();
+            assert_eq!(json, format!("\"{name}\""));
+        }
+    }
 
     fn argv(s: &str) -> Command {
         let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
@@ -1262,7 +1044,7 @@ mod tests {
         hf_ckpt(&out, 20, Some(r#"{"global_st"#)); // cut mid-write
         fs::create_dir_all(out.join("checkpoint-x")).unwrap();
         let l = layout_for(&format!("python t.py --output_dir {}", out.display()));
-        assert_eq!(l.kind, Kind::HuggingFace);
+        assert_eq!(l.kind, Kind::Format(&hf::CHECKPOINTS));
         let f = find(&l, &Baseline::default(), Duration::ZERO);
         let latest = f.latest.unwrap();
         assert_eq!(latest.step, 10);
@@ -1341,7 +1123,7 @@ mod tests {
             root.display()
         );
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::Megatron);
+        assert_eq!(l.kind, Kind::Format(&megatron::CHECKPOINTS));
         assert_eq!(l.how, ResumeHow::Automatic);
         let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 500);
@@ -1368,7 +1150,7 @@ mod tests {
             root.display()
         );
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::DeepSpeed);
+        assert_eq!(l.kind, Kind::Format(&deepspeed::CHECKPOINTS));
         let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 200);
         assert!(f.skipped[0].why.contains("newer than `latest`"));
@@ -1387,7 +1169,7 @@ mod tests {
             t.path().display()
         );
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::Lightning);
+        assert_eq!(l.kind, Kind::Format(&lightning::CHECKPOINTS));
         let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert!(f.latest.unwrap().path.ends_with("epoch=0-step=100.ckpt"));
         assert!(f.skipped[0].path.ends_with("last.ckpt"));
@@ -1408,7 +1190,7 @@ mod tests {
         fs::write(out.join("ckpt.pt"), zip_bytes()).unwrap();
         let cmd = format!("python train.py {} --batch_size=12", cfg.display());
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::NanoGpt);
+        assert_eq!(l.kind, Kind::Format(&nanogpt::CHECKPOINTS));
         assert_eq!(l.root, out);
         assert!(
             find(&l, &Baseline::default(), Duration::ZERO)
@@ -1437,7 +1219,7 @@ mod tests {
             out.display()
         );
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::Torchtune);
+        assert_eq!(l.kind, Kind::Format(&torchtune::CHECKPOINTS));
         assert!(
             find(&l, &Baseline::default(), Duration::ZERO)
                 .latest
@@ -1537,27 +1319,27 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = t.path().join("checkpoint-5");
         hf_dir(&d, &[("model.safetensors", safetensors(4))]);
-        assert_eq!(hf_complete(&d), Ok(()));
+        assert_eq!(hf::complete(&d), Ok(()));
         // One byte: not even a header length.
         fs::write(d.join("model.safetensors"), b"x").unwrap();
-        let why = hf_complete(&d).unwrap_err();
+        let why = hf::complete(&d).unwrap_err();
         assert!(why.contains("model.safetensors"), "{why}");
         // A header length with fewer header bytes behind it.
         let mut cut = safetensors(4);
         cut.truncate(20);
         fs::write(d.join("model.safetensors"), &cut).unwrap();
-        assert!(hf_complete(&d).unwrap_err().contains("model.safetensors"));
+        assert!(hf::complete(&d).unwrap_err().contains("model.safetensors"));
         // The whole header, but the tensor data cut short.
         let mut cut = safetensors(4);
         cut.truncate(cut.len() - 3);
         fs::write(d.join("model.safetensors"), &cut).unwrap();
-        assert!(hf_complete(&d).unwrap_err().contains("cut off"));
+        assert!(hf::complete(&d).unwrap_err().contains("cut off"));
         // A pytorch_model.bin must end with its zip directory.
         fs::remove_file(d.join("model.safetensors")).unwrap();
         fs::write(d.join("pytorch_model.bin"), b"x").unwrap();
-        assert!(hf_complete(&d).unwrap_err().contains("pytorch_model.bin"));
+        assert!(hf::complete(&d).unwrap_err().contains("pytorch_model.bin"));
         fs::write(d.join("pytorch_model.bin"), zip_bytes()).unwrap();
-        assert_eq!(hf_complete(&d), Ok(()));
+        assert_eq!(hf::complete(&d), Ok(()));
     }
 
     #[test]
@@ -1573,11 +1355,11 @@ mod tests {
             r#"{"global_step": "5"}"#,
         ] {
             fs::write(d.join("trainer_state.json"), bad).unwrap();
-            let why = hf_complete(&d).unwrap_err();
+            let why = hf::complete(&d).unwrap_err();
             assert!(why.contains("global_step"), "{bad}: {why}");
         }
         fs::write(d.join("trainer_state.json"), r#"{"global_step": 0}"#).unwrap();
-        assert_eq!(hf_complete(&d), Ok(()));
+        assert_eq!(hf::complete(&d), Ok(()));
     }
 
     #[test]
@@ -1598,17 +1380,17 @@ mod tests {
             ],
         );
         // A listed shard is missing.
-        let why = hf_complete(&d).unwrap_err();
+        let why = hf::complete(&d).unwrap_err();
         assert!(why.contains("model-00002-of-00002.safetensors"), "{why}");
         fs::write(d.join("model-00002-of-00002.safetensors"), &b).unwrap();
-        assert_eq!(hf_complete(&d), Ok(()));
+        assert_eq!(hf::complete(&d), Ok(()));
         // The shards hold less than the index's total_size.
         fs::write(d.join("model.safetensors.index.json"), index(1 << 20)).unwrap();
-        assert!(hf_complete(&d).unwrap_err().contains("total_size"));
+        assert!(hf::complete(&d).unwrap_err().contains("total_size"));
         // A shard of one byte.
         fs::write(d.join("model.safetensors.index.json"), index(64)).unwrap();
         fs::write(d.join("model-00002-of-00002.safetensors"), b"x").unwrap();
-        assert!(hf_complete(&d).is_err());
+        assert!(hf::complete(&d).is_err());
         // The same for pytorch_model.bin.index.json with zip shards.
         let e = t.path().join("checkpoint-6");
         let z = zip_bytes();
@@ -1627,19 +1409,19 @@ mod tests {
             ],
         );
         assert!(
-            hf_complete(&e)
+            hf::complete(&e)
                 .unwrap_err()
                 .contains("pytorch_model-00002-of-00002.bin")
         );
         fs::write(e.join("pytorch_model-00002-of-00002.bin"), &z).unwrap();
-        assert_eq!(hf_complete(&e), Ok(()));
+        assert_eq!(hf::complete(&e), Ok(()));
         // An index naming a shard outside the folder is not followed.
         fs::write(
             e.join("pytorch_model.bin.index.json"),
             r#"{"metadata": {"total_size": 1}, "weight_map": {"a": "../checkpoint-5/model-00001-of-00002.safetensors"}}"#,
         )
         .unwrap();
-        assert!(hf_complete(&e).is_err());
+        assert!(hf::complete(&e).is_err());
     }
 
     #[test]
@@ -1653,13 +1435,13 @@ mod tests {
         fs::write(t.path().join("elsewhere/mp_rank_00_model_states.pt"), b"x").unwrap();
         for tag in ["../../elsewhere", "../../..", "/etc", ".", ""] {
             fs::write(d.join("latest"), tag).unwrap();
-            let why = hf_complete(&d).unwrap_err();
+            let why = hf::complete(&d).unwrap_err();
             assert!(why.contains("not a folder name"), "{tag:?}: {why}");
         }
         fs::create_dir_all(d.join("global_step10")).unwrap();
         fs::write(d.join("global_step10/mp_rank_00_model_states.pt"), b"x").unwrap();
         fs::write(d.join("latest"), "global_step10\n").unwrap();
-        assert_eq!(hf_complete(&d), Ok(()));
+        assert_eq!(hf::complete(&d), Ok(()));
     }
 
     #[test]

@@ -21,18 +21,18 @@ use crate::files::{Doc, Scalar};
 use crate::settings::{Knob, Offload, Value, World};
 
 pub mod accelerate;
-mod deepspeed;
-mod hf;
+pub mod deepspeed;
+pub mod hf;
 mod hydra;
 pub mod launchers;
-mod lightning;
+pub mod lightning;
 mod litgpt;
-mod megatron;
-mod nanogpt;
+pub mod megatron;
+pub mod nanogpt;
 mod oumi;
 mod recipes;
 mod torchtitan;
-mod torchtune;
+pub mod torchtune;
 
 /// Spellings per knob.
 pub type Spellings = &'static [(Knob, &'static [&'static str])];

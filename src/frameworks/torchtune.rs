@@ -4,10 +4,13 @@
 //! Checkpoints are `epoch_N/` folders with `recipe_state.pt`, resumed with
 //! `resume_from_checkpoint=True`.
 
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use super::{Ctx, Env, Family};
-use crate::checkpoint::{Kind, Layout, ResumeHow};
+use crate::checkpoint::{
+    Checkpoint, Format, Kind, Layout, ResumeHow, no_temporaries, numbered_dirs, zip_complete,
+};
 use crate::command::Command;
 use crate::settings::{Knob, World};
 
@@ -51,7 +54,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         .override_value(&["output_dir", "checkpointer.output_dir"])
         .or(ctx.recipe_output_dir)?;
     Some(Layout {
-        kind: Kind::Torchtune,
+        kind: Kind::Format(&CHECKPOINTS),
         root: PathBuf::from(root),
         how: ResumeHow::Override {
             key: "resume_from_checkpoint".into(),
@@ -139,3 +142,49 @@ pub static FAMILY: Family = Family {
     world,
     ..Family::NONE
 };
+
+// ---------------------------------------------------------------- checkpoints
+
+/// torchtune checkpoints: `epoch_N` / `step_N` folders with a `recipe_state.pt`.
+pub static CHECKPOINTS: Format = Format {
+    id: "torchtune",
+    label: "torchtune output_dir with recipe_state.pt",
+    candidates: |root| (candidates(root), Vec::new()),
+    complete,
+    stepped: false,
+    recorded_step: None,
+    unannounced: |_| false,
+};
+
+/// torchtune's epoch_N and step_N folders, newest first.
+fn candidates(root: &Path) -> Vec<Checkpoint> {
+    let mut c = numbered_dirs(root, "epoch_", "");
+    c.extend(numbered_dirs(root, "step_", ""));
+    c.sort_by_key(|c| std::cmp::Reverse(c.step));
+    c
+}
+
+/// Why torchtune's folder `p` (under `root`) is not complete, or Ok: a
+/// complete recipe_state.pt, no temporaries, and non-empty model weights.
+fn complete(root: &Path, p: &Path) -> Result<(), String> {
+    let rs = [
+        root.join("recipe_state").join("recipe_state.pt"),
+        root.join("recipe_state.pt"),
+        p.join("recipe_state.pt"),
+    ];
+    let Some(r) = rs.iter().find(|r| r.exists()) else {
+        return Err("no recipe_state.pt (the recipe writes it with every checkpoint)".into());
+    };
+    zip_complete(r).map_err(|w| format!("recipe_state.pt {w}"))?;
+    no_temporaries(p)?;
+    let has_weights = fs::read_dir(p).into_iter().flatten().flatten().any(|e| {
+        let n = e.file_name().to_string_lossy().into_owned();
+        (n.ends_with(".safetensors") || n.ends_with(".pt") || n.ends_with(".bin"))
+            && e.metadata().map(|m| m.len() > 0).unwrap_or(false)
+    });
+    if has_weights {
+        Ok(())
+    } else {
+        Err("no model weights".into())
+    }
+}
