@@ -54,13 +54,54 @@ pub struct Skipped {
 impl Skipped {
     /// A candidate the layout's checks turned down: unreadable when it could
     /// not be read, else incomplete.
-    fn failed(path: PathBuf, why: String) -> Skipped {
-        let kind = if why.starts_with("cannot read") {
-            SkipKind::Unreadable
-        } else {
-            SkipKind::Incomplete
+    fn failed(path: PathBuf, why: NotComplete) -> Skipped {
+        let kind = match why {
+            NotComplete::Unreadable { .. } => SkipKind::Unreadable,
+            NotComplete::Incomplete(_) => SkipKind::Incomplete,
         };
-        Skipped { path, kind, why }
+        Skipped {
+            path,
+            kind,
+            why: why.to_string(),
+        }
+    }
+}
+
+/// Why a candidate is not a checkpoint to resume from, as a format's checks say it.
+/// The journal counts the two apart ([`SkipKind`]); the words are the check's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotComplete {
+    /// oomguard may not read it, or a file in it: "cannot read latest: permission denied".
+    #[error("cannot read{}: {why}", what.as_deref().map(|w| format!(" {w}")).unwrap_or_default())]
+    Unreadable {
+        /// The file, where it is not the candidate itself.
+        what: Option<String>,
+        why: String,
+    },
+    /// Not whole by the format's checks: what is missing, empty, cut off or temporary.
+    #[error("{0}")]
+    Incomplete(String),
+}
+
+impl NotComplete {
+    /// `what` (a file of the candidate) could not be read: `e` says why.
+    pub fn unreadable(what: impl Into<String>, e: &std::io::Error) -> NotComplete {
+        NotComplete::Unreadable {
+            what: Some(what.into()),
+            why: io_why(e),
+        }
+    }
+}
+
+impl From<String> for NotComplete {
+    fn from(why: String) -> NotComplete {
+        NotComplete::Incomplete(why)
+    }
+}
+
+impl From<&str> for NotComplete {
+    fn from(why: &str) -> NotComplete {
+        NotComplete::Incomplete(why.to_string())
     }
 }
 
@@ -212,7 +253,7 @@ pub struct Format {
     /// own "latest" marker already rules out.
     pub candidates: fn(&Path) -> (Vec<Checkpoint>, Vec<Skipped>),
     /// Why the candidate (second) under the root (first) is not complete, or Ok.
-    pub complete: fn(&Path, &Path) -> Result<(), String>,
+    pub complete: fn(&Path, &Path) -> Result<(), NotComplete>,
     /// The candidates' numbers are training steps (one beyond the step the run reached
     /// is another run's); false where they are times or epochs.
     pub stepped: bool,
@@ -530,7 +571,7 @@ impl Baseline {
 
 /// `torch.save` writes a zip whose end-of-central-directory record comes last:
 /// a file cut mid-write lacks it.
-pub fn zip_complete(file: &Path) -> Result<(), String> {
+pub fn zip_complete(file: &Path) -> Result<(), NotComplete> {
     let (mut f, m) = crate::untrusted::open(file, crate::untrusted::Expect::any())
         .map_err(|e| format!("cannot open: {e}"))?;
     let len = m.len();
@@ -552,25 +593,23 @@ pub fn zip_complete(file: &Path) -> Result<(), String> {
     }
 }
 
-pub fn nonempty(p: &Path) -> Result<(), String> {
+pub fn nonempty(p: &Path) -> Result<(), NotComplete> {
     match fs::metadata(p) {
-        Err(_) => Err(format!(
-            "no {}",
-            p.file_name().unwrap_or_default().to_string_lossy()
-        )),
+        Err(_) => Err(format!("no {}", p.file_name().unwrap_or_default().to_string_lossy()).into()),
         Ok(m) if m.len() == 0 => Err(format!(
             "{} is empty",
             p.file_name().unwrap_or_default().to_string_lossy()
-        )),
+        )
+        .into()),
         Ok(_) => Ok(()),
     }
 }
 
-pub fn no_temporaries(dir: &Path) -> Result<(), String> {
+pub fn no_temporaries(dir: &Path) -> Result<(), NotComplete> {
     for e in fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if is_temporary(&name) {
-            return Err(format!("holds a temporary file {name}"));
+            return Err(format!("holds a temporary file {name}").into());
         }
     }
     Ok(())
@@ -587,22 +626,25 @@ pub fn io_why(e: &std::io::Error) -> String {
 }
 
 /// Ok when `dir` can be listed; else "cannot read: permission denied".
-fn readable(dir: &Path) -> Result<(), String> {
+fn readable(dir: &Path) -> Result<(), NotComplete> {
     fs::read_dir(dir)
         .map(|_| ())
-        .map_err(|e| format!("cannot read: {}", io_why(&e)))
+        .map_err(|e| NotComplete::Unreadable {
+            what: None,
+            why: io_why(&e),
+        })
 }
 
 /// `name` read from `dir`; a missing file is `missing`, another error says why.
-pub fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, String> {
+pub fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, NotComplete> {
     crate::untrusted::read(
         &dir.join(name),
         MAX_SMALL_FILE,
         crate::untrusted::Expect::any(),
     )
     .map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => missing.to_string(),
-        _ => format!("cannot read {name}: {}", io_why(&e)),
+        std::io::ErrorKind::NotFound => missing.into(),
+        _ => NotComplete::unreadable(name, &e),
     })
 }
 
@@ -633,36 +675,31 @@ const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
 
 /// Why a safetensors file is not whole, or Ok: an 8-byte little-endian header
 /// length, that many bytes of JSON header, and every tensor's bytes behind it.
-pub fn safetensors_complete(file: &Path) -> Result<(), String> {
+pub fn safetensors_complete(file: &Path) -> Result<(), NotComplete> {
     let name = file.file_name().unwrap_or_default().to_string_lossy();
     let (mut f, m) = crate::untrusted::open(file, crate::untrusted::Expect::any())
-        .map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
+        .map_err(|e| NotComplete::unreadable(name.as_ref(), &e))?;
     let len = m.len();
     let mut n = [0u8; 8];
     if len < 8 || f.read_exact(&mut n).is_err() {
-        return Err(format!(
-            "{name} is {len} bytes, too short for a safetensors header"
-        ));
+        return Err(format!("{name} is {len} bytes, too short for a safetensors header").into());
     }
     let n = u64::from_le_bytes(n);
     if !(2..=SAFETENSORS_MAX_HEADER).contains(&n) {
-        return Err(format!(
-            "{name} is not a safetensors file (header length {n})"
-        ));
+        return Err(format!("{name} is not a safetensors file (header length {n})").into());
     }
     if len - 8 < n {
         return Err(format!(
             "{name} is cut off in its header ({len} bytes, the header alone needs {})",
             8 + n
-        ));
+        )
+        .into());
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header)
-        .map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
+        .map_err(|e| NotComplete::unreadable(name.as_ref(), &e))?;
     let Ok(serde_json::Value::Object(tensors)) = serde_json::from_slice(&header) else {
-        return Err(format!(
-            "{name} has a safetensors header that is not a JSON object"
-        ));
+        return Err(format!("{name} has a safetensors header that is not a JSON object").into());
     };
     let data_end = tensors
         .iter()
@@ -674,51 +711,53 @@ pub fn safetensors_complete(file: &Path) -> Result<(), String> {
         return Err(format!(
             "{name} is cut off: its tensors need {data_end} bytes of data, {} are there",
             len - 8 - n
-        ));
+        )
+        .into());
     }
     Ok(())
 }
 
 /// Why a weights file is not whole, or Ok, by its kind: safetensors by its
 /// header, a `torch.save` file by its zip directory.
-pub fn weights_complete(file: &Path) -> Result<(), String> {
+pub fn weights_complete(file: &Path) -> Result<(), NotComplete> {
     let name = file.file_name().unwrap_or_default().to_string_lossy();
     if name.ends_with(".safetensors") {
         safetensors_complete(file)
     } else {
-        zip_complete(file).map_err(|w| format!("{name} {w}"))
+        zip_complete(file).map_err(|w| format!("{name} {w}").into())
     }
 }
 
 /// Why a sharded checkpoint is not whole, or Ok: every shard the index's
 /// `weight_map` lists is in the folder and whole, and together they hold at
 /// least the index's `metadata.total_size` (tensor bytes; files add headers).
-pub fn index_complete(dir: &Path, index: &str) -> Result<(), String> {
+pub fn index_complete(dir: &Path, index: &str) -> Result<(), NotComplete> {
     let text = read_in(dir, index, &format!("no {index}"))?;
     let v: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|_| format!("{index} is not valid JSON (cut off mid-write?)"))?;
     let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
-        return Err(format!("{index} has no weight_map"));
+        return Err(format!("{index} has no weight_map").into());
     };
     let mut shards: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
     shards.sort_unstable();
     shards.dedup();
     if shards.is_empty() {
-        return Err(format!("{index} lists no shard files"));
+        return Err(format!("{index} lists no shard files").into());
     }
     let mut held = 0u64;
     for shard in shards {
         if !plain_name(shard) {
             return Err(format!(
                 "{index} lists {shard:?}, which is not a file name inside the checkpoint folder"
-            ));
+            )
+            .into());
         }
         let p = dir.join(shard);
         match fs::metadata(&p) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(format!("{index} lists {shard}, which is missing"));
+                return Err(format!("{index} lists {shard}, which is missing").into());
             }
-            Err(e) => return Err(format!("cannot read {shard}: {}", io_why(&e))),
+            Err(e) => return Err(NotComplete::unreadable(shard, &e)),
             Ok(m) => held += m.len(),
         }
         weights_complete(&p)?;
@@ -731,7 +770,8 @@ pub fn index_complete(dir: &Path, index: &str) -> Result<(), String> {
     if (held as f64) < total * 0.99 {
         return Err(format!(
             "its shards hold {held} bytes, less than {index}'s total_size {total}"
-        ));
+        )
+        .into());
     }
     Ok(())
 }
@@ -768,7 +808,7 @@ pub fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint>
 }
 
 /// Candidates newest first, each with its completeness check.
-type Check = Box<dyn Fn(&Path) -> Result<(), String>>;
+type Check = Box<dyn Fn(&Path) -> Result<(), NotComplete>>;
 
 /// The layout's candidates newest first, their check, and the newer ones
 /// already ruled out by the framework's own "latest" marker.
@@ -794,14 +834,14 @@ fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
 }
 
 /// Why a folder is not complete by a policy's `complete_when` markers, or Ok.
-fn custom_complete(markers: &[String], p: &Path) -> Result<(), String> {
+fn custom_complete(markers: &[String], p: &Path) -> Result<(), NotComplete> {
     for m in markers {
         // Policies are validated at load; a marker out of the folder is never followed.
         if Path::new(m)
             .components()
             .any(|c| !matches!(c, std::path::Component::Normal(_)))
         {
-            return Err(format!("{m:?} is not a file inside the checkpoint folder"));
+            return Err(format!("{m:?} is not a file inside the checkpoint folder").into());
         }
         nonempty(&p.join(m))?;
     }
@@ -941,6 +981,11 @@ pub fn written_at(p: &Path) -> Option<SystemTime> {
 mod tests {
     use super::*;
     use crate::frameworks::{deepspeed, hf, lightning, megatron, nanogpt, torchtune};
+
+    /// The Hugging Face check, its reason as the journal writes it.
+    fn hf_complete(dir: &Path) -> Result<(), String> {
+        hf::complete(dir).map_err(|why| why.to_string())
+    }
 
     /// A layout's kind serializes as it did when the formats were variants of `Kind`.
     #[test]
@@ -1319,27 +1364,27 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = t.path().join("checkpoint-5");
         hf_dir(&d, &[("model.safetensors", safetensors(4))]);
-        assert_eq!(hf::complete(&d), Ok(()));
+        assert_eq!(hf_complete(&d), Ok(()));
         // One byte: not even a header length.
         fs::write(d.join("model.safetensors"), b"x").unwrap();
-        let why = hf::complete(&d).unwrap_err();
+        let why = hf_complete(&d).unwrap_err();
         assert!(why.contains("model.safetensors"), "{why}");
         // A header length with fewer header bytes behind it.
         let mut cut = safetensors(4);
         cut.truncate(20);
         fs::write(d.join("model.safetensors"), &cut).unwrap();
-        assert!(hf::complete(&d).unwrap_err().contains("model.safetensors"));
+        assert!(hf_complete(&d).unwrap_err().contains("model.safetensors"));
         // The whole header, but the tensor data cut short.
         let mut cut = safetensors(4);
         cut.truncate(cut.len() - 3);
         fs::write(d.join("model.safetensors"), &cut).unwrap();
-        assert!(hf::complete(&d).unwrap_err().contains("cut off"));
+        assert!(hf_complete(&d).unwrap_err().contains("cut off"));
         // A pytorch_model.bin must end with its zip directory.
         fs::remove_file(d.join("model.safetensors")).unwrap();
         fs::write(d.join("pytorch_model.bin"), b"x").unwrap();
-        assert!(hf::complete(&d).unwrap_err().contains("pytorch_model.bin"));
+        assert!(hf_complete(&d).unwrap_err().contains("pytorch_model.bin"));
         fs::write(d.join("pytorch_model.bin"), zip_bytes()).unwrap();
-        assert_eq!(hf::complete(&d), Ok(()));
+        assert_eq!(hf_complete(&d), Ok(()));
     }
 
     #[test]
@@ -1355,11 +1400,11 @@ mod tests {
             r#"{"global_step": "5"}"#,
         ] {
             fs::write(d.join("trainer_state.json"), bad).unwrap();
-            let why = hf::complete(&d).unwrap_err();
+            let why = hf_complete(&d).unwrap_err();
             assert!(why.contains("global_step"), "{bad}: {why}");
         }
         fs::write(d.join("trainer_state.json"), r#"{"global_step": 0}"#).unwrap();
-        assert_eq!(hf::complete(&d), Ok(()));
+        assert_eq!(hf_complete(&d), Ok(()));
     }
 
     #[test]
@@ -1380,17 +1425,17 @@ mod tests {
             ],
         );
         // A listed shard is missing.
-        let why = hf::complete(&d).unwrap_err();
+        let why = hf_complete(&d).unwrap_err();
         assert!(why.contains("model-00002-of-00002.safetensors"), "{why}");
         fs::write(d.join("model-00002-of-00002.safetensors"), &b).unwrap();
-        assert_eq!(hf::complete(&d), Ok(()));
+        assert_eq!(hf_complete(&d), Ok(()));
         // The shards hold less than the index's total_size.
         fs::write(d.join("model.safetensors.index.json"), index(1 << 20)).unwrap();
-        assert!(hf::complete(&d).unwrap_err().contains("total_size"));
+        assert!(hf_complete(&d).unwrap_err().contains("total_size"));
         // A shard of one byte.
         fs::write(d.join("model.safetensors.index.json"), index(64)).unwrap();
         fs::write(d.join("model-00002-of-00002.safetensors"), b"x").unwrap();
-        assert!(hf::complete(&d).is_err());
+        assert!(hf_complete(&d).is_err());
         // The same for pytorch_model.bin.index.json with zip shards.
         let e = t.path().join("checkpoint-6");
         let z = zip_bytes();
@@ -1409,19 +1454,19 @@ mod tests {
             ],
         );
         assert!(
-            hf::complete(&e)
+            hf_complete(&e)
                 .unwrap_err()
                 .contains("pytorch_model-00002-of-00002.bin")
         );
         fs::write(e.join("pytorch_model-00002-of-00002.bin"), &z).unwrap();
-        assert_eq!(hf::complete(&e), Ok(()));
+        assert_eq!(hf_complete(&e), Ok(()));
         // An index naming a shard outside the folder is not followed.
         fs::write(
             e.join("pytorch_model.bin.index.json"),
             r#"{"metadata": {"total_size": 1}, "weight_map": {"a": "../checkpoint-5/model-00001-of-00002.safetensors"}}"#,
         )
         .unwrap();
-        assert!(hf::complete(&e).is_err());
+        assert!(hf_complete(&e).is_err());
     }
 
     #[test]
@@ -1435,13 +1480,13 @@ mod tests {
         fs::write(t.path().join("elsewhere/mp_rank_00_model_states.pt"), b"x").unwrap();
         for tag in ["../../elsewhere", "../../..", "/etc", ".", ""] {
             fs::write(d.join("latest"), tag).unwrap();
-            let why = hf::complete(&d).unwrap_err();
+            let why = hf_complete(&d).unwrap_err();
             assert!(why.contains("not a folder name"), "{tag:?}: {why}");
         }
         fs::create_dir_all(d.join("global_step10")).unwrap();
         fs::write(d.join("global_step10/mp_rank_00_model_states.pt"), b"x").unwrap();
         fs::write(d.join("latest"), "global_step10\n").unwrap();
-        assert_eq!(hf::complete(&d), Ok(()));
+        assert_eq!(hf_complete(&d), Ok(()));
     }
 
     #[test]
@@ -1559,8 +1604,28 @@ mod tests {
         ];
         assert_eq!(kinds_text(&list), "1 unreadable, 2 incomplete");
         assert_eq!(
-            Skipped::failed("p".into(), "cannot read: permission denied".into()).kind,
+            Skipped::failed(
+                "p".into(),
+                NotComplete::Unreadable {
+                    what: None,
+                    why: "permission denied".into()
+                }
+            )
+            .kind,
             SkipKind::Unreadable
+        );
+        // The words are those the journal had when the reason was text.
+        let unreadable = |what: Option<&str>| NotComplete::Unreadable {
+            what: what.map(str::to_string),
+            why: "permission denied".into(),
+        };
+        assert_eq!(
+            unreadable(None).to_string(),
+            "cannot read: permission denied"
+        );
+        assert_eq!(
+            unreadable(Some("latest")).to_string(),
+            "cannot read latest: permission denied"
         );
     }
 

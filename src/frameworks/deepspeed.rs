@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::{AbsentValue, Family, FileKind, KeySpec};
 use crate::checkpoint::{
-    Checkpoint, Format, SkipKind, Skipped, io_why, is_temporary, numbered_dirs, read_small,
+    Checkpoint, Format, NotComplete, SkipKind, Skipped, is_temporary, numbered_dirs, read_small,
 };
 use crate::settings::Knob;
 
@@ -133,28 +133,28 @@ fn candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
 
 /// Why the tag folder `sub` (`global_stepN`) is not complete, or Ok: it exists, holds
 /// files, none of them empty or temporary.
-pub fn tag_complete(sub: &Path) -> Result<(), String> {
+pub fn tag_complete(sub: &Path) -> Result<(), NotComplete> {
     let tag = sub.file_name().unwrap_or_default().to_string_lossy();
     let entries: Vec<_> = match fs::read_dir(sub) {
         Ok(rd) => rd.flatten().collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(format!("`latest` names {tag}, which does not exist"));
+            return Err(format!("`latest` names {tag}, which does not exist").into());
         }
-        Err(e) => return Err(format!("cannot read {tag}: {}", io_why(&e))),
+        Err(e) => return Err(NotComplete::unreadable(tag, &e)),
     };
     if entries.is_empty() {
-        return Err(format!("{tag} is empty"));
+        return Err(format!("{tag} is empty").into());
     }
     for e in &entries {
         let name = e.file_name().to_string_lossy().into_owned();
         if is_temporary(&name) {
-            return Err(format!("{tag} holds a temporary file {name}"));
+            return Err(format!("{tag} holds a temporary file {name}").into());
         }
         if e.metadata()
             .map(|m| m.is_file() && m.len() == 0)
             .unwrap_or(false)
         {
-            return Err(format!("{tag}/{name} is empty"));
+            return Err(format!("{tag}/{name} is empty").into());
         }
     }
     Ok(())

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::{AbsentValue, Family};
 use crate::checkpoint::{
-    Format, Kind, Layout, ResumeHow, index_complete, io_why, no_temporaries, numbered_dirs,
+    Format, Kind, Layout, NotComplete, ResumeHow, index_complete, no_temporaries, numbered_dirs,
     plain_name, read_in, read_small, recorded_step, weights_complete,
 };
 use crate::command::Command;
@@ -226,7 +226,7 @@ const HF_WEIGHTS: &[&str] = &[
 ];
 
 /// Every weights file (or index) present is whole; `Ok(false)` when none is present.
-fn weights(dir: &Path) -> Result<bool, String> {
+fn weights(dir: &Path) -> Result<bool, NotComplete> {
     let mut any = false;
     for index in HF_INDEXES {
         if fs::symlink_metadata(dir.join(index)).is_ok() {
@@ -244,7 +244,7 @@ fn weights(dir: &Path) -> Result<bool, String> {
 }
 
 /// Why `dir` is not a complete Hugging Face checkpoint, or Ok.
-pub fn complete(dir: &Path) -> Result<(), String> {
+pub fn complete(dir: &Path) -> Result<(), NotComplete> {
     let text = read_in(
         dir,
         "trainer_state.json",
@@ -265,7 +265,8 @@ pub fn complete(dir: &Path) -> Result<(), String> {
                 serde_json::Value::Array(_) => "a list",
                 _ => "not an object",
             }
-        ));
+        )
+        .into());
     }
     no_temporaries(dir)?;
     let weights = weights(dir)?;
@@ -276,12 +277,12 @@ pub fn complete(dir: &Path) -> Result<(), String> {
             if !plain_name(tag) {
                 return Err(format!(
                     "`latest` names {tag:?}, which is not a folder name inside the checkpoint: not followed"
-                ));
+                ).into());
             }
             super::deepspeed::tag_complete(&dir.join(tag))
         }
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(format!("cannot read latest: {}", io_why(&e)))
+            Err(NotComplete::unreadable("latest", &e))
         }
         Err(_) if weights => Ok(()),
         Err(_) => {

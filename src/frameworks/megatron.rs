@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use super::{Ctx, Family};
 use crate::checkpoint::{
-    Checkpoint, Format, Kind, Layout, ResumeHow, SkipKind, Skipped, no_temporaries, nonempty,
-    numbered_dirs, read_small, zip_complete,
+    Checkpoint, Format, Kind, Layout, NotComplete, ResumeHow, SkipKind, Skipped, no_temporaries,
+    nonempty, numbered_dirs, read_small, zip_complete,
 };
 use crate::command::Command;
 use crate::settings::Knob;
@@ -89,7 +89,7 @@ fn candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
 /// Why a Megatron iteration folder is not complete, or Ok: it holds `.pt`
 /// files (loose, or the first of each subfolder), loose ones non-empty, a
 /// subfolder's ending with a zip directory, and no temporary names.
-fn complete(p: &Path) -> Result<(), String> {
+fn complete(p: &Path) -> Result<(), NotComplete> {
     let mut any = false;
     for e in fs::read_dir(p).into_iter().flatten().flatten() {
         let sub = e.path();

@@ -44,8 +44,22 @@ pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 /// points the tool at a changed copy.
 pub type DefaultConfig = (fn() -> Option<PathBuf>, &'static str);
 
-/// A packaged config named by name: the name, and its path or where it was looked for.
-pub type Packaged = (String, Result<PathBuf, String>);
+/// A packaged config named by name: the name, and its path or why it was not found.
+pub type Packaged = (String, Result<PathBuf, NotPackaged>);
+
+/// Why a config named by name was not found in the tool's installation (said with
+/// where it was looked for).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotPackaged {
+    #[error("no `tune` on PATH")]
+    NoTune,
+    #[error("{} does not name its Python", .0.display())]
+    NoPython(PathBuf),
+    #[error("no prefix above {}", .0.display())]
+    NoPrefix(PathBuf),
+    #[error("looked in {}", .0.join(", "))]
+    LookedIn(Vec<String>),
+}
 
 /// What a family's `layout` may read besides the command.
 pub struct Ctx<'a> {

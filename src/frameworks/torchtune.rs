@@ -7,9 +7,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{Ctx, Env, Family};
+use super::{Ctx, Env, Family, NotPackaged};
 use crate::checkpoint::{
-    Checkpoint, Format, Kind, Layout, ResumeHow, no_temporaries, numbered_dirs, zip_complete,
+    Checkpoint, Format, Kind, Layout, NotComplete, ResumeHow, no_temporaries, numbered_dirs,
+    zip_complete,
 };
 use crate::command::Command;
 use crate::settings::{Knob, World};
@@ -74,14 +75,14 @@ fn packaged_config(cmd: &Command, env: Env) -> Option<super::Packaged> {
     Some((name.to_string(), find_packaged(name, env)))
 }
 
-fn find_packaged(name: &str, env: Env) -> Result<PathBuf, String> {
+fn find_packaged(name: &str, env: Env) -> Result<PathBuf, NotPackaged> {
     let path = env("PATH").unwrap_or_default();
     let which = |prog: &str| {
         std::env::split_paths(&path)
             .map(|d| d.join(prog))
             .find(|p| p.is_file())
     };
-    let tune = which("tune").ok_or("no `tune` on PATH")?;
+    let tune = which("tune").ok_or(NotPackaged::NoTune)?;
     let first = crate::untrusted::read_config(&tune)
         .ok()
         .and_then(|t| t.lines().next().map(str::to_string))
@@ -92,12 +93,12 @@ fn find_packaged(name: &str, env: Env) -> Result<PathBuf, String> {
         Some(p) => Some(PathBuf::from(p)),
         None => None,
     }
-    .ok_or_else(|| format!("{} does not name its Python", tune.display()))?;
+    .ok_or_else(|| NotPackaged::NoPython(tune.clone()))?;
     // bin/python → the environment's prefix → lib/pythonX.Y/site-packages.
     let prefix = python
         .parent()
         .and_then(Path::parent)
-        .ok_or_else(|| format!("no prefix above {}", python.display()))?;
+        .ok_or_else(|| NotPackaged::NoPrefix(python.clone()))?;
     let file = format!("{name}.yaml");
     let mut looked = Vec::new();
     for lib in ["lib", "lib64"] {
@@ -125,7 +126,7 @@ fn find_packaged(name: &str, env: Env) -> Result<PathBuf, String> {
     if looked.is_empty() {
         looked.push(format!("{}/lib/python*/site-packages", prefix.display()));
     }
-    Err(format!("looked in {}", looked.join(", ")))
+    Err(NotPackaged::LookedIn(looked))
 }
 
 pub static FAMILY: Family = Family {
@@ -166,7 +167,7 @@ fn candidates(root: &Path) -> Vec<Checkpoint> {
 
 /// Why torchtune's folder `p` (under `root`) is not complete, or Ok: a
 /// complete recipe_state.pt, no temporaries, and non-empty model weights.
-fn complete(root: &Path, p: &Path) -> Result<(), String> {
+fn complete(root: &Path, p: &Path) -> Result<(), NotComplete> {
     let rs = [
         root.join("recipe_state").join("recipe_state.pt"),
         root.join("recipe_state.pt"),
