@@ -26,7 +26,8 @@
 //! | leader: a failure not its own OOM | wait for the copies' ends; a copy's OOM decides as a GPU OOM |
 //! | another tenant's memory (GPU OOM, not hung) | wait for it (bounded), then the same settings |
 //! | GPU OOM at --max-attempts | stop 75 |
-//! | OOM while loading / saving a checkpoint | retry once, then the phase's own step, then stop 75 |
+//! | OOM while loading a checkpoint | retry once, then offload the optimizer's state, then the parameters, then stop 75 |
+//! | OOM while saving a checkpoint | no gather on save, else retry once, then stop 75 |
 //! | OOM during evaluation | halve the evaluation batch |
 //! | GPU OOM (spike or steady) | the memory model's pick, else the policy's next step; none: stop 75 |
 //! | host OOM | undo a CPU offload oomguard made, else halve the DataLoader's workers, else stop |
@@ -629,7 +630,8 @@ enum PhaseFix {
 /// the allocator set against fragmentation (`retried`: that was done in this
 /// run); then offloading the optimizer's state, where the command has that
 /// setting (the policy's own offload step, its NVMe path included, else to
-/// CPU), so that it is loaded into host memory; then stop.
+/// CPU), so that it is loaded into host memory; then the parameters (ZeRO-3),
+/// where the command has that setting; then stop.
 fn after_load_oom(policy: &Policy, cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix {
     let how = ev.phase_how().unwrap_or("its traceback");
     if !retried {
@@ -639,26 +641,42 @@ fn after_load_oom(policy: &Policy, cur: &Settings, ev: &Evidence, retried: bool)
             ),
         };
     }
-    let step = policy
-        .steps
-        .iter()
-        .find(|s| s.kind == StepKind::OffloadOptimizer)
-        .cloned()
-        .unwrap_or(Step {
-            kind: StepKind::OffloadOptimizer,
-            min: 0,
-            factor: 0.5,
-            multiple_of: 1,
-            max: 0,
-            nvme_path: None,
-        });
-    if let Some((after, what)) = policy::offload_optimizer(&step, cur) {
+    // The policy's own offload step (its NVMe path included), else to CPU.
+    let step = |kind| {
+        policy
+            .steps
+            .iter()
+            .find(|s| s.kind == kind)
+            .cloned()
+            .unwrap_or(Step {
+                kind,
+                min: 0,
+                factor: 0.5,
+                multiple_of: 1,
+                max: 0,
+                nvme_path: None,
+            })
+    };
+    if let Some((after, what)) = policy::offload_optimizer(&step(StepKind::OffloadOptimizer), cur) {
         return PhaseFix::Step(Decision {
             step: StepKind::OffloadOptimizer,
             before: cur.clone(),
             after,
             reason: format!(
                 "{ev} ({how}), again after a retry at the same settings: {what}, so that its state is loaded into host memory; the batch is unchanged"
+            ),
+        });
+    }
+    // The optimizer's state offloaded (or not offloadable) and the load still
+    // overflows: the parameters too (ZeRO-3), so that the weights are loaded
+    // into host memory.
+    if let Some((after, what)) = policy::offload_param(&step(StepKind::OffloadParam), cur) {
+        return PhaseFix::Step(Decision {
+            step: StepKind::OffloadParam,
+            before: cur.clone(),
+            after,
+            reason: format!(
+                "{ev} ({how}), again after a retry at the same settings: {what}, so that the weights are loaded into host memory; the batch is unchanged"
             ),
         });
     }

@@ -171,13 +171,15 @@ pub fn ladder(
         settings: s.clone(),
         m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
     });
+    // Each relaunch after an assumed OOM is a rung, whichever rule of `next` made it.
     for v in assume(cfg, &assumed(None), cfg.max_attempts) {
         let Verdict::Relaunch {
-            settings,
-            because: Because::Ladder { decision, .. },
-            ..
+            settings, because, ..
         } = v
         else {
+            break;
+        };
+        let Some(decision) = because.decision().cloned() else {
             break;
         };
         let dir = cfg.attempt_dir(rungs.len() + 1);

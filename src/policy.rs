@@ -853,7 +853,7 @@ pub(crate) fn offload_optimizer(step: &Step, cur: &Settings) -> Option<(Settings
 }
 
 /// Offload the parameters (ZeRO stage 3 only), if not offloaded yet.
-fn offload_param(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
+pub(crate) fn offload_param(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let dev = cur.knobs.get(&Knob::OffloadParam)?.as_offload()?;
     let stage = cur.int(Knob::ZeroStage)?;

@@ -331,6 +331,19 @@ fn one_row_per_rule() {
         retried: vec![When::Loading],
         ..Case::at(s.clone())
     };
+    // ZeRO-3 with the optimizer's state offloaded, the parameters not.
+    let params_case = Case {
+        retried: vec![When::Loading],
+        ..Case::at(with(
+            with(
+                with(s.clone(), Knob::ZeroStage, Value::Int(3)),
+                Knob::OffloadOptimizer,
+                Value::Offload(Offload::Cpu),
+            ),
+            Knob::OffloadParam,
+            Value::Offload(Offload::None),
+        ))
+    };
     let last_refusing = Case {
         max_attempts: 2,
         ..Case {
@@ -428,6 +441,12 @@ fn one_row_per_rule() {
             &retried_case,
             gpu_oom(gpu(Some(0), Some(Phase::Loading)), false),
             "stop 75 phase_stop",
+        ),
+        (
+            "OOM while loading, retried, the optimizer offloaded: the parameters too",
+            &params_case,
+            gpu_oom(gpu(Some(0), Some(Phase::Loading)), false),
+            "relaunch phase_step: offload_param none→cpu",
         ),
         (
             "OOM while saving: no gather on save",
