@@ -26,7 +26,7 @@
 //! | leader: a failure not its own OOM | wait for the copies' ends; a copy's OOM decides as a GPU OOM |
 //! | another tenant's memory (GPU OOM, not hung) | wait for it (bounded), then the same settings |
 //! | GPU OOM at --max-attempts | stop 75 |
-//! | OOM while loading a checkpoint | retry once, then offload the optimizer's state, then the parameters, then stop 75 |
+//! | OOM while loading a checkpoint | retry once, then offload the optimizer's state, then (where the user offloads it) the parameters, then stop 75 |
 //! | OOM while saving a checkpoint | no gather on save, else retry once, then stop 75 |
 //! | OOM during evaluation | halve the evaluation batch |
 //! | GPU OOM (spike or steady) | the memory model's pick, else the policy's next step; none: stop 75 |
@@ -374,7 +374,11 @@ fn gpu_oom(h: &History, e: &Ended, r: &Rules) -> Verdict {
     match ev.when() {
         Some(when @ When::Loading) => {
             let retried = h.retried.contains(&when);
-            return phase(when, after_load_oom(&policy, h.settings, ev, retried), h);
+            return phase(
+                when,
+                after_load_oom(&policy, h.first, h.settings, ev, retried),
+                h,
+            );
         }
         Some(when @ When::Saving) => {
             let retried = h.retried.contains(&when);
@@ -630,9 +634,15 @@ enum PhaseFix {
 /// the allocator set against fragmentation (`retried`: that was done in this
 /// run); then offloading the optimizer's state, where the command has that
 /// setting (the policy's own offload step, its NVMe path included, else to
-/// CPU), so that it is loaded into host memory; then the parameters (ZeRO-3),
-/// where the command has that setting; then stop.
-fn after_load_oom(policy: &Policy, cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix {
+/// CPU), so that it is loaded into host memory; then, where the command as
+/// written offloads the optimizer's state, the parameters (ZeRO-3); then stop.
+fn after_load_oom(
+    policy: &Policy,
+    first: &Settings,
+    cur: &Settings,
+    ev: &Evidence,
+    retried: bool,
+) -> PhaseFix {
     let how = ev.phase_how().unwrap_or("its traceback");
     if !retried {
         return PhaseFix::Retry {
@@ -667,10 +677,18 @@ fn after_load_oom(policy: &Policy, cur: &Settings, ev: &Evidence, retried: bool)
             ),
         });
     }
-    // The optimizer's state offloaded (or not offloadable) and the load still
+    // The command as written offloads the optimizer's state and the load still
     // overflows: the parameters too (ZeRO-3), so that the weights are loaded
-    // into host memory.
-    if let Some((after, what)) = policy::offload_param(&step(StepKind::OffloadParam), cur) {
+    // into host memory. Only where the user chose offloading: a parameter
+    // offload slows every step more than any other change.
+    let user_offloads = first
+        .knobs
+        .get(&Knob::OffloadOptimizer)
+        .and_then(Value::as_offload)
+        .is_some_and(|o| *o != Offload::None);
+    if user_offloads
+        && let Some((after, what)) = policy::offload_param(&step(StepKind::OffloadParam), cur)
+    {
         return PhaseFix::Step(Decision {
             step: StepKind::OffloadParam,
             before: cur.clone(),

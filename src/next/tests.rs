@@ -331,7 +331,7 @@ fn one_row_per_rule() {
         retried: vec![When::Loading],
         ..Case::at(s.clone())
     };
-    // ZeRO-3 with the optimizer's state offloaded, the parameters not.
+    // ZeRO-3 with the optimizer's state offloaded as written, the parameters not.
     let params_case = Case {
         retried: vec![When::Loading],
         ..Case::at(with(
@@ -722,22 +722,22 @@ fn the_decision_per_phase() {
     let cases: Vec<(&str, PhaseFix, &str)> = vec![
         (
             "load, first",
-            after_load_oom(&p, &base, &load, false),
+            after_load_oom(&p, &base, &base, &load, false),
             "retry",
         ),
         (
             "load, retried, no offload knob",
-            after_load_oom(&p, &base, &load, true),
+            after_load_oom(&p, &base, &base, &load, true),
             "stop",
         ),
         (
             "load, retried, offload knob",
-            after_load_oom(&p, &offloadable, &load, true),
+            after_load_oom(&p, &offloadable, &offloadable, &load, true),
             "offload_optimizer",
         ),
         (
             "load, retried, offloaded",
-            after_load_oom(&p, &offloaded, &load, true),
+            after_load_oom(&p, &offloaded, &offloaded, &load, true),
             "stop",
         ),
         (
@@ -770,7 +770,7 @@ fn the_decision_per_phase() {
         assert_eq!(fix(got), want, "{what}");
     }
     // The reasons say when, and never a smaller batch.
-    let PhaseFix::Stop { why } = after_load_oom(&p, &base, &load, true) else {
+    let PhaseFix::Stop { why } = after_load_oom(&p, &base, &base, &load, true) else {
         panic!()
     };
     assert_eq!(
