@@ -252,7 +252,8 @@ pub enum Because {
         without: Settings,
         then: Refusal,
     },
-    /// Copy 0 of the job decided (a follower's verdict).
+    /// Copy 0 of the job decided: its verdict as carried out, published to the
+    /// other copies.
     Copy0,
 }
 

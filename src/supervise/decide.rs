@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::evidence::When;
-use crate::next::{EvalNot, Refusal, Resume};
+use crate::next::{EvalNot, Refusal};
 
 impl<'c> Run<'c> {
     /// The run so far, as `next` reads it (`n`: the attempt that ended).
@@ -72,9 +72,12 @@ impl<'c> Run<'c> {
                 self.say_stop(rec, ended, report, because);
                 ControlFlow::Break(code)
             }
+            // Where it resumes follows from why: a new checkpoint search after an
+            // OOM (`decide`, `retry_same`, `retry_foreign`), the same one after a
+            // refusal.
             Verdict::Relaunch {
                 settings,
-                resume,
+                resume: _,
                 because,
                 model,
             } => {
@@ -135,7 +138,6 @@ impl<'c> Run<'c> {
                     }
                     b => unreachable!("{b:?} is no relaunch's"),
                 }
-                debug_assert!(resume != Resume::Fresh);
                 self.settings = settings;
                 ControlFlow::Continue(())
             }

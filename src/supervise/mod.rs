@@ -738,15 +738,15 @@ impl<'c> Run<'c> {
                 v => break v,
             }
         };
-        let flow = self.carry_out(rec, &ended, verdict.clone(), report, started);
+        let flow = self.carry_out(rec, &ended, verdict, report, started);
         if let Some(job) = job.as_ref().filter(|j| j.leader()) {
             // What was carried out: the checkpoint every copy resumes from.
-            let done = match (&verdict, flow) {
-                (_, ControlFlow::Break(code)) => Verdict::Stop {
+            let done = match flow {
+                ControlFlow::Break(code) => Verdict::Stop {
                     code,
                     because: Because::Copy0,
                 },
-                (_, ControlFlow::Continue(())) => Verdict::Relaunch {
+                ControlFlow::Continue(()) => Verdict::Relaunch {
                     settings: self.settings.clone(),
                     resume: match &self.resume {
                         Some(r) => next::Resume::From(PathBuf::from(&r.path)),
