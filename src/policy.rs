@@ -1,5 +1,5 @@
-//! Policy: an ordered list of steps with floors, read from TOML, and the choice
-//! of the next decision after an OOM.
+//! Policy: an ordered list of steps with floors, read from TOML, what each step
+//! changes, and the ladder's next rung (which rule takes a step is `next`'s).
 //!
 //! Theory of operation: after every OOM the steps are tried in order and the
 //! first one that can still change the settings is taken. A step can change the
