@@ -183,6 +183,21 @@ pub enum EvalNot {
     AtOne,
 }
 
+/// Why no setting lowers a load's or a save's peak.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeakNot {
+    /// A load: the optimizer's state is already offloaded (there).
+    Offloaded(Offload),
+    /// A load: the optimizer's state cannot be offloaded at these settings.
+    NotOffloadable,
+    /// A load: the command has no optimizer offload setting.
+    NoOffloadSetting,
+    /// A save: the 16-bit gather is already off.
+    GatherOff,
+    /// A save: the command has no saving setting oomguard can change.
+    NoSavingSetting,
+}
+
 /// What a rejected addition leads to.
 #[derive(Debug, Clone)]
 pub enum Refusal {
@@ -220,9 +235,10 @@ pub enum Because {
     /// not be halved: `eval` says why).
     NothingLeft { eval: EvalNot },
     /// An OOM while loading or saving a checkpoint that nothing lowers.
-    PhaseStop { when: When, why: String },
-    /// The same settings once more after an OOM while loading or saving.
-    PhaseRetry { when: When, reason: String },
+    PhaseStop { when: When, not: PeakNot },
+    /// The same settings once more after an OOM while loading or saving (a
+    /// save's: why not its own setting).
+    PhaseRetry { when: When, not: Option<PeakNot> },
     /// The phase's own remedy (the optimizer offloaded for a load, no gather on save).
     PhaseStep { decision: Decision },
     /// A GPU OOM in training (a spike included): the memory model's pick or the
@@ -412,14 +428,14 @@ fn gpu_oom(h: &History, e: &Ended, r: &Rules) -> Verdict {
 
 fn phase(when: When, fix: PhaseFix, h: &History) -> Verdict {
     match fix {
-        PhaseFix::Retry { reason } => Verdict::Relaunch {
+        PhaseFix::Retry { not } => Verdict::Relaunch {
             settings: h.settings.clone(),
             resume: Resume::Newest,
-            because: Because::PhaseRetry { when, reason },
+            because: Because::PhaseRetry { when, not },
             model: None,
         },
         PhaseFix::Step(d) => relaunch(d, |decision| Because::PhaseStep { decision }),
-        PhaseFix::Stop { why } => stop(exit::EXHAUSTED, Because::PhaseStop { when, why }),
+        PhaseFix::Stop { not } => stop(exit::EXHAUSTED, Because::PhaseStop { when, not }),
     }
 }
 
@@ -622,11 +638,11 @@ fn halve_eval_batch(cur: &Settings, evidence: &Evidence) -> Result<Decision, Eva
 enum PhaseFix {
     /// The same settings once more, with the allocator set against
     /// fragmentation (`expandable_segments`).
-    Retry { reason: String },
+    Retry { not: Option<PeakNot> },
     /// A change that lowers the phase's own peak.
     Step(Decision),
     /// Nothing oomguard can change lowers it: stop, saying why.
-    Stop { why: String },
+    Stop { not: PeakNot },
 }
 
 /// After an OOM while loading a checkpoint (resuming: the optimizer's state
@@ -646,11 +662,7 @@ fn after_load_oom(
 ) -> PhaseFix {
     let how = ev.phase_how().unwrap_or("its traceback");
     if !retried {
-        return PhaseFix::Retry {
-            reason: format!(
-                "{ev} ({how}): a load's peak is transient and no smaller batch lowers it; the same settings once more, with the allocator set against fragmentation"
-            ),
-        };
+        return PhaseFix::Retry { not: None };
     }
     // The policy's own offload step (its NVMe path included), else to CPU.
     let step = |kind| {
@@ -699,15 +711,16 @@ fn after_load_oom(
             ),
         });
     }
-    let why = match cur.knobs.get(&Knob::OffloadOptimizer).and_then(Value::as_offload) {
-        Some(o) if *o != Offload::None => format!("the optimizer's state is already offloaded ({o})"),
-        Some(_) => "the optimizer's state cannot be offloaded at these settings (ZeRO stage 0 with more than one process)".into(),
-        None => "the command has no optimizer offload setting".into(),
-    };
     PhaseFix::Stop {
-        why: format!(
-            "{ev} ({how}), again after a retry at the same settings, and {why}: a smaller batch does not lower a load's peak"
-        ),
+        not: match cur
+            .knobs
+            .get(&Knob::OffloadOptimizer)
+            .and_then(Value::as_offload)
+        {
+            Some(o) if *o != Offload::None => PeakNot::Offloaded(o.clone()),
+            Some(_) => PeakNot::NotOffloadable,
+            None => PeakNot::NoOffloadSetting,
+        },
     }
 }
 
@@ -731,23 +744,17 @@ fn after_save_oom(cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix {
             ),
         });
     }
-    let why = match cur.bool(Knob::GatherOnSave) {
-        Some(_) => "the 16-bit gather is already off",
-        None => "the command has no saving setting oomguard can change",
+    let not = match cur.bool(Knob::GatherOnSave) {
+        Some(_) => PeakNot::GatherOff,
+        None => PeakNot::NoSavingSetting,
     };
     if !retried {
-        return PhaseFix::Retry {
-            reason: format!(
-                "{ev} ({how}), and {why}: a smaller batch does not lower a save's peak; the same settings once more, with the allocator set against fragmentation"
-            ),
-        };
+        return PhaseFix::Retry { not: Some(not) };
     }
-    PhaseFix::Stop {
-        why: format!(
-            "{ev} ({how}), again after a retry at the same settings, and {why}: a smaller batch does not lower a save's peak"
-        ),
-    }
+    PhaseFix::Stop { not }
 }
+
+pub mod words;
 
 #[cfg(test)]
 mod tests;

@@ -770,11 +770,15 @@ fn the_decision_per_phase() {
         assert_eq!(fix(got), want, "{what}");
     }
     // The reasons say when, and never a smaller batch.
-    let PhaseFix::Stop { why } = after_load_oom(&p, &base, &base, &load, true) else {
+    let PhaseFix::Stop { not } = after_load_oom(&p, &base, &base, &load, true) else {
         panic!()
     };
+    let because = Because::PhaseStop {
+        when: When::Loading,
+        not,
+    };
     assert_eq!(
-        why,
+        words::phase_reason(&because, &load).unwrap(),
         "OOM while loading a checkpoint (the traceback runs through f), again after a retry at the same settings, and the command has no optimizer offload setting: a smaller batch does not lower a load's peak"
     );
     // Training: the first step and the steady state are told apart by the

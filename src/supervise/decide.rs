@@ -95,7 +95,8 @@ impl<'c> Run<'c> {
                     Because::EvalBatch { decision } | Because::PhaseStep { decision, .. } => {
                         rec.next = self.decide(n, &ev, decision, started, oom_after);
                     }
-                    Because::PhaseRetry { when, reason } => {
+                    ref b @ Because::PhaseRetry { when, .. } => {
+                        let reason = next::words::phase_reason(b, &ev).unwrap_or_default();
                         self.retry_same(rec, &ev, when, reason);
                     }
                     Because::OffloadUndone { undone, decision } => {
@@ -262,7 +263,9 @@ impl<'c> Run<'c> {
                 }
                 self.nothing_left();
             }
-            Because::PhaseStop { when, why } => {
+            ref b @ Because::PhaseStop { when, .. } => {
+                let ev = ended.evidence.clone().unwrap_or_else(Evidence::assumed);
+                let why = next::words::phase_reason(b, &ev).unwrap_or_default();
                 eprintln!("oomguard: {why}; oomguard stops here");
                 let families = &self.cfg.disc.families;
                 let advice = if when == When::Loading {
