@@ -31,6 +31,7 @@ mod knobs;
 mod launch;
 mod liveness;
 mod memory;
+mod next;
 mod options;
 mod plan;
 mod policy;
