@@ -297,10 +297,7 @@ pub fn next(h: &History, e: &Ended, r: &Rules) -> Verdict {
     match &e.outcome {
         O::Success => return stop(exit::SUCCESS, Because::Success),
         O::Interrupted { signal } => {
-            return stop(
-                signal.exit_code(),
-                Because::Interrupted { signal: *signal },
-            );
+            return stop(signal.exit_code(), Because::Interrupted { signal: *signal });
         }
         // A follower never stops alone: a peer's OOM shows here as a peer's
         // failure (`Connection closed by peer`, a rendezvous or NCCL error).

@@ -131,7 +131,8 @@ pub fn changeable(cfg: &RunConfig) -> String {
 /// also told "bind it with --knob … (added when absent)".
 pub fn unbound_notes(cfg: &RunConfig) -> Vec<&str> {
     let mut seen: Vec<Knob> = Vec::new();
-    cfg.target.disc
+    cfg.target
+        .disc
         .notes
         .iter()
         .filter(|n| {
@@ -170,7 +171,13 @@ pub fn ladder(
     rungs.push(Rung {
         step: None,
         settings: s.clone(),
-        m: knobs::materialize(&cfg.opts.argv, &cfg.target.disc, &s, None, &cfg.attempt_dir(1))?,
+        m: knobs::materialize(
+            &cfg.opts.argv,
+            &cfg.target.disc,
+            &s,
+            None,
+            &cfg.attempt_dir(1),
+        )?,
     });
     // Each relaunch after an assumed OOM is a rung, whichever rule of `next` made it.
     for v in assume(cfg, &assumed(None), cfg.opts.max_attempts) {
@@ -867,17 +874,21 @@ fn stop_text(cfg: &RunConfig, load: bool) -> String {
 /// from the settings a run starts with, within --max-attempts.
 fn eval_oom_batches(cfg: &RunConfig) -> Vec<u64> {
     use crate::detect::phase::Phase;
-    assume(cfg, &assumed(Some(Phase::Evaluation)), cfg.opts.max_attempts)
-        .into_iter()
-        .map_while(|v| match v {
-            Verdict::Relaunch {
-                settings,
-                because: Because::EvalBatch { .. },
-                ..
-            } => settings.int(Knob::EvalBatch),
-            _ => None,
-        })
-        .collect()
+    assume(
+        cfg,
+        &assumed(Some(Phase::Evaluation)),
+        cfg.opts.max_attempts,
+    )
+    .into_iter()
+    .map_while(|v| match v {
+        Verdict::Relaunch {
+            settings,
+            because: Because::EvalBatch { .. },
+            ..
+        } => settings.int(Knob::EvalBatch),
+        _ => None,
+    })
+    .collect()
 }
 
 fn rung_json(r: &Rung) -> RungJson<'_> {

@@ -134,8 +134,7 @@ impl<'c> Run<'c> {
                 .iter()
                 .map(|(k, v)| (k.name().to_string(), v.clone()))
                 .collect(),
-            run_dir: std::path::absolute(&self.folder)
-                .unwrap_or_else(|_| self.folder.clone()),
+            run_dir: std::path::absolute(&self.folder).unwrap_or_else(|_| self.folder.clone()),
         };
         if let Err(e) = job::save_fitting(path, &f) {
             tracing::warn!("cannot keep the job's settings in {}: {e}", path.display());

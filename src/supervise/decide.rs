@@ -173,10 +173,8 @@ impl<'c> Run<'c> {
                 }
             }
             Because::Interrupted { signal } => {
-                self.term.info(&format!(
-                    "interrupted by {}; not relaunching",
-                    signal
-                ));
+                self.term
+                    .info(&format!("interrupted by {}; not relaunching", signal));
             }
             Because::NotAnOom => {
                 if let Outcome::Other { code, exit, why } = &ended.outcome {
@@ -396,7 +394,8 @@ impl<'c> Run<'c> {
     /// checkpoint it saved when that is later (a lower bound: it went on
     /// after saving). `None`: it cannot be told.
     pub(super) fn reached(&self, log: Option<&Path>, started: SystemTime) -> Option<Reached> {
-        let printed = log.and_then(|l| progress::read(l, self.cfg.target.logging, self.started_from()));
+        let printed =
+            log.and_then(|l| progress::read(l, self.cfg.target.logging, self.started_from()));
         // A checkpoint beyond what the output shows is not this attempt's.
         let res = self
             .resumer
@@ -440,10 +439,12 @@ impl<'c> Run<'c> {
     pub(super) fn host_oom_advice(&self, n: u32) -> String {
         let buffers = "reduce host-side buffers (load checkpoints with low_cpu_mem_usage or mmap, less CPU offload) or use a machine with more RAM";
         match self.settings.int(knobs::Knob::DataloaderWorkers) {
-            Some(w) if w > self.cfg.target.workers_floor && n >= self.cfg.opts.max_attempts => format!(
-                "{n} attempts made (--max-attempts {}), so the DataLoader's {w} workers are not halved again; {buffers}",
-                self.cfg.opts.max_attempts
-            ),
+            Some(w) if w > self.cfg.target.workers_floor && n >= self.cfg.opts.max_attempts => {
+                format!(
+                    "{n} attempts made (--max-attempts {}), so the DataLoader's {w} workers are not halved again; {buffers}",
+                    self.cfg.opts.max_attempts
+                )
+            }
             Some(0) => {
                 format!("the DataLoader already loads in the main process (0 workers); {buffers}")
             }

@@ -225,12 +225,7 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
 
 impl<'c> Run<'c> {
     /// `rungs`: how many attempts the policy's ladder has (1: nothing to change).
-    fn start(
-        cfg: &'c RunConfig,
-        live: Live,
-        rungs: usize,
-        term: Terminal,
-    ) -> Run<'c> {
+    fn start(cfg: &'c RunConfig, live: Live, rungs: usize, term: Terminal) -> Run<'c> {
         let Live {
             gw,
             job,
