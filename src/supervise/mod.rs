@@ -18,8 +18,10 @@
 //!
 //! The loop's state is one [`Run`]: the settings and resume point of the next
 //! attempt, and an [`AttemptRecord`] per attempt that ran (its outcome, its
-//! evidence, and what followed it). Everything else the end of the run reports
-//! (time lost, the table, tenant retries, work lost) is read from the records.
+//! evidence, and what followed it: the history `next` reads). What the end of
+//! the run reports (the table, each OOM's cause, tenant retries, the work and
+//! time lost, the command to rerun) is told by the story, from the events
+//! every listener hears (`report::summary`).
 //! One attempt goes through phases, one function each: prepare (materialize,
 //! journal), launch, ended (classify, journal), after (the verdict, carried out).
 
@@ -43,14 +45,15 @@ use crate::gpu::PeakReport;
 use crate::gpuwatch::GpuWatch;
 use crate::inplace::InPlace;
 use crate::job;
-use crate::journal::{self, AttemptRecord, Journal, Next};
+use crate::journal::{self, Journal};
 use crate::knobs::{self, Settings};
 use crate::launch;
-use crate::next::{self, Because, For, Peers, Role, Verdict};
+use crate::next::{self, AttemptRecord, Because, For, Next, Peers, Role, Verdict};
 use crate::plan;
 use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
 use crate::report::story::Story;
+use crate::report::summary::Summary;
 use crate::report::terminal::{Terminal, Verbosity};
 use crate::resume::{self, Resumer, Resumption};
 use crate::run_config::RunConfig;
@@ -59,6 +62,15 @@ use crate::run_folder::{self, RunDirError};
 /// How long a copy's ranks may go on after it heard that the job moved on before
 /// it stops them (see `job::Job::moved_on`).
 const JOB_END_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Time lost to attempts that did not succeed.
+fn lost(attempts: &[AttemptRecord]) -> Duration {
+    attempts
+        .iter()
+        .filter(|a| a.outcome != OutcomeKind::Success)
+        .map(|a| a.duration)
+        .sum()
+}
 
 /// The live services a run is handed: the GPU watch (`main` opened it), the
 /// job with its folder opened, the run folder made, and the in-place guard.
@@ -123,8 +135,9 @@ struct Run<'c> {
     kernel_unreadable_said: bool,
     /// The time lost to OOMs, stretch by stretch (the last may be open).
     setbacks: Vec<journal::Setback>,
-    /// The command line of the last attempt prepared.
-    last_command: Option<journal::LastCommand>,
+    /// The command line of the last attempt prepared (shell-quoted, with the
+    /// environment variables its knobs set in front).
+    last_command: Option<String>,
     /// What the attempt being run added to the command (see `knobs::added`): a
     /// refusal of one of them by the command's parser is oomguard's doing.
     added: Vec<(knobs::Knob, String)>,
@@ -421,7 +434,7 @@ impl<'c> Run<'c> {
             self.resumer.take_baseline();
         }
         let resume = self.resumer.next().map(|r| Path::new(&r.path));
-        self.last_command = Some(last_command(&cfg.opts.argv, &m, resume));
+        self.last_command = Some(last_command(&m));
         let start = attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
         self.emit(start);
         let started = SystemTime::now();
@@ -882,7 +895,7 @@ impl<'c> Run<'c> {
         if let Some(d) = self.scratch.take() {
             let _ = std::fs::remove_dir_all(&d);
         }
-        let lost = journal::lost(&self.attempts);
+        let lost = lost(&self.attempts);
         // A relaunch that had not got back when the run ended.
         let n = self.begun;
         if let Some(s) = self
@@ -908,16 +921,13 @@ impl<'c> Run<'c> {
             settings: events::knobs(&self.settings),
             time_lost_s: self.setbacks.iter().map(journal::Setback::counted).sum(),
             time_lost_complete: self.setbacks.iter().all(|s| s.state == SetbackState::Back),
-            last_command: self.last_command.as_ref().map(|c| c.line.clone()),
+            last_command: self.last_command.clone(),
         });
         for l in self.inplace.restore() {
             self.term.say(&l);
         }
         let path = self.j.path();
-        let end = journal::End {
-            first: &self.first,
-            last: &self.settings,
-            attempts: &self.attempts,
+        let summary = Summary {
             story: &self.story,
             journal: path.as_deref(),
             decided_by: self
@@ -925,15 +935,14 @@ impl<'c> Run<'c> {
                 .as_ref()
                 .filter(|j| !j.leader())
                 .map(|_| "copy 0 of the job"),
-            last_command: self.last_command.as_ref(),
         };
-        self.term.block(&end.summary());
+        self.term.block(&summary.text());
         if let Some(p) = self.gw.peak_summary() {
             self.term
                 .say(&format!("GPU memory of the last attempt: {p}"));
         }
         if let Some(line) =
-            progress::save_interval_advice(&end.losses(), self.cfg.target.layout.as_ref(), lost)
+            progress::save_interval_advice(&self.story.losses(), self.cfg.target.layout.as_ref(), lost)
         {
             self.term.block(&line);
         }
@@ -970,13 +979,8 @@ fn attempt_start(
 
 /// The command line attempt `m` runs, for the summary: shell-quoted, with the
 /// environment variables its knobs set (and the user's environment does not
-/// already hold) in front, the config copies it reads, the files edited in
-/// place, and the checkpoint it resumes from.
-fn last_command(
-    user: &[OsString],
-    m: &knobs::Materialized,
-    resume: Option<&Path>,
-) -> journal::LastCommand {
+/// already hold) in front.
+fn last_command(m: &knobs::Materialized) -> String {
     let env: Vec<String> = m
         .env
         .iter()
@@ -987,24 +991,7 @@ fn last_command(
     if !line.is_empty() {
         line.push(' ');
     }
-    line += &plan::shell_quote(&m.argv);
-    journal::LastCommand {
-        changed: !env.is_empty() || m.argv != user || !m.files.is_empty(),
-        line,
-        copies: m
-            .files
-            .iter()
-            .filter(|f| !f.in_place)
-            .map(|f| (f.original.clone(), f.dest.clone()))
-            .collect(),
-        in_place: m
-            .files
-            .iter()
-            .filter(|f| f.in_place)
-            .map(|f| f.dest.clone())
-            .collect(),
-        resume: resume.map(|p| p.display().to_string()),
-    }
+    line + &plan::shell_quote(&m.argv)
 }
 
 /// What a user must know before a night's run, at the default verbosity: what
