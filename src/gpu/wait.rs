@@ -238,7 +238,7 @@ pub fn wait_for_free(
         }
         if Instant::now() >= next_status {
             out(&format!(
-                "oomguard: waiting for {} free on GPU {}: {still}; waited {} of {}",
+                "waiting for {} free on GPU {}: {still}; waited {} of {}",
                 gib(bytes),
                 list(gpus),
                 fmt_duration(waited),

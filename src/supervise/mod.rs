@@ -54,7 +54,7 @@ use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
 use crate::report::story::Story;
 use crate::report::summary::Summary;
-use crate::report::terminal::{Terminal, Verbosity};
+use crate::report::terminal::{self, Terminal};
 use crate::resume::{self, Resumer, Resumption};
 use crate::run_config::RunConfig;
 use crate::run_folder::{self, RunDirError};
@@ -102,7 +102,7 @@ struct Run<'c> {
     /// private temporary folder, made once.
     scratch: Option<std::path::PathBuf>,
     /// The only writer of `oomguard:` lines.
-    term: Terminal,
+    term: &'static Terminal,
     /// The run's events, folded: what the end summary tells.
     story: Story,
     /// Added to every attempt's environment.
@@ -153,8 +153,8 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
     // The scanner's patterns are built while the first attempt starts, not at its first
     // OOM line (where the build delayed the hang timer's reaction).
     std::thread::spawn(crate::detect::warm);
-    // How much oomguard says is decided here, once.
-    let term = Terminal::stderr(Verbosity::of(cfg.opts.quiet, cfg.opts.verbose));
+    // How much oomguard says was decided once, by `main` (`--quiet`, `-v`).
+    let term = terminal::get();
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
     let rungs = match plan::ladder(cfg, None) {
@@ -238,7 +238,7 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
 
 impl<'c> Run<'c> {
     /// `rungs`: how many attempts the policy's ladder has (1: nothing to change).
-    fn start(cfg: &'c RunConfig, live: Live, rungs: usize, term: Terminal) -> Run<'c> {
+    fn start(cfg: &'c RunConfig, live: Live, rungs: usize, term: &'static Terminal) -> Run<'c> {
         let Live {
             gw,
             job,
@@ -274,7 +274,7 @@ impl<'c> Run<'c> {
         for w in &cfg.target.disc.warnings {
             term.warn(w);
         }
-        start_lines(cfg, &term, rungs);
+        start_lines(cfg, term, rungs);
         let (settings, remembered) = cfg.start_settings();
         if let Some(line) = remembered {
             term.info(&line);
@@ -874,7 +874,7 @@ impl<'c> Run<'c> {
             self.term.warn(&w);
         }
         self.story.on(at, &e);
-        self.term.on(at, &e);
+        self.term.hear(&e);
     }
 
     fn record_setback(&mut self, n: u32, s: &journal::Setback) {
@@ -941,9 +941,11 @@ impl<'c> Run<'c> {
             self.term
                 .say(&format!("GPU memory of the last attempt: {p}"));
         }
-        if let Some(line) =
-            progress::save_interval_advice(&self.story.losses(), self.cfg.target.layout.as_ref(), lost)
-        {
+        if let Some(line) = progress::save_interval_advice(
+            &self.story.losses(),
+            self.cfg.target.layout.as_ref(),
+            lost,
+        ) {
             self.term.block(&line);
         }
         code
