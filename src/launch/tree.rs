@@ -54,7 +54,22 @@ struct ProcInfo {
 }
 
 fn read_stat(pid: i32) -> Option<ProcInfo> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // One read into a buffer on the stack: a stat line is a few hundred bytes, and the
+    // fields read here (up to the 22nd) lie well within the first 1024; and `fs::read` of a /proc file (which says its size is 0) grows its
+    // buffer over five reads: this runs for every process of the machine, several times
+    // between an attempt's end and the next attempt's start.
+    let mut buf = [0u8; 1024];
+    let mut f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut len = 0;
+    while len < buf.len() {
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let stat = &buf[..len];
     // "pid (comm) S ppid pgrp ..."; comm may contain spaces and parentheses: split at the
     // last ')'.
     let close = stat.iter().rposition(|&b| b == b')')?;
