@@ -60,7 +60,7 @@ pub fn stdin_hint(reads_stdin: bool, stdin_is_terminal: bool) -> Option<&'static
 /// `oomguard diagnose [--json] [FILE|-]`: classify the file (or stdin when None or "-"),
 /// print the result to stdout. Returns 0 when it classified (any kind), 2 for an
 /// unreadable file (message on stderr naming the file and the OS error).
-pub fn diagnose_main(path: Option<&Path>, kernel_log: Option<&Path>, json: bool) -> i32 {
+pub(super) fn classify_file(path: Option<&Path>, kernel_log: Option<&Path>, json: bool) -> i32 {
     let stdin = path.is_none_or(|p| p.as_os_str() == "-");
     if let Some(hint) = stdin_hint(stdin, std::io::stdin().is_terminal()) {
         eprintln!("{hint}");
@@ -107,14 +107,14 @@ pub fn diagnose_main(path: Option<&Path>, kernel_log: Option<&Path>, json: bool)
 }
 
 /// `diagnose`, or its `--score DIR...` form.
-pub fn diagnose_cmd(
+pub fn diagnose_main(
     path: Option<&Path>,
     kernel_log: Option<&Path>,
     score: &[std::path::PathBuf],
     json: bool,
 ) -> i32 {
     if score.is_empty() {
-        diagnose_main(path, kernel_log, json)
+        classify_file(path, kernel_log, json)
     } else {
         score::score_main(score, json)
     }

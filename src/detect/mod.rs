@@ -106,7 +106,7 @@ pub mod scanner;
 pub mod score;
 pub mod wordings;
 
-pub use diagnose::{advice, diagnose_cmd};
+pub use diagnose::{advice, diagnose_main};
 pub use numbers::{OomNumbers, ProcessUse, format_size};
 pub use scanner::{Scanner, Stream, classify_log, warm};
 

@@ -310,10 +310,7 @@ impl Scanner {
     }
 
     /// Lines seen so far (an unterminated last line counts once `finish` has run).
-    #[allow(
-        dead_code,
-        reason = "part of the scanner's contract; for journal statistics"
-    )]
+    #[cfg(test)]
     pub fn lines_seen(&self) -> u64 {
         self.lines
     }
@@ -858,10 +855,6 @@ fn floor_boundary(s: &str, mut i: usize) -> usize {
 
 /// Classify a whole saved log (for `oomguard diagnose`). No failure found => Kind::NoFailure
 /// with an empty line; a non-OOM error => Kind::OtherFailure with that line.
-#[allow(
-    dead_code,
-    reason = "for callers holding a whole log; diagnose streams through Scanner instead"
-)]
 pub fn classify_log(bytes: &[u8]) -> Finding {
     let mut scanner = Scanner::new();
     scanner.feed(Stream::Out, bytes);

@@ -704,14 +704,14 @@ fn diagnose_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("train.log");
     std::fs::write(&log, own("own-gpu_old_cached.log")).unwrap();
-    assert_eq!(diagnose_main(Some(&log), None, true), 0);
-    assert_eq!(diagnose_main(Some(&log), None, false), 0);
+    assert_eq!(classify_file(Some(&log), None, true), 0);
+    assert_eq!(classify_file(Some(&log), None, false), 0);
     assert_eq!(
-        diagnose_main(Some(&dir.path().join("missing.log")), None, false),
+        classify_file(Some(&dir.path().join("missing.log")), None, false),
         crate::exit::USAGE
     );
     assert_eq!(
-        diagnose_main(Some(dir.path()), None, false),
+        classify_file(Some(dir.path()), None, false),
         crate::exit::USAGE,
         "a directory is unreadable"
     );
