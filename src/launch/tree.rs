@@ -61,7 +61,8 @@ fn read_stat(pid: i32) -> Option<ProcInfo> {
     let mut buf = [0u8; 1024];
     let mut f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
     let mut len = 0;
-    while len < buf.len() {
+    // The line ends with '\n': no read for the end of file after it.
+    while len < buf.len() && !buf[..len].ends_with(b"\n") {
         match f.read(&mut buf[len..]) {
             Ok(0) => break,
             Ok(n) => len += n,
@@ -111,14 +112,10 @@ pub(crate) fn group_alive(pgid: i32) -> bool {
         .any(|p| p.pgrp == pgid && !p.zombie)
 }
 
-/// Whether `/proc/PID/environ` holds the entry `needle`. `buf` and `carry` are the
-/// caller's, reused from one process to the next: every process of the machine is read
-/// on the paths from an attempt's end to the next attempt and to a hang's reaction, and
-/// a fresh zeroed 64 KiB buffer per process was a good part of that scan.
-fn has_marker(pid: i32, needle: &[u8], buf: &mut [u8], carry: &mut Vec<u8>) -> bool {
-    let Ok(mut f) = std::fs::File::open(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
+/// Whether the environment read from `f` (`/proc/PID/environ`) holds the entry `needle`.
+/// `buf` and `carry` are the caller's, reused from one process to the next (a fresh zeroed
+/// 64 KiB buffer per process was a good part of the scan).
+fn has_marker(mut f: std::fs::File, needle: &[u8], buf: &mut [u8], carry: &mut Vec<u8>) -> bool {
     carry.clear();
     // Bounded read: environments are small; a huge one is read in fixed chunks.
     loop {
@@ -160,10 +157,17 @@ pub(crate) fn marked_pids_born(marker: &str, born: Option<u64>) -> Vec<i32> {
     all_pids()
         .into_iter()
         .filter(|&pid| pid != me)
-        .filter(|&pid| {
-            read_stat(pid).is_some_and(|p| !p.zombie && born.is_none_or(|b| p.start >= b))
+        // Opening another user's (or another container's) environment is refused at
+        // once: the cheapest test first. Then its start time; then its environment.
+        .filter_map(|pid| {
+            let environ = std::fs::File::open(format!("/proc/{pid}/environ")).ok()?;
+            let young =
+                read_stat(pid).is_some_and(|p| !p.zombie && born.is_none_or(|b| p.start >= b));
+            young.then_some((pid, environ))
         })
-        .filter(|&pid| has_marker(pid, &needle, &mut buf, &mut carry))
+        .filter_map(|(pid, environ)| {
+            has_marker(environ, &needle, &mut buf, &mut carry).then_some(pid)
+        })
         // A process that died while being looked at is not alive.
         .filter(|&pid| read_stat(pid).is_some_and(|p| !p.zombie))
         .collect()
