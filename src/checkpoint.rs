@@ -826,9 +826,12 @@ fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
     out
 }
 
-/// Every `*.ckpt` under `root` (depth ≤ 5), newest first, `last.ckpt` before its peers.
+/// Every `*.ckpt` under `root` (depth ≤ 5), the latest step first (the
+/// `step=N` of Lightning's file name, else the `global_step` the file
+/// records), `last.ckpt` before its peers at the same step; files whose step
+/// cannot be told come after, newest first. The step is never the file's time.
 fn lightning_candidates(root: &Path) -> Vec<Checkpoint> {
-    let mut files: Vec<(SystemTime, bool, PathBuf)> = Vec::new();
+    let mut files: Vec<(u64, bool, SystemTime, PathBuf)> = Vec::new();
     let mut stack = vec![(root.to_path_buf(), 0)];
     while let Some((d, depth)) = stack.pop() {
         for e in fs::read_dir(&d).into_iter().flatten().flatten() {
@@ -837,24 +840,44 @@ fn lightning_candidates(root: &Path) -> Vec<Checkpoint> {
             if md.is_dir() && depth < 5 {
                 stack.push((p, depth + 1));
             } else if md.is_file() && p.extension().is_some_and(|x| x == "ckpt") {
-                let last = p
+                let stem = p
                     .file_stem()
-                    .is_some_and(|s| s.to_string_lossy().starts_with("last"));
-                files.push((md.modified().unwrap_or(SystemTime::UNIX_EPOCH), last, p));
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let last = stem.starts_with("last");
+                let step = lightning_name_step(&stem)
+                    .or_else(|| crate::torch_save::top_level_int(&p, "global_step"))
+                    .unwrap_or(0);
+                let t = md.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                files.push((step, last, t, p));
             }
         }
     }
-    files.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
-    files
+    files.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
+    // A file whose step cannot be told (cut off mid-write, a name without
+    // one) is tried first when it is newer than every file with a step, last
+    // otherwise: its check then says why it is passed over.
+    let newest_known = files.iter().filter(|f| f.0 > 0).map(|f| f.2).max();
+    let (mut unknown, known): (Vec<_>, Vec<_>) = files.into_iter().partition(|f| f.0 == 0);
+    unknown.sort_by(|a, b| b.2.cmp(&a.2));
+    let (newer, older): (Vec<_>, Vec<_>) = unknown
         .into_iter()
-        .map(|(t, _, p)| Checkpoint {
-            step: t
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            path: p,
-        })
+        .partition(|f| newest_known.is_none_or(|t| f.2 > t));
+    newer
+        .into_iter()
+        .chain(known)
+        .chain(older)
+        .map(|(step, _, _, path)| Checkpoint { path, step })
         .collect()
+}
+
+/// The `step=N` of a Lightning checkpoint's name (`epoch=0-step=40`,
+/// `model-step=40-val_loss=0.2`, `step40`), if it says one.
+fn lightning_name_step(stem: &str) -> Option<u64> {
+    let at = stem.find("step")?;
+    let rest = stem[at + 4..].trim_start_matches(['=', '_']);
+    let digits: &str = &rest[..rest.bytes().take_while(u8::is_ascii_digit).count()];
+    digits.parse().ok()
 }
 
 /// Candidates newest first, each with its completeness check.
@@ -982,10 +1005,9 @@ fn megatron_complete(p: &Path) -> Result<(), String> {
 fn nanogpt_candidates(root: &Path) -> Vec<Checkpoint> {
     let ckpt = root.join("ckpt.pt");
     if ckpt.exists() {
-        vec![Checkpoint {
-            path: ckpt,
-            step: 0,
-        }]
+        // train.py saves at the top of iteration `iter_num`: that many are done.
+        let step = crate::torch_save::top_level_int(&ckpt, "iter_num").unwrap_or(0);
+        vec![Checkpoint { path: ckpt, step }]
     } else {
         Vec::new()
     }

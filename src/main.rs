@@ -34,6 +34,7 @@ mod runfolder;
 mod settings;
 mod status;
 mod supervise;
+mod torch_save;
 mod untrusted;
 
 use std::ffi::OsString;

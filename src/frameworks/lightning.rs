@@ -1,26 +1,126 @@
-//! PyTorch Lightning: LightningCLI (`python cli.py fit --ckpt_path X`,
-//! `--trainer.accumulate_grad_batches N`) and lightning-hydra-template
-//! (`ckpt_path=X`); checkpoints are `*.ckpt` files under the root dir.
+//! PyTorch Lightning: LightningCLI (`python cli.py fit --config c.yaml
+//! --trainer.devices 2 --data.batch_size 8 --ckpt_path X`) and
+//! lightning-hydra-template (`ckpt_path=X`); checkpoints are `*.ckpt` files.
+//!
+//! Where Lightning puts them, by its own rules (first that applies):
+//! a `ModelCheckpoint`'s `dirpath` (in the `--config` YAML's
+//! `trainer.callbacks`, or `--trainer.callbacks.dirpath` /
+//! `--model_checkpoint.dirpath` on the command line); the logger's
+//! `save_dir` (then `NAME/version_N/checkpoints` under it); else
+//! `trainer.default_root_dir` (`lightning_logs/version_N/checkpoints` under
+//! it), which defaults to the working directory. The step of a checkpoint is
+//! its file name's `step=N`, else the `global_step` the file records (see
+//! `checkpoint`), never its time.
+//!
+//! Without an outer launcher Lightning starts its ranks itself:
+//! `trainer.devices` × `trainer.num_nodes` (devices as a count, a list or a
+//! `"0,1"` string; `auto`/`-1` mean every visible GPU, one process on the CPU).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use super::{Ctx, Family};
+use super::{Ctx, Env, Family};
 use crate::checkpoint::{Kind, Layout, ResumeHow};
-use crate::command::Command;
-use crate::settings::Knob;
+use crate::command::{Command, LauncherKind};
+use crate::files::Scalar;
+use crate::settings::{Knob, World};
 
-fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
-    let cli = cmd.positionals().any(|(_, a)| a == "fit") || cmd.has_flag(&["--ckpt_path"]);
+/// A LightningCLI command: a `fit` subcommand with LightningCLI's dotted
+/// flags or a config, or a script that names LightningCLI.
+fn cli(cmd: &Command) -> bool {
+    cmd.script().is_some()
+        && cmd.positionals().any(|(_, a)| a == "fit")
+        && (cmd.flags.iter().any(|f| {
+            ["--trainer.", "--model.", "--data.", "--config"]
+                .iter()
+                .any(|p| f.name.starts_with(p))
+        }) || cmd.has_flag(&["--ckpt_path"])
+            || super::script_mentions(cmd, &["LightningCLI"]))
+}
+
+fn recognise(cmd: &Command) -> bool {
+    cli(cmd)
+}
+
+/// The YAML files a LightningCLI command names with `--config` (each may be given).
+fn configs(cmd: &Command) -> Vec<PathBuf> {
+    cmd.flags
+        .iter()
+        .filter(|f| f.name == "--config")
+        .filter_map(|f| f.value.as_deref())
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// A trainer setting: the command line (`--trainer.KEY`), else the config
+/// (`trainer.KEY`, or `fit.trainer.KEY` in a config given before `fit`).
+fn trainer_setting(cmd: &Command, ctx: &Ctx, key: &str) -> Option<Scalar> {
+    if let Some(v) = cmd.value(&[&format!("--trainer.{key}")]) {
+        return Some(Scalar::Str(v.to_string()));
+    }
+    (ctx.recipe_value)(&format!("trainer.{key}"))
+        .or_else(|| (ctx.recipe_value)(&format!("fit.trainer.{key}")))
+}
+
+fn text(s: Option<Scalar>) -> Option<String> {
+    match s? {
+        Scalar::Str(s) if !s.is_empty() => Some(s),
+        Scalar::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The `dirpath:` of a ModelCheckpoint in a config's callbacks (a list the
+/// config reader does not walk): the last one written.
+fn config_dirpath(file: &Path) -> Option<String> {
+    let text = crate::untrusted::read_config(file).ok()?;
+    text.lines().rev().find_map(|l| {
+        let l = l.trim_start().trim_start_matches("- ").trim_start();
+        let v = l.strip_prefix("dirpath:")?;
+        let v = v.split(" #").next()?.trim().trim_matches(['"', '\'']);
+        (!v.is_empty() && v != "null" && v != "~").then(|| v.to_string())
+    })
+}
+
+/// Where this command's checkpoints go, by Lightning's rules (see the module).
+fn checkpoint_root(cmd: &Command, ctx: &Ctx) -> PathBuf {
+    let flag_dirpath = cmd
+        .flags
+        .iter()
+        .filter(|f| f.name.ends_with(".dirpath") || f.name == "--dirpath")
+        .filter_map(|f| f.value.as_deref())
+        .next_back()
+        .map(str::to_string);
+    if let Some(d) = flag_dirpath.or_else(|| configs(cmd).iter().rev().find_map(|c| config_dirpath(c)))
+    {
+        return PathBuf::from(d);
+    }
+    let logger_dir = cmd
+        .value(&[
+            "--trainer.logger.save_dir",
+            "--trainer.logger.init_args.save_dir",
+        ])
+        .map(str::to_string)
+        .or_else(|| text(trainer_setting(cmd, ctx, "logger.init_args.save_dir")))
+        .or_else(|| text(trainer_setting(cmd, ctx, "logger.save_dir")));
+    if let Some(d) = logger_dir {
+        return PathBuf::from(d);
+    }
+    match text(trainer_setting(cmd, ctx, "default_root_dir")) {
+        // `lightning_logs/version_N/checkpoints`, or `checkpoints` without a logger.
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from("lightning_logs"),
+    }
+}
+
+fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
+    let cli = cli(cmd) || cmd.has_flag(&["--ckpt_path"]);
     let hydra_ckpt = cmd.override_value(&["ckpt_path"]);
     if !cli && hydra_ckpt.is_none() {
         return None;
     }
-    let root = cmd
-        .value(&["--trainer.default_root_dir"])
-        .or_else(|| cmd.override_value(&["trainer.default_root_dir", "paths.log_dir"]))
-        .unwrap_or(if cli { "lightning_logs" } else { "logs" });
-    let (how, user) = if cli {
+    let (root, how, user) = if cli {
         (
+            checkpoint_root(cmd, ctx),
             ResumeHow::Flag {
                 flag: "--ckpt_path".into(),
                 equals: true,
@@ -28,7 +128,11 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
             cmd.value(&["--ckpt_path"]),
         )
     } else {
+        let root = cmd
+            .override_value(&["trainer.default_root_dir", "paths.output_dir", "paths.log_dir"])
+            .unwrap_or("logs");
         (
+            PathBuf::from(root),
             ResumeHow::Override {
                 key: "ckpt_path".into(),
                 value: None,
@@ -38,20 +142,116 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
     };
     Some(Layout {
         kind: Kind::Lightning,
-        root: PathBuf::from(root),
+        root,
         how,
         user_resume: user.map(PathBuf::from),
     })
 }
 
+/// How many processes `devices` starts on one node: Some((count, exact)).
+fn devices(v: &str, cpu: bool, env: Env) -> (u64, bool, String) {
+    let v = v.trim().trim_matches(['"', '\'']);
+    if let Ok(n) = v.parse::<i64>()
+        && n > 0
+    {
+        return (n as u64, true, format!("trainer.devices {n}"));
+    }
+    // A list of device indices: `[0, 1]`, `0,1`.
+    let list = v.trim_start_matches('[').trim_end_matches(']');
+    if v.contains(',') || v.starts_with('[') {
+        let n = list.split(',').filter(|s| !s.trim().is_empty()).count() as u64;
+        return (n.max(1), true, format!("trainer.devices {v}"));
+    }
+    // `auto`, `-1`: every visible GPU, one process on the CPU.
+    if cpu {
+        return (1, true, format!("trainer.devices {v} on the CPU"));
+    }
+    match super::launchers::visible_gpus(env) {
+        Some((n, why)) => (n, true, format!("trainer.devices {v}: {why}")),
+        None => (
+            1,
+            false,
+            format!("trainer.devices {v} uses every visible GPU; count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"),
+        ),
+    }
+}
+
+/// The ranks Lightning starts itself when no launcher stands before it.
+fn world(cmd: &Command, env: Env, ctx: &Ctx) -> Option<World> {
+    if !cli(cmd) {
+        return None;
+    }
+    // Under torchrun, srun, mpirun, accelerate or deepspeed Lightning joins
+    // the launcher's ranks: the launcher says the world.
+    if cmd.launchers.iter().any(|l| {
+        matches!(
+            l.kind,
+            LauncherKind::Torchrun
+                | LauncherKind::Srun
+                | LauncherKind::Mpirun
+                | LauncherKind::Accelerate
+                | LauncherKind::DeepSpeed
+        )
+    }) {
+        return None;
+    }
+    let accel = text(trainer_setting(cmd, ctx, "accelerator")).unwrap_or_default();
+    let dev = text(trainer_setting(cmd, ctx, "devices"));
+    let cpu = accel == "cpu";
+    // Lightning's default is `devices: auto`.
+    let (per_node, exact, source) = devices(dev.as_deref().unwrap_or("auto"), cpu, env);
+    let nodes: u64 = text(trainer_setting(cmd, ctx, "num_nodes"))
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1);
+    Some(World {
+        size: per_node.saturating_mul(nodes),
+        source: format!("Lightning starts its ranks: {source} × trainer.num_nodes {nodes}"),
+        uncertain: !exact,
+    })
+}
+
 pub static FAMILY: Family = Family {
     name: "lightning",
+    recognise,
     flags: &[
         (
             Knob::GradAccum,
             &[
                 "--accumulate_grad_batches",
                 "--trainer.accumulate_grad_batches",
+            ],
+        ),
+        // A LightningDataModule's batch (LightningCLI: `--data.batch_size`).
+        (
+            Knob::MicroBatch,
+            &[
+                "--data.batch_size",
+                "--data.init_args.batch_size",
+                "--data.train_batch_size",
+                "--data.init_args.train_batch_size",
+            ],
+        ),
+        // A LightningDataModule's sequence length, in the spellings data modules use.
+        (
+            Knob::SeqLen,
+            &[
+                "--data.seq_len",
+                "--data.max_seq_len",
+                "--data.seq_length",
+                "--data.max_seq_length",
+                "--data.sequence_length",
+                "--data.max_length",
+                "--data.block_size",
+                "--data.context_length",
+                "--data.init_args.seq_len",
+                "--data.init_args.max_seq_len",
+                "--data.init_args.seq_length",
+                "--data.init_args.max_seq_length",
+                "--data.init_args.sequence_length",
+                "--data.init_args.max_length",
+                "--data.init_args.block_size",
+                "--data.init_args.context_length",
             ],
         ),
         // A LightningDataModule's (and LitGPT's data modules') workers.
@@ -71,7 +271,48 @@ pub static FAMILY: Family = Family {
         ),
     ],
     file_keys: &[
-        (Knob::GradAccum, &["accumulate_grad_batches"]),
+        (
+            Knob::GradAccum,
+            &[
+                "trainer.accumulate_grad_batches",
+                "fit.trainer.accumulate_grad_batches",
+                "accumulate_grad_batches",
+            ],
+        ),
+        (
+            Knob::MicroBatch,
+            &[
+                "data.batch_size",
+                "data.init_args.batch_size",
+                "data.train_batch_size",
+                "data.init_args.train_batch_size",
+                "fit.data.batch_size",
+                "fit.data.init_args.batch_size",
+            ],
+        ),
+        (
+            Knob::SeqLen,
+            &[
+                "data.seq_len",
+                "data.max_seq_len",
+                "data.seq_length",
+                "data.max_seq_length",
+                "data.sequence_length",
+                "data.max_length",
+                "data.block_size",
+                "data.context_length",
+                "data.init_args.seq_len",
+                "data.init_args.max_seq_len",
+                "data.init_args.seq_length",
+                "data.init_args.max_seq_length",
+                "data.init_args.sequence_length",
+                "data.init_args.max_length",
+                "data.init_args.block_size",
+                "data.init_args.context_length",
+                "fit.data.seq_len",
+                "fit.data.init_args.seq_len",
+            ],
+        ),
         (
             Knob::DataloaderWorkers,
             &["data.num_workers", "data.init_args.num_workers"],
@@ -82,6 +323,101 @@ pub static FAMILY: Family = Family {
         ),
     ],
     layout,
-    output_hint: "--ckpt_path, ckpt_path=",
+    world,
+    output_hint: "--ckpt_path, ckpt_path=, ModelCheckpoint dirpath, --trainer.default_root_dir",
     ..Family::NONE
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Command {
+        let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
+        Command::parse(&a)
+    }
+
+    fn none(_: &str) -> Option<Scalar> {
+        None
+    }
+
+    fn ctx<'a>(f: &'a dyn Fn(&str) -> Option<Scalar>) -> Ctx<'a> {
+        Ctx {
+            recipe_output_dir: None,
+            recipe_value: f,
+        }
+    }
+
+    #[test]
+    fn lightnings_own_launcher_says_the_world() {
+        let no_env = |_: &str| None;
+        let w = |s: &str, f: &dyn Fn(&str) -> Option<Scalar>| world(&argv(s), &no_env, &ctx(f));
+        let a = w(
+            "python cli.py fit --trainer.accelerator cpu --trainer.devices 2",
+            &none,
+        )
+        .unwrap();
+        assert_eq!((a.size, a.uncertain), (2, false), "{}", a.source);
+        let b = w(
+            "python cli.py fit --trainer.devices 4 --trainer.num_nodes 2",
+            &none,
+        )
+        .unwrap();
+        assert_eq!(b.size, 8);
+        let c = w("python cli.py fit --trainer.devices [0,1,2]", &none).unwrap();
+        assert_eq!(c.size, 3);
+        // In the config.
+        let cfg = |k: &str| match k {
+            "trainer.devices" => Some(Scalar::Int(2)),
+            "trainer.accelerator" => Some(Scalar::Str("cpu".into())),
+            _ => None,
+        };
+        let d = w("python cli.py fit --config c.yaml", &cfg).unwrap();
+        assert_eq!(d.size, 2);
+        // `auto` on a GPU machine: every visible GPU.
+        let four = |k: &str| (k == "CUDA_VISIBLE_DEVICES").then(|| "0,1,2,3".into());
+        let e = world(&argv("python cli.py fit --trainer.devices auto"), &four, &ctx(&none)).unwrap();
+        assert_eq!((e.size, e.uncertain), (4, false));
+        let f = w("python cli.py fit --trainer.devices auto", &none).unwrap();
+        assert!(f.uncertain, "{}", f.source);
+        // Under an outer launcher, the launcher says it.
+        assert!(w("torchrun --nproc_per_node 2 cli.py fit --trainer.devices 2", &none).is_none());
+    }
+
+    #[test]
+    fn the_checkpoint_folder_follows_lightnings_rules() {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = t.path().join("c.yaml");
+        std::fs::write(
+            &cfg,
+            "trainer:\n  default_root_dir: runs\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n      init_args:\n        dirpath: \"ckpts/x\"  # here\n        every_n_train_steps: 2\n",
+        )
+        .unwrap();
+        let root = |s: &str, f: &dyn Fn(&str) -> Option<Scalar>| {
+            layout(&argv(s), &ctx(f)).map(|l| l.root)
+        };
+        let c = format!("python cli.py fit --config {}", cfg.display());
+        assert_eq!(root(&c, &none), Some(PathBuf::from("ckpts/x")));
+        assert_eq!(
+            root(&format!("{c} --trainer.callbacks.dirpath=other"), &none),
+            Some(PathBuf::from("other"))
+        );
+        let dflt = |k: &str| (k == "trainer.default_root_dir").then(|| Scalar::Str("runs".into()));
+        assert_eq!(
+            root("python cli.py fit --trainer.max_steps 4", &dflt),
+            Some(PathBuf::from("runs"))
+        );
+        assert_eq!(
+            root("python cli.py fit --trainer.default_root_dir r2", &dflt),
+            Some(PathBuf::from("r2"))
+        );
+        assert_eq!(
+            root("python cli.py fit --trainer.max_steps 4", &none),
+            Some(PathBuf::from("lightning_logs"))
+        );
+        assert_eq!(
+            root("python train.py ckpt_path=x.ckpt paths.output_dir=o", &none),
+            Some(PathBuf::from("o"))
+        );
+    }
+}
