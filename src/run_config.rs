@@ -57,6 +57,8 @@ pub struct RunConfig {
     pub workers_floor: u64,
     /// How often the trainer prints its per-step log dicts, when the command says.
     pub logging: Option<crate::progress::Logging>,
+    /// What the step numbers the trainer prints count (see `progress::Counting`).
+    pub counting: crate::progress::Counting,
     /// The files srun writes its tasks' output to (`srun --output=logs/%j-%t.out`),
     /// read as the step runs; `None` when the output comes through srun.
     pub task_files: Option<crate::launch::TaskFiles>,
@@ -302,6 +304,7 @@ impl RunConfig {
             .and_then(|(p, k)| crate::remember::recorded(p, k));
         let workers_floor = workers_floor(&args.command, &disc);
         let logging = knobs::logging(&cmd, &disc);
+        let counting = crate::frameworks::counting(&cmd);
         Ok(RunConfig {
             job,
             elastic,
@@ -328,6 +331,7 @@ impl RunConfig {
             gpu_memory: gpu_memory.or(nvml_total.map(|b| b as f64)),
             workers_floor,
             logging,
+            counting,
         })
     }
 

@@ -738,7 +738,7 @@ fn row(dir: &Path, a: &read::Attempt, logging: Option<progress::Logging>, from: 
             .lost
             .as_ref()
             .and_then(|l| l.step_reached)
-            .or_else(|| progress::read(&log, logging, from).map(|r| r.step)),
+            .or_else(|| progress::read(&log, logging, from, progress::Counting::Done).map(|r| r.step)),
         resume: a.start.resume.clone(),
         decision: a.decision.as_ref().map(|d| d.step),
     }

@@ -324,6 +324,7 @@ pub static FAMILY: Family = Family {
     ],
     layout,
     world,
+    counting: Some(crate::progress::Counting::Batches { accum: 1 }),
     output_hint: "--ckpt_path, ckpt_path=, ModelCheckpoint dirpath, --trainer.default_root_dir",
     ..Family::NONE
 };

@@ -188,6 +188,8 @@ pub struct Family {
     /// How often it prints a log line for a step that names no step (the
     /// Hugging Face Trainer's log dicts), when the command says.
     pub logging: fn(&Command, &Ctx) -> Option<crate::progress::Logging>,
+    /// What the step numbers its output prints count, when not the steps done.
+    pub counting: Option<crate::progress::Counting>,
 }
 
 impl Family {
@@ -215,6 +217,7 @@ impl Family {
         world: |_, _, _| None,
         accum_covers_world: |_| false,
         logging: |_, _| None,
+        counting: None,
     };
 }
 
@@ -426,6 +429,12 @@ pub fn accum_covers_world(cmd: &Command) -> bool {
 /// step (see `progress`): the first family that knows.
 pub fn logging(cmd: &Command, ctx: &Ctx) -> Option<crate::progress::Logging> {
     FAMILIES.iter().find_map(|f| (f.logging)(cmd, ctx))
+}
+
+/// What the step numbers the command's trainer prints count: the first
+/// recognised family that says, else the steps done.
+pub fn counting(cmd: &Command) -> crate::progress::Counting {
+    recognised(cmd).find_map(|f| f.counting).unwrap_or_default()
 }
 
 /// "--a, --b, key:, ..." — the spellings oomguard looks for, for notes.

@@ -62,5 +62,6 @@ pub static FAMILY: Family = Family {
     layout,
     output_hint: "--out_dir",
     accum_covers_world: recognise,
+    counting: Some(crate::progress::Counting::IterIndex),
     ..Family::NONE
 };

@@ -444,7 +444,12 @@ impl<'c> Run<'c> {
                 .last()
                 .filter(|s| s.state == SetbackState::Behind)
                 .and_then(|s| s.step)
-                .map(|step| progress::StepWatch::new(step, self.started_from(), cfg.logging)),
+                .map(|step| {
+                    let counting = cfg
+                        .counting
+                        .at_accum(self.settings.int(crate::knobs::Knob::GradAccum));
+                    progress::StepWatch::new(step, self.started_from(), cfg.logging, counting)
+                }),
             stop_when: cfg.job.clone().map(|job| {
                 let seen = std::sync::Mutex::new(None::<std::time::Instant>);
                 launch::StopWhen(std::sync::Arc::new(move || {
