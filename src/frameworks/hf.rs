@@ -16,7 +16,35 @@ fn recognise(cmd: &Command) -> bool {
     cmd.has_flag(&[
         "--per_device_train_batch_size",
         "--per-device-train-batch-size",
-    ])
+    ]) || trl(cmd)
+}
+
+/// A TRL trainer script (its `sft.py`, `dpo.py`, ... recipes, or one of
+/// yours built on its configs): `TrlParser` parses every `TrainingArguments`
+/// flag, and TRL's configs (`SFTConfig`, `DPOConfig`, `GRPOConfig`, ...)
+/// default to gradient checkpointing on and `logging_steps` 10.
+fn trl(cmd: &Command) -> bool {
+    cmd.tool() == Some("trl")
+        || cmd.module().is_some_and(|m| m == "trl" || m.starts_with("trl."))
+        || super::script_mentions(
+            cmd,
+            &[
+                "TrlParser",
+                "SFTConfig",
+                "DPOConfig",
+                "GRPOConfig",
+                "KTOConfig",
+                "RLOOConfig",
+                "RewardConfig",
+            ],
+        )
+}
+
+/// TRL's configs turn gradient checkpointing on unless told otherwise
+/// (`SFTConfig`, `DPOConfig`, `GRPOConfig`, ... `gradient_checkpointing = True`
+/// in TRL 1.x): absent, it is on.
+fn absent_default(cmd: &Command, k: Knob) -> Option<AbsentValue> {
+    (k == Knob::GradCheckpointing && trl(cmd)).then_some(AbsentValue::Bool(true))
 }
 
 fn layout(cmd: &Command, _: &super::Ctx) -> Option<Layout> {
@@ -53,7 +81,9 @@ fn logging(cmd: &Command, ctx: &super::Ctx) -> Option<Logging> {
     if strategy.is_some_and(|s| !s.trim_matches(['"', '\'']).eq_ignore_ascii_case("steps")) {
         return None;
     }
-    let every: f64 = text(&["--logging_steps", "--logging-steps"], "logging_steps")?
+    // TRL's configs log every 10 steps, TrainingArguments every 500.
+    let every: f64 = text(&["--logging_steps", "--logging-steps"], "logging_steps")
+        .or_else(|| trl(cmd).then(|| "10".to_string()))?
         .trim_matches(['"', '\''])
         .parse()
         .ok()?;
@@ -188,6 +218,7 @@ pub static FAMILY: Family = Family {
         ),
     ],
     accepts_added,
+    absent_default,
     layout,
     logging,
     output_hint: "--output_dir",

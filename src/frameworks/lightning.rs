@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Ctx, Env, Family};
+use super::{AbsentValue, Ctx, Env, Family};
 use crate::checkpoint::{Kind, Layout, ResumeHow};
 use crate::command::{Command, LauncherKind};
 use crate::files::Scalar;
@@ -322,6 +322,13 @@ pub static FAMILY: Family = Family {
             &["data.val_batch_size", "data.eval_batch_size"],
         ),
     ],
+    // LightningCLI takes every Trainer argument as `--trainer.NAME`.
+    added_flags: &[(
+        Knob::GradAccum,
+        "--trainer.accumulate_grad_batches",
+        AbsentValue::Int(1),
+    )],
+    accepts_added: |cmd, _| cli(cmd),
     layout,
     world,
     counting: Some(crate::progress::Counting::Batches { accum: 1 }),

@@ -168,6 +168,10 @@ pub struct Family {
     /// Whether this command's program takes one of `added_flags` (default:
     /// all of them).
     pub accepts_added: fn(&Command, &str) -> bool,
+    /// The program's own value for an absent knob, where it differs from
+    /// `added_flags`' default (TRL's configs turn gradient checkpointing on):
+    /// the settings, the policy and the memory model all start from it.
+    pub absent_default: fn(&Command, Knob) -> Option<AbsentValue>,
     /// Config files other than training recipes.
     pub file_kinds: &'static [FileKind],
     /// Keys a training recipe may hold inline for this family's settings
@@ -208,6 +212,7 @@ impl Family {
         dotted_flags: false,
         added_flags: &[],
         accepts_added: |_, _| true,
+        absent_default: |_, _| None,
         file_kinds: &[],
         inline_keys: &[],
         inline_when: None,
@@ -366,8 +371,14 @@ pub fn added_flags(cmd: &Command) -> Vec<(Knob, &'static str, Value)> {
                 .iter()
                 .filter(move |(_, flag, _)| (f.accepts_added)(cmd, flag))
         })
-        .map(|(k, flag, v)| (*k, *flag, v.value()))
+        .map(|(k, flag, v)| (*k, *flag, absent_default(cmd, *k).unwrap_or(*v).value()))
         .collect()
+}
+
+/// The command's program's own value for knob `k` when the command does not
+/// set it, where a recognised family knows one that differs from the usual.
+pub fn absent_default(cmd: &Command, k: Knob) -> Option<AbsentValue> {
+    recognised(cmd).find_map(|f| (f.absent_default)(cmd, k))
 }
 
 /// The most of a script read to look for words in it.
