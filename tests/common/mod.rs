@@ -309,6 +309,23 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// The state letter of /proc/PID/stat (`R`, `S`, `T`, `Z`...), or None when gone.
+pub fn proc_state(pid: i32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// Whether process `pid` exists and has not exited (a zombie, exited but not yet
+/// reaped, is not alive).
+pub fn alive(pid: i32) -> bool {
+    matches!(proc_state(pid), Some(c) if c != 'Z' && c != 'X')
+}
+
+/// Those of `pids` that are [`alive`].
+pub fn alive_of(pids: &[i32]) -> Vec<i32> {
+    pids.iter().copied().filter(|&p| alive(p)).collect()
+}
+
 /// The simulated trainer (`examples/sim_trainer.py`).
 pub fn sim() -> String {
     repo().join("examples/sim_trainer.py").display().to_string()
