@@ -859,7 +859,7 @@ fn lightning_candidates(root: &Path) -> Vec<Checkpoint> {
     // otherwise: its check then says why it is passed over.
     let newest_known = files.iter().filter(|f| f.0 > 0).map(|f| f.2).max();
     let (mut unknown, known): (Vec<_>, Vec<_>) = files.into_iter().partition(|f| f.0 == 0);
-    unknown.sort_by(|a, b| b.2.cmp(&a.2));
+    unknown.sort_by_key(|f| std::cmp::Reverse(f.2));
     let (newer, older): (Vec<_>, Vec<_>) = unknown
         .into_iter()
         .partition(|f| newest_known.is_none_or(|t| f.2 > t));

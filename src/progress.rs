@@ -95,7 +95,12 @@ pub fn last_step_counted(buf: &[u8], counting: Counting, from: u64) -> Option<u6
         Counting::Batches { accum } => {
             let m = LIGHTNING_BAR.captures_iter(buf).last();
             let bar = m.and_then(|c| {
-                let num = |i: usize| std::str::from_utf8(c.get(i)?.as_bytes()).ok()?.parse::<u64>().ok();
+                let num = |i: usize| {
+                    std::str::from_utf8(c.get(i)?.as_bytes())
+                        .ok()?
+                        .parse::<u64>()
+                        .ok()
+                };
                 Some((num(1)?, num(2)?))
             });
             match bar {
@@ -256,9 +261,9 @@ pub fn read(
     let printed = tail(log, 256 * 1024)
         .and_then(|t| last_step_counted(&t, counting, from))
         .map(|step| Reached {
-        step,
-        at_least: step <= from,
-    });
+            step,
+            at_least: step <= from,
+        });
     let logged = logging.and_then(|l| {
         // The whole log: oomguard keeps at most its first 8 MiB and last 4 MiB.
         let text = tail(log, 64 << 20)?;
@@ -541,7 +546,10 @@ mod tests {
         assert_eq!(read(&log, None, 0, Counting::Done), None);
         let loss = Loss::measure(None, None, Some(2), None, now, Duration::from_secs(1));
         assert_eq!(steps_text(&[loss]), "an unknown number of steps");
-        assert_eq!(read(&log, Some(every(1)), 0, Counting::Done).map(|r| r.step), Some(3));
+        assert_eq!(
+            read(&log, Some(every(1)), 0, Counting::Done).map(|r| r.step),
+            Some(3)
+        );
         // Resumed from step 2 with one more dict: step 3.
         let resumed = b"resuming\n{'loss': '4.775', 'grad_norm': '1.045', 'learning_rate': '3.333e-05', 'epoch': '0.02344'}\n";
         assert_eq!(logged_step(resumed, every(1), 2).map(|r| r.step), Some(3));
@@ -639,7 +647,11 @@ mod tests {
         let nano = b"step 4: train loss 3.1, val loss 3.2\nsaving checkpoint to out\niter 4: loss 3.0, time 12.00ms, mfu -100.00%\n";
         assert_eq!(last_step_counted(nano, Counting::IterIndex, 0), Some(5));
         assert_eq!(
-            last_step_counted(b"step 4: train loss 3.1, val loss 3.2\n", Counting::IterIndex, 0),
+            last_step_counted(
+                b"step 4: train loss 3.1, val loss 3.2\n",
+                Counting::IterIndex,
+                0
+            ),
             Some(4)
         );
         // Lightning: the bar counts batches; two make a step at accumulation 2.

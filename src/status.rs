@@ -734,11 +734,9 @@ fn row(dir: &Path, a: &read::Attempt, logging: Option<progress::Logging>, from: 
             .and_then(|e| e.exit.clone().or_else(|| e.error.clone())),
         status: a.end.as_ref().map(|e| e.status),
         duration_s: a.end.as_ref().and_then(|e| e.duration_s),
-        step_reached: a
-            .lost
-            .as_ref()
-            .and_then(|l| l.step_reached)
-            .or_else(|| progress::read(&log, logging, from, progress::Counting::Done).map(|r| r.step)),
+        step_reached: a.lost.as_ref().and_then(|l| l.step_reached).or_else(|| {
+            progress::read(&log, logging, from, progress::Counting::Done).map(|r| r.step)
+        }),
         resume: a.start.resume.clone(),
         decision: a.decision.as_ref().map(|d| d.step),
     }

@@ -39,7 +39,8 @@ fn data_pkl(path: &Path) -> Option<Vec<u8>> {
         return None;
     }
     let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]) as u64;
-    let u32_at = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as u64;
+    let u32_at =
+        |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]) as u64;
     let method = u16_at(&head, 8);
     let (name_len, extra_len) = (u16_at(&head, 26), u16_at(&head, 28));
     let mut name = vec![0u8; name_len as usize];

@@ -119,7 +119,11 @@ model:
     run.check("world size", Some(2), start["world_size"].as_u64());
     run.check("global batch", Some(32), start["global_batch"].as_u64());
     // The data module's sequence length is a knob (the sequence step can use it).
-    run.check("seq_len found", Some(32), start["settings"]["seq_len"].as_u64());
+    run.check(
+        "seq_len found",
+        Some(32),
+        start["settings"]["seq_len"].as_u64(),
+    );
 
     let starts = events(&j, "attempt_start");
     run.check("attempts", 2, starts.len());
@@ -131,16 +135,32 @@ model:
     );
 
     let w = work_lost(&run, &j);
-    run.check("resume step (global_step)", Some(2), w["resume_from_step"].as_u64());
+    run.check(
+        "resume step (global_step)",
+        Some(2),
+        w["resume_from_step"].as_u64(),
+    );
     run.check("step reached", Some(3), w["step_reached"].as_u64());
     run.check("steps lost", Some(1), w["steps_lost"].as_u64());
-    run.check("steps lost exact", Some(false), w["steps_lost_at_least"].as_bool());
+    run.check(
+        "steps lost exact",
+        Some(false),
+        w["steps_lost_at_least"].as_bool(),
+    );
 
     let d = events(&j, "decision");
     run.check("decisions", 1, d.len());
     run.check("decision", Some("halve_micro_batch"), d[0]["step"].as_str());
-    run.check("global batch before", Some(32), d[0]["global_batch_before"].as_u64());
-    run.check("global batch after", Some(32), d[0]["global_batch_after"].as_u64());
+    run.check(
+        "global batch before",
+        Some(32),
+        d[0]["global_batch_before"].as_u64(),
+    );
+    run.check(
+        "global batch after",
+        Some(32),
+        d[0]["global_batch_after"].as_u64(),
+    );
     run.check("resume_step", Some(2), d[0]["resume_step"].as_u64());
 
     // Lightning's own account of the two launches.
@@ -150,7 +170,11 @@ model:
     run.check("final micro-batch", Some(4), last["micro"].as_u64());
     run.check("final accumulation", Some(4), last["accum"].as_u64());
     run.check("global batch kept", Some(32), last["global_batch"].as_u64());
-    run.check("resumed from", Some(ckpt2.as_str()), last["ckpt_path"].as_str());
+    run.check(
+        "resumed from",
+        Some(ckpt2.as_str()),
+        last["ckpt_path"].as_str(),
+    );
     run.check("reached max_steps", Some(6), last["global_step"].as_u64());
 }
 
@@ -205,7 +229,11 @@ model:
     let j = run.journal(&run_dir);
     let start = run_start(&run, &j);
     run.check("world size", Some(1), start["world_size"].as_u64());
-    run.check("seq_len from --data.seq_len", Some(64), start["settings"]["seq_len"].as_u64());
+    run.check(
+        "seq_len from --data.seq_len",
+        Some(64),
+        start["settings"]["seq_len"].as_u64(),
+    );
     let starts = events(&j, "attempt_start");
     run.check("attempts", 2, starts.len());
     let ckpt = root.join("lightning_logs/version_0/checkpoints/epoch=0-step=4.ckpt");
@@ -219,8 +247,16 @@ model:
     run.check("step reached", Some(5), w["step_reached"].as_u64());
     run.check("steps lost", Some(1), w["steps_lost"].as_u64());
     let d = events(&j, "decision");
-    run.check("global batch before", Some(4), d[0]["global_batch_before"].as_u64());
-    run.check("global batch after", Some(4), d[0]["global_batch_after"].as_u64());
+    run.check(
+        "global batch before",
+        Some(4),
+        d[0]["global_batch_before"].as_u64(),
+    );
+    run.check(
+        "global batch after",
+        Some(4),
+        d[0]["global_batch_after"].as_u64(),
+    );
     let last = report(&rep).last().cloned().unwrap_or_default();
     run.check("reached max_steps", Some(7), last["global_step"].as_u64());
     run.check("global batch kept", Some(4), last["global_batch"].as_u64());
@@ -311,13 +347,25 @@ fn nanogpt_train_py_resumes_at_its_iter_num_and_counts_the_iterations_redone() {
         flag_value(&argv_of(starts[1]), "--init_from"),
     );
     let w = work_lost(&run, &j);
-    run.check("resume step (iter_num)", Some(4), w["resume_from_step"].as_u64());
+    run.check(
+        "resume step (iter_num)",
+        Some(4),
+        w["resume_from_step"].as_u64(),
+    );
     run.check("step reached", Some(5), w["step_reached"].as_u64());
     run.check("steps lost", Some(1), w["steps_lost"].as_u64());
-    run.check("steps lost exact", Some(false), w["steps_lost_at_least"].as_bool());
+    run.check(
+        "steps lost exact",
+        Some(false),
+        w["steps_lost_at_least"].as_bool(),
+    );
     let d = events(&j, "decision");
     run.check("decision", Some("halve_micro_batch"), d[0]["step"].as_str());
-    run.check("global batch after", Some(8), d[0]["global_batch_after"].as_u64());
+    run.check(
+        "global batch after",
+        Some(8),
+        d[0]["global_batch_after"].as_u64(),
+    );
     // nanoGPT's own account: it resumed and finished.
     run.ensure(
         "nanoGPT resumed and reached max_iters",

@@ -25,7 +25,9 @@ fn recognise(cmd: &Command) -> bool {
 /// default to gradient checkpointing on and `logging_steps` 10.
 fn trl(cmd: &Command) -> bool {
     cmd.tool() == Some("trl")
-        || cmd.module().is_some_and(|m| m == "trl" || m.starts_with("trl."))
+        || cmd
+            .module()
+            .is_some_and(|m| m == "trl" || m.starts_with("trl."))
         || super::script_mentions(
             cmd,
             &[

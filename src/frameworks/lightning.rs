@@ -90,7 +90,8 @@ fn checkpoint_root(cmd: &Command, ctx: &Ctx) -> PathBuf {
         .filter_map(|f| f.value.as_deref())
         .next_back()
         .map(str::to_string);
-    if let Some(d) = flag_dirpath.or_else(|| configs(cmd).iter().rev().find_map(|c| config_dirpath(c)))
+    if let Some(d) =
+        flag_dirpath.or_else(|| configs(cmd).iter().rev().find_map(|c| config_dirpath(c)))
     {
         return PathBuf::from(d);
     }
@@ -129,7 +130,11 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         )
     } else {
         let root = cmd
-            .override_value(&["trainer.default_root_dir", "paths.output_dir", "paths.log_dir"])
+            .override_value(&[
+                "trainer.default_root_dir",
+                "paths.output_dir",
+                "paths.log_dir",
+            ])
             .unwrap_or("logs");
         (
             PathBuf::from(root),
@@ -171,7 +176,9 @@ fn devices(v: &str, cpu: bool, env: Env) -> (u64, bool, String) {
         None => (
             1,
             false,
-            format!("trainer.devices {v} uses every visible GPU; count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"),
+            format!(
+                "trainer.devices {v} uses every visible GPU; count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
+            ),
         ),
     }
 }
@@ -222,16 +229,6 @@ pub static FAMILY: Family = Family {
                 "--trainer.accumulate_grad_batches",
             ],
         ),
-        // A LightningDataModule's batch (LightningCLI: `--data.batch_size`).
-        (
-            Knob::MicroBatch,
-            &[
-                "--data.batch_size",
-                "--data.init_args.batch_size",
-                "--data.train_batch_size",
-                "--data.init_args.train_batch_size",
-            ],
-        ),
         // A LightningDataModule's sequence length, in the spellings data modules use.
         (
             Knob::SeqLen,
@@ -270,6 +267,29 @@ pub static FAMILY: Family = Family {
             ],
         ),
     ],
+    // A LightningDataModule's batch is its DataLoader's, per process under
+    // Lightning's DDP: the micro-batch, in LightningCLI commands only (a
+    // `data.batch_size` elsewhere may be global).
+    own_flags: &[(
+        Knob::MicroBatch,
+        &[
+            "--data.batch_size",
+            "--data.init_args.batch_size",
+            "--data.train_batch_size",
+            "--data.init_args.train_batch_size",
+        ],
+    )],
+    own_file_keys: &[(
+        Knob::MicroBatch,
+        &[
+            "data.batch_size",
+            "data.init_args.batch_size",
+            "data.train_batch_size",
+            "data.init_args.train_batch_size",
+            "fit.data.batch_size",
+            "fit.data.init_args.batch_size",
+        ],
+    )],
     file_keys: &[
         (
             Knob::GradAccum,
@@ -277,17 +297,6 @@ pub static FAMILY: Family = Family {
                 "trainer.accumulate_grad_batches",
                 "fit.trainer.accumulate_grad_batches",
                 "accumulate_grad_batches",
-            ],
-        ),
-        (
-            Knob::MicroBatch,
-            &[
-                "data.batch_size",
-                "data.init_args.batch_size",
-                "data.train_batch_size",
-                "data.init_args.train_batch_size",
-                "fit.data.batch_size",
-                "fit.data.init_args.batch_size",
             ],
         ),
         (
@@ -384,12 +393,23 @@ mod tests {
         assert_eq!(d.size, 2);
         // `auto` on a GPU machine: every visible GPU.
         let four = |k: &str| (k == "CUDA_VISIBLE_DEVICES").then(|| "0,1,2,3".into());
-        let e = world(&argv("python cli.py fit --trainer.devices auto"), &four, &ctx(&none)).unwrap();
+        let e = world(
+            &argv("python cli.py fit --trainer.devices auto"),
+            &four,
+            &ctx(&none),
+        )
+        .unwrap();
         assert_eq!((e.size, e.uncertain), (4, false));
         let f = w("python cli.py fit --trainer.devices auto", &none).unwrap();
         assert!(f.uncertain, "{}", f.source);
         // Under an outer launcher, the launcher says it.
-        assert!(w("torchrun --nproc_per_node 2 cli.py fit --trainer.devices 2", &none).is_none());
+        assert!(
+            w(
+                "torchrun --nproc_per_node 2 cli.py fit --trainer.devices 2",
+                &none
+            )
+            .is_none()
+        );
     }
 
     #[test]
@@ -401,9 +421,8 @@ mod tests {
             "trainer:\n  default_root_dir: runs\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n      init_args:\n        dirpath: \"ckpts/x\"  # here\n        every_n_train_steps: 2\n",
         )
         .unwrap();
-        let root = |s: &str, f: &dyn Fn(&str) -> Option<Scalar>| {
-            layout(&argv(s), &ctx(f)).map(|l| l.root)
-        };
+        let root =
+            |s: &str, f: &dyn Fn(&str) -> Option<Scalar>| layout(&argv(s), &ctx(f)).map(|l| l.root);
         let c = format!("python cli.py fit --config {}", cfg.display());
         assert_eq!(root(&c, &none), Some(PathBuf::from("ckpts/x")));
         assert_eq!(

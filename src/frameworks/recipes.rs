@@ -24,7 +24,10 @@ fn llamafactory(cmd: &Command) -> bool {
 fn llamafactory_checkpointing_off(cmd: &Command) -> bool {
     let yes = |v: &str| {
         matches!(
-            v.trim().trim_matches(['"', '\'']).to_ascii_lowercase().as_str(),
+            v.trim()
+                .trim_matches(['"', '\''])
+                .to_ascii_lowercase()
+                .as_str(),
             "true" | "1" | "yes"
         )
     };
@@ -36,7 +39,12 @@ fn llamafactory_checkpointing_off(cmd: &Command) -> bool {
         .filter_map(|(_, a)| crate::untrusted::read_config(std::path::Path::new(a)).ok())
         .any(|text| {
             text.lines().any(|l| {
-                let l = l.split('#').next().unwrap_or("").trim().trim_matches(['"', ',']);
+                let l = l
+                    .split('#')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .trim_matches(['"', ',']);
                 l.strip_prefix("disable_gradient_checkpointing")
                     .map(|r| r.trim_start_matches(['"', ' ']))
                     .and_then(|r| r.strip_prefix(':'))
