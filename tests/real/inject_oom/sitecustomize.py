@@ -1,5 +1,6 @@
 """Raises a real torch.OutOfMemoryError inside a third-party training program that
-nobody here wrote (tests/real/third_party/nanogpt), without editing its files.
+nobody here wrote (nanoGPT's train.py in tests/real/third_party/nanogpt, TRL's sft.py
+from the installed trl), without editing its files.
 
 Python imports `sitecustomize` from PYTHONPATH at start-up; this one waits for the
 program to import its `model` module and wraps `GPT.forward`: in training mode, once
@@ -9,6 +10,11 @@ as its configurator set them from the command line) is above OOMGUARD_TEST_BUDGE
 the forward raises the error PyTorch's caching allocator raises, with its message:
 the one allocation that failed and the memory in use. Everything else — the loop,
 the checkpoint, the resume, the output — is the program's own.
+
+For a Hugging Face Trainer program (TRL's recipes), OOMGUARD_TEST_OOM_AT_STEP wraps
+`transformers.Trainer.training_step` instead: once the Trainer's global_step reaches it,
+while `per_device_train_batch_size * max_length` (the program's own parsed arguments)
+is above OOMGUARD_TEST_BUDGET, the training step raises the same error.
 """
 import importlib.abc
 import importlib.machinery
@@ -16,6 +22,7 @@ import os
 import sys
 
 OOM_AT = os.environ.get("OOMGUARD_TEST_OOM_AT_ITER")
+OOM_AT_STEP = os.environ.get("OOMGUARD_TEST_OOM_AT_STEP")
 BUDGET = int(os.environ.get("OOMGUARD_TEST_BUDGET", "0"))
 
 
@@ -48,15 +55,36 @@ def patch(module):
     gpt.forward = guarded
 
 
-class _ModelFinder(importlib.abc.MetaPathFinder):
+def patch_trainer(module):
+    import torch
+    trainer = getattr(module, "Trainer", None)
+    if trainer is None:
+        return
+    step = trainer.training_step
+
+    def guarded(self, *args, **kwargs):
+        tokens = self.args.per_device_train_batch_size * (getattr(self.args, "max_length", None) or 0)
+        if self.state.global_step >= int(OOM_AT_STEP) and tokens > BUDGET:
+            raise torch.OutOfMemoryError(oom_message(tokens))
+        return step(self, *args, **kwargs)
+
+    trainer.training_step = guarded
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches module `name` with `patch` once it is imported."""
+
+    def __init__(self, name, patch):
+        self.name, self.patch = name, patch
+
     def find_spec(self, name, path, target=None):
-        if name != "model":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
-        exec_module = spec.loader.exec_module
+        exec_module, patch = spec.loader.exec_module, self.patch
 
         def exec_and_patch(module):
             exec_module(module)
@@ -67,4 +95,6 @@ class _ModelFinder(importlib.abc.MetaPathFinder):
 
 
 if OOM_AT is not None:
-    sys.meta_path.insert(0, _ModelFinder())
+    sys.meta_path.insert(0, _Finder("model", patch))
+if OOM_AT_STEP is not None:
+    sys.meta_path.insert(0, _Finder("transformers.trainer", patch_trainer))
