@@ -226,3 +226,48 @@ pub static FAMILY: Family = Family {
     output_hint: "--output_dir",
     ..Family::NONE
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Value;
+
+    fn argv(s: &str) -> Command {
+        let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
+        Command::parse(&a)
+    }
+
+    #[test]
+    fn trl_scripts_checkpoint_and_log_every_10_steps_by_default() {
+        let t = tempfile::tempdir().unwrap();
+        let sft = t.path().join("sft.py");
+        std::fs::write(&sft, "from trl import SFTConfig, SFTTrainer, TrlParser\n").unwrap();
+        let plain = t.path().join("train.py");
+        std::fs::write(&plain, "from transformers import TrainingArguments\n").unwrap();
+        let gc = |script: &std::path::Path| {
+            let cmd = argv(&format!(
+                "python {} --per_device_train_batch_size 8 --output_dir o",
+                script.display()
+            ));
+            crate::frameworks::added_flags(&cmd)
+                .into_iter()
+                .find(|(k, _, _)| *k == Knob::GradCheckpointing)
+                .map(|(_, _, v)| v)
+        };
+        assert_eq!(gc(&sft), Some(Value::Bool(true)));
+        assert_eq!(gc(&plain), Some(Value::Bool(false)));
+        // TRL's recipe form, no Trainer flag on the command line: still TRL's.
+        let recipe = argv(&format!("python {} --config r.yaml", sft.display()));
+        assert!(recognise(&recipe));
+        let ctx = super::super::Ctx {
+            recipe_output_dir: None,
+            recipe_value: &|_| None,
+        };
+        assert_eq!(logging(&recipe, &ctx).map(|l| l.every), Some(10));
+        let hf = argv(&format!(
+            "python {} --per_device_train_batch_size 8",
+            plain.display()
+        ));
+        assert_eq!(logging(&hf, &ctx), None);
+    }
+}

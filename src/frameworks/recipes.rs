@@ -166,3 +166,44 @@ pub static FAMILY: Family = Family {
     output_hint: "a recipe's output_dir:",
     ..Family::NONE
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Value;
+
+    fn argv(s: &str) -> Command {
+        let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
+        Command::parse(&a)
+    }
+
+    fn checkpointing(cmd: &Command) -> Option<Value> {
+        crate::frameworks::added_flags(cmd)
+            .into_iter()
+            .find(|(k, _, _)| *k == Knob::GradCheckpointing)
+            .map(|(_, _, v)| v)
+    }
+
+    #[test]
+    fn llamafactory_checkpoints_by_default_unless_its_recipe_disables_it() {
+        let t = tempfile::tempdir().unwrap();
+        let on = t.path().join("sft.yaml");
+        std::fs::write(&on, "per_device_train_batch_size: 8\noutput_dir: out\n").unwrap();
+        let off = t.path().join("off.yaml");
+        std::fs::write(
+            &off,
+            "per_device_train_batch_size: 8\ndisable_gradient_checkpointing: true  # speed\n",
+        )
+        .unwrap();
+        let cmd = |f: &std::path::Path| argv(&format!("llamafactory-cli train {}", f.display()));
+        assert_eq!(checkpointing(&cmd(&on)), Some(Value::Bool(true)));
+        assert_eq!(checkpointing(&cmd(&off)), None);
+        let overridden = argv(&format!(
+            "llamafactory-cli train {} disable_gradient_checkpointing=true",
+            on.display()
+        ));
+        assert_eq!(checkpointing(&overridden), None);
+        // Not LLaMA-Factory's: nothing is assumed.
+        assert_eq!(checkpointing(&argv("axolotl train cfg.yml")), None);
+    }
+}
