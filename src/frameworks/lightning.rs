@@ -27,12 +27,13 @@ use crate::settings::{Knob, World};
 /// A LightningCLI command: a `fit` subcommand with LightningCLI's dotted
 /// flags or a config, or a script that names LightningCLI.
 fn cli(cmd: &Command) -> bool {
-    cmd.script().is_some()
+    (cmd.script().is_some() || cmd.module().is_some())
         && cmd.positionals().any(|(_, a)| a == "fit")
         && (cmd.flags.iter().any(|f| {
-            ["--trainer.", "--model.", "--data.", "--config"]
-                .iter()
-                .any(|p| f.name.starts_with(p))
+            f.name == "-c"
+                || ["--trainer.", "--model.", "--data.", "--config"]
+                    .iter()
+                    .any(|p| f.name.starts_with(p))
         }) || cmd.has_flag(&["--ckpt_path"])
             || super::script_mentions(cmd, &["LightningCLI"]))
 }
@@ -45,7 +46,7 @@ fn recognise(cmd: &Command) -> bool {
 fn configs(cmd: &Command) -> Vec<PathBuf> {
     cmd.flags
         .iter()
-        .filter(|f| f.name == "--config")
+        .filter(|f| f.name == "--config" || f.name == "-c")
         .filter_map(|f| f.value.as_deref())
         .map(PathBuf::from)
         .collect()
@@ -338,6 +339,8 @@ pub static FAMILY: Family = Family {
         AbsentValue::Int(1),
     )],
     accepts_added: |cmd, _| cli(cmd),
+    // LightningCLI's `--config` / `-c` YAML (several may be given).
+    config_flags: &["--config", "-c"],
     layout,
     world,
     counting: Some(crate::progress::Counting::Batches { accum: 1 }),
@@ -425,6 +428,8 @@ mod tests {
             |s: &str, f: &dyn Fn(&str) -> Option<Scalar>| layout(&argv(s), &ctx(f)).map(|l| l.root);
         let c = format!("python cli.py fit --config {}", cfg.display());
         assert_eq!(root(&c, &none), Some(PathBuf::from("ckpts/x")));
+        let short = format!("python -m proj.cli fit -c {}", cfg.display());
+        assert_eq!(root(&short, &none), Some(PathBuf::from("ckpts/x")));
         assert_eq!(
             root(&format!("{c} --trainer.callbacks.dirpath=other"), &none),
             Some(PathBuf::from("other"))
