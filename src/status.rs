@@ -274,8 +274,11 @@ impl Status {
             .collect();
         // The Trainer's log dicts name no step: their interval, from the command.
         let argv: Vec<std::ffi::OsString> = run.start.argv.iter().map(Into::into).collect();
+        let cmd = crate::command::Command::parse(&argv);
+        // What the trainer's step numbers count (nanoGPT's `iter N`, Lightning's batches).
+        let counting = crate::frameworks::counting(&cmd);
         let logging = crate::frameworks::logging(
-            &crate::command::Command::parse(&argv),
+            &cmd,
             &crate::frameworks::Ctx {
                 recipe_output_dir: None,
                 recipe_value: &|_| None,
@@ -292,7 +295,13 @@ impl Status {
                     .and_then(|p| run.attempts[p].decision.as_ref())
                     .filter(|d| d.resume.is_some() && d.resume == a.start.resume)
                     .and_then(|d| d.resume_step);
-                row(dir, a, logging, from.unwrap_or(0))
+                let counting = counting.at_accum(
+                    a.start
+                        .settings
+                        .get(&crate::settings::Knob::GradAccum)
+                        .and_then(crate::settings::Value::as_int),
+                );
+                row(dir, a, logging, from.unwrap_or(0), counting)
             })
             .collect();
         let running = state == State::Running;
@@ -720,7 +729,13 @@ fn ended_state(code: i32, last: Option<&read::Attempt>) -> State {
 /// journal's `work_lost`, which the supervisor wrote knowing the checkpoints,
 /// else from its output log: bars, step lines, and with `logging` known the
 /// Trainer's log dicts since step `from`).
-fn row(dir: &Path, a: &read::Attempt, logging: Option<progress::Logging>, from: u64) -> AttemptRow {
+fn row(
+    dir: &Path,
+    a: &read::Attempt,
+    logging: Option<progress::Logging>,
+    from: u64,
+    counting: progress::Counting,
+) -> AttemptRow {
     let n = a.start.attempt;
     let log = dir.join(format!("attempt-{n}")).join("output.log");
     AttemptRow {
@@ -734,9 +749,11 @@ fn row(dir: &Path, a: &read::Attempt, logging: Option<progress::Logging>, from: 
             .and_then(|e| e.exit.clone().or_else(|| e.error.clone())),
         status: a.end.as_ref().map(|e| e.status),
         duration_s: a.end.as_ref().and_then(|e| e.duration_s),
-        step_reached: a.lost.as_ref().and_then(|l| l.step_reached).or_else(|| {
-            progress::read(&log, logging, from, progress::Counting::Done).map(|r| r.step)
-        }),
+        step_reached: a
+            .lost
+            .as_ref()
+            .and_then(|l| l.step_reached)
+            .or_else(|| progress::read(&log, logging, from, counting).map(|r| r.step)),
         resume: a.start.resume.clone(),
         decision: a.decision.as_ref().map(|d| d.step),
     }

@@ -107,9 +107,16 @@ fn checkpoint_root(cmd: &Command, ctx: &Ctx) -> PathBuf {
     if let Some(d) = logger_dir {
         return PathBuf::from(d);
     }
+    // Without a logger (`logger: false`) Lightning writes `ROOT/checkpoints`.
+    let no_logger = match trainer_setting(cmd, ctx, "logger") {
+        Some(Scalar::Bool(b)) => !b,
+        Some(Scalar::Str(s)) => s.eq_ignore_ascii_case("false"),
+        _ => false,
+    };
     match text(trainer_setting(cmd, ctx, "default_root_dir")) {
-        // `lightning_logs/version_N/checkpoints`, or `checkpoints` without a logger.
+        // `lightning_logs/version_N/checkpoints` under it (searched to depth 5).
         Some(d) => PathBuf::from(d),
+        None if no_logger => PathBuf::from("checkpoints"),
         None => PathBuf::from("lightning_logs"),
     }
 }
@@ -446,6 +453,10 @@ mod tests {
         assert_eq!(
             root("python cli.py fit --trainer.max_steps 4", &none),
             Some(PathBuf::from("lightning_logs"))
+        );
+        assert_eq!(
+            root("python cli.py fit --trainer.logger false", &none),
+            Some(PathBuf::from("checkpoints"))
         );
         assert_eq!(
             root("python train.py ckpt_path=x.ckpt paths.output_dir=o", &none),
