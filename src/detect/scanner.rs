@@ -6,8 +6,14 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use super::numbers::*;
-use super::wordings::*;
+use super::numbers::{NUMBERS, OomNumbers, fill_missing, gpu_numbers, host_numbers};
+use super::wordings::{
+    ANSI, ANY_OOM, CONSEQUENCE, ERROR_WORDS, EXCEPTION_LINE, EXCEPTION_START, GPU_OOM,
+    GPU_OOM_AMBIGUOUS, HANDLED, HOST_OOM, LAUNCHER_REPORT, LIFE, LOG_DICT_EPOCH, NEEDLES,
+    OOM_ERROR_CLASS, OOM_WORDS, OTHER_ERROR_LINE, OTHER_ERROR_WORDS, PEER_FAILURE, PEER_WORDS,
+    PENDING_NEEDLES, PREFIX, QUIET, RECOVERED, Strength, THRUST_BAD_ALLOC, TRACEBACK, clean,
+    is_code, is_peer_failure, message_complete, oom_in, source_is, source_of, starts_new_record,
+};
 use super::{Finding, Kind, judge};
 use crate::progress;
 

@@ -8,8 +8,8 @@ use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
 use super::plain::resolve;
 use super::{
-    Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style, indent_at,
-    json, line_end, newline_of, render,
+    CannotWrite, Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style,
+    indent_at, json, line_end, newline_of, render,
 };
 
 enum Frame {
@@ -408,7 +408,7 @@ fn block_lines(
     indent: &str,
     step: &str,
     nl: &str,
-) -> Result<String, String> {
+) -> Result<String, CannotWrite> {
     let k = render::key(Format::Yaml, rest[0], None);
     if rest.len() == 1 {
         let lit = render::literal(Format::Yaml, value, None, false)?;
@@ -428,10 +428,10 @@ pub(crate) fn insert(
     _chain: &[&Entry],
     rest: &[&str],
     value: &Scalar,
-) -> Result<Vec<Splice>, String> {
+) -> Result<Vec<Splice>, CannotWrite> {
     let text = doc.text();
     let Some(map) = parent.map() else {
-        return Err("the parent is not a mapping".into());
+        return Err(CannotWrite::ParentNotMapping);
     };
     if map.open.is_some() {
         return json::insert_braced(doc, Format::Yaml, parent, rest, value);
@@ -453,7 +453,7 @@ pub(crate) fn insert(
     };
     let (indent, alone) = indent_at(text, last.key_start);
     if !alone {
-        return Err("the mapping starts on a line shared with other syntax (`- key:` in a list); add the key by hand".into());
+        return Err(CannotWrite::MappingInList);
     }
     // After the last line holding content of the last entry.
     let mut p = last.value.end.max(last.key_start + 1).min(text.len());
@@ -479,11 +479,11 @@ pub(crate) fn insert_under_empty(
     entry: &Entry,
     rest: &[&str],
     value: &Scalar,
-) -> Result<Vec<Splice>, String> {
+) -> Result<Vec<Splice>, CannotWrite> {
     let text = doc.text();
     let (indent, alone) = indent_at(text, entry.key_start);
     if !alone {
-        return Err("the key shares its line with other syntax; add the value by hand".into());
+        return Err(CannotWrite::KeySharesLine);
     }
     let nl = newline_of(text);
     let step = " ".repeat(step_of(text, &doc.root).unwrap_or(2));

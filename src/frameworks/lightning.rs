@@ -16,10 +16,12 @@
 //! `trainer.devices` × `trainer.num_nodes` (devices as a count, a list or a
 //! `"0,1"` string; `auto`/`-1` mean every visible GPU, one process on the CPU).
 
+use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use super::{AbsentValue, Ctx, Env, Family};
-use crate::checkpoint::{Kind, Layout, ResumeHow};
+use crate::checkpoint::{Checkpoint, Format, Kind, Layout, ResumeHow, zip_complete};
 use crate::command::{Command, LauncherKind};
 use crate::files::Scalar;
 use crate::settings::{Knob, World};
@@ -154,7 +156,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         )
     };
     Some(Layout {
-        kind: Kind::Lightning,
+        kind: Kind::Format(&CHECKPOINTS),
         root,
         how,
         user_resume: user.map(PathBuf::from),
@@ -354,6 +356,77 @@ pub static FAMILY: Family = Family {
     output_hint: "--ckpt_path, ckpt_path=, ModelCheckpoint dirpath, --trainer.default_root_dir",
     ..Family::NONE
 };
+
+// ---------------------------------------------------------------- checkpoints
+
+/// Lightning checkpoints: `*.ckpt` files, each whole when it ends with its zip directory.
+pub static CHECKPOINTS: Format = Format {
+    id: "lightning",
+    label: "lightning *.ckpt",
+    candidates: |root| (candidates(root), Vec::new()),
+    complete: |_, p| zip_complete(p),
+    stepped: false,
+    recorded_step: None,
+    unannounced: |p| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("last"))
+    },
+};
+
+/// Every `*.ckpt` under `root` (depth ≤ 5), the latest step first (the
+/// `step=N` of Lightning's file name, else the `global_step` the file
+/// records), `last.ckpt` before its peers at the same step; files whose step
+/// cannot be told come after, newest first. The step is never the file's time.
+fn candidates(root: &Path) -> Vec<Checkpoint> {
+    let mut files: Vec<(u64, bool, SystemTime, PathBuf)> = Vec::new();
+    let mut stack = vec![(root.to_path_buf(), 0)];
+    while let Some((d, depth)) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let Ok(md) = e.metadata() else { continue };
+            if md.is_dir() && depth < 5 {
+                stack.push((p, depth + 1));
+            } else if md.is_file() && p.extension().is_some_and(|x| x == "ckpt") {
+                let stem = p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let last = stem.starts_with("last");
+                let step = name_step(&stem)
+                    .or_else(|| crate::torch_save::top_level_int(&p, "global_step"))
+                    .unwrap_or(0);
+                let t = md.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                files.push((step, last, t, p));
+            }
+        }
+    }
+    files.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
+    // A file whose step cannot be told (cut off mid-write, a name without
+    // one) is tried first when it is newer than every file with a step, last
+    // otherwise: its check then says why it is passed over.
+    let newest_known = files.iter().filter(|f| f.0 > 0).map(|f| f.2).max();
+    let (mut unknown, known): (Vec<_>, Vec<_>) = files.into_iter().partition(|f| f.0 == 0);
+    unknown.sort_by_key(|f| std::cmp::Reverse(f.2));
+    let (newer, older): (Vec<_>, Vec<_>) = unknown
+        .into_iter()
+        .partition(|f| newest_known.is_none_or(|t| f.2 > t));
+    newer
+        .into_iter()
+        .chain(known)
+        .chain(older)
+        .map(|(step, _, _, path)| Checkpoint { path, step })
+        .collect()
+}
+
+/// The `step=N` of a Lightning checkpoint's name (`epoch=0-step=40`,
+/// `model-step=40-val_loss=0.2`, `step40`), if it says one.
+fn name_step(stem: &str) -> Option<u64> {
+    let at = stem.find("step")?;
+    let rest = stem[at + 4..].trim_start_matches(['=', '_']);
+    let digits: &str = &rest[..rest.bytes().take_while(u8::is_ascii_digit).count()];
+    digits.parse().ok()
+}
 
 #[cfg(test)]
 mod tests {

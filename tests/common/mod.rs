@@ -1,5 +1,7 @@
-//! Shared by the integration tests that drive the real binary on Python trainers
-//! (`tests/sim_trainer.rs`, `tests/real_clients.rs`).
+//! The one harness of the integration tests: every test file takes the binary's path
+//! ([`OOMGUARD`]), process checks ([`alive`], [`proc_state`]) and waits ([`wait_until`])
+//! from here, and the files that drive the real binary on Python trainers
+//! (`tests/sim_trainer.rs`, `tests/real_clients.rs`, ...) its runner ([`spawn`], [`oomguard`]).
 #![allow(dead_code)] // each test file uses a different part
 // Runs the real oomguard binary with a time limit and, on any failed expectation, panics with
 // the command, its cwd, what was expected and what was found, and oomguard's stderr.
