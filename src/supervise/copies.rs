@@ -53,10 +53,10 @@ impl<'c> Run<'c> {
             Ok(Some(f)) => f,
             Ok(None) => return,
             Err(why) => {
-                eprintln!(
-                    "oomguard: warning: {why}: the job's last settings are not used: {why}; starting at {}",
+                self.term.warn(&format!(
+                    "{why}: the job's last settings are not used: {why}; starting at {}",
                     self.settings
-                );
+                ));
                 return;
             }
         };
@@ -71,8 +71,8 @@ impl<'c> Run<'c> {
         // oomguard keeps the global batch: settings that change it were not
         // written by oomguard, whoever wrote the file.
         if next.global_batch() != self.settings.global_batch() {
-            eprintln!(
-                "oomguard: warning: {why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}",
+            self.term.warn(&format!(
+                "{why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}",
                 path.display(),
                 self.settings
                     .global_batch()
@@ -80,7 +80,7 @@ impl<'c> Run<'c> {
                 next.global_batch()
                     .map_or("unknown".into(), |g| g.to_string()),
                 self.settings
-            );
+            ));
             return;
         }
         self.settings = next;
@@ -89,7 +89,7 @@ impl<'c> Run<'c> {
             .resume(&checkpoint::Baseline::default(), Duration::from_millis(200));
         let step = res.chosen.as_ref().and_then(checkpoint::step_for);
         self.resume_from(&res, step);
-        self.log.info(&format!(
+        self.term.info(&format!(
             "{why}: starting at {} (the last settings launched, from {}); {}",
             self.settings,
             fitting.run_dir.display(),
@@ -119,7 +119,7 @@ impl<'c> Run<'c> {
             }
         }
         if self.settings != before {
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "starting at copy 0's settings: {} (this copy's own were {before})",
                 self.settings
             ));
@@ -165,10 +165,10 @@ impl<'c> Run<'c> {
             },
         };
         if let Err(e) = job.publish_end(n, &end) {
-            eprintln!(
-                "oomguard: warning: could not write this copy's end in {}: {e}",
+            self.term.warn(&format!(
+                "could not write this copy's end in {}: {e}",
                 job.dir.display()
-            );
+            ));
         }
     }
 
@@ -188,22 +188,22 @@ impl<'c> Run<'c> {
             Outcome::PeerFailure { line, .. } => format!(" ({line})"),
             _ => String::new(),
         };
-        self.log.info(&format!(
+        self.term.info(&format!(
             "attempt {n}: {} on copy {} of the job{why}; waiting for copy 0's decision",
             kind_word(outcome.kind()),
             job.rank
         ));
         match job.await_decision(n) {
             None => {
-                eprintln!(
-                    "oomguard: no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone",
+                self.term.say(&format!(
+                    "no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone",
                     job.timeout,
                     job.dir.display()
-                );
+                ));
                 Flow::Stop(own)
             }
             Some(job::Published::Stop { code }) => {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "copy 0 of the job stopped (status {code}); stopping"
                 ));
                 Flow::Stop(if code == 0 { own } else { code })
@@ -228,15 +228,15 @@ impl<'c> Run<'c> {
                 if let Some(p) = &resume
                     && (!p.is_absolute() || std::fs::metadata(p).is_err())
                 {
-                    eprintln!(
-                        "oomguard: copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job",
+                    self.term.say(&format!(
+                        "copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job",
                         p.display(),
                         if p.is_absolute() {
                             "not found here: the output folder must be on a filesystem every copy shares"
                         } else {
                             "not an absolute path"
                         }
-                    );
+                    ));
                     let end = job::End {
                         rank: job.rank,
                         outcome: crate::evidence::OutcomeKind::OtherFailure,
@@ -252,7 +252,7 @@ impl<'c> Run<'c> {
                     }),
                     _ => None,
                 };
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "copy 0 of the job decided: {} → {}{}",
                     before,
                     self.settings,
@@ -304,7 +304,7 @@ impl<'c> Run<'c> {
                 exit::SUCCESS
             }
             Outcome::Interrupted { signal } => {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "interrupted by {}; not relaunching",
                     signal_name(signal)
                 ));
@@ -316,18 +316,18 @@ impl<'c> Run<'c> {
                     .or_else(|| report.scanner.error_line().map(str::to_string))
                     .map(|l| format!(": {l}"))
                     .unwrap_or_default();
-                eprintln!(
-                    "oomguard: the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
-                );
+                self.term.say(&format!(
+                    "the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
+                ));
                 code
             }
             Outcome::PeerFailure { code, line } => {
                 // A copy alone (no job channel, or oomguard around one launcher): the
                 // rank that failed first is elsewhere, and its output is not here.
-                eprintln!(
-                    "oomguard: the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}",
+                self.term.say(&format!(
+                    "the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}",
                     report.exit
-                );
+                ));
                 code
             }
             Outcome::Refused {
@@ -338,17 +338,17 @@ impl<'c> Run<'c> {
             } => return self.after_refused(rec, knob, &added, &line, code),
             Outcome::AbsurdRequest { finding, code } => {
                 if crate::detect::sizeless_thrust_alloc(&finding) {
-                    eprintln!(
-                        "oomguard: {}: {}\noomguard: {}; stopping with status {code}",
+                    self.term.say(&format!(
+                        "{}: {}\noomguard: {}; stopping with status {code}",
                         crate::detect::absurd_what(&finding),
                         finding.line,
                         crate::detect::advice(&finding)
-                    );
+                    ));
                 } else {
-                    eprintln!(
-                        "oomguard: the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
+                    self.term.say(&format!(
+                        "the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
                         finding.line
-                    );
+                    ));
                 }
                 code
             }
@@ -370,10 +370,10 @@ impl<'c> Run<'c> {
                             .into()
                     }
                 };
-                eprintln!(
-                    "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}",
+                self.term.say(&format!(
+                    "host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}",
                     self.host_oom_advice(rec.n)
-                );
+                ));
                 code
             }
         };

@@ -67,14 +67,14 @@ impl<'c> Run<'c> {
             if let Some(flow) = self.halve_workers(rec, reached, report, started) {
                 return Some(flow);
             }
-            eprintln!(
-                "oomguard: host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead",
+            self.term.say(&format!(
+                "host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead",
                 added
                     .iter()
                     .map(|k| format!("{k}=cpu"))
                     .collect::<Vec<_>>()
                     .join(" ")
-            );
+            ));
             return None;
         };
         let undo: Vec<String> = added.iter().map(|k| format!("{k} cpu undone")).collect();
@@ -83,7 +83,7 @@ impl<'c> Run<'c> {
             before: self.settings.clone(),
             ..next
         };
-        self.log
+        self.term
             .info(&format!("attempt {n}: host OOM after the CPU offload"));
         let oom_after = report.oom_at.unwrap_or(report.duration);
         rec.next = self.decide(n, &ev, d, started, oom_after);
@@ -103,7 +103,7 @@ impl<'c> Run<'c> {
         let n = rec.n;
         let ev = self.host_evidence(reached);
         let d = policy::halve_dataloader_workers(&self.settings, self.cfg.workers_floor, &ev)?;
-        self.log.info(&format!(
+        self.term.info(&format!(
             "attempt {n}: host OOM: halving the DataLoader's workers"
         ));
         let oom_after = report.oom_at.unwrap_or(report.duration);
@@ -142,7 +142,7 @@ impl<'c> Run<'c> {
             .filter(|r| r.step > from);
         match reached {
             Some(r) => {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "thrust's allocation failed with no size after training reached step {}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)",
                     r.step
                 ));
@@ -251,7 +251,7 @@ impl<'c> Run<'c> {
         started: SystemTime,
     ) -> Flow {
         let (n, max) = (rec.n, self.cfg.max_attempts);
-        self.log.info(&format!("attempt {n}: {ev}"));
+        self.term.info(&format!("attempt {n}: {ev}"));
         self.suspect(n, ev);
         if !ev.hung()
             && n < max
@@ -260,9 +260,9 @@ impl<'c> Run<'c> {
             return flow;
         }
         if n >= max {
-            eprintln!(
-                "oomguard: {n} attempts made (--max-attempts {max}); the run still does not fit"
-            );
+            self.term.say(&format!(
+                "{n} attempts made (--max-attempts {max}); the run still does not fit"
+            ));
             return Flow::Stop(exit::EXHAUSTED);
         }
         let oom_after = report.oom_at.unwrap_or(report.duration);
@@ -281,7 +281,7 @@ impl<'c> Run<'c> {
             }
             Err(not) => {
                 if let Some(why) = self.eval_fallback(ev, not) {
-                    self.log.info(&why);
+                    self.term.info(&why);
                 }
             }
         }
@@ -318,9 +318,9 @@ impl<'c> Run<'c> {
                 Flow::Again
             }
             policy::PhaseFix::Stop { why } => {
-                eprintln!("oomguard: {why}; oomguard stops here");
+                self.term.say(&format!("{why}; oomguard stops here"));
                 for a in crate::frameworks::load_advice(&self.cfg.disc.families) {
-                    eprintln!("oomguard:   {a}");
+                    self.term.say(&format!("  {a}"));
                 }
                 Flow::Stop(exit::EXHAUSTED)
             }
@@ -347,9 +347,9 @@ impl<'c> Run<'c> {
                 Flow::Again
             }
             policy::PhaseFix::Stop { why } => {
-                eprintln!("oomguard: {why}; oomguard stops here");
+                self.term.say(&format!("{why}; oomguard stops here"));
                 for a in crate::frameworks::save_advice(&self.cfg.disc.families) {
-                    eprintln!("oomguard:   {a}");
+                    self.term.say(&format!("  {a}"));
                 }
                 Flow::Stop(exit::EXHAUSTED)
             }
@@ -372,21 +372,21 @@ impl<'c> Run<'c> {
         } else {
             "a save's"
         };
-        self.log.info(&format!(
+        self.term.info(&format!(
             "attempt {n}: {ev}: retrying the same settings once ({alloc}); a smaller batch does not lower {peak} peak"
         ));
         let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
         self.checkpoints_passed_over(rec.n, &res);
         self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
-        self.log.info(&res.why);
-        self.j.record(&Event::RetrySameSettings {
+        self.term.info(&res.why);
+        self.emit(Event::RetrySameSettings(RetrySame {
             attempt: rec.n,
             step: SameSettings::RetrySameSettings,
-            before: &self.settings,
-            after: &self.settings,
+            before: events::knobs(&self.settings),
+            after: events::knobs(&self.settings),
             reason,
-            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
-        });
+            resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
+        }));
         rec.next = Next::Retry;
     }
 
@@ -401,23 +401,25 @@ impl<'c> Run<'c> {
         } else {
             format!("at {}", self.settings)
         };
-        eprintln!(
-            "oomguard: the policy '{}' has no step left; the run still does not fit {at}",
+        self.term.say(&format!(
+            "the policy '{}' has no step left; the run still does not fit {at}",
             cfg.policy.name
-        );
+        ));
         for na in policy::not_applicable(&cfg.policy, &cfg.disc) {
-            eprintln!("oomguard:   {} not applicable: {}", na.step, na.why);
+            self.term
+                .say(&format!("  {} not applicable: {}", na.step, na.why));
         }
         for n in plan::unbound_notes(cfg) {
-            eprintln!("oomguard:   {n}");
+            self.term.say(&format!("  {n}"));
         }
         if let Some(s) = &cfg.inside.shell_script {
-            eprintln!("oomguard:   {}", crate::inside::shell_note(s));
+            self.term
+                .say(&format!("  {}", crate::inside::shell_note(s)));
         }
-        eprintln!(
-            "oomguard:   {} shows every knob, where oomguard looked for it and the ladder",
+        self.term.say(&format!(
+            "  {} shows every knob, where oomguard looked for it and the ladder",
             plan::plan_hint(&cfg.argv)
-        );
+        ));
     }
 
     /// Why an OOM during evaluation changes the training settings after all
@@ -453,12 +455,12 @@ impl<'c> Run<'c> {
         };
         let before = prev.evidence.as_ref().and_then(Evidence::tried_to_allocate);
         if before.is_some() && before == ev.tried_to_allocate() {
-            eprintln!(
-                "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
+            self.term.warn(
+                "the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)",
             );
-            self.j.record(&Event::Suspect {
+            self.emit(Event::Suspect {
                 attempt: n,
-                why: "same allocation size after halving the micro-batch",
+                why: "same allocation size after halving the micro-batch".into(),
             });
         }
     }
@@ -478,10 +480,11 @@ impl<'c> Run<'c> {
         }
         let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
         let who = who.join("; ");
-        eprintln!("oomguard: this OOM is not the run's own: {who}");
-        self.j.record(&Event::ForeignOom {
+        self.term
+            .say(&format!("this OOM is not the run's own: {who}"));
+        self.emit(Event::ForeignOom {
             attempt: rec.n,
-            tenants: &tenants,
+            tenants: events::json(&tenants),
         });
         rec.foreign = Some(who.clone());
         let retries = self
@@ -490,24 +493,24 @@ impl<'c> Run<'c> {
             .filter(|a| matches!(a.next, Next::Retry) && a.foreign.is_some())
             .count();
         if retries >= TENANT_RETRIES as usize || !self.gw.wait_for_tenant(pid) {
-            eprintln!(
-                "oomguard: the memory did not come back in time (--wait-timeout); falling back to the policy"
+            self.term.say(
+                "the memory did not come back in time (--wait-timeout); falling back to the policy",
             );
             return None;
         }
         let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
         self.checkpoints_passed_over(rec.n, &res);
         self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
-        self.log
+        self.term
             .info("memory is free again: retrying the same settings");
-        self.j.record(&Event::RetrySameSettings {
+        self.emit(Event::RetrySameSettings(RetrySame {
             attempt: rec.n,
             step: SameSettings::RetrySameSettings,
-            before: &self.settings,
-            after: &self.settings,
+            before: events::knobs(&self.settings),
+            after: events::knobs(&self.settings),
             reason: format!("another tenant held the memory: {who}"),
-            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
-        });
+            resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
+        }));
         rec.next = Next::Retry;
         Some(Flow::Again)
     }
@@ -537,7 +540,7 @@ impl<'c> Run<'c> {
             started,
             oom_after,
         );
-        self.j.record(&Event::WorkLost {
+        self.emit(Event::WorkLost {
             attempt: n,
             step_reached: ev.step_reached.map(|r| r.step),
             step_reached_at_least: ev.step_reached.is_some_and(|r| r.at_least),
@@ -548,22 +551,21 @@ impl<'c> Run<'c> {
             seconds_lost: loss.seconds,
         });
         self.resume_from(&res, new_step);
-        self.log
-            .info(&format!("decision: {} — {}", d.step, d.reason));
-        self.log.info(&res.why);
-        self.j.record(&Event::Decision {
+        // The terminal says the decision as it hears it, before the resume.
+        self.emit(Event::Decision {
             attempt: n,
             step: d.step,
-            before: &d.before,
-            after: &d.after,
+            before: events::knobs(&d.before),
+            after: events::knobs(&d.after),
             global_batch_before: d.before.global_batch(),
             global_batch_after: d.after.global_batch(),
-            reason: &d.reason,
-            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+            reason: d.reason.clone(),
+            resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
             resume_step: new_step,
         });
+        self.term.info(&res.why);
         self.settings = d.after.clone();
-        Next::Decided { decision: d, loss }
+        Next::Decided { decision: d }
     }
 
     /// Say which newer checkpoints the next attempt does not resume from, and
@@ -575,24 +577,24 @@ impl<'c> Run<'c> {
         let named = found.skipped.len().min(checkpoint::NAMED);
         let (first, rest) = found.skipped.split_at(named);
         for s in first {
-            self.log
+            self.term
                 .info(&format!("skipped {}: {}", s.path.display(), s.why));
-            self.j.record(&Event::CheckpointSkipped {
+            self.emit(Event::CheckpointSkipped {
                 attempt: n,
-                path: &s.path,
-                why: &s.why,
+                path: events::path(&s.path),
+                why: s.why.clone(),
             });
         }
         if !rest.is_empty() {
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "skipped {} more checkpoints: {}",
                 rest.len(),
                 checkpoint::kinds_text(rest)
             ));
-            self.j.record(&Event::CheckpointsSkipped {
+            self.emit(Event::CheckpointsSkipped {
                 attempt: n,
                 count: rest.len(),
-                reasons: checkpoint::count_kinds(rest),
+                reasons: events::json(&checkpoint::count_kinds(rest)),
             });
         }
         if !found.ignored.is_empty() {
@@ -602,7 +604,7 @@ impl<'c> Run<'c> {
                 .take(checkpoint::NAMED)
                 .map(|s| s.path.display().to_string())
                 .collect();
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "ignored {}; a relaunch resumes only from checkpoints this run wrote",
                 checkpoint::ignored_text(&found.ignored)
             ));
@@ -611,13 +613,13 @@ impl<'c> Run<'c> {
                 .iter()
                 .find(|s| s.kind == checkpoint::SkipKind::NotAnnounced)
             {
-                self.log.info(&format!("{}: {}", s.path.display(), s.why));
+                self.term.info(&format!("{}: {}", s.path.display(), s.why));
             }
-            self.j.record(&Event::CheckpointsIgnored {
+            self.emit(Event::CheckpointsIgnored {
                 attempt: n,
                 count: found.ignored.len(),
                 newest,
-                reasons: checkpoint::count_kinds(&found.ignored),
+                reasons: events::json(&checkpoint::count_kinds(&found.ignored)),
             });
         }
     }
@@ -637,13 +639,12 @@ impl<'c> Run<'c> {
         code: i32,
     ) -> Flow {
         let n = rec.n;
-        rec.refused = Some(format!("{added} ({knob})"));
         if !self.dropped.contains(&knob) {
             self.dropped.push(knob);
         }
-        eprintln!(
-            "oomguard: attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"
-        );
+        self.term.say(&format!(
+            "attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"
+        ));
         let decided = self
             .attempts
             .iter()
@@ -661,10 +662,10 @@ impl<'c> Run<'c> {
         base.knobs.remove(&knob);
         if n >= self.cfg.max_attempts {
             self.settings = base;
-            eprintln!(
-                "oomguard: {n} attempts made (--max-attempts {}); the run still does not fit at {}",
+            self.term.say(&format!(
+                "{n} attempts made (--max-attempts {}); the run still does not fit at {}",
                 self.cfg.max_attempts, self.settings
-            );
+            ));
             self.bind_advice();
             return Flow::Stop(exit::EXHAUSTED);
         }
@@ -672,7 +673,7 @@ impl<'c> Run<'c> {
             // No OOM led here (the first attempt started from remembered settings):
             // the command as written, less what it refused.
             self.settings = base;
-            self.log
+            self.term
                 .info(&format!("relaunching at {} without {added}", self.settings));
             return Flow::Again;
         };
@@ -687,12 +688,12 @@ impl<'c> Run<'c> {
         let Some(mut d) = d else {
             self.settings = base;
             let without: Vec<&str> = self.dropped.iter().map(|k| k.name()).collect();
-            eprintln!(
-                "oomguard: without {}, the policy '{}' has no other step for the OOM of attempt {oom_at}: the run still does not fit at {}",
+            self.term.say(&format!(
+                "without {}, the policy '{}' has no other step for the OOM of attempt {oom_at}: the run still does not fit at {}",
                 without.join(" and "),
                 self.cfg.policy.name,
                 self.settings
-            );
+            ));
             self.bind_advice();
             return Flow::Stop(exit::EXHAUSTED);
         };
@@ -700,18 +701,17 @@ impl<'c> Run<'c> {
             "{} (decided again without {knob}: the command refused {added})",
             d.reason
         );
-        self.log
-            .info(&format!("decision: {} — {}", d.step, d.reason));
         let resume = self.resume.as_ref().map(|r| PathBuf::from(&r.path));
-        self.j.record(&Event::Decision {
+        // The terminal says the decision as it hears it.
+        self.emit(Event::Decision {
             attempt: n,
             step: d.step,
-            before: &d.before,
-            after: &d.after,
+            before: events::knobs(&d.before),
+            after: events::knobs(&d.after),
             global_batch_before: d.before.global_batch(),
             global_batch_after: d.after.global_batch(),
-            reason: &d.reason,
-            resume: resume.as_deref(),
+            reason: d.reason.clone(),
+            resume: resume.as_deref().map(events::path),
             resume_step: self.resumed_step,
         });
         self.settings = d.after.clone();
@@ -724,7 +724,7 @@ impl<'c> Run<'c> {
     /// How to give oomguard each knob the command refused, where it accepts it.
     fn bind_advice(&self) {
         for k in &self.dropped {
-            eprintln!("oomguard: {}", bind_advice(*k));
+            self.term.say(&bind_advice(*k));
         }
     }
 }

@@ -34,42 +34,27 @@ use crate::checkpoint;
 use crate::detect::Finding;
 use crate::detect::kernel;
 use crate::envmerge::EnvSet;
+use crate::events::{self, Event, Listener, RetrySame, SameSettings, SetbackState};
 use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
 use crate::gpu::PeakReport;
 use crate::gpuwatch::{GpuWatch, TENANT_RETRIES};
 use crate::inplace::InPlace;
 use crate::job;
-use crate::journal::{self, AttemptRecord, Event, Journal, Next, SameSettings, SetbackState};
+use crate::journal::{self, AttemptRecord, Journal, Next};
 use crate::knobs::{self, Settings};
 use crate::launch;
 use crate::plan;
 use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
+use crate::report::story::Story;
+use crate::report::terminal::{Terminal, Verbosity};
 use crate::run_config::{ResumeInfo, RunConfig};
 use crate::runfolder::{self, RunDirError};
-
-/// The first bytes of an attempt's output, written to `attempt-N/output.log`
-/// as they come; the rest reaches the file when the attempt ends (its tail).
-/// `oomguard status` reads the step from the log, live only this far.
-pub const LOG_HEAD_BYTES: u64 = 8 << 20;
-
-/// oomguard's own messages on stderr (`--quiet` silences them).
-struct Log {
-    quiet: bool,
-}
 
 /// How long a copy's ranks may go on after it heard that the job moved on before
 /// it stops them (see `job::Job::moved_on`).
 const JOB_END_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl Log {
-    fn info(&self, msg: &str) {
-        if !self.quiet {
-            eprintln!("oomguard: {msg}");
-        }
-    }
-}
 
 /// What the loop does after a phase.
 enum Flow {
@@ -92,7 +77,10 @@ struct Run<'c> {
     /// Where config copies go when the run folder cannot be written: a fresh
     /// private temporary folder, made once.
     scratch: Option<std::path::PathBuf>,
-    log: Log,
+    /// The only writer of `oomguard:` lines.
+    term: Terminal,
+    /// The run's events, folded: what the end summary tells.
+    story: Story,
     /// Added to every attempt's environment.
     env_defaults: Vec<EnvSet>,
     tty: bool,
@@ -128,8 +116,6 @@ struct Run<'c> {
     no_cpu_offload: Vec<knobs::Knob>,
     /// Whether "the kernel's log cannot be read" was said (it is said once a run).
     kernel_unreadable_said: bool,
-    /// When the run started, for its duration in the summary.
-    t0: std::time::Instant,
     /// The time lost to OOMs, stretch by stretch (the last may be open).
     setbacks: Vec<journal::Setback>,
     /// The command line of the last attempt prepared.
@@ -146,13 +132,15 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     // The scanner's patterns are built while the first attempt starts, not at its first
     // OOM line (where the build delayed the hang timer's reaction).
     std::thread::spawn(crate::detect::warm);
+    // How much oomguard says is decided here, once.
+    let term = Terminal::stderr(Verbosity::of(cfg.quiet, cfg.verbose));
     let gw = cfg.gpu.take().expect("from_args opened the GPU watch");
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
     let rungs = match plan::ladder(&cfg, None) {
         Ok(r) => r.len(),
         Err(e) => {
-            eprintln!("oomguard: error: {e}");
+            term.error(&e.to_string());
             return exit::USAGE;
         }
     };
@@ -165,7 +153,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         .map(|(_, path, _)| path)
         .collect();
     if let Err(e) = crate::inplace::check_unfinished(&in_place) {
-        eprintln!("oomguard: error: {e}");
+        term.error(&e.to_string());
         return exit::USAGE;
     }
     // The run folder is created fresh and private, or refused before anything
@@ -173,7 +161,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let run_dir = match runfolder::create_run_dir(&cfg.run_dir, cfg.run_dir_given) {
         Ok(d) => Ok(d),
         Err(RunDirError::Unsafe(e)) => {
-            eprintln!("oomguard: error: {e}");
+            term.error(&e.to_string());
             return exit::USAGE;
         }
         // The journal warns and the run goes on without one.
@@ -191,7 +179,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let inplace = match InPlace::prepare(run_dir.as_deref().map_err(Clone::clone), &files) {
         Ok(g) => g,
         Err(e) => {
-            eprintln!("oomguard: error: {e}");
+            term.error(&e.to_string());
             return exit::USAGE;
         }
     };
@@ -200,10 +188,10 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     if let Some(job) = cfg.job.as_mut()
         && let Err(e) = job.open()
     {
-        eprintln!("oomguard: error: {e}");
+        term.error(&e.to_string());
         return exit::USAGE;
     }
-    let mut run = Run::start(&cfg, gw, inplace, rungs);
+    let mut run = Run::start(&cfg, gw, inplace, rungs, term);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
     run.restarted_pod();
     let code = loop {
@@ -221,33 +209,46 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
 
 impl<'c> Run<'c> {
     /// `rungs`: how many attempts the policy's ladder has (1: nothing to change).
-    fn start(cfg: &'c RunConfig, gw: GpuWatch, inplace: InPlace, rungs: usize) -> Run<'c> {
+    fn start(
+        cfg: &'c RunConfig,
+        gw: GpuWatch,
+        inplace: InPlace,
+        rungs: usize,
+        term: Terminal,
+    ) -> Run<'c> {
         let mut j = Journal::open(cfg.run_dir.clone());
+        for w in j.take_warnings() {
+            term.warn(&w);
+        }
         let env_defaults = cfg.env_defaults();
         let tty = std::io::stdout().is_terminal();
         let first = cfg.disc.settings();
-        j.record(&Event::RunStart {
-            argv: &cfg.argv,
-            policy: &cfg.policy.name,
+        let start = Event::RunStart {
+            argv: events::argv(&cfg.argv),
+            policy: cfg.policy.name.clone(),
             max_attempts: cfg.max_attempts,
-            settings: &first,
+            settings: events::knobs(&first),
             world_size: first.world_size,
-            world_source: &cfg.disc.world.source,
+            world_source: cfg.disc.world.source.clone(),
             global_batch: first.global_batch(),
-            env: &env_defaults,
-            notes: &cfg.disc.notes,
-            warnings: &cfg.disc.warnings,
+            env: events::json(&env_defaults),
+            notes: cfg.disc.notes.clone(),
+            warnings: cfg.disc.warnings.clone(),
             tty,
-            supervisor: &crate::liveness::Supervisor::me(),
-        });
-        let log = Log { quiet: cfg.quiet };
+            supervisor: Some(crate::liveness::Supervisor::me()),
+            logging: cfg.logging,
+        };
+        let at = SystemTime::now();
+        j.on(at, &start);
+        let story = Story::begin(&start, Some(crate::report::journal::stamp(at)))
+            .expect("run_start begins a story");
         for w in &cfg.disc.warnings {
-            eprintln!("oomguard: warning: {w}");
+            term.warn(w);
         }
-        start_lines(cfg, &log, rungs);
+        start_lines(cfg, &term, rungs);
         let (settings, remembered) = cfg.start_settings();
         if let Some(line) = remembered {
-            log.info(&line);
+            term.info(&line);
         }
         Run {
             cfg,
@@ -257,7 +258,8 @@ impl<'c> Run<'c> {
             reported: Vec::new(),
             scratch: None,
             j,
-            log,
+            term,
+            story,
             env_defaults,
             tty,
             settings,
@@ -275,7 +277,6 @@ impl<'c> Run<'c> {
             begun: 0,
             attempts: Vec::new(),
             kernel_unreadable_said: false,
-            t0: std::time::Instant::now(),
             setbacks: Vec::new(),
             last_command: None,
             added: Vec::new(),
@@ -305,19 +306,19 @@ impl<'c> Run<'c> {
             // are not coming: nothing is launched, and the non-zero status
             // lets the job's own failure policy (Kubernetes, Slurm) act.
             if let Some(why) = met.disagree {
-                eprintln!(
-                    "oomguard: the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
+                self.term.say(&format!(
+                    "the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
                     job.dir.display(),
                     exit::USAGE
-                );
+                ));
                 return Flow::Stop(exit::USAGE);
             }
             if !met.all {
-                eprintln!(
-                    "oomguard: warning: not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
+                self.term.warn(&format!(
+                    "not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
                     job.timeout,
                     job.dir.display()
-                );
+                ));
             }
             if let Some(knobs) = met.start {
                 self.take_copy0_start(knobs);
@@ -341,7 +342,6 @@ impl<'c> Run<'c> {
             duration: report.duration,
             evidence: None,
             foreign: None,
-            refused: None,
             next: Next::Stop,
         };
         let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
@@ -374,13 +374,13 @@ impl<'c> Run<'c> {
             &files_dir,
         )
         .map_err(|e| {
-            eprintln!("oomguard: error: cannot prepare attempt {n}: {e}");
+            self.term.error(&format!("cannot prepare attempt {n}: {e}"));
             exit::EXHAUSTED
         })?;
         if let Err(e) = self.inplace.write_derived(&m.files) {
-            eprintln!(
-                "oomguard: error: cannot write attempt {n}'s files: {e}\noomguard: attempt {n} was not launched"
-            );
+            self.term.error(&format!(
+                "cannot write attempt {n}'s files: {e}\noomguard: attempt {n} was not launched"
+            ));
             return Err(exit::CANNOT_WRITE);
         }
         self.added = knobs::added(&cfg.disc, &self.settings);
@@ -396,11 +396,9 @@ impl<'c> Run<'c> {
             .collect();
         let prev_pid = self.attempts.last().map(|a| a.pid);
         let gpu = self.gw.before_attempt(n, prev_pid);
-        if let Some(g) = &gpu
-            && cfg.verbose > 0
-        {
-            self.log
-                .info(&format!("GPUs before attempt {n}: {}", g.summary));
+        if let Some(g) = &gpu {
+            self.term
+                .detail(&format!("GPUs before attempt {n}: {}", g.summary));
         }
         if n == 1 {
             // As late as possible before the launch: what is there now is not
@@ -409,25 +407,25 @@ impl<'c> Run<'c> {
         }
         let resume = self.resume.as_ref().map(|r| Path::new(&r.path));
         self.last_command = Some(last_command(&cfg.argv, &m, resume));
-        let start = Event::attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
-        self.j.record(&start);
+        let start = attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
+        self.emit(start);
         let started = SystemTime::now();
         if n > 1 {
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "attempt {n}/{}: {}",
                 cfg.max_attempts,
                 plan::shell_quote(&m.argv)
             ));
-        } else if cfg.verbose > 0 {
-            self.log
-                .info(&format!("attempt 1: {}", plan::shell_quote(&m.argv)));
+        } else {
+            self.term
+                .detail(&format!("attempt 1: {}", plan::shell_quote(&m.argv)));
         }
         let spec = launch::Spec {
             argv: m.argv,
             env_set,
             tty: self.tty,
             log: adir.map(|d| d.join("output.log")),
-            log_head_bytes: LOG_HEAD_BYTES,
+            log_head_bytes: runfolder::LOG_HEAD_BYTES,
             log_tail_bytes: 4 << 20,
             hang_timeout: cfg.hang_timeout,
             grace: cfg.grace,
@@ -471,9 +469,9 @@ impl<'c> Run<'c> {
             match runfolder::fresh_temp_dir() {
                 Ok(d) => self.scratch = Some(d),
                 Err(e) => {
-                    eprintln!(
-                        "oomguard: error: cannot prepare attempt {n}: no run folder, and no private temporary folder: {e}"
-                    );
+                    self.term.error(&format!(
+                        "cannot prepare attempt {n}: no run folder, and no private temporary folder: {e}"
+                    ));
                     return Err(exit::CANNOT_WRITE);
                 }
             }
@@ -492,11 +490,11 @@ impl<'c> Run<'c> {
                 continue;
             }
             self.reported.push(key);
-            eprintln!("oomguard: {}", d.line(n));
-            self.j.record(&Event::ConfigChanged {
+            self.term.say(&d.line(n));
+            self.emit(Event::ConfigChanged {
                 attempt: n,
-                path: &d.path,
-                knobs: &d.knobs,
+                path: events::path(&d.path),
+                knobs: events::json(&d.knobs),
             });
         }
     }
@@ -520,13 +518,13 @@ impl<'c> Run<'c> {
                     launch::Error::NotExecutable { .. } => exit::CANNOT_EXECUTE,
                     launch::Error::Io(_) => exit::CANNOT_EXECUTE,
                 };
-                eprintln!("oomguard: error: {e}");
-                self.j.record(&Event::CannotExecute {
+                self.term.error(&e.to_string());
+                self.emit(Event::CannotExecute(events::CannotExecute {
                     attempt: n,
                     outcome: OutcomeKind::CannotExecute,
                     error: e.to_string(),
                     status: code,
-                });
+                }));
                 Err(code)
             }
         }
@@ -542,31 +540,31 @@ impl<'c> Run<'c> {
         started: SystemTime,
     ) -> Outcome {
         for w in &report.warnings {
-            eprintln!("oomguard: warning: {w}");
+            self.term.warn(w);
         }
         if let Some(why) = &report.stopped {
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "attempt {n}: {why} while this copy's ranks still ran; stopped them"
             ));
         }
         if let Some(tf) = &self.cfg.task_files
             && report.task_files.is_empty()
         {
-            eprintln!(
-                "oomguard: warning: attempt {n}: no file of srun's {} was written by this step in {}; an OOM printed there could not be seen",
+            self.term.warn(&format!(
+                "attempt {n}: no file of srun's {} was written by this step in {}; an OOM printed there could not be seen",
                 tf.patterns.join(", "),
                 tf.cwd.display()
-            );
+            ));
         }
         if let Some(t) = &report.torchrun {
             if t.stopped_at_oom {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "attempt {n}: a torchrun worker died of a GPU OOM: stopped torchrun before its --max-restarts {} re-ran the same settings",
                     t.max_restarts
                 ));
             }
             if t.restarts > 0 {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "attempt {n}: torchrun restarted its workers {} time{} within this attempt (--max-restarts {})",
                     t.restarts,
                     if t.restarts == 1 { "" } else { "s" },
@@ -581,28 +579,30 @@ impl<'c> Run<'c> {
             knob, added, line, ..
         } = &outcome
         {
-            self.j.record(&Event::Refused {
+            let e = Event::Refused {
                 attempt: n,
                 knob: *knob,
-                added,
-                line,
-            });
+                added: added.clone(),
+                line: line.clone(),
+            };
+            self.emit(e);
         }
         let unconfirmed = unreadable
             .as_deref()
             .is_some_and(|w| w.starts_with("the kernel's OOM killer killed"));
         if let Some(why) = unreadable.as_deref().filter(|_| unconfirmed) {
-            eprintln!("oomguard: attempt {n}: killed by SIGKILL; {why}");
+            self.term
+                .say(&format!("attempt {n}: killed by SIGKILL; {why}"));
         } else if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
-            eprintln!(
-                "oomguard: warning: cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"
-            );
+            self.term.warn(&format!(
+                "cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"
+            ));
         }
         if let Some(f) = outcome.finding() {
             if let Some(file) = &report.oom_file {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "attempt {n}: the OOM was found in {} (srun's per-task output file)",
                     file.display()
                 ));
@@ -617,28 +617,28 @@ impl<'c> Run<'c> {
                     .step_reached
                     .map(|r| r.step.saturating_sub(self.started_from()));
             }
-            self.j.record(&Event::Oom {
+            self.emit(Event::Oom {
                 attempt: n,
                 finding: f.into(),
                 after_s: report.oom_at.map(|d| d.as_secs_f64()),
-                file: report.oom_file.as_deref(),
+                file: report.oom_file.as_deref().map(events::path),
                 phase: seen.when(),
-                phase_how: seen.phase_how(),
+                phase_how: seen.phase_how().map(str::to_string),
                 step_reached: seen.step_reached.map(|r| r.step),
             });
             self.phase = seen.phase.clone();
         }
-        self.j.record(&Event::AttemptEnd {
+        self.emit(Event::AttemptEnd {
             attempt: n,
             status: report.exit.status_code(),
             exit: report.exit.to_string(),
             outcome: outcome.kind(),
-            why: outcome.why(),
-            kernel_oom_kill: outcome.victim(),
+            why: outcome.why().map(str::to_string),
+            kernel_oom_kill: outcome.victim().map(events::json),
             duration_s: report.duration.as_secs_f64(),
-            error_line: report.scanner.error_line(),
-            gpu_peak: peak,
-            torchrun: report.torchrun.as_ref(),
+            error_line: report.scanner.error_line().map(str::to_string),
+            gpu_peak: peak.cloned(),
+            torchrun: report.torchrun.as_ref().map(events::json),
         });
         outcome
     }
@@ -679,7 +679,7 @@ impl<'c> Run<'c> {
                 let ends = job.await_ends(n);
                 match ends.iter().find(|e| e.oom_line.is_some()) {
                     Some(e) => {
-                        self.log.info(&format!(
+                        self.term.info(&format!(
                             "attempt {n}: copy {} of the job ran out of memory; this copy ended with {}",
                             e.rank,
                             kind_word(outcome.kind())
@@ -708,10 +708,10 @@ impl<'c> Run<'c> {
             Flow::Stop(code) => job::Published::Stop { code },
         };
         if let Err(e) = job.publish_decision(n, &published) {
-            eprintln!(
-                "oomguard: warning: could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting",
+            self.term.warn(&format!(
+                "could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting",
                 job.dir.display()
-            );
+            ));
         }
         flow
     }
@@ -791,14 +791,25 @@ impl<'c> Run<'c> {
         }
     }
 
+    /// Tell every listener of the run: the journal (whose write warnings the
+    /// terminal says), the story, the terminal.
+    fn emit(&mut self, e: Event) {
+        let at = SystemTime::now();
+        self.j.on(at, &e);
+        for w in self.j.take_warnings() {
+            self.term.warn(&w);
+        }
+        self.story.on(at, &e);
+        self.term.on(at, &e);
+    }
+
     fn record_setback(&mut self, n: u32, s: &journal::Setback) {
-        let since: chrono::DateTime<chrono::Local> = s.since.into();
-        self.j.record(&Event::TimeLost {
+        self.emit(Event::TimeLost {
             attempt: n,
             state: s.state,
-            ooms: &s.ooms,
+            ooms: s.ooms.clone(),
             back_to_step: s.step,
-            since: since.to_rfc3339_opts(chrono::SecondsFormat::Millis, false),
+            since: crate::report::journal::stamp(s.since),
             seconds: s.seconds,
         });
     }
@@ -829,25 +840,24 @@ impl<'c> Run<'c> {
             let s = s.clone();
             self.record_setback(n, &s);
         }
-        self.j.record(&Event::RunEnd {
+        self.emit(Event::RunEnd {
             exit_code: code,
             attempts: self.begun,
             lost_s: lost.as_secs_f64(),
-            settings: &self.settings,
+            settings: events::knobs(&self.settings),
             time_lost_s: self.setbacks.iter().map(journal::Setback::counted).sum(),
             time_lost_complete: self.setbacks.iter().all(|s| s.state == SetbackState::Back),
-            last_command: self.last_command.as_ref().map(|c| c.line.as_str()),
+            last_command: self.last_command.as_ref().map(|c| c.line.clone()),
         });
         for l in self.inplace.restore() {
-            eprintln!("oomguard: {l}");
+            self.term.say(&l);
         }
         let path = self.j.path();
         let end = journal::End {
             first: &self.first,
             last: &self.settings,
             attempts: &self.attempts,
-            begun: self.begun,
-            code,
+            story: &self.story,
             journal: path.as_deref(),
             decided_by: self
                 .cfg
@@ -855,20 +865,46 @@ impl<'c> Run<'c> {
                 .as_ref()
                 .filter(|j| !j.leader())
                 .map(|_| "copy 0 of the job"),
-            elapsed: self.t0.elapsed(),
-            setbacks: &self.setbacks,
             last_command: self.last_command.as_ref(),
         };
-        eprint!("{}", end.summary());
+        self.term.block(&end.summary());
         if let Some(p) = self.gw.peak_summary() {
-            eprintln!("oomguard: GPU memory of the last attempt: {p}");
+            self.term
+                .say(&format!("GPU memory of the last attempt: {p}"));
         }
         if let Some(line) =
             progress::save_interval_advice(&end.losses(), self.cfg.layout.as_ref(), lost)
         {
-            eprint!("{line}");
+            self.term.block(&line);
         }
         code
+    }
+}
+
+/// `attempt_start` for the attempt `m` materializes.
+fn attempt_start(
+    attempt: u32,
+    gpu: Option<&crate::gpuwatch::BeforeAttempt>,
+    m: &knobs::Materialized,
+    settings: &Settings,
+    resume: Option<&Path>,
+) -> Event {
+    Event::AttemptStart {
+        attempt,
+        gpu: gpu.map_or(serde_json::Value::Null, events::json),
+        argv: events::argv(&m.argv),
+        env: m.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        settings: events::knobs(settings),
+        global_batch: settings.global_batch(),
+        resume: resume.map(events::path),
+        files: m
+            .files
+            .iter()
+            .map(|f| events::FileCopy {
+                original: events::path(&f.original),
+                copy: events::path(&f.dest),
+            })
+            .collect(),
     }
 }
 
@@ -914,7 +950,7 @@ fn last_command(
 /// What a user must know before a night's run, at the default verbosity: what
 /// oomguard can change and what it cannot, a shell script it cannot see into,
 /// restarters and batch-size finders inside the command; every note with -v.
-fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
+fn start_lines(cfg: &RunConfig, log: &Terminal, rungs: usize) {
     if let Some(s) = &cfg.inside.shell_script {
         log.info(&format!("warning: {}", crate::inside::shell_note(s)));
     }
@@ -946,9 +982,7 @@ fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
     let inside = cfg.inside.notes();
     for n in &cfg.disc.notes {
         let shell = cfg.inside.shell_script.is_some() && inside.first() == Some(n);
-        if cfg.verbose > 0 || (inside.contains(n) && !shell) {
-            log.info(&format!("note: {n}"));
-        }
+        log.note(n, inside.contains(n) && !shell);
     }
 }
 
