@@ -29,6 +29,7 @@ mod knobs;
 mod launch;
 mod liveness;
 mod memory;
+mod next;
 mod plan;
 mod policy;
 mod progress;

@@ -5,11 +5,13 @@
 //!   argv ──discover──▶ bindings + settings₀
 //!   settings_n ──materialize──▶ attempt n: argv', env'
 //!   attempt n ──launch + watch──▶ outcome_n      (output passes through untouched)
-//!   outcome_n ──policy──▶ decision ──▶ settings_n+1 (+ resume checkpoint)
+//!   history + outcome_n ──next──▶ verdict ──carry out──▶ settings_n+1 (+ resume checkpoint), or stop
 //!   every arrow ──▶ journal
 //!
-//! `plan` runs the same pipeline with launch replaced by "assume OOM", so what
-//! it prints is what a run would do. Only an OOM leads to another attempt: a
+//! What follows an attempt is decided by `next::next` alone, a pure function;
+//! this loop gathers the facts it asks for (`Verdict::Wait`: the other copies'
+//! ends, another tenant's memory) and carries its verdict out. `plan` iterates
+//! the same `next` over assumed OOMs, so what it prints is what a run would do. Only an OOM leads to another attempt: a
 //! failure of any other kind is not fixed by shrinking, so oomguard stops and
 //! exits with the command's own status; a user's signal is never followed by a
 //! relaunch.
@@ -19,14 +21,14 @@
 //! evidence, and what followed it). Everything else the end of the run reports
 //! (time lost, the table, tenant retries, work lost) is read from the records.
 //! One attempt goes through phases, one function each: prepare (materialize,
-//! journal), launch, ended (classify, journal), then after an OOM: a suspect
-//! allocation, another tenant's memory, the policy's decision.
+//! journal), launch, ended (classify, journal), after (the verdict, carried out).
 
 mod copies;
 mod decide;
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -38,12 +40,13 @@ use crate::events::{self, Event, Listener, RetrySame, SameSettings, SetbackState
 use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
 use crate::gpu::PeakReport;
-use crate::gpuwatch::{GpuWatch, TENANT_RETRIES};
+use crate::gpuwatch::GpuWatch;
 use crate::inplace::InPlace;
 use crate::job;
 use crate::journal::{self, AttemptRecord, Journal, Next};
 use crate::knobs::{self, Settings};
 use crate::launch;
+use crate::next::{self, Because, For, Peers, Role, Verdict};
 use crate::plan;
 use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
@@ -55,14 +58,6 @@ use crate::runfolder::{self, RunDirError};
 /// How long a copy's ranks may go on after it heard that the job moved on before
 /// it stops them (see `job::Job::moved_on`).
 const JOB_END_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// What the loop does after a phase.
-enum Flow {
-    /// Launch the next attempt.
-    Again,
-    /// The run is over, with this exit code.
-    Stop(i32),
-}
 
 /// The run between attempts.
 struct Run<'c> {
@@ -198,9 +193,9 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         if let Some(sig) = signals.pending() {
             break exit::SIGNAL_BASE + sig;
         }
-        match run.attempt(signals) {
-            Flow::Again => {}
-            Flow::Stop(code) => break code,
+        // Continue: launch the next attempt; Break: the run is over, with this code.
+        if let ControlFlow::Break(code) = run.attempt(signals) {
+            break code;
         }
     };
     run.job_finished(code);
@@ -289,7 +284,7 @@ impl<'c> Run<'c> {
     }
 
     /// One attempt, from preparing it to what follows it.
-    fn attempt(&mut self, signals: &launch::Signals) -> Flow {
+    fn attempt(&mut self, signals: &launch::Signals) -> ControlFlow<i32> {
         self.begun += 1;
         let n = self.begun;
         if let Some(job) = &self.cfg.job {
@@ -311,7 +306,7 @@ impl<'c> Run<'c> {
                     job.dir.display(),
                     exit::USAGE
                 ));
-                return Flow::Stop(exit::USAGE);
+                return ControlFlow::Break(exit::USAGE);
             }
             if !met.all {
                 self.term.warn(&format!(
@@ -326,12 +321,12 @@ impl<'c> Run<'c> {
         }
         let (spec, started) = match self.prepare(n) {
             Ok(p) => p,
-            Err(code) => return Flow::Stop(code),
+            Err(code) => return ControlFlow::Break(code),
         };
         self.save_fitting();
         let (report, peak) = match self.launch(n, &spec, signals) {
             Ok(r) => r,
-            Err(code) => return Flow::Stop(code),
+            Err(code) => return ControlFlow::Break(code),
         };
         self.baseline.note_announced(&report.saves);
         let outcome = self.ended(n, &report, peak.as_ref(), spec.log.as_deref(), started);
@@ -345,7 +340,7 @@ impl<'c> Run<'c> {
             next: Next::Stop,
         };
         let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
-        self.track_setback(&rec, &report, started, &flow);
+        self.track_setback(&rec, &report, started, flow.is_continue());
         self.attempts.push(rec);
         flow
     }
@@ -572,9 +567,22 @@ impl<'c> Run<'c> {
                 ));
             }
         }
-        let (outcome, unreadable) = evidence::classify(report, &kernel::System);
-        let outcome = self.thrust_after_steps(outcome, log, started);
-        let outcome = evidence::refused(outcome, &report.tail, &self.added);
+        let from = self.started_from();
+        let steps_beyond = || {
+            self.reached(log, started)
+                .filter(|r| r.step > from)
+                .map(|r| r.step)
+        };
+        let evidence::Classified {
+            outcome,
+            unreadable,
+            thrust_at,
+        } = evidence::classify_attempt(report, &kernel::System, &self.added, &steps_beyond);
+        if let Some(step) = thrust_at {
+            self.term.info(&format!(
+                "thrust's allocation failed with no size after training reached step {step}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)"
+            ));
+        }
         if let Outcome::Refused {
             knob, added, line, ..
         } = &outcome
@@ -643,10 +651,11 @@ impl<'c> Run<'c> {
         outcome
     }
 
-    /// What follows an attempt. A copy of a job (see `job`) does not decide
-    /// alone: a follower whose attempt failed waits for the leader's decision
-    /// and follows it; the leader takes an OOM of any copy as the job's and
-    /// publishes what it decided.
+    /// What follows an attempt: the facts `next` asks for, gathered (the OOM's
+    /// evidence, the other copies' ends, another tenant's memory), then its
+    /// verdict carried out. A copy of a job (see `job`) does not decide alone:
+    /// a follower whose attempt failed follows copy 0's verdict; copy 0 takes an
+    /// OOM of any copy as the job's and publishes its verdict.
     fn after(
         &mut self,
         rec: &mut AttemptRecord,
@@ -654,64 +663,109 @@ impl<'c> Run<'c> {
         report: &launch::Report,
         log: Option<&Path>,
         started: SystemTime,
-    ) -> Flow {
-        let Some(job) = self.cfg.job.clone() else {
-            return self.after_alone(rec, outcome, report, log, started);
-        };
+    ) -> ControlFlow<i32> {
         let n = rec.n;
-        let after = job::after_attempt(job.leader(), outcome.kind());
-        if job.leader() && !matches!(outcome, Outcome::Success | Outcome::Interrupted { .. }) {
+        let job = self.cfg.job.clone();
+        let role = match &job {
+            None => Role::Alone,
+            Some(j) if j.leader() => Role::Leader,
+            Some(_) => Role::Follower,
+        };
+        if let Some(job) = job.as_ref().filter(|j| j.leader())
+            && !matches!(outcome, Outcome::Success | Outcome::Interrupted { .. })
+        {
             // The followers' ranks cannot go on without this copy's: they end
             // theirs when they see this (see `job`), and say how.
-            self.publish_end(&job, n, &outcome);
+            self.publish_end(job, n, &outcome);
         }
-        let outcome = match after {
-            job::AfterAttempt::WaitForDecision => {
-                return self.follow(&job, rec, &outcome, report);
+        let evidence = match (&outcome, role) {
+            (_, Role::Follower) => None,
+            (Outcome::GpuOom { finding, hung }, _) => {
+                Some(self.oom_evidence(finding.as_ref(), *hung, log, started))
             }
-            job::AfterAttempt::Alone if !job.leader() => {
-                return self.after_alone(rec, outcome, report, log, started);
+            (Outcome::HostOom { .. }, _) => {
+                let reached = self.reached(log, started);
+                self.note_reached(reached);
+                Some(self.host_evidence(reached))
             }
-            job::AfterAttempt::Alone => outcome,
-            job::AfterAttempt::CollectEnds => {
-                // A peer's OOM ends this copy as "connection closed by peer",
-                // a rendezvous error, an NCCL error: the followers say what they saw.
-                let ends = job.await_ends(n);
-                match ends.iter().find(|e| e.oom_line.is_some()) {
-                    Some(e) => {
-                        self.term.info(&format!(
-                            "attempt {n}: copy {} of the job ran out of memory; this copy ended with {}",
-                            e.rank,
-                            kind_word(outcome.kind())
-                        ));
-                        let line = e.oom_line.clone().unwrap_or_default();
-                        Outcome::GpuOom {
-                            finding: Some(crate::detect::classify_log(line.as_bytes())),
-                            hung: e.outcome == OutcomeKind::HungAfterOom,
+            _ => None,
+        };
+        // The OOM line that decides: this copy's, or another copy's.
+        let mut finding = outcome.finding().cloned();
+        let mut ended = next::Ended::new(outcome, evidence);
+        let mut said = false;
+        let verdict = loop {
+            let gpu_oom = matches!(ended.outcome, Outcome::GpuOom { .. })
+                || matches!(ended.peers, Peers::Oom { .. });
+            if gpu_oom
+                && role != Role::Follower
+                && !std::mem::replace(&mut said, true)
+                && let Some(ev) = ended.evidence.clone()
+            {
+                self.term.info(&format!("attempt {n}: {ev}"));
+                self.suspect(n, &ev);
+            }
+            let v = next::next(&self.history(n, role), &ended, &self.rules());
+            match v {
+                Verdict::Wait(For::PeerEnds) => {
+                    let Some(job) = &job else {
+                        ended.peers = Peers::Heard;
+                        continue;
+                    };
+                    // A peer's OOM ends this copy as "connection closed by peer",
+                    // a rendezvous error, an NCCL error: the followers say what they saw.
+                    let ends = job.await_ends(n);
+                    ended.peers = match ends.iter().find(|e| e.oom_line.is_some()) {
+                        Some(e) => {
+                            self.term.info(&format!(
+                                "attempt {n}: copy {} of the job ran out of memory; this copy ended with {}",
+                                e.rank,
+                                kind_word(ended.outcome.kind())
+                            ));
+                            let line = e.oom_line.clone().unwrap_or_default();
+                            let f = crate::detect::classify_log(line.as_bytes());
+                            let hung = e.outcome == OutcomeKind::HungAfterOom;
+                            ended.evidence = Some(self.oom_evidence(Some(&f), hung, log, started));
+                            finding = Some(f);
+                            Peers::Oom { rank: e.rank }
                         }
-                    }
-                    None => outcome,
+                        None => Peers::Heard,
+                    };
                 }
+                Verdict::Wait(For::Tenants) => {
+                    ended.tenants = Some(self.gw.tenants(finding.as_ref()));
+                }
+                Verdict::Wait(For::Memory { tries_left }) => {
+                    let tenants = ended.tenants.as_deref().unwrap_or_default();
+                    ended.memory_back =
+                        Some(self.wait_for_tenants(rec, tenants, tries_left, report.pid));
+                }
+                v => break v,
             }
         };
-        let flow = self.after_alone(rec, outcome, report, log, started);
-        let published = match flow {
-            Flow::Again => job::Published::Relaunch {
-                knobs: self
-                    .settings
-                    .knobs
-                    .iter()
-                    .map(|(k, v)| (k.name().to_string(), v.clone()))
-                    .collect(),
-                resume: self.resume.as_ref().map(|r| PathBuf::from(&r.path)),
-            },
-            Flow::Stop(code) => job::Published::Stop { code },
-        };
-        if let Err(e) = job.publish_decision(n, &published) {
-            self.term.warn(&format!(
-                "could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting",
-                job.dir.display()
-            ));
+        let flow = self.carry_out(rec, &ended, verdict, report, started);
+        if let Some(job) = job.as_ref().filter(|j| j.leader()) {
+            // What was carried out: the checkpoint every copy resumes from.
+            let done = match flow {
+                ControlFlow::Break(code) => Verdict::Stop {
+                    code,
+                    because: Because::Copy0,
+                },
+                ControlFlow::Continue(()) => Verdict::Relaunch {
+                    settings: self.settings.clone(),
+                    resume: match &self.resume {
+                        Some(r) => next::Resume::From(PathBuf::from(&r.path)),
+                        None => next::Resume::Fresh,
+                    },
+                    because: Because::Copy0,
+                    model: None,
+                },
+            };
+            if let Some(published) = job::Published::of(&done)
+                && let Err(e) = job.publish_decision(n, &published)
+            {
+                self.term.warn(&format!("could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting", job.dir.display()));
+            }
         }
         flow
     }
@@ -734,10 +788,9 @@ impl<'c> Run<'c> {
         rec: &AttemptRecord,
         report: &launch::Report,
         started: SystemTime,
-        flow: &Flow,
+        again: bool,
     ) {
         let n = rec.n;
-        let again = matches!(flow, Flow::Again);
         let failed = rec.outcome != OutcomeKind::Success;
         // Only a step seen exactly: a lower bound (a checkpoint it saved, a log
         // dict every N steps) would time the way back to the wrong step.
