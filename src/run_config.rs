@@ -46,6 +46,9 @@ pub struct RunConfig {
     pub remember: Option<(PathBuf, String)>,
     /// The knob values that fit the last run of this command (`None` with `--fresh`).
     pub remembered: Option<std::collections::BTreeMap<knobs::Knob, knobs::Value>>,
+    /// `--fit`: start at the fastest settings the memory model predicts to fit
+    /// when the command as given is predicted not to.
+    pub fit: bool,
     /// `--gpu-memory GIB`, else the smallest of the run's GPUs from NVML, in bytes.
     pub gpu_memory: Option<f64>,
     /// This copy's place when the run is supervised by several (see `job`).
@@ -281,11 +284,17 @@ impl RunConfig {
                 "elastic torchrun ({min} to {max} processes): the number of nodes is not fixed, so copies of oomguard on several nodes cannot meet as one job; sized for {min} processes (where ZeRO and FSDP shard over the fewest GPUs)"
             ));
         }
-        let recipe_models =
-            memory::recipe_models(disc.config.files.iter().map(|f| f.shown.as_str()));
+        let files: Vec<String> = disc.config.files.iter().map(|f| f.shown.clone()).collect();
         let env_text = |n: &str| real_env(n).and_then(|v| v.into_string().ok());
-        let model = memory::find_model(&cmd, &recipe_models, &env_text)
-            .or_else(|| params.map(memory::ModelSpec::from_params));
+        let model = match memory::find_model(&cmd, &files, &env_text) {
+            memory::Found::Model(m) => Some(m),
+            memory::Found::Unknown(why) if params.is_none() => {
+                disc.warnings.push(why);
+                None
+            }
+            _ => None,
+        }
+        .or_else(|| params.map(memory::ModelSpec::from_params));
         let nvml_total = gpu.total_bytes;
         let remember = match (&gpu.identity, crate::remember::default_path()) {
             (Some(ids), Some(path)) => {
@@ -324,6 +333,7 @@ impl RunConfig {
             model,
             remember,
             remembered,
+            fit: args.fit,
             // --gpu-memory wins over NVML (a GPU shared with others, MIG).
             gpu_memory: gpu_memory.or(nvml_total.map(|b| b as f64)),
             workers_floor,
@@ -432,7 +442,26 @@ impl RunConfig {
     /// The settings of the first attempt: as written, or the ones that fit the
     /// last run of this command on these GPUs — when every knob is still bound
     /// and the global batch is the same — with the one line that says so.
+    ///
+    /// Without remembered settings the memory model speaks: a command predicted
+    /// not to fit is said to be likely to OOM in one line, and with `--fit` it
+    /// starts at the fastest settings predicted to fit (`memory::fit`).
     pub fn start_settings(&self) -> (knobs::Settings, Option<String>) {
+        let (s, line) = self.remembered_start();
+        if line.is_some() {
+            return (s, line);
+        }
+        match self.calibrated() {
+            Some(cal) => {
+                let st = memory::fit::start(&self.policy, &s, &cal, self.fit);
+                (st.settings.unwrap_or(s), st.line)
+            }
+            None => (s, None),
+        }
+    }
+
+    /// The remembered half of [`RunConfig::start_settings`].
+    fn remembered_start(&self) -> (knobs::Settings, Option<String>) {
         let first = self.disc.settings();
         let Some(knobs) = &self.remembered else {
             return (first, None);

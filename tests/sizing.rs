@@ -44,7 +44,7 @@ fn model(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(&m).unwrap();
     std::fs::write(
         m.join("config.json"),
-        r#"{"hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "hidden_act": "silu"}"#,
+        r#"{"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "hidden_act": "silu"}"#,
     )
     .unwrap();
     m
