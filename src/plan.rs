@@ -971,6 +971,7 @@ impl EstimateReport {
             throughput: crate::memory::throughput(&start, crate::memory::DEFAULT_SEQ),
             fits: cal.fits(&start),
             fits_without_margin: cal.fits_whole_gpu(&start),
+            near: cal.near(&start),
             settings: start.clone(),
             steps: Vec::new(),
         };

@@ -68,7 +68,7 @@ pub fn start(policy: &Policy, given: &Settings, cal: &Calibrated, fit: bool) -> 
             settings: Some(best.settings.clone()),
             line: Some(format!(
                 "{head}; --fit starts at {changes} (predicted {} with the activations {:.0}% over the model)",
-                gib(cal.estimate(&best.settings).total()),
+                gib(careful.estimate(&best.settings).total()),
                 (FIT_ALLOWANCE - 1.0) * 100.0
             )),
         }

@@ -48,6 +48,10 @@ pub const CONTEXT_BYTES: f64 = 500.0 * (1u64 << 20) as f64;
 pub const UNSEEN_DEFICIT: f64 = 1.25;
 /// A candidate fits when it is predicted to leave this share of the GPU free.
 pub const MARGIN: f64 = 0.05;
+/// A candidate predicted over the GPU by no more than this share is within the
+/// model's error: when nothing with the sequence as given fits, the one that
+/// needs least is tried if it is this near, before a shorter sequence.
+pub const NEAR: f64 = 0.05;
 /// An OOM after at least this many good steps of the attempt is a spike (a
 /// long batch, an evaluation, a save), not a steady overflow.
 pub const SPIKE_STEPS: u64 = 10;
@@ -496,6 +500,9 @@ pub struct Candidate {
     /// Predicted to fit the whole GPU, without the margin (never a failed one).
     #[serde(skip)]
     pub fits_without_margin: bool,
+    /// Predicted within the model's error of the whole GPU ([`NEAR`]), never a failed one.
+    #[serde(skip)]
+    pub near: bool,
     /// The steps that lead here from the settings as given.
     pub steps: Vec<crate::policy::StepKind>,
 }
@@ -524,6 +531,7 @@ pub fn candidates(
                 throughput: throughput(&next, DEFAULT_SEQ),
                 fits: cal.fits(&next),
                 fits_without_margin: cal.fits_whole_gpu(&next),
+                near: cal.near(&next),
                 settings: next,
                 steps: p,
             });
@@ -561,14 +569,18 @@ pub fn pick<'a>(cands: &'a [Candidate], start: &Settings) -> Option<&'a Candidat
     };
     // Results first, before the margin: when nothing with the sequence as given
     // fits with the margin, the one predicted to need least, if it fits the GPU
-    // without it, comes before a shorter sequence.
-    let tight = || {
+    // without it — or is within the model's error of it — comes before a
+    // shorter sequence.
+    let least = |ok: fn(&Candidate) -> bool| {
         cands
             .iter()
-            .filter(|c| c.settings.int(Knob::SeqLen) == seq0 && c.fits_without_margin)
+            .filter(|c| c.settings.int(Knob::SeqLen) == seq0 && ok(c))
             .min_by(|a, b| a.estimate.total().total_cmp(&b.estimate.total()))
     };
-    best(true).or_else(tight).or_else(|| best(false))
+    best(true)
+        .or_else(|| least(|c| c.fits_without_margin))
+        .or_else(|| least(|c| c.near))
+        .or_else(|| best(false))
 }
 
 /// Bytes as GiB with two decimals.
@@ -615,6 +627,11 @@ pub fn next_from_model(
         format!(
             "the fastest of {n_fit} settings that fit with a {:.0}% margin",
             MARGIN * 100.0
+        )
+    } else if !best.fits_without_margin {
+        format!(
+            "nothing with the sequence as given is predicted to fit: the one that needs least, within the model's {:.0}% error of the GPU, before a shorter sequence",
+            NEAR * 100.0
         )
     } else {
         format!(
