@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""Sizing benchmark: the blind ladder against the decision from evidence.
+"""Sizing benchmark: the blind ladder against the decision from evidence, and --fit.
 
     python3 benches/sizing.py --bin target/release/oomguard [--scenarios 40] [--seed 12] [--spikes 20]
 
 A scenario generator draws runs that OOM as given and have a fix that keeps the
-results (random Llama-shaped models of 0.35-7B parameters, GPUs of 24/40/80 GiB,
-world sizes 1-8, DeepSpeed or not, a hidden activation factor 0.8-1.5 that
-oomguard's model does not know). Each is run through the real oomguard binary
-twice, around benches/sizing_trainer.py (an allocator-faithful simulated trainer
-whose OOM names only the one allocation that failed): with
-benches/blind-ladder.toml (the old default) and with the shipped default. A
-stand-in `torchrun` on PATH gives oomguard the world size. Reported per policy:
-runs finished, relaunches (median, max), the fraction of the best fitting
-throughput kept (mean, worst; throughput model: memory.rs's `throughput`), and
-runs whose sequence was shortened although a results-preserving fix existed.
+results: model families (Llama with MHA or GQA, Mistral, Qwen2, Gemma,
+GPT-NeoX, GPT-2, GPT-J, Falcon, Phi, Mixtral, Qwen-MoE) of 0.35-7B parameters,
+GPUs of 24/40/80 GiB, world sizes 1-8, DeepSpeed ZeRO, FSDP full_shard or plain
+DDP, bf16 weights, 8-bit Adam, LoRA and QLoRA. Each is run through the real
+oomguard binary around benches/sizing_trainer.py (an allocator-faithful
+simulated trainer with its own cost accounting and two hidden factors, on the
+activations and on the model states, that oomguard is never told; its OOM
+names only the one allocation that failed): with benches/blind-ladder.toml (the
+old default), with the shipped default, and with the default and --fit (given
+the simulated GPU's size as --gpu-memory, as NVML would). A stand-in `torchrun`
+on PATH gives oomguard the world size. Reported per policy: runs finished,
+relaunches (median, max), the fraction of the best fitting throughput kept
+(mean, worst; throughput model: memory's `throughput`), and runs whose sequence
+was shortened although a results-preserving fix existed. --llama-only draws the
+suite before issue 21 (Llama-shaped, fp32 weights, AdamW).
 
 With --spikes K the runs OOM as spikes instead: their typical batch (0.6 of the
 sequence) fits as given, the longest one does not, and the simulated trainer
