@@ -469,12 +469,11 @@ fn from_pairs(cmd: &Command, pairs: &[Pair]) -> Facts {
             };
         }
     }
-    if fsdp.is_none() {
-        if let Some(p) =
+    if fsdp.is_none()
+        && let Some(p) =
             last(&["strategy"]).filter(|p| p.value.to_ascii_lowercase().contains("fsdp"))
-        {
-            fsdp = Fsdp::from_strategy("full_shard", p.said());
-        }
+    {
+        fsdp = Fsdp::from_strategy("full_shard", p.said());
     }
     if fsdp.is_none() {
         // torchtitan: FSDP over the data-parallel shard degree (-1: every rank).
@@ -482,12 +481,12 @@ fn from_pairs(cmd: &Command, pairs: &[Pair]) -> Facts {
         let titan = words.contains("torchtitan");
         match degree {
             Some(p) => {
-                if let Ok(d) = p.value.parse::<i64>() {
-                    if d == -1 || d > 1 {
-                        fsdp = Fsdp::from_strategy("full_shard", p.said());
-                        if let Some(f) = fsdp.as_mut() {
-                            f.degree = (d > 1).then_some(d as u64);
-                        }
+                if let Ok(d) = p.value.parse::<i64>()
+                    && (d == -1 || d > 1)
+                {
+                    fsdp = Fsdp::from_strategy("full_shard", p.said());
+                    if let Some(f) = fsdp.as_mut() {
+                        f.degree = (d > 1).then_some(d as u64);
                     }
                 }
             }
