@@ -2,7 +2,10 @@
 //!
 //! Theory of operation: a family (`frameworks`) or a policy's `[resume]`
 //! table says where a command keeps its checkpoints — one of the layouts of
-//! [`Kind`] — and how it is told to resume. When the run starts, a
+//! [`Kind`]: a family's [`Format`], which lives in the family's file with its
+//! candidates and completeness check, or a custom one — and how it is told to
+//! resume. This module keeps what the formats share: the generic checks below
+//! and [`find`]. When the run starts, a
 //! [`Baseline`] records the candidates already there. `find` lists the
 //! candidates newest first, ignores those this run did not write (there at
 //! the start and unchanged, or last written before it), and takes the first
@@ -51,13 +54,54 @@ pub struct Skipped {
 impl Skipped {
     /// A candidate the layout's checks turned down: unreadable when it could
     /// not be read, else incomplete.
-    fn failed(path: PathBuf, why: String) -> Skipped {
-        let kind = if why.starts_with("cannot read") {
-            SkipKind::Unreadable
-        } else {
-            SkipKind::Incomplete
+    fn failed(path: PathBuf, why: NotComplete) -> Skipped {
+        let kind = match why {
+            NotComplete::Unreadable { .. } => SkipKind::Unreadable,
+            NotComplete::Incomplete(_) => SkipKind::Incomplete,
         };
-        Skipped { path, kind, why }
+        Skipped {
+            path,
+            kind,
+            why: why.to_string(),
+        }
+    }
+}
+
+/// Why a candidate is not a checkpoint to resume from, as a format's checks say it.
+/// The journal counts the two apart ([`SkipKind`]); the words are the check's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotComplete {
+    /// oomguard may not read it, or a file in it: "cannot read latest: permission denied".
+    #[error("cannot read{}: {why}", what.as_deref().map(|w| format!(" {w}")).unwrap_or_default())]
+    Unreadable {
+        /// The file, where it is not the candidate itself.
+        what: Option<String>,
+        why: String,
+    },
+    /// Not whole by the format's checks: what is missing, empty, cut off or temporary.
+    #[error("{0}")]
+    Incomplete(String),
+}
+
+impl NotComplete {
+    /// `what` (a file of the candidate) could not be read: `e` says why.
+    pub fn unreadable(what: impl Into<String>, e: &std::io::Error) -> NotComplete {
+        NotComplete::Unreadable {
+            what: Some(what.into()),
+            why: io_why(e),
+        }
+    }
+}
+
+impl From<String> for NotComplete {
+    fn from(why: String) -> NotComplete {
+        NotComplete::Incomplete(why)
+    }
+}
+
+impl From<&str> for NotComplete {
+    fn from(why: &str) -> NotComplete {
+        NotComplete::Incomplete(why.to_string())
     }
 }
 
@@ -195,16 +239,65 @@ pub enum ResumeHow {
     Automatic,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "snake_case")]
+/// A checkpoint format: where a family's checkpoints are under its root and when one is
+/// complete. Each family's lives in its file under `frameworks/` (its `CHECKPOINTS`);
+/// this module keeps what they share: the generic checks (a zip directory, safetensors,
+/// a sharded index, temporaries, markers) and [`find`].
+#[derive(Debug)]
+pub struct Format {
+    /// Its name in serialized layouts (`hugging_face`).
+    pub id: &'static str,
+    /// How plan names the layout.
+    pub label: &'static str,
+    /// The candidates under the root, newest first, and the newer ones the format's
+    /// own "latest" marker already rules out.
+    pub candidates: fn(&Path) -> (Vec<Checkpoint>, Vec<Skipped>),
+    /// Why the candidate (second) under the root (first) is not complete, or Ok.
+    pub complete: fn(&Path, &Path) -> Result<(), NotComplete>,
+    /// The candidates' numbers are training steps (one beyond the step the run reached
+    /// is another run's); false where they are times or epochs.
+    pub stepped: bool,
+    /// The step a candidate records of itself, where it does (the Trainer's
+    /// `trainer_state.json`); else its number stands.
+    pub recorded_step: Option<fn(&Path) -> Option<u64>>,
+    /// A candidate the trainer saves beside the announced ones without announcing it
+    /// (Lightning's `last.ckpt`).
+    pub unannounced: fn(&Path) -> bool,
+}
+
+impl PartialEq for Format {
+    fn eq(&self, other: &Format) -> bool {
+        self.id == other.id
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub enum Kind {
-    HuggingFace,
-    DeepSpeed,
-    Megatron,
-    Lightning,
-    Torchtune,
-    NanoGpt,
+    /// A family's format.
+    Format(&'static Format),
+    /// A policy's `[resume]` table (or a family that describes its layout as one).
     Custom(CustomSpec),
+}
+
+impl Kind {
+    /// The family's format; None for a custom layout.
+    pub fn format(&self) -> Option<&'static Format> {
+        match self {
+            Kind::Format(f) => Some(f),
+            Kind::Custom(_) => None,
+        }
+    }
+}
+
+/// Serialized as before the formats moved to their families: a family's format by its
+/// name (`"hugging_face"`), a custom one as `{"custom": {...}}`.
+impl Serialize for Kind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Kind::Format(f) => s.serialize_unit_variant("Kind", 0, f.id),
+            Kind::Custom(spec) => s.serialize_newtype_variant("Kind", 1, "custom", spec),
+        }
+    }
 }
 
 /// Where a command keeps its checkpoints and how it resumes from one.
@@ -220,12 +313,7 @@ pub struct Layout {
 impl Layout {
     pub fn name(&self) -> &str {
         match &self.kind {
-            Kind::HuggingFace => "hugging-face output_dir/checkpoint-N",
-            Kind::DeepSpeed => "deepspeed latest → global_stepN",
-            Kind::Megatron => "megatron latest_checkpointed_iteration.txt → iter_N",
-            Kind::Lightning => "lightning *.ckpt",
-            Kind::Torchtune => "torchtune output_dir with recipe_state.pt",
-            Kind::NanoGpt => "nanogpt out_dir/ckpt.pt",
+            Kind::Format(f) => f.label,
             Kind::Custom(spec) => spec
                 .label
                 .as_deref()
@@ -262,7 +350,7 @@ pub fn custom_layout(cmd: &Command, spec: &CustomSpec) -> Layout {
 
 // ---------------------------------------------------------------- completeness
 
-fn is_temporary(name: &str) -> bool {
+pub fn is_temporary(name: &str) -> bool {
     name.ends_with(".tmp")
         || name.starts_with("tmp-")
         || name.ends_with(".incomplete")
@@ -483,7 +571,7 @@ impl Baseline {
 
 /// `torch.save` writes a zip whose end-of-central-directory record comes last:
 /// a file cut mid-write lacks it.
-fn zip_complete(file: &Path) -> Result<(), String> {
+pub fn zip_complete(file: &Path) -> Result<(), NotComplete> {
     let (mut f, m) = crate::untrusted::open(file, crate::untrusted::Expect::any())
         .map_err(|e| format!("cannot open: {e}"))?;
     let len = m.len();
@@ -505,25 +593,23 @@ fn zip_complete(file: &Path) -> Result<(), String> {
     }
 }
 
-fn nonempty(p: &Path) -> Result<(), String> {
+pub fn nonempty(p: &Path) -> Result<(), NotComplete> {
     match fs::metadata(p) {
-        Err(_) => Err(format!(
-            "no {}",
-            p.file_name().unwrap_or_default().to_string_lossy()
-        )),
+        Err(_) => Err(format!("no {}", p.file_name().unwrap_or_default().to_string_lossy()).into()),
         Ok(m) if m.len() == 0 => Err(format!(
             "{} is empty",
             p.file_name().unwrap_or_default().to_string_lossy()
-        )),
+        )
+        .into()),
         Ok(_) => Ok(()),
     }
 }
 
-fn no_temporaries(dir: &Path) -> Result<(), String> {
+pub fn no_temporaries(dir: &Path) -> Result<(), NotComplete> {
     for e in fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if is_temporary(&name) {
-            return Err(format!("holds a temporary file {name}"));
+            return Err(format!("holds a temporary file {name}").into());
         }
     }
     Ok(())
@@ -531,7 +617,7 @@ fn no_temporaries(dir: &Path) -> Result<(), String> {
 
 /// Why an I/O error kept a file or folder from being read, in words
 /// ("permission denied", not "no such file" when the file is there).
-fn io_why(e: &std::io::Error) -> String {
+pub fn io_why(e: &std::io::Error) -> String {
     match e.kind() {
         std::io::ErrorKind::PermissionDenied => "permission denied".into(),
         std::io::ErrorKind::NotFound => "not found".into(),
@@ -540,22 +626,25 @@ fn io_why(e: &std::io::Error) -> String {
 }
 
 /// Ok when `dir` can be listed; else "cannot read: permission denied".
-fn readable(dir: &Path) -> Result<(), String> {
+fn readable(dir: &Path) -> Result<(), NotComplete> {
     fs::read_dir(dir)
         .map(|_| ())
-        .map_err(|e| format!("cannot read: {}", io_why(&e)))
+        .map_err(|e| NotComplete::Unreadable {
+            what: None,
+            why: io_why(&e),
+        })
 }
 
 /// `name` read from `dir`; a missing file is `missing`, another error says why.
-fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, String> {
+pub fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, NotComplete> {
     crate::untrusted::read(
         &dir.join(name),
         MAX_SMALL_FILE,
         crate::untrusted::Expect::any(),
     )
     .map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => missing.to_string(),
-        _ => format!("cannot read {name}: {}", io_why(&e)),
+        std::io::ErrorKind::NotFound => missing.into(),
+        _ => NotComplete::unreadable(name, &e),
     })
 }
 
@@ -564,14 +653,14 @@ fn read_in(dir: &Path, name: &str, missing: &str) -> Result<Vec<u8>, String> {
 const MAX_SMALL_FILE: u64 = 64 << 20;
 
 /// A checkpoint's small text file (`latest`), read as [`read_in`] does.
-fn read_small(path: &Path) -> std::io::Result<String> {
+pub fn read_small(path: &Path) -> std::io::Result<String> {
     crate::untrusted::read(path, MAX_SMALL_FILE, crate::untrusted::Expect::any())
         .map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
 /// A file name inside a checkpoint folder, as an index or a `latest` tag
 /// writes it: one plain component, never a way out of the folder.
-fn plain_name(name: &str) -> bool {
+pub fn plain_name(name: &str) -> bool {
     !name.is_empty()
         && name != "."
         && name != ".."
@@ -586,36 +675,31 @@ const SAFETENSORS_MAX_HEADER: u64 = 100_000_000;
 
 /// Why a safetensors file is not whole, or Ok: an 8-byte little-endian header
 /// length, that many bytes of JSON header, and every tensor's bytes behind it.
-fn safetensors_complete(file: &Path) -> Result<(), String> {
+pub fn safetensors_complete(file: &Path) -> Result<(), NotComplete> {
     let name = file.file_name().unwrap_or_default().to_string_lossy();
     let (mut f, m) = crate::untrusted::open(file, crate::untrusted::Expect::any())
-        .map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
+        .map_err(|e| NotComplete::unreadable(name.as_ref(), &e))?;
     let len = m.len();
     let mut n = [0u8; 8];
     if len < 8 || f.read_exact(&mut n).is_err() {
-        return Err(format!(
-            "{name} is {len} bytes, too short for a safetensors header"
-        ));
+        return Err(format!("{name} is {len} bytes, too short for a safetensors header").into());
     }
     let n = u64::from_le_bytes(n);
     if !(2..=SAFETENSORS_MAX_HEADER).contains(&n) {
-        return Err(format!(
-            "{name} is not a safetensors file (header length {n})"
-        ));
+        return Err(format!("{name} is not a safetensors file (header length {n})").into());
     }
     if len - 8 < n {
         return Err(format!(
             "{name} is cut off in its header ({len} bytes, the header alone needs {})",
             8 + n
-        ));
+        )
+        .into());
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header)
-        .map_err(|e| format!("cannot read {name}: {}", io_why(&e)))?;
+        .map_err(|e| NotComplete::unreadable(name.as_ref(), &e))?;
     let Ok(serde_json::Value::Object(tensors)) = serde_json::from_slice(&header) else {
-        return Err(format!(
-            "{name} has a safetensors header that is not a JSON object"
-        ));
+        return Err(format!("{name} has a safetensors header that is not a JSON object").into());
     };
     let data_end = tensors
         .iter()
@@ -627,51 +711,53 @@ fn safetensors_complete(file: &Path) -> Result<(), String> {
         return Err(format!(
             "{name} is cut off: its tensors need {data_end} bytes of data, {} are there",
             len - 8 - n
-        ));
+        )
+        .into());
     }
     Ok(())
 }
 
 /// Why a weights file is not whole, or Ok, by its kind: safetensors by its
 /// header, a `torch.save` file by its zip directory.
-fn weights_complete(file: &Path) -> Result<(), String> {
+pub fn weights_complete(file: &Path) -> Result<(), NotComplete> {
     let name = file.file_name().unwrap_or_default().to_string_lossy();
     if name.ends_with(".safetensors") {
         safetensors_complete(file)
     } else {
-        zip_complete(file).map_err(|w| format!("{name} {w}"))
+        zip_complete(file).map_err(|w| format!("{name} {w}").into())
     }
 }
 
 /// Why a sharded checkpoint is not whole, or Ok: every shard the index's
 /// `weight_map` lists is in the folder and whole, and together they hold at
 /// least the index's `metadata.total_size` (tensor bytes; files add headers).
-fn index_complete(dir: &Path, index: &str) -> Result<(), String> {
+pub fn index_complete(dir: &Path, index: &str) -> Result<(), NotComplete> {
     let text = read_in(dir, index, &format!("no {index}"))?;
     let v: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|_| format!("{index} is not valid JSON (cut off mid-write?)"))?;
     let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
-        return Err(format!("{index} has no weight_map"));
+        return Err(format!("{index} has no weight_map").into());
     };
     let mut shards: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
     shards.sort_unstable();
     shards.dedup();
     if shards.is_empty() {
-        return Err(format!("{index} lists no shard files"));
+        return Err(format!("{index} lists no shard files").into());
     }
     let mut held = 0u64;
     for shard in shards {
         if !plain_name(shard) {
             return Err(format!(
                 "{index} lists {shard:?}, which is not a file name inside the checkpoint folder"
-            ));
+            )
+            .into());
         }
         let p = dir.join(shard);
         match fs::metadata(&p) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(format!("{index} lists {shard}, which is missing"));
+                return Err(format!("{index} lists {shard}, which is missing").into());
             }
-            Err(e) => return Err(format!("cannot read {shard}: {}", io_why(&e))),
+            Err(e) => return Err(NotComplete::unreadable(shard, &e)),
             Ok(m) => held += m.len(),
         }
         weights_complete(&p)?;
@@ -684,118 +770,13 @@ fn index_complete(dir: &Path, index: &str) -> Result<(), String> {
     if (held as f64) < total * 0.99 {
         return Err(format!(
             "its shards hold {held} bytes, less than {index}'s total_size {total}"
-        ));
+        )
+        .into());
     }
     Ok(())
 }
 
-/// The model weights a Hugging Face checkpoint may hold: sharded by an index,
-/// or single files.
-const HF_INDEXES: &[&str] = &[
-    "model.safetensors.index.json",
-    "pytorch_model.bin.index.json",
-    "adapter_model.safetensors.index.json",
-];
-const HF_WEIGHTS: &[&str] = &[
-    "model.safetensors",
-    "pytorch_model.bin",
-    "adapter_model.safetensors",
-    "adapter_model.bin",
-];
-
-/// Every weights file (or index) present is whole; `Ok(false)` when none is present.
-fn hf_weights(dir: &Path) -> Result<bool, String> {
-    let mut any = false;
-    for index in HF_INDEXES {
-        if fs::symlink_metadata(dir.join(index)).is_ok() {
-            index_complete(dir, index)?;
-            any = true;
-        }
-    }
-    for w in HF_WEIGHTS {
-        if fs::symlink_metadata(dir.join(w)).is_ok() {
-            weights_complete(&dir.join(w))?;
-            any = true;
-        }
-    }
-    Ok(any)
-}
-
-/// Why `dir` is not a complete Hugging Face checkpoint, or Ok.
-fn hf_complete(dir: &Path) -> Result<(), String> {
-    let text = read_in(
-        dir,
-        "trainer_state.json",
-        "no trainer_state.json (the Trainer writes it last)",
-    )?;
-    if text.is_empty() {
-        return Err("trainer_state.json is empty".into());
-    }
-    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&text) else {
-        return Err("trainer_state.json is not valid JSON (cut off mid-write?)".into());
-    };
-    if !state.get("global_step").is_some_and(|g| g.is_u64()) {
-        return Err(format!(
-            "trainer_state.json has no numeric global_step (it is {})",
-            match &state {
-                serde_json::Value::Object(_) => "an object without one",
-                serde_json::Value::Null => "null",
-                serde_json::Value::Array(_) => "a list",
-                _ => "not an object",
-            }
-        ));
-    }
-    no_temporaries(dir)?;
-    let weights = hf_weights(dir)?;
-    // With DeepSpeed the weights live in the global_stepN folder `latest` names.
-    match read_small(&dir.join("latest")) {
-        Ok(tag) => {
-            let tag = tag.trim();
-            if !plain_name(tag) {
-                return Err(format!(
-                    "`latest` names {tag:?}, which is not a folder name inside the checkpoint: not followed"
-                ));
-            }
-            ds_tag_complete(&dir.join(tag))
-        }
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(format!("cannot read latest: {}", io_why(&e)))
-        }
-        Err(_) if weights => Ok(()),
-        Err(_) => {
-            Err("no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into())
-        }
-    }
-}
-
-fn ds_tag_complete(sub: &Path) -> Result<(), String> {
-    let tag = sub.file_name().unwrap_or_default().to_string_lossy();
-    let entries: Vec<_> = match fs::read_dir(sub) {
-        Ok(rd) => rd.flatten().collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(format!("`latest` names {tag}, which does not exist"));
-        }
-        Err(e) => return Err(format!("cannot read {tag}: {}", io_why(&e))),
-    };
-    if entries.is_empty() {
-        return Err(format!("{tag} is empty"));
-    }
-    for e in &entries {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if is_temporary(&name) {
-            return Err(format!("{tag} holds a temporary file {name}"));
-        }
-        if e.metadata()
-            .map(|m| m.is_file() && m.len() == 0)
-            .unwrap_or(false)
-        {
-            return Err(format!("{tag}/{name} is empty"));
-        }
-    }
-    Ok(())
-}
-
-fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
+pub fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
     let mut out: Vec<Checkpoint> = fs::read_dir(root)
         .into_iter()
         .flatten()
@@ -826,68 +807,19 @@ fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
     out
 }
 
-/// Every `*.ckpt` under `root` (depth ≤ 5), newest first, `last.ckpt` before its peers.
-fn lightning_candidates(root: &Path) -> Vec<Checkpoint> {
-    let mut files: Vec<(SystemTime, bool, PathBuf)> = Vec::new();
-    let mut stack = vec![(root.to_path_buf(), 0)];
-    while let Some((d, depth)) = stack.pop() {
-        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            let Ok(md) = e.metadata() else { continue };
-            if md.is_dir() && depth < 5 {
-                stack.push((p, depth + 1));
-            } else if md.is_file() && p.extension().is_some_and(|x| x == "ckpt") {
-                let last = p
-                    .file_stem()
-                    .is_some_and(|s| s.to_string_lossy().starts_with("last"));
-                files.push((md.modified().unwrap_or(SystemTime::UNIX_EPOCH), last, p));
-            }
-        }
-    }
-    files.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
-    files
-        .into_iter()
-        .map(|(t, _, p)| Checkpoint {
-            step: t
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            path: p,
-        })
-        .collect()
-}
-
 /// Candidates newest first, each with its completeness check.
-type Check = Box<dyn Fn(&Path) -> Result<(), String>>;
+type Check = Box<dyn Fn(&Path) -> Result<(), NotComplete>>;
 
 /// The layout's candidates newest first, their check, and the newer ones
 /// already ruled out by the framework's own "latest" marker.
 fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
     let root = &layout.root;
     match &layout.kind {
-        Kind::HuggingFace => (
-            numbered_dirs(root, "checkpoint-", ""),
-            Box::new(hf_complete),
-            Vec::new(),
-        ),
-        Kind::DeepSpeed => {
-            let (c, pre) = deepspeed_candidates(root);
-            (c, Box::new(ds_tag_complete), pre)
-        }
-        Kind::Megatron => {
-            let (c, pre) = megatron_candidates(root);
-            (c, Box::new(megatron_complete), pre)
-        }
-        Kind::Lightning => (
-            lightning_candidates(root),
-            Box::new(zip_complete),
-            Vec::new(),
-        ),
-        Kind::NanoGpt => (nanogpt_candidates(root), Box::new(zip_complete), Vec::new()),
-        Kind::Torchtune => {
-            let root2 = root.clone();
-            let check: Check = Box::new(move |p: &Path| torchtune_complete(&root2, p));
-            (torchtune_candidates(root), check, Vec::new())
+        Kind::Format(f) => {
+            let (c, pre) = (f.candidates)(root);
+            let (root2, complete) = (root.clone(), f.complete);
+            let check: Check = Box::new(move |p: &Path| complete(&root2, p));
+            (c, check, pre)
         }
         Kind::Custom(spec) => {
             let (pre_s, post_s) = spec
@@ -901,138 +833,15 @@ fn candidates(layout: &Layout) -> (Vec<Checkpoint>, Check, Vec<Skipped>) {
     }
 }
 
-/// DeepSpeed's global_stepN folders, newest first, and those newer than the
-/// tag `latest` names (not finished).
-fn deepspeed_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
-    let mut pre = Vec::new();
-    // `latest` names the newest tag; older global_stepN folders are fallbacks.
-    let mut c = numbered_dirs(root, "global_step", "");
-    if let Ok(tag) = read_small(&root.join("latest")) {
-        let tag = tag.trim().to_string();
-        if let Some(pos) = c
-            .iter()
-            .position(|x| x.path.file_name().is_some_and(|n| n == tag.as_str()))
-        {
-            let newer: Vec<Checkpoint> = c.drain(..pos).collect();
-            for n in newer {
-                pre.push(Skipped {
-                    path: n.path,
-                    kind: SkipKind::Incomplete,
-                    why: format!("newer than `latest` ({tag}): not finished"),
-                });
-            }
-        }
-    }
-    (c, pre)
-}
-
-/// Megatron's iter_N (and global_stepN) folders, newest first, and those newer
-/// than latest_checkpointed_iteration.txt (not finished).
-fn megatron_candidates(root: &Path) -> (Vec<Checkpoint>, Vec<Skipped>) {
-    let mut pre = Vec::new();
-    let mut c = numbered_dirs(root, "iter_", "");
-    c.extend(numbered_dirs(root, "global_step", ""));
-    c.sort_by_key(|c| std::cmp::Reverse(c.step));
-    if let Ok(t) = read_small(&root.join("latest_checkpointed_iteration.txt"))
-        && let Ok(it) = t.trim().parse::<u64>()
-    {
-        let newer: Vec<Checkpoint> = c.iter().filter(|x| x.step > it).cloned().collect();
-        c.retain(|x| x.step <= it);
-        for n in newer {
-            pre.push(Skipped {
-                path: n.path,
-                kind: SkipKind::Incomplete,
-                why: format!("newer than latest_checkpointed_iteration.txt ({it}): not finished"),
-            });
-        }
-    }
-    (c, pre)
-}
-
-/// Why a Megatron iteration folder is not complete, or Ok: it holds `.pt`
-/// files (loose, or the first of each subfolder), loose ones non-empty, a
-/// subfolder's ending with a zip directory, and no temporary names.
-fn megatron_complete(p: &Path) -> Result<(), String> {
-    let mut any = false;
-    for e in fs::read_dir(p).into_iter().flatten().flatten() {
-        let sub = e.path();
-        if sub.is_dir() {
-            if let Some(f) = fs::read_dir(&sub)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .find(|f| f.path().extension().is_some_and(|x| x == "pt"))
-            {
-                zip_complete(&f.path()).map_err(|w| format!("{} {w}", f.path().display()))?;
-                any = true;
-            }
-        } else if sub.extension().is_some_and(|x| x == "pt") {
-            nonempty(&sub)?;
-            any = true;
-        }
-    }
-    if any {
-        no_temporaries(p)
-    } else {
-        Err("holds no .pt files".into())
-    }
-}
-
-/// nanoGPT's single `ckpt.pt`, if there is one.
-fn nanogpt_candidates(root: &Path) -> Vec<Checkpoint> {
-    let ckpt = root.join("ckpt.pt");
-    if ckpt.exists() {
-        vec![Checkpoint {
-            path: ckpt,
-            step: 0,
-        }]
-    } else {
-        Vec::new()
-    }
-}
-
-/// torchtune's epoch_N and step_N folders, newest first.
-fn torchtune_candidates(root: &Path) -> Vec<Checkpoint> {
-    let mut c = numbered_dirs(root, "epoch_", "");
-    c.extend(numbered_dirs(root, "step_", ""));
-    c.sort_by_key(|c| std::cmp::Reverse(c.step));
-    c
-}
-
-/// Why torchtune's folder `p` (under `root`) is not complete, or Ok: a
-/// complete recipe_state.pt, no temporaries, and non-empty model weights.
-fn torchtune_complete(root: &Path, p: &Path) -> Result<(), String> {
-    let rs = [
-        root.join("recipe_state").join("recipe_state.pt"),
-        root.join("recipe_state.pt"),
-        p.join("recipe_state.pt"),
-    ];
-    let Some(r) = rs.iter().find(|r| r.exists()) else {
-        return Err("no recipe_state.pt (the recipe writes it with every checkpoint)".into());
-    };
-    zip_complete(r).map_err(|w| format!("recipe_state.pt {w}"))?;
-    no_temporaries(p)?;
-    let has_weights = fs::read_dir(p).into_iter().flatten().flatten().any(|e| {
-        let n = e.file_name().to_string_lossy().into_owned();
-        (n.ends_with(".safetensors") || n.ends_with(".pt") || n.ends_with(".bin"))
-            && e.metadata().map(|m| m.len() > 0).unwrap_or(false)
-    });
-    if has_weights {
-        Ok(())
-    } else {
-        Err("no model weights".into())
-    }
-}
-
 /// Why a folder is not complete by a policy's `complete_when` markers, or Ok.
-fn custom_complete(markers: &[String], p: &Path) -> Result<(), String> {
+fn custom_complete(markers: &[String], p: &Path) -> Result<(), NotComplete> {
     for m in markers {
         // Policies are validated at load; a marker out of the folder is never followed.
         if Path::new(m)
             .components()
             .any(|c| !matches!(c, std::path::Component::Normal(_)))
         {
-            return Err(format!("{m:?} is not a file inside the checkpoint folder"));
+            return Err(format!("{m:?} is not a file inside the checkpoint folder").into());
         }
         nonempty(&p.join(m))?;
     }
@@ -1063,10 +872,8 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
     // know, leaves the step and time rules to decide).
     let announcing =
         !baseline.announced.is_empty() && cands.iter().any(|c| baseline.announced(&c.path));
-    let stepped = !matches!(
-        layout.kind,
-        Kind::Lightning | Kind::NanoGpt | Kind::Torchtune
-    );
+    let format = layout.kind.format();
+    let stepped = format.is_none_or(|f| f.stepped);
     for c in cands {
         // There at the start, or written before it: that says most (an older
         // experiment's), whatever its step.
@@ -1079,11 +886,7 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
             continue;
         }
         // Lightning's `last.ckpt` is saved beside the announced ones, unannounced.
-        let lightning_last = layout.kind == Kind::Lightning
-            && c.path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("last"));
+        let unannounced = format.is_some_and(|f| (f.unannounced)(&c.path));
         // A half-written save is said as such first: the trainer's own save
         // that ran out (a trainer may announce a save only once it is done).
         let readable_now = || {
@@ -1093,7 +896,7 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
                 Ok(())
             }
         };
-        if announcing && !lightning_last && !baseline.announced(&c.path) {
+        if announcing && !unannounced && !baseline.announced(&c.path) {
             if let Err(why) = readable_now().and_then(|()| check(&c.path)) {
                 skipped.push(Skipped::failed(c.path, why));
                 continue;
@@ -1106,8 +909,9 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
             continue;
         }
         if let Some(limit) = baseline.reached.filter(|_| stepped)
-            && let Some(step) = recorded_step(&c.path)
-                .filter(|_| layout.kind == Kind::HuggingFace)
+            && let Some(step) = format
+                .and_then(|f| f.recorded_step)
+                .and_then(|recorded| recorded(&c.path))
                 .or(Some(c.step))
                 .filter(|s| *s > limit)
         {
@@ -1176,6 +980,29 @@ pub fn written_at(p: &Path) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frameworks::{deepspeed, hf, lightning, megatron, nanogpt, torchtune};
+
+    /// The Hugging Face check, its reason as the journal writes it.
+    fn hf_complete(dir: &Path) -> Result<(), String> {
+        hf::complete(dir).map_err(|why| why.to_string())
+    }
+
+    /// A layout's kind serializes as it did when the formats were variants of `Kind`.
+    #[test]
+    fn a_kind_serializes_by_its_formats_name() {
+        let names = [
+            (&hf::CHECKPOINTS, "hugging_face"),
+            (&deepspeed::CHECKPOINTS, "deep_speed"),
+            (&megatron::CHECKPOINTS, "megatron"),
+            (&lightning::CHECKPOINTS, "lightning"),
+            (&torchtune::CHECKPOINTS, "torchtune"),
+            (&nanogpt::CHECKPOINTS, "nano_gpt"),
+        ];
+        for (format, name) in names {
+            let json = serde_json::to_string(&Kind::Format(format)).unwrap();
+            assert_eq!(json, format!("\"{name}\""));
+        }
+    }
 
     fn argv(s: &str) -> Command {
         let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
@@ -1262,7 +1089,7 @@ mod tests {
         hf_ckpt(&out, 20, Some(r#"{"global_st"#)); // cut mid-write
         fs::create_dir_all(out.join("checkpoint-x")).unwrap();
         let l = layout_for(&format!("python t.py --output_dir {}", out.display()));
-        assert_eq!(l.kind, Kind::HuggingFace);
+        assert_eq!(l.kind, Kind::Format(&hf::CHECKPOINTS));
         let f = find(&l, &Baseline::default(), Duration::ZERO);
         let latest = f.latest.unwrap();
         assert_eq!(latest.step, 10);
@@ -1341,7 +1168,7 @@ mod tests {
             root.display()
         );
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::Megatron);
+        assert_eq!(l.kind, Kind::Format(&megatron::CHECKPOINTS));
         assert_eq!(l.how, ResumeHow::Automatic);
         let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 500);
@@ -1368,7 +1195,7 @@ mod tests {
             root.display()
         );
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::DeepSpeed);
+        assert_eq!(l.kind, Kind::Format(&deepspeed::CHECKPOINTS));
         let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert_eq!(f.latest.unwrap().step, 200);
         assert!(f.skipped[0].why.contains("newer than `latest`"));
@@ -1387,7 +1214,7 @@ mod tests {
             t.path().display()
         );
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::Lightning);
+        assert_eq!(l.kind, Kind::Format(&lightning::CHECKPOINTS));
         let f = find(&l, &Baseline::default(), Duration::ZERO);
         assert!(f.latest.unwrap().path.ends_with("epoch=0-step=100.ckpt"));
         assert!(f.skipped[0].path.ends_with("last.ckpt"));
@@ -1408,7 +1235,7 @@ mod tests {
         fs::write(out.join("ckpt.pt"), zip_bytes()).unwrap();
         let cmd = format!("python train.py {} --batch_size=12", cfg.display());
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::NanoGpt);
+        assert_eq!(l.kind, Kind::Format(&nanogpt::CHECKPOINTS));
         assert_eq!(l.root, out);
         assert!(
             find(&l, &Baseline::default(), Duration::ZERO)
@@ -1437,7 +1264,7 @@ mod tests {
             out.display()
         );
         let l = layout_for(&cmd);
-        assert_eq!(l.kind, Kind::Torchtune);
+        assert_eq!(l.kind, Kind::Format(&torchtune::CHECKPOINTS));
         assert!(
             find(&l, &Baseline::default(), Duration::ZERO)
                 .latest
@@ -1777,8 +1604,28 @@ mod tests {
         ];
         assert_eq!(kinds_text(&list), "1 unreadable, 2 incomplete");
         assert_eq!(
-            Skipped::failed("p".into(), "cannot read: permission denied".into()).kind,
+            Skipped::failed(
+                "p".into(),
+                NotComplete::Unreadable {
+                    what: None,
+                    why: "permission denied".into()
+                }
+            )
+            .kind,
             SkipKind::Unreadable
+        );
+        // The words are those the journal had when the reason was text.
+        let unreadable = |what: Option<&str>| NotComplete::Unreadable {
+            what: what.map(str::to_string),
+            why: "permission denied".into(),
+        };
+        assert_eq!(
+            unreadable(None).to_string(),
+            "cannot read: permission denied"
+        );
+        assert_eq!(
+            unreadable(Some("latest")).to_string(),
+            "cannot read latest: permission denied"
         );
     }
 

@@ -336,7 +336,7 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
                 victim: None,
                 code,
             };
-            (outcome, Some(why))
+            (outcome, Some(why.to_string()))
         }
         Err(_) => (other(None), None),
     }
@@ -620,8 +620,8 @@ mod tests {
     /// A kernel log that never has a record.
     struct NoKernelLog;
     impl kernel::Source for NoKernelLog {
-        fn read(&self) -> Result<String, String> {
-            Err("none in tests".into())
+        fn read(&self) -> Result<String, kernel::Unreadable> {
+            Err(kernel::Unreadable::Test("none in tests"))
         }
     }
 

@@ -1,7 +1,10 @@
 //! oomguard: carry a PyTorch training command through GPU out-of-memory failures.
 //!
 //! `main` is thin: parse the command line, call one function per subcommand,
-//! map the result to an exit code.
+//! map the result to an exit code. Every subcommand's entry point is named
+//! `<subcommand>_main` and returns the exit code (`detect::diagnose_main`,
+//! `gpu::gpus_main`, `status::runs_main`, ...); a run without a subcommand is
+//! `supervise::run`.
 
 #[cfg(test)]
 mod alloc_count;
@@ -89,7 +92,7 @@ fn run(args: Vec<OsString>) -> i32 {
             kernel_log,
             score,
             file,
-        }) => detect::diagnose_cmd(file.as_deref(), kernel_log.as_deref(), &score, json),
+        }) => detect::diagnose_main(file.as_deref(), kernel_log.as_deref(), &score, json),
         Some(cli::Sub::Gpus { json }) => gpu::gpus_main(json),
         Some(cli::Sub::Restore { run_dir }) => inplace::restore_main(&run_dir),
         Some(cli::Sub::Status {
@@ -111,7 +114,7 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
             match run_config::RunConfig::from_args(run) {
-                Ok(cfg) => plan::plan(&cfg, json),
+                Ok(cfg) => plan::plan_main(&cfg, json),
                 Err(e) => usage_error(&e),
             }
         }

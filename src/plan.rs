@@ -238,7 +238,7 @@ struct Plan<'a> {
 }
 
 /// `oomguard plan`: print what would be done; run nothing.
-pub fn plan(cfg: &RunConfig, as_json: bool) -> i32 {
+pub fn plan_main(cfg: &RunConfig, as_json: bool) -> i32 {
     // As a run would see it at its start: every checkpoint there now is
     // another run's, and plan says so.
     let res = cfg.resume(&cfg.baseline(), Duration::ZERO);

@@ -2,14 +2,15 @@
 //! `plan`, the environment the child gets, byte-exact pass-through, and user
 //! signals (no relaunch after Ctrl-C).
 
+mod common;
+use common::OOMGUARD;
+
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -29,7 +30,7 @@ impl Run {
         S: Into<OsString>,
     {
         let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(OOMGUARD);
         cmd.args(&args).current_dir(cwd).stdin(Stdio::null());
         for (k, v) in envs {
             cmd.env(k, v);
@@ -52,7 +53,7 @@ impl Run {
     }
     fn describe(&self, expected: &str) -> String {
         format!(
-            "\ncommand: {BIN} {:?}\ncwd: {}\nexpected: {expected}\nfound: status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            "\ncommand: {OOMGUARD} {:?}\ncwd: {}\nexpected: {expected}\nfound: status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
             self.args,
             self.cwd.display(),
             self.out.status,
@@ -394,7 +395,7 @@ fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
 fn ctrl_c_is_forwarded_and_never_relaunched() {
     let t = tmp();
     let sim = root().join("examples/sim_trainer.py");
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(OOMGUARD)
         .args(["--run-dir", "run", "python3"])
         .arg(&sim)
         .args([

@@ -1,12 +1,13 @@
 //! `oomguard diagnose` through the real binary, on the project's own small logs
 //! (tests/fixtures/logs) and on the labelled set of real logs copied from public issue
-//! threads (tests/fixtures/corpus/logs). The detection details are unit-tested in src/detect.rs;
+//! threads (tests/fixtures/corpus/logs). The detection details are unit-tested in src/detect/tests.rs;
 //! this checks the command: exit codes, the JSON contract, stdin, the error message.
+
+mod common;
+use common::OOMGUARD;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-
-const OOMGUARD: &str = env!("CARGO_BIN_EXE_oomguard");
 
 /// Run `oomguard ARGS` with `stdin` as input; on failure the caller prints `describe`.
 fn oomguard(args: &[&str], stdin: Option<&[u8]>) -> Output {

@@ -3,13 +3,14 @@
 //! exists, every relative link resolves, the README's `plan` command plans, and the
 //! README's test command is the one `.ci/run` runs.
 
+mod common;
+use common::OOMGUARD;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use regex::Regex;
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -38,7 +39,7 @@ fn markdown_files() -> Vec<PathBuf> {
 }
 
 fn help(args: &[&str]) -> String {
-    let out = Command::new(BIN)
+    let out = Command::new(OOMGUARD)
         .args(args)
         .arg("--help")
         .stdin(Stdio::null())
@@ -284,7 +285,7 @@ fn the_readmes_plan_command_plans_as_written() {
     );
     let t = tempfile::tempdir().unwrap();
     fs::write(t.path().join("train.py"), "").unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(OOMGUARD)
         .current_dir(t.path())
         .env("HOME", t.path())
         .stdin(Stdio::null())

@@ -17,13 +17,14 @@
 //! A command line in the docs that none of these covers fails the test, and so does an
 //! entry that no longer matches a line of the docs.
 
+mod common;
+use common::OOMGUARD;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -405,7 +406,7 @@ impl Place {
         for sub in ["bin", "tmp", "examples", "m7b"] {
             fs::create_dir_all(d.join(sub)).unwrap();
         }
-        std::os::unix::fs::symlink(BIN, d.join("bin/oomguard")).unwrap();
+        std::os::unix::fs::symlink(OOMGUARD, d.join("bin/oomguard")).unwrap();
         fs::copy(
             root().join("examples/sim_trainer.py"),
             d.join("examples/sim_trainer.py"),

@@ -12,6 +12,9 @@
 //!
 //! The other tests need only `tests/fixtures/configs/` and always run.
 
+mod common;
+use common::OOMGUARD;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,7 +22,6 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value as J;
 
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 const KNOBS: [&str; 7] = [
     "micro_batch",
     "grad_accum",
@@ -271,7 +273,7 @@ fn run_plan(
     argv: &[String],
     env: &[(String, String)],
 ) -> Plan {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(OOMGUARD);
     cmd.arg("plan").arg("--json").args(extra).arg("--");
     cmd.args(argv).current_dir(cwd).stdin(Stdio::null());
     cmd.env("HOME", home);

@@ -7,12 +7,13 @@
 //! spawn costs a few milliseconds, which keeps 256 cases a property at a few seconds. A
 //! longer run: `OOMGUARD_FUZZ_CASES=20000 cargo test --release --test fuzz`.
 
+mod common;
+use common::OOMGUARD;
+
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
 use proptest::prelude::*;
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 fn cases() -> u32 {
     std::env::var("OOMGUARD_FUZZ_CASES")
@@ -32,7 +33,7 @@ fn config() -> ProptestConfig {
 }
 
 fn run(args: &[&str], stdin: &[u8], cwd: &std::path::Path) -> Output {
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(OOMGUARD)
         .args(args)
         .current_dir(cwd)
         .env("OOMGUARD_LOG", "off")

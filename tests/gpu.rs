@@ -2,10 +2,11 @@
 //! never a panic; with --json, `{"gpus": [], "error": ...}` on stdout), and with the fake probe (`OOMGUARD_FAKE_GPUS`, timelines in
 //! tests/fixtures/gpu/).
 
+mod common;
+use common::OOMGUARD;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 /// `oomguard gpus` exit code when no GPU information can be had (gpu::NO_GPU_INFO).
 const NO_GPU_INFO: i32 = 69;
@@ -27,7 +28,7 @@ struct Run {
 /// Runs oomguard with `envs` set (`None`: removed); `OOMGUARD_FAKE_GPUS` and
 /// `CUDA_VISIBLE_DEVICES` are removed unless given.
 fn run(args: &[&str], envs: &[(&str, Option<&str>)]) -> Run {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(OOMGUARD);
     cmd.args(args)
         .stdin(Stdio::null())
         .env_remove("OOMGUARD_FAKE_GPUS")
@@ -58,7 +59,7 @@ impl Run {
     }
     fn describe(&self, expected: &str) -> String {
         format!(
-            "\ncommand: {BIN} {:?}\nenv: {:?}\ncwd: {}\nexpected: {expected}\nfound: status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            "\ncommand: {OOMGUARD} {:?}\nenv: {:?}\ncwd: {}\nexpected: {expected}\nfound: status {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
             self.args,
             self.envs,
             std::env::current_dir().unwrap().display(),

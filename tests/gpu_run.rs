@@ -4,12 +4,13 @@
 //! same settings, the fallback to the policy when it does not leave, and
 //! `--gpus auto:N`.
 
+mod common;
+use common::OOMGUARD;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -24,7 +25,7 @@ struct Run {
 
 impl Run {
     fn new(cwd: &Path, timeline: &str, args: &[&str]) -> Run {
-        let out = Command::new(BIN)
+        let out = Command::new(OOMGUARD)
             .args(args)
             .current_dir(cwd)
             .env("OOMGUARD_FAKE_GPUS", fixture(timeline))
@@ -277,7 +278,7 @@ fn gpus_auto_picks_the_freest_and_the_world_size_follows() {
 #[test]
 fn without_nvml_gpu_flags_say_so_once_and_the_run_goes_on() {
     let t = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(OOMGUARD)
         .args(["--run-dir", "run", "--wait-for-memory", "10", "true"])
         .current_dir(t.path())
         .env_remove("OOMGUARD_FAKE_GPUS")

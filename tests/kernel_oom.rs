@@ -10,12 +10,13 @@
 //!   answers (the OOM killer's victim, a SIGKILL from someone else, an unreadable log) are
 //!   checked on any machine.
 
+mod common;
+use common::OOMGUARD;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-
-const OOMGUARD: &str = env!("CARGO_BIN_EXE_oomguard");
 
 /// `oomguard ARGS` in `cwd` with `env` added; on failure the caller prints `describe`.
 fn oomguard(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {

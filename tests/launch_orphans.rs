@@ -3,6 +3,7 @@
 //! command. Uses the purpose-built children in tests/children/.
 
 mod common;
+use common::{OOMGUARD, alive_of};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -25,7 +26,7 @@ impl Oomguard {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("stdout");
         let run_dir = dir.path().join("run");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_oomguard"));
+        let mut cmd = Command::new(OOMGUARD);
         cmd.arg("--run-dir").arg(&run_dir).args(args);
         let shown = format!("{cmd:?}");
         let child = cmd
@@ -76,22 +77,6 @@ fn read_pids(path: &Path) -> Vec<i32> {
         .collect()
 }
 
-/// Alive and not a zombie.
-fn alive(pids: &[i32]) -> Vec<i32> {
-    pids.iter()
-        .copied()
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|s| {
-                    let state = s[s.rfind(')')? + 1..].split_whitespace().next()?.to_owned();
-                    Some(state != "Z" && state != "X")
-                })
-                .unwrap_or(false)
-        })
-        .collect()
-}
-
 fn sigkill_leaves_nothing(mode: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let pids_file = tmp.path().join("pids");
@@ -106,12 +91,12 @@ fn sigkill_leaves_nothing(mode: &str) {
         g.fail("spawn_tree.py to start 5 processes");
     }
     let pids = read_pids(&pids_file);
-    assert_eq!(alive(&pids).len(), 5, "{pids:?}");
+    assert_eq!(alive_of(&pids).len(), 5, "{pids:?}");
     g.signal(libc::SIGKILL);
-    if !common::wait_until(Duration::from_secs(5), || alive(&pids).is_empty()) {
+    if !common::wait_until(Duration::from_secs(5), || alive_of(&pids).is_empty()) {
         g.fail(&format!(
             "every process of the tree gone within 5 s of SIGKILL to oomguard; alive: {:?}",
-            alive(&pids)
+            alive_of(&pids)
         ));
     }
 }

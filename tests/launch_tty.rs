@@ -2,6 +2,9 @@
 //! reach it; `diagnose` at a terminal says what it waits for. The terminal is made by
 //! script(1) (util-linux): both tests fail without it, saying so.
 
+mod common;
+use common::OOMGUARD;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -29,7 +32,7 @@ fn the_command_gets_our_terminal_size_and_its_changes() {
         "stty cols 100 rows 30; '{bin}' -q --run-dir '{rd}' python3 '{child}' '{ready}' & \
          for i in $(seq 200); do [ -e '{ready}' ] && break; sleep 0.05; done; \
          stty cols 77; wait",
-        bin = env!("CARGO_BIN_EXE_oomguard"),
+        bin = OOMGUARD,
         rd = dir.path().join("run").display(),
         child = child.display(),
         ready = ready.display(),
@@ -65,7 +68,7 @@ fn diagnose_at_a_terminal_says_it_reads_standard_input() {
         have_script(),
         "this test needs script(1) (util-linux) to give oomguard a terminal"
     );
-    let bin = env!("CARGO_BIN_EXE_oomguard");
+    let bin = OOMGUARD;
     for args in ["diagnose", "diagnose -"] {
         // script's stdin is forwarded to the terminal: a log line, then Ctrl-D (end of input).
         // timeout(1): a missed end of input fails the test instead of hanging it.

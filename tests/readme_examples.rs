@@ -9,6 +9,9 @@
 //! written, and an example without an entry here (or an entry without an example)
 //! fails the test.
 
+mod common;
+use common::OOMGUARD;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -16,8 +19,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::Value as J;
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 /// What one table example must show.
 struct Expect {
@@ -654,7 +655,7 @@ fn every_readme_knob_example_plans_its_ladder_and_resume() {
         // `VAR=VALUE oomguard ARGS...`
         let words: Vec<&str> = line.split_whitespace().collect();
         let at = words.iter().position(|w| *w == "oomguard").unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(OOMGUARD);
         cmd.current_dir(dir)
             .stdin(Stdio::null())
             .env("HOME", dir)
@@ -806,7 +807,7 @@ fn headline_command_finds_hf_checkpoints_under_every_launcher() {
         let line = format!(
             "{launcher} train.py --per_device_train_batch_size 8 --gradient_accumulation_steps 4 --output_dir out"
         );
-        let out = Command::new(BIN)
+        let out = Command::new(OOMGUARD)
             .current_dir(t.path())
             .args(["plan", "--json"])
             .args(line.split_whitespace())
@@ -840,7 +841,7 @@ fn nanogpt_under_torchrun_reads_out_dir_from_its_config_module() {
     )
     .unwrap();
     let rel = checkpoint(t.path(), Ckpt::NanoGpt("out-shakespeare-char"));
-    let out = Command::new(BIN)
+    let out = Command::new(OOMGUARD)
         .current_dir(t.path())
         .args([
             "plan",
@@ -862,7 +863,7 @@ fn nanogpt_under_torchrun_reads_out_dir_from_its_config_module() {
 #[test]
 fn lightning_flag_absent_from_the_command_is_added_from_its_given_value() {
     let t = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(OOMGUARD)
         .current_dir(t.path())
         .args([
             "plan",
@@ -882,7 +883,7 @@ fn lightning_flag_absent_from_the_command_is_added_from_its_given_value() {
     // config.yaml does not exist: --config naming a missing YAML is an error that says so.
     assert_eq!(out.status.code(), Some(2));
     fs::write(t.path().join("config.yaml"), "trainer:\n  max_epochs: 3\n").unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(OOMGUARD)
         .current_dir(t.path())
         .args([
             "plan",
@@ -918,7 +919,7 @@ fn litgpt_halving_keeps_the_global_batch_and_writes_no_accumulation_key() {
         include_str!("fixtures/configs/litgpt_llama2_7b_lora.yaml"),
     )
     .unwrap();
-    let out = Command::new(BIN)
+    let out = Command::new(OOMGUARD)
         .current_dir(t.path())
         .args([
             "plan",
@@ -972,7 +973,7 @@ fn one_setting_with_two_values_is_a_warning_on_every_run() {
     )
     .unwrap();
     fs::write(d.join("sft.py"), "print('trained')\n").unwrap();
-    let plan = Command::new(BIN)
+    let plan = Command::new(OOMGUARD)
         .current_dir(d)
         .args([
             "plan",
@@ -990,7 +991,7 @@ fn one_setting_with_two_values_is_a_warning_on_every_run() {
         warnings.contains("micro_batch has two values") && warnings.contains("ds.json"),
         "{v}"
     );
-    let run = Command::new(BIN)
+    let run = Command::new(OOMGUARD)
         .current_dir(d)
         .args([
             "--run-dir",

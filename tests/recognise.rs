@@ -4,12 +4,13 @@
 //! after it. So does thrust's `bad_alloc` for a device allocation, which prints no size
 //! (usually an extension built for another GPU).
 
+mod common;
+use common::OOMGUARD;
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
-
-const OOMGUARD: &str = env!("CARGO_BIN_EXE_oomguard");
 
 fn oomguard(cwd: &Path, args: &[&str]) -> Output {
     Command::new(OOMGUARD)

@@ -9,12 +9,11 @@
 //! a fixed sleep.
 
 mod common;
+use common::{OOMGUARD, alive, proc_state};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 const OOM_LINE: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 7.79 GiB of which 3.06 MiB is free.";
 
@@ -77,16 +76,6 @@ fn write_script(dir: &Path, name: &str, text: &str) -> String {
     p.to_str().unwrap().to_owned()
 }
 
-/// The state letter of /proc/PID/stat (`R`, `S`, `T`, `Z`...), or None when gone.
-fn proc_state(pid: i32) -> Option<char> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s[s.rfind(')')? + 1..].trim_start().chars().next()
-}
-
-fn alive(pid: i32) -> bool {
-    matches!(proc_state(pid), Some(c) if c != 'Z' && c != 'X')
-}
-
 fn kill(pid: i32, sig: i32) {
     // SAFETY: kill(2) has no memory-safety implications.
     unsafe {
@@ -123,7 +112,7 @@ impl Og {
         as_limit: Option<u64>,
         file_size: Option<u64>,
     ) -> Og {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(OOMGUARD);
         if !args.contains(&"--run-dir") {
             cmd.arg("--run-dir").arg(dir.path().join("run"));
         }
@@ -833,7 +822,7 @@ fn a_policy_cannot_name_a_command_unknown_keys_fail_with_file_line_key() {
     ] {
         let p = t.path().join(format!("{key}.toml"));
         std::fs::write(&p, &text).unwrap();
-        let out = Command::new(BIN)
+        let out = Command::new(OOMGUARD)
             .args(["--run-dir"])
             .arg(t.path().join("run"))
             .arg("--policy")
@@ -869,7 +858,7 @@ fn a_policy_env_table_cannot_set_code_loading_variables() {
             format!("[env]\n{var} = \"/tmp/evil\"\n[[step]]\nkind = \"halve_micro_batch\"\n"),
         )
         .unwrap();
-        let out = Command::new(BIN)
+        let out = Command::new(OOMGUARD)
             .arg("plan")
             .arg("--policy")
             .arg(&p)

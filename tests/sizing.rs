@@ -3,24 +3,25 @@
 //! results first, against the simulated trainer of the sizing benchmark
 //! (`benches/sizing_trainer.py`: its OOM names only the one allocation that failed).
 
+mod common;
+use common::OOMGUARD;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn run(cwd: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(OOMGUARD);
     c.args(args).current_dir(cwd);
     for (k, v) in envs {
         c.env(k, v);
     }
     let out = c.output().expect("run oomguard");
     eprintln!(
-        "command: {BIN} {args:?}\ncwd: {}\nstatus: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        "command: {OOMGUARD} {args:?}\ncwd: {}\nstatus: {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
         cwd.display(),
         out.status,
         String::from_utf8_lossy(&out.stdout),
@@ -218,7 +219,7 @@ fn an_oom_is_fixed_in_one_relaunch_by_the_models_pick() {
 /// `benches/sizing.py` on 12 scenarios of seed 12 (and `extra`), as JSON.
 fn benchmark(extra: &[&str]) -> serde_json::Value {
     let script = root().join("benches/sizing.py");
-    let mut args = vec![script.to_str().unwrap(), "--bin", BIN];
+    let mut args = vec![script.to_str().unwrap(), "--bin", OOMGUARD];
     args.extend(["--scenarios", "12", "--seed", "12", "--json"]);
     args.extend(extra);
     let out = Command::new("python3")

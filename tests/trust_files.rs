@@ -6,6 +6,7 @@
 //! a config during a run is reported. Every wait polls with a deadline.
 
 mod common;
+use common::OOMGUARD;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -15,8 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 const OOM_LINE: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 7.79 GiB of which 3.06 MiB is free.";
 
@@ -47,7 +46,7 @@ struct Opts<'a> {
 
 impl Og {
     fn start(cwd: &Path, args: &[&str], opts: Opts) -> Og {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(OOMGUARD);
         cmd.args(args).current_dir(cwd).stdin(Stdio::null());
         cmd.env("PYTHONDONTWRITEBYTECODE", "1");
         for (k, v) in opts.envs {

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{OOMGUARD, Run};
+use common::{OOMGUARD, Run, alive};
 
 /// Flags that give the default policy a step to take after an OOM (8 -> 4, accumulation
 /// 1 -> 2), so "not relaunched" is a decision and not a lack of options.
@@ -337,16 +337,6 @@ fn kill(pid: i32, sig: i32) {
     unsafe {
         libc::kill(pid, sig);
     }
-}
-
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let state = s[s.rfind(')')? + 1..].trim_start().chars().next()?;
-            Some(state != 'Z' && state != 'X')
-        })
-        .unwrap_or(false)
 }
 
 /// oomguard running `ignore_term_hup.py`, with its output in files under `dir`.

@@ -7,12 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{OOMGUARD, wait_until};
-
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
+use common::{OOMGUARD, alive, wait_until};
 
 /// `nohup oomguard … &` in a terminal, then the terminal goes away (script(1), which holds
 /// the pseudo-terminal's master, is killed: the kernel hangs the terminal up and SIGHUPs the

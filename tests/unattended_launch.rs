@@ -12,13 +12,14 @@
 //! table fits a 100-column pane, "nothing fits" names the ways out, `plan` and
 //! `estimate` pick the same settings, and a plan step names every knob it changes.
 
+mod common;
+use common::OOMGUARD;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value as J;
-
-const BIN: &str = env!("CARGO_BIN_EXE_oomguard");
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -49,7 +50,7 @@ fn lay(dir: &Path, case: &str, file: &str, dest: &str) {
 /// accelerate default config unless the test writes one), no
 /// `CUDA_VISIBLE_DEVICES`, no NVML (a fake probe that has no GPU), then `env`.
 fn oomguard(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(OOMGUARD);
     cmd.args(args).current_dir(cwd).stdin(Stdio::null());
     for v in [
         "HF_HOME",
@@ -381,7 +382,7 @@ fn readme_try_it_runs_the_installed_oomguard_in_a_private_folder() {
     .unwrap();
     let tmp = t.path().join("tmp");
     fs::create_dir_all(&tmp).unwrap();
-    let bin_dir = Path::new(BIN).parent().unwrap();
+    let bin_dir = Path::new(OOMGUARD).parent().unwrap();
     let path = format!(
         "{}:{}",
         bin_dir.display(),

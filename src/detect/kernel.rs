@@ -254,7 +254,42 @@ pub fn now_ms() -> Option<Millis> {
 /// Where the kernel's log is read from.
 pub trait Source {
     /// The log's text, or why it cannot be read.
-    fn read(&self) -> Result<String, String>;
+    fn read(&self) -> Result<String, Unreadable>;
+}
+
+/// Why the kernel's log could not be read (shown after a kill the output does not explain).
+#[derive(Debug, thiserror::Error)]
+pub enum Unreadable {
+    /// The file `OOMGUARD_FAKE_KERNEL_LOG` names (tests).
+    #[error("{}: {source}", path.display())]
+    Fake {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// None of the machine's readers, each with why.
+    #[error("{}", .0.iter().map(|(name, why)| format!("{name}: {why}")).collect::<Vec<_>>().join("; "))]
+    Nowhere(Vec<(&'static str, ReaderFailed)>),
+    /// A test's kernel log that cannot be read, and the words it says why in.
+    #[cfg(test)]
+    #[error("{0}")]
+    Test(&'static str),
+}
+
+/// Why one reader of the kernel's log (`/dev/kmsg`, `journalctl -k`, `dmesg`) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReaderFailed {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The program ran and failed: its standard error and exit status.
+    #[error("{} ({status})", stderr.trim())]
+    Status {
+        stderr: String,
+        status: std::process::ExitStatus,
+    },
+    #[error("no kernel messages in the journal")]
+    NoKernelMessages,
+    #[error("empty")]
+    Empty,
 }
 
 /// The machine's kernel log: `/dev/kmsg`, else `journalctl -k`, else `dmesg`, whichever is
@@ -262,36 +297,38 @@ pub trait Source {
 pub struct System;
 
 impl Source for System {
-    fn read(&self) -> Result<String, String> {
+    fn read(&self) -> Result<String, Unreadable> {
         if let Some(fake) = std::env::var_os("OOMGUARD_FAKE_KERNEL_LOG") {
             let path = PathBuf::from(fake);
             return crate::untrusted::read_config(&path)
-                .map_err(|e| format!("{}: {e}", path.display()));
+                .map_err(|source| Unreadable::Fake { path, source });
         }
         let mut why = Vec::new();
         for (name, read) in [
-            ("/dev/kmsg", read_kmsg as fn() -> Result<String, String>),
+            (
+                "/dev/kmsg",
+                read_kmsg as fn() -> Result<String, ReaderFailed>,
+            ),
             ("journalctl -k", read_journalctl),
             ("dmesg", read_dmesg),
         ] {
             match read() {
                 Ok(text) => return Ok(text),
-                Err(e) => why.push(format!("{name}: {e}")),
+                Err(e) => why.push((name, e)),
             }
         }
-        Err(why.join("; "))
+        Err(Unreadable::Nowhere(why))
     }
 }
 
 /// The ring buffer through /dev/kmsg: one record per read, non-blocking, up to its end.
 /// Needs CAP_SYSLOG (or kernel.dmesg_restrict=0).
-fn read_kmsg() -> Result<String, String> {
+fn read_kmsg() -> Result<String, ReaderFailed> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open("/dev/kmsg")
-        .map_err(|e| e.to_string())?;
+        .open("/dev/kmsg")?;
     let mut text = String::new();
     // A record is at most 8 KiB (PRINTK_MESSAGE_MAX / CONSOLE_EXT_LOG_MAX); a smaller
     // buffer makes read fail with EINVAL.
@@ -305,43 +342,44 @@ fn read_kmsg() -> Result<String, String> {
             // Records overwritten while we read: go on with the next one.
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(text)
 }
 
-fn read_journalctl() -> Result<String, String> {
+fn read_journalctl() -> Result<String, ReaderFailed> {
     // short-monotonic: "[ 5219.962437] host kernel: ..." (seconds since boot, as dmesg).
     let text = run_capture(
         "journalctl",
         &["-k", "-b", "-q", "--no-pager", "-o", "short-monotonic"],
     )?;
     if text.trim().is_empty() {
-        return Err("no kernel messages in the journal".into());
+        return Err(ReaderFailed::NoKernelMessages);
     }
     Ok(text)
 }
 
-fn read_dmesg() -> Result<String, String> {
+fn read_dmesg() -> Result<String, ReaderFailed> {
     let text = run_capture("dmesg", &[])?;
     if text.trim().is_empty() {
-        return Err("empty".into());
+        return Err(ReaderFailed::Empty);
     }
     Ok(text)
 }
 
 /// Run a reader (never through a shell), its stdout as text; a failure says why.
-fn run_capture(program: &str, args: &[&str]) -> Result<String, String> {
+fn run_capture(program: &str, args: &[&str]) -> Result<String, ReaderFailed> {
     let out = Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| e.to_string())?;
+        .output()?;
     if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!("{} ({})", err.trim(), out.status));
+        return Err(ReaderFailed::Status {
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            status: out.status,
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -352,7 +390,7 @@ pub struct Text(pub String);
 
 #[cfg(test)]
 impl Source for Text {
-    fn read(&self) -> Result<String, String> {
+    fn read(&self) -> Result<String, Unreadable> {
         Ok(self.0.clone())
     }
 }

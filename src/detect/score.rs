@@ -86,24 +86,42 @@ pub struct ClassScore {
     pub precision: f64,
 }
 
+/// Why `diagnose --score` could not score the folders it was given.
+#[derive(Debug, thiserror::Error)]
+pub enum ScoreError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: unknown label {label:?}", path.display())]
+    UnknownLabel { path: PathBuf, label: String },
+}
+
 /// Classify every labelled log in `dirs`. An unreadable folder or a file without a
 /// label is an error naming it.
-pub fn score_dirs(dirs: &[PathBuf]) -> Result<Vec<Scored>, String> {
+pub fn score_dirs(dirs: &[PathBuf]) -> Result<Vec<Scored>, ScoreError> {
     let mut out = Vec::new();
     for dir in dirs {
         let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?
+            .map_err(|source| ScoreError::Read {
+                path: dir.clone(),
+                source,
+            })?
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("txt" | "log")))
             .collect();
         paths.sort();
         for path in paths {
-            let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let bytes = std::fs::read(&path).map_err(|source| ScoreError::Read {
+                path: path.clone(),
+                source,
+            })?;
             let Some((label, body)) = split_fixture(&bytes) else {
                 continue; // INDEX.md-like files and unlabelled notes are not logs
             };
             if expected(&label).is_none() {
-                return Err(format!("{}: unknown label {label:?}", path.display()));
+                return Err(ScoreError::UnknownLabel { path, label });
             }
             let f = classify_log(body);
             out.push(Scored {

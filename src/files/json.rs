@@ -3,8 +3,8 @@
 //! shared with YAML flow mappings.
 
 use super::{
-    Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style, indent_at,
-    line_col, line_end, line_start, newline_of, render,
+    CannotWrite, Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style,
+    indent_at, line_col, line_end, line_start, newline_of, render,
 };
 
 pub(crate) fn parse(text: &str) -> Result<Node, ParseErr> {
@@ -311,7 +311,7 @@ fn member(
     value: &Scalar,
     quote: Option<char>,
     lay: &Layout,
-) -> Result<String, String> {
+) -> Result<String, CannotWrite> {
     let k = render::key(format, rest[0], quote);
     if rest.len() == 1 {
         // In a YAML flow mapping with "quoted" keys, strings are quoted too.
@@ -366,13 +366,13 @@ pub(crate) fn insert_braced(
     parent: &Node,
     rest: &[&str],
     value: &Scalar,
-) -> Result<Vec<Splice>, String> {
+) -> Result<Vec<Splice>, CannotWrite> {
     let text = doc.text();
     let Some(map) = parent.map() else {
-        return Err("the parent is not a mapping".into());
+        return Err(CannotWrite::ParentNotMapping);
     };
     let (Some(open), Some(close)) = (map.open, map.close) else {
-        return Err("the parent mapping has no braces".into());
+        return Err(CannotWrite::NoBraces);
     };
     let nl = newline_of(text);
     let Some(last) = map.entries.last() else {
@@ -438,6 +438,6 @@ pub(crate) fn insert(
     parent: &Node,
     rest: &[&str],
     value: &Scalar,
-) -> Result<Vec<Splice>, String> {
+) -> Result<Vec<Splice>, CannotWrite> {
     insert_braced(doc, Format::Json, parent, rest, value)
 }

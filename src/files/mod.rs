@@ -20,6 +20,10 @@
 //! - Python: a small tokenizer; top-level `NAME = literal` assignments and
 //!   `"key": literal` entries of dict literals anywhere in the file.
 //!
+//! The modules depend one way: each format's module (`json`, `yaml`, `toml`, `python`)
+//! writes values with `render`; `render` and `yaml` read YAML plain scalars with
+//! `plain` (a leaf); `yaml` inserts into flow mappings with `json`'s braced insertion.
+//!
 //! Key paths are dotted (`zero_optimization.offload_optimizer.device`); a key
 //! that itself contains a dot cannot be addressed (rare in these configs).
 //!
@@ -42,9 +46,8 @@
 //! accepted; setting a key back to its original value restores the original
 //! spelling (`6e-4`, `~`, quotes) byte for byte.
 
-#![allow(dead_code)] // the API is wired into discover/materialize by its owners; until then parts are unused
-
 mod json;
+mod plain;
 mod python;
 mod render;
 mod toml;
@@ -153,6 +156,43 @@ pub enum FileError {
         key: String,
         why: String,
     },
+}
+
+/// Why a value cannot be written where a key asks for it: the reason of a
+/// [`FileError::Unsupported`] that the writers and inserters find.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CannotWrite {
+    #[error("only finite numbers can be written")]
+    NotFinite,
+    #[error("TOML has no null value; remove the key by hand instead")]
+    TomlNull,
+    #[error("the parent is not a mapping")]
+    ParentNotMapping,
+    #[error("the parent mapping has no braces")]
+    NoBraces,
+    #[error(
+        "the mapping starts on a line shared with other syntax (`- key:` in a list); add the key by hand"
+    )]
+    MappingInList,
+    #[error("the key shares its line with other syntax; add the value by hand")]
+    KeySharesLine,
+    /// The TOML file no longer parses (its parser's message).
+    #[error("{0}")]
+    TomlParse(String),
+    #[error("{0} is an inline table {{...}}; add the key by hand")]
+    InlineTable(String),
+    #[error("{0} is not a table")]
+    NotTable(String),
+    #[error("the table is defined with dotted keys (a.b = ...); add the key by hand")]
+    DottedTable,
+    #[error("cannot locate the table's header")]
+    NoTableHeader,
+    #[error(
+        "only a missing top-level `NAME = value` can be added to a Python config; add dict keys by hand"
+    )]
+    PythonNested,
+    #[error("{0:?} is not a Python identifier")]
+    NotIdentifier(String),
 }
 
 fn siblings_note(key: &str, available: &[String]) -> String {
@@ -450,17 +490,6 @@ impl Doc {
         self.text != self.original
     }
 
-    /// A unified diff from the original to the current text, labelled with the
-    /// file name; empty when unchanged.
-    pub fn diff(&self, new_label: &str) -> String {
-        unified_diff(
-            &self.path.display().to_string(),
-            new_label,
-            &self.original,
-            &self.text,
-        )
-    }
-
     fn unsupported(&self, key: &str, why: impl Into<String>) -> FileError {
         FileError::Unsupported {
             path: self.path.clone(),
@@ -610,7 +639,7 @@ impl Doc {
                         None => {
                             let in_flow = self.format == Format::Yaml && self.in_flow(node.start);
                             render::literal(self.format, value, Some(s), in_flow)
-                                .map_err(|why| self.unsupported(key, why))?
+                                .map_err(|why| self.unsupported(key, why.to_string()))?
                         }
                     };
                     Ok(vec![Splice {
@@ -644,7 +673,7 @@ impl Doc {
                     // `parent:` with nothing after it: add the children below it.
                     let entry = chain[at];
                     yaml::insert_under_empty(self, entry, &segs[at + 1..], value)
-                        .map_err(|why| self.unsupported(key, why))
+                        .map_err(|why| self.unsupported(key, why.to_string()))
                 } else {
                     Err(self.unsupported(
                         key,
@@ -675,7 +704,7 @@ impl Doc {
             Format::Toml => toml::insert(&self.text, &segs[..matched], rest, value),
             Format::Python => python::insert(self, matched, rest, value),
         };
-        res.map_err(|why| self.unsupported(key, why))
+        res.map_err(|why| self.unsupported(key, why.to_string()))
     }
 
     /// When `value` is the value the key had in the original text, that text

@@ -7,8 +7,8 @@
 //! file is not checked against the full Python grammar.
 
 use super::{
-    Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style, line_col,
-    newline_of, render,
+    CannotWrite, Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style,
+    line_col, newline_of, render,
 };
 
 #[derive(Debug, Clone, PartialEq)]
@@ -671,9 +671,9 @@ pub(crate) fn insert(
     matched: usize,
     rest: &[&str],
     value: &Scalar,
-) -> Result<Vec<Splice>, String> {
+) -> Result<Vec<Splice>, CannotWrite> {
     if matched > 0 || rest.len() != 1 {
-        return Err("only a missing top-level `NAME = value` can be added to a Python config; add dict keys by hand".into());
+        return Err(CannotWrite::PythonNested);
     }
     let name = rest[0];
     if !name
@@ -682,7 +682,7 @@ pub(crate) fn insert(
         .is_some_and(|c| c.is_alphabetic() || c == '_')
         || !name.chars().all(|c| c.is_alphanumeric() || c == '_')
     {
-        return Err(format!("{name:?} is not a Python identifier"));
+        return Err(CannotWrite::NotIdentifier(name.to_string()));
     }
     let text = doc.text();
     let nl = newline_of(text);

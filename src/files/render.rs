@@ -1,7 +1,8 @@
 //! Writing one value as literal text in each format, keeping the old value's
 //! quote style (and YAML boolean capitalisation) where it had one.
 
-use super::{Format, Scalar, ScalarNode, Style, yaml};
+use super::plain::plain_safe;
+use super::{CannotWrite, Format, Scalar, ScalarNode, Style};
 
 /// A float as text every format reads back as a float: always a `.`, and an
 /// explicit exponent sign (PyYAML only reads `1.0e+20`, not `1e20`).
@@ -84,11 +85,11 @@ pub(crate) fn literal(
     value: &Scalar,
     old: Option<&ScalarNode>,
     in_flow: bool,
-) -> Result<String, String> {
+) -> Result<String, CannotWrite> {
     let old_style = old.map(|o| o.style).unwrap_or(Style::Plain);
     Ok(match (format, value) {
         (_, Scalar::Float(x)) if !x.is_finite() => {
-            return Err("only finite numbers can be written".into());
+            return Err(CannotWrite::NotFinite);
         }
         (_, Scalar::Int(i)) => i.to_string(),
         (_, Scalar::Float(x)) => float(*x),
@@ -99,7 +100,7 @@ pub(crate) fn literal(
         (Format::Yaml, Scalar::Null) => "null".into(),
         (Format::Python, Scalar::Null) => "None".into(),
         (Format::Toml, Scalar::Null) => {
-            return Err("TOML has no null value; remove the key by hand instead".into());
+            return Err(CannotWrite::TomlNull);
         }
         (Format::Json, Scalar::Str(s)) => json_string(s),
         (Format::Toml, Scalar::Str(s)) => match old_style {
@@ -113,7 +114,7 @@ pub(crate) fn literal(
         (Format::Yaml, Scalar::Str(s)) => match old_style {
             Style::Single => single_quoted(s, true).unwrap_or_else(|| json_string(s)),
             Style::Double => json_string(s),
-            Style::Plain if yaml::plain_safe(s, in_flow) => s.clone(),
+            Style::Plain if plain_safe(s, in_flow) => s.clone(),
             Style::Plain => single_quoted(s, true).unwrap_or_else(|| json_string(s)),
         },
     })
@@ -145,7 +146,7 @@ pub(crate) fn key(format: Format, k: &str, quote: Option<char>) -> String {
         Format::Yaml => match quote {
             Some('"') => json_string(k),
             Some('\'') => single_quoted(k, true).unwrap_or_else(|| json_string(k)),
-            _ if yaml::plain_safe(k, true) => k.to_string(),
+            _ if plain_safe(k, true) => k.to_string(),
             _ => json_string(k),
         },
         Format::Toml => {

@@ -2,6 +2,17 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
+/// A unified diff from `d`'s original to its current text, labelled with the file name;
+/// empty when unchanged.
+fn diff_of(d: &Doc, new_label: &str) -> String {
+    unified_diff(
+        &d.path.display().to_string(),
+        new_label,
+        &d.original,
+        &d.text,
+    )
+}
+
 fn own(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/configs")
@@ -174,8 +185,8 @@ fn json_set_keeps_everything_else() {
             .contains("    \"train_micro_batch_size_per_gpu\": 4,\n")
     );
     d.set("zero_optimization.stage", &Scalar::Int(3)).unwrap();
-    let (m, p) = changes(&d.diff("copy"));
-    assert_eq!((m.len(), p.len()), (2, 2), "{}", d.diff("copy"));
+    let (m, p) = changes(&diff_of(&d, "copy"));
+    assert_eq!((m.len(), p.len()), (2, 2), "{}", diff_of(&d, "copy"));
 }
 
 #[test]
@@ -191,7 +202,7 @@ fn json_insert_creates_parents_adding_lines_only() {
         &Scalar::Str("cpu".into()),
     )
     .unwrap();
-    let diff = d.diff("copy");
+    let diff = diff_of(&d, "copy");
     let (m, p) = changes(&diff);
     assert!(m.is_empty(), "{diff}");
     assert_eq!(
@@ -226,7 +237,7 @@ fn json_insert_creates_parents_adding_lines_only() {
     // A new top-level key goes in as its own line.
     let mut d = load("ds_zero3_plain.json");
     d.set("gradient_clipping", &Scalar::Float(1.0)).unwrap();
-    let (m, p) = changes(&d.diff("copy"));
+    let (m, p) = changes(&diff_of(&d, "copy"));
     assert!(m.is_empty());
     assert_eq!(p, vec!["  \"gradient_clipping\": 1.0,"]);
 }
@@ -376,7 +387,7 @@ fn yaml_insert_adds_lines_only() {
     let mut a = load("axolotl_lora.yml");
     a.set("gradient_checkpointing", &Scalar::Bool(true))
         .unwrap();
-    let (m, p) = changes(&a.diff("copy"));
+    let (m, p) = changes(&diff_of(&a, "copy"));
     assert!(m.is_empty());
     assert_eq!(p, vec!["gradient_checkpointing: true"]);
     // A child of an existing block mapping, at its indentation.
@@ -392,7 +403,7 @@ fn yaml_insert_adds_lines_only() {
     let mut d = load("accelerate_zero3.yaml");
     d.set("fsdp_config.fsdp_offload.params", &Scalar::Bool(true))
         .unwrap();
-    let (m, p) = changes(&d.diff("copy"));
+    let (m, p) = changes(&diff_of(&d, "copy"));
     assert!(m.is_empty());
     assert_eq!(
         p,
@@ -402,7 +413,7 @@ fn yaml_insert_adds_lines_only() {
     let mut a = load("axolotl_lora.yml");
     a.set("deepspeed.zero_optimization.stage", &Scalar::Int(2))
         .unwrap();
-    let (m, p) = changes(&a.diff("copy"));
+    let (m, p) = changes(&diff_of(&a, "copy"));
     assert!(m.is_empty());
     assert_eq!(p, vec!["  zero_optimization:", "    stage: 2"]);
     let re = Doc::parse(a.path(), a.text().into()).unwrap();
@@ -414,7 +425,7 @@ fn yaml_insert_adds_lines_only() {
     let mut t = load("torchtune_full.yaml");
     t.set("checkpointer.recipe_checkpoint", &Scalar::Null)
         .unwrap();
-    let (m, p) = changes(&t.diff("copy"));
+    let (m, p) = changes(&diff_of(&t, "copy"));
     assert!(m.is_empty());
     assert_eq!(p, vec!["  recipe_checkpoint: null"]);
 }
@@ -449,7 +460,7 @@ fn yaml_flow_mapping_neox() {
         &Scalar::Str("cpu".into()),
     )
     .unwrap();
-    let diff = d.diff("copy");
+    let diff = diff_of(&d, "copy");
     let (m, p) = changes(&diff);
     assert!(m.is_empty(), "{diff}");
     assert_eq!(
@@ -543,7 +554,7 @@ fn toml_get_set_insert() {
     d.set("training.gc_freq", &Scalar::Int(50)).unwrap();
     d.set("compile.enable", &Scalar::Bool(true)).unwrap();
     d.set("quantize.mode", &Scalar::Str("fp8".into())).unwrap();
-    let diff = d.diff("copy");
+    let diff = diff_of(&d, "copy");
     let (m, p) = changes(&diff);
     assert!(m.is_empty(), "{diff}");
     for want in ["gc_freq = 50", "[compile]", "[quantize]"] {
@@ -653,8 +664,8 @@ fn floats_render_for_every_reader() {
     assert_eq!(render::float(0.3), "0.3");
     assert_eq!(render::float(1e-5), "1.0e-5");
     assert_eq!(render::float(1e20), "1.0e+20");
-    assert_eq!(yaml::resolve("1.0e-5"), Scalar::Float(1e-5));
-    assert_eq!(yaml::resolve("1.0e+20"), Scalar::Float(1e20));
+    assert_eq!(plain::resolve("1.0e-5"), Scalar::Float(1e-5));
+    assert_eq!(plain::resolve("1.0e+20"), Scalar::Float(1e20));
 }
 
 // ---------------------------------------------------------------------------
@@ -910,7 +921,7 @@ fn corpus_insertions_add_lines_only() {
         }
         let re = Doc::parse(f, d.text().into()).unwrap();
         assert_eq!(re.get(key).unwrap(), Some(value.clone()), "{}", f.display());
-        let diff = d.diff("copy");
+        let diff = diff_of(&d, "copy");
         let (m, p) = changes(&diff);
         if !m.is_empty() || p.is_empty() {
             failures.push(format!("{}: not only added lines:\n{diff}", f.display()));

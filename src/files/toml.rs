@@ -5,8 +5,8 @@
 use toml_edit::{Document, Item, Table, Value};
 
 use super::{
-    Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style, line_col,
-    line_end, line_start, newline_of, render,
+    CannotWrite, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style,
+    line_col, line_end, line_start, newline_of, render,
 };
 
 fn doc(text: &str) -> Result<Document<&str>, ParseErr> {
@@ -130,8 +130,8 @@ pub(crate) fn insert(
     parent_path: &[&str],
     rest: &[&str],
     value: &Scalar,
-) -> Result<Vec<Splice>, String> {
-    let d = doc(text).map_err(|e| e.message)?;
+) -> Result<Vec<Splice>, CannotWrite> {
+    let d = doc(text).map_err(|e| CannotWrite::TomlParse(e.message))?;
     let nl = newline_of(text);
     let lit = render::literal(Format::Toml, value, None, false)?;
     let leaf = render::key(Format::Toml, rest[rest.len() - 1], None);
@@ -140,17 +140,13 @@ pub(crate) fn insert(
         match t.get(seg) {
             Some(Item::Table(sub)) => t = sub,
             Some(Item::Value(Value::InlineTable(_))) => {
-                return Err(format!(
-                    "{seg} is an inline table {{...}}; add the key by hand"
-                ));
+                return Err(CannotWrite::InlineTable(seg.to_string()));
             }
-            _ => return Err(format!("{seg} is not a table")),
+            _ => return Err(CannotWrite::NotTable(seg.to_string())),
         }
     }
     if t.is_dotted() {
-        return Err(
-            "the table is defined with dotted keys (a.b = ...); add the key by hand".into(),
-        );
+        return Err(CannotWrite::DottedTable);
     }
     let full: Vec<String> = parent_path
         .iter()
@@ -198,7 +194,7 @@ pub(crate) fn insert(
         // An empty table: after its header line.
         match t.span() {
             Some(s) => line_end(text, s.start),
-            None => return Err("cannot locate the table's header".into()),
+            None => return Err(CannotWrite::NoTableHeader),
         }
     };
     let lead = if at == text.len() && !text.is_empty() && !text.ends_with('\n') {

@@ -1,84 +1,16 @@
 //! YAML: `saphyr-parser` events (with positions) build the located tree; plain
-//! scalars are resolved the way PyYAML does (the consumers are Python), plus
+//! scalars are resolved the way PyYAML does (see `plain`) (the consumers are Python), plus
 //! YAML 1.2 dot-less floats (`1e-5`, which OmegaConf also reads as a float).
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
 
-use regex::Regex;
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
+use super::plain::resolve;
 use super::{
-    Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style, indent_at,
-    json, line_end, newline_of, render,
+    CannotWrite, Doc, Entry, Format, Kind, Map, Node, ParseErr, Scalar, ScalarNode, Splice, Style,
+    indent_at, json, line_end, newline_of, render,
 };
-
-static INT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[-+]?(?:0|[1-9][0-9_]*)$").unwrap());
-static HEX: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^0x[0-9a-fA-F_]+$").unwrap());
-static OCT: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^0o[0-7_]+$").unwrap());
-static FLOAT: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+)$").unwrap()
-});
-
-/// The value of a plain (unquoted) scalar.
-pub(crate) fn resolve(s: &str) -> Scalar {
-    match s {
-        "" | "~" | "null" | "Null" | "NULL" => return Scalar::Null,
-        "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" => {
-            return Scalar::Bool(true);
-        }
-        "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" => {
-            return Scalar::Bool(false);
-        }
-        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
-            return Scalar::Float(f64::INFINITY);
-        }
-        "-.inf" | "-.Inf" | "-.INF" => return Scalar::Float(f64::NEG_INFINITY),
-        ".nan" | ".NaN" | ".NAN" => return Scalar::Float(f64::NAN),
-        _ => {}
-    }
-    if INT.is_match(s)
-        && let Ok(i) = s.replace('_', "").parse::<i64>()
-    {
-        return Scalar::Int(i);
-    }
-    if HEX.is_match(s)
-        && let Ok(i) = i64::from_str_radix(&s[2..].replace('_', ""), 16)
-    {
-        return Scalar::Int(i);
-    }
-    if OCT.is_match(s)
-        && let Ok(i) = i64::from_str_radix(&s[2..].replace('_', ""), 8)
-    {
-        return Scalar::Int(i);
-    }
-    if FLOAT.is_match(s)
-        && let Ok(x) = s.replace('_', "").parse::<f64>()
-    {
-        return Scalar::Float(x);
-    }
-    Scalar::Str(s.to_string())
-}
-
-/// Whether `s` can be written as a plain scalar and read back as the same string.
-pub(crate) fn plain_safe(s: &str, in_flow: bool) -> bool {
-    let Some(first) = s.chars().next() else {
-        return false;
-    };
-    if s.trim() != s || s.contains(['\n', '\r', '\t']) {
-        return false;
-    }
-    if "-?:,[]{}#&*!|>'\"%@`".contains(first) {
-        return false;
-    }
-    if s.contains(": ") || s.contains(" #") || s.ends_with(':') {
-        return false;
-    }
-    if in_flow && s.contains([',', '[', ']', '{', '}']) {
-        return false;
-    }
-    matches!(resolve(s), Scalar::Str(ref r) if r == s)
-}
 
 enum Frame {
     Map {
@@ -476,7 +408,7 @@ fn block_lines(
     indent: &str,
     step: &str,
     nl: &str,
-) -> Result<String, String> {
+) -> Result<String, CannotWrite> {
     let k = render::key(Format::Yaml, rest[0], None);
     if rest.len() == 1 {
         let lit = render::literal(Format::Yaml, value, None, false)?;
@@ -496,10 +428,10 @@ pub(crate) fn insert(
     _chain: &[&Entry],
     rest: &[&str],
     value: &Scalar,
-) -> Result<Vec<Splice>, String> {
+) -> Result<Vec<Splice>, CannotWrite> {
     let text = doc.text();
     let Some(map) = parent.map() else {
-        return Err("the parent is not a mapping".into());
+        return Err(CannotWrite::ParentNotMapping);
     };
     if map.open.is_some() {
         return json::insert_braced(doc, Format::Yaml, parent, rest, value);
@@ -521,7 +453,7 @@ pub(crate) fn insert(
     };
     let (indent, alone) = indent_at(text, last.key_start);
     if !alone {
-        return Err("the mapping starts on a line shared with other syntax (`- key:` in a list); add the key by hand".into());
+        return Err(CannotWrite::MappingInList);
     }
     // After the last line holding content of the last entry.
     let mut p = last.value.end.max(last.key_start + 1).min(text.len());
@@ -547,11 +479,11 @@ pub(crate) fn insert_under_empty(
     entry: &Entry,
     rest: &[&str],
     value: &Scalar,
-) -> Result<Vec<Splice>, String> {
+) -> Result<Vec<Splice>, CannotWrite> {
     let text = doc.text();
     let (indent, alone) = indent_at(text, entry.key_start);
     if !alone {
-        return Err("the key shares its line with other syntax; add the value by hand".into());
+        return Err(CannotWrite::KeySharesLine);
     }
     let nl = newline_of(text);
     let step = " ".repeat(step_of(text, &doc.root).unwrap_or(2));

@@ -2,10 +2,14 @@
 //! follow their spellings: `--per_device_train_batch_size 8 --output_dir out`,
 //! resumed with `--resume_from_checkpoint out/checkpoint-N`.
 
-use std::path::PathBuf;
+use std::fs;
+use std::path::{Path, PathBuf};
 
 use super::{AbsentValue, Family};
-use crate::checkpoint::{Kind, Layout, ResumeHow};
+use crate::checkpoint::{
+    Format, Kind, Layout, NotComplete, ResumeHow, index_complete, no_temporaries, numbered_dirs,
+    plain_name, read_in, read_small, recorded_step, weights_complete,
+};
 use crate::command::Command;
 use crate::progress::Logging;
 use crate::settings::Knob;
@@ -22,7 +26,7 @@ fn recognise(cmd: &Command) -> bool {
 fn layout(cmd: &Command, _: &super::Ctx) -> Option<Layout> {
     let out = cmd.value(&["--output_dir", "--output-dir"])?;
     Some(Layout {
-        kind: Kind::HuggingFace,
+        kind: Kind::Format(&CHECKPOINTS),
         root: PathBuf::from(out),
         how: ResumeHow::Flag {
             flag: "--resume_from_checkpoint".into(),
@@ -193,3 +197,96 @@ pub static FAMILY: Family = Family {
     output_hint: "--output_dir",
     ..Family::NONE
 };
+
+// ---------------------------------------------------------------- checkpoints
+
+/// Hugging Face Trainer checkpoints: `output_dir/checkpoint-N` folders.
+pub static CHECKPOINTS: Format = Format {
+    id: "hugging_face",
+    label: "hugging-face output_dir/checkpoint-N",
+    candidates: |root| (numbered_dirs(root, "checkpoint-", ""), Vec::new()),
+    complete: |_, p| complete(p),
+    stepped: true,
+    recorded_step: Some(recorded_step),
+    unannounced: |_| false,
+};
+
+/// The model weights a Hugging Face checkpoint may hold: sharded by an index,
+/// or single files.
+const HF_INDEXES: &[&str] = &[
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors.index.json",
+];
+const HF_WEIGHTS: &[&str] = &[
+    "model.safetensors",
+    "pytorch_model.bin",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+];
+
+/// Every weights file (or index) present is whole; `Ok(false)` when none is present.
+fn weights(dir: &Path) -> Result<bool, NotComplete> {
+    let mut any = false;
+    for index in HF_INDEXES {
+        if fs::symlink_metadata(dir.join(index)).is_ok() {
+            index_complete(dir, index)?;
+            any = true;
+        }
+    }
+    for w in HF_WEIGHTS {
+        if fs::symlink_metadata(dir.join(w)).is_ok() {
+            weights_complete(&dir.join(w))?;
+            any = true;
+        }
+    }
+    Ok(any)
+}
+
+/// Why `dir` is not a complete Hugging Face checkpoint, or Ok.
+pub fn complete(dir: &Path) -> Result<(), NotComplete> {
+    let text = read_in(
+        dir,
+        "trainer_state.json",
+        "no trainer_state.json (the Trainer writes it last)",
+    )?;
+    if text.is_empty() {
+        return Err("trainer_state.json is empty".into());
+    }
+    let Ok(state) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return Err("trainer_state.json is not valid JSON (cut off mid-write?)".into());
+    };
+    if !state.get("global_step").is_some_and(|g| g.is_u64()) {
+        return Err(format!(
+            "trainer_state.json has no numeric global_step (it is {})",
+            match &state {
+                serde_json::Value::Object(_) => "an object without one",
+                serde_json::Value::Null => "null",
+                serde_json::Value::Array(_) => "a list",
+                _ => "not an object",
+            }
+        )
+        .into());
+    }
+    no_temporaries(dir)?;
+    let weights = weights(dir)?;
+    // With DeepSpeed the weights live in the global_stepN folder `latest` names.
+    match read_small(&dir.join("latest")) {
+        Ok(tag) => {
+            let tag = tag.trim();
+            if !plain_name(tag) {
+                return Err(format!(
+                    "`latest` names {tag:?}, which is not a folder name inside the checkpoint: not followed"
+                ).into());
+            }
+            super::deepspeed::tag_complete(&dir.join(tag))
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(NotComplete::unreadable("latest", &e))
+        }
+        Err(_) if weights => Ok(()),
+        Err(_) => {
+            Err("no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into())
+        }
+    }
+}

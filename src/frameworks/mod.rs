@@ -21,18 +21,18 @@ use crate::files::{Doc, Scalar};
 use crate::settings::{Knob, Offload, Value, World};
 
 pub mod accelerate;
-mod deepspeed;
-mod hf;
+pub mod deepspeed;
+pub mod hf;
 mod hydra;
 pub mod launchers;
-mod lightning;
+pub mod lightning;
 mod litgpt;
-mod megatron;
-mod nanogpt;
+pub mod megatron;
+pub mod nanogpt;
 mod oumi;
 mod recipes;
 mod torchtitan;
-mod torchtune;
+pub mod torchtune;
 
 /// Spellings per knob.
 pub type Spellings = &'static [(Knob, &'static [&'static str])];
@@ -44,8 +44,22 @@ pub type Env<'a> = &'a dyn Fn(&str) -> Option<OsString>;
 /// points the tool at a changed copy.
 pub type DefaultConfig = (fn() -> Option<PathBuf>, &'static str);
 
-/// A packaged config named by name: the name, and its path or where it was looked for.
-pub type Packaged = (String, Result<PathBuf, String>);
+/// A packaged config named by name: the name, and its path or why it was not found.
+pub type Packaged = (String, Result<PathBuf, NotPackaged>);
+
+/// Why a config named by name was not found in the tool's installation (said with
+/// where it was looked for).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotPackaged {
+    #[error("no `tune` on PATH")]
+    NoTune,
+    #[error("{} does not name its Python", .0.display())]
+    NoPython(PathBuf),
+    #[error("no prefix above {}", .0.display())]
+    NoPrefix(PathBuf),
+    #[error("looked in {}", .0.join(", "))]
+    LookedIn(Vec<String>),
+}
 
 /// What a family's `layout` may read besides the command.
 pub struct Ctx<'a> {

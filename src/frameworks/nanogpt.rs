@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{Ctx, Family};
-use crate::checkpoint::{Kind, Layout, ResumeHow};
+use crate::checkpoint::{Checkpoint, Format, Kind, Layout, ResumeHow, zip_complete};
 use crate::command::Command;
 use crate::settings::Knob;
 
@@ -42,7 +42,7 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
         })
         .unwrap_or_else(|| "out".into());
     Some(Layout {
-        kind: Kind::NanoGpt,
+        kind: Kind::Format(&CHECKPOINTS),
         root: PathBuf::from(out),
         how: ResumeHow::Const {
             flag: "--init_from".into(),
@@ -64,3 +64,29 @@ pub static FAMILY: Family = Family {
     accum_covers_world: recognise,
     ..Family::NONE
 };
+
+// ---------------------------------------------------------------- checkpoints
+
+/// nanoGPT's checkpoint: one `out_dir/ckpt.pt`, whole when it ends with its zip directory.
+pub static CHECKPOINTS: Format = Format {
+    id: "nano_gpt",
+    label: "nanogpt out_dir/ckpt.pt",
+    candidates: |root| (candidates(root), Vec::new()),
+    complete: |_, p| zip_complete(p),
+    stepped: false,
+    recorded_step: None,
+    unannounced: |_| false,
+};
+
+/// nanoGPT's single `ckpt.pt`, if there is one.
+fn candidates(root: &Path) -> Vec<Checkpoint> {
+    let ckpt = root.join("ckpt.pt");
+    if ckpt.exists() {
+        vec![Checkpoint {
+            path: ckpt,
+            step: 0,
+        }]
+    } else {
+        Vec::new()
+    }
+}

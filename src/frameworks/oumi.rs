@@ -32,7 +32,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         },
     };
     Some(Layout {
-        kind: Kind::HuggingFace,
+        kind: Kind::Format(&super::hf::CHECKPOINTS),
         root: PathBuf::from(out),
         how: ResumeHow::Flag {
             flag: "--training.resume_from_checkpoint".into(),

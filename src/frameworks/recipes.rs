@@ -44,7 +44,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         .value(&["--resume-from-checkpoint", "--resume_from_checkpoint"])
         .or_else(|| cmd.override_value(&["resume_from_checkpoint"]));
     Some(Layout {
-        kind: Kind::HuggingFace,
+        kind: Kind::Format(&super::hf::CHECKPOINTS),
         root: PathBuf::from(out),
         how,
         user_resume: user.map(PathBuf::from),

@@ -4,10 +4,14 @@
 //! Checkpoints are `epoch_N/` folders with `recipe_state.pt`, resumed with
 //! `resume_from_checkpoint=True`.
 
+use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{Ctx, Env, Family};
-use crate::checkpoint::{Kind, Layout, ResumeHow};
+use super::{Ctx, Env, Family, NotPackaged};
+use crate::checkpoint::{
+    Checkpoint, Format, Kind, Layout, NotComplete, ResumeHow, no_temporaries, numbered_dirs,
+    zip_complete,
+};
 use crate::command::Command;
 use crate::settings::{Knob, World};
 
@@ -51,7 +55,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         .override_value(&["output_dir", "checkpointer.output_dir"])
         .or(ctx.recipe_output_dir)?;
     Some(Layout {
-        kind: Kind::Torchtune,
+        kind: Kind::Format(&CHECKPOINTS),
         root: PathBuf::from(root),
         how: ResumeHow::Override {
             key: "resume_from_checkpoint".into(),
@@ -71,14 +75,14 @@ fn packaged_config(cmd: &Command, env: Env) -> Option<super::Packaged> {
     Some((name.to_string(), find_packaged(name, env)))
 }
 
-fn find_packaged(name: &str, env: Env) -> Result<PathBuf, String> {
+fn find_packaged(name: &str, env: Env) -> Result<PathBuf, NotPackaged> {
     let path = env("PATH").unwrap_or_default();
     let which = |prog: &str| {
         std::env::split_paths(&path)
             .map(|d| d.join(prog))
             .find(|p| p.is_file())
     };
-    let tune = which("tune").ok_or("no `tune` on PATH")?;
+    let tune = which("tune").ok_or(NotPackaged::NoTune)?;
     let first = crate::untrusted::read_config(&tune)
         .ok()
         .and_then(|t| t.lines().next().map(str::to_string))
@@ -89,12 +93,12 @@ fn find_packaged(name: &str, env: Env) -> Result<PathBuf, String> {
         Some(p) => Some(PathBuf::from(p)),
         None => None,
     }
-    .ok_or_else(|| format!("{} does not name its Python", tune.display()))?;
+    .ok_or_else(|| NotPackaged::NoPython(tune.clone()))?;
     // bin/python → the environment's prefix → lib/pythonX.Y/site-packages.
     let prefix = python
         .parent()
         .and_then(Path::parent)
-        .ok_or_else(|| format!("no prefix above {}", python.display()))?;
+        .ok_or_else(|| NotPackaged::NoPrefix(python.clone()))?;
     let file = format!("{name}.yaml");
     let mut looked = Vec::new();
     for lib in ["lib", "lib64"] {
@@ -122,7 +126,7 @@ fn find_packaged(name: &str, env: Env) -> Result<PathBuf, String> {
     if looked.is_empty() {
         looked.push(format!("{}/lib/python*/site-packages", prefix.display()));
     }
-    Err(format!("looked in {}", looked.join(", ")))
+    Err(NotPackaged::LookedIn(looked))
 }
 
 pub static FAMILY: Family = Family {
@@ -139,3 +143,49 @@ pub static FAMILY: Family = Family {
     world,
     ..Family::NONE
 };
+
+// ---------------------------------------------------------------- checkpoints
+
+/// torchtune checkpoints: `epoch_N` / `step_N` folders with a `recipe_state.pt`.
+pub static CHECKPOINTS: Format = Format {
+    id: "torchtune",
+    label: "torchtune output_dir with recipe_state.pt",
+    candidates: |root| (candidates(root), Vec::new()),
+    complete,
+    stepped: false,
+    recorded_step: None,
+    unannounced: |_| false,
+};
+
+/// torchtune's epoch_N and step_N folders, newest first.
+fn candidates(root: &Path) -> Vec<Checkpoint> {
+    let mut c = numbered_dirs(root, "epoch_", "");
+    c.extend(numbered_dirs(root, "step_", ""));
+    c.sort_by_key(|c| std::cmp::Reverse(c.step));
+    c
+}
+
+/// Why torchtune's folder `p` (under `root`) is not complete, or Ok: a
+/// complete recipe_state.pt, no temporaries, and non-empty model weights.
+fn complete(root: &Path, p: &Path) -> Result<(), NotComplete> {
+    let rs = [
+        root.join("recipe_state").join("recipe_state.pt"),
+        root.join("recipe_state.pt"),
+        p.join("recipe_state.pt"),
+    ];
+    let Some(r) = rs.iter().find(|r| r.exists()) else {
+        return Err("no recipe_state.pt (the recipe writes it with every checkpoint)".into());
+    };
+    zip_complete(r).map_err(|w| format!("recipe_state.pt {w}"))?;
+    no_temporaries(p)?;
+    let has_weights = fs::read_dir(p).into_iter().flatten().flatten().any(|e| {
+        let n = e.file_name().to_string_lossy().into_owned();
+        (n.ends_with(".safetensors") || n.ends_with(".pt") || n.ends_with(".bin"))
+            && e.metadata().map(|m| m.len() > 0).unwrap_or(false)
+    });
+    if has_weights {
+        Ok(())
+    } else {
+        Err("no model weights".into())
+    }
+}

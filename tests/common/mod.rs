@@ -1,5 +1,7 @@
-//! Shared by the integration tests that drive the real binary on Python trainers
-//! (`tests/sim_trainer.rs`, `tests/real_clients.rs`).
+//! The one harness of the integration tests: every test file takes the binary's path
+//! ([`OOMGUARD`]), process checks ([`alive`], [`proc_state`]) and waits ([`wait_until`])
+//! from here, and the files that drive the real binary on Python trainers
+//! (`tests/sim_trainer.rs`, `tests/real_clients.rs`, ...) its runner ([`spawn`], [`oomguard`]).
 #![allow(dead_code)] // each test file uses a different part
 // Runs the real oomguard binary with a time limit and, on any failed expectation, panics with
 // the command, its cwd, what was expected and what was found, and oomguard's stderr.
@@ -307,6 +309,23 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The state letter of /proc/PID/stat (`R`, `S`, `T`, `Z`...), or None when gone.
+pub fn proc_state(pid: i32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s[s.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// Whether process `pid` exists and has not exited (a zombie, exited but not yet
+/// reaped, is not alive).
+pub fn alive(pid: i32) -> bool {
+    matches!(proc_state(pid), Some(c) if c != 'Z' && c != 'X')
+}
+
+/// Those of `pids` that are [`alive`].
+pub fn alive_of(pids: &[i32]) -> Vec<i32> {
+    pids.iter().copied().filter(|&p| alive(p)).collect()
 }
 
 /// The simulated trainer (`examples/sim_trainer.py`).
