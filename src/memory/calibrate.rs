@@ -28,6 +28,10 @@ const STATES_FLOOR: f64 = 0.7;
 /// hidden state costs are up to 10% over the formulas).
 const STATES_ERROR: f64 = 1.10;
 
+/// How far an OOM may raise states that dominate the failed settings; a
+/// deficit beyond this is the activations'.
+const STATES_CAP: f64 = 1.15;
+
 /// When the states were predicted to fit and did not, they grow by this much
 /// beyond what the OOM proves (their error is a few buffers, not the batch's
 /// unseen tensors: the OOM's own figure is already 2% over the GPU).
@@ -170,29 +174,95 @@ impl Calibrated {
         let logits = logits_bytes(&self.model, s);
         let states = e.weights + e.gradients + e.optimizer;
         let act = (e.activations - logits).max(1.0);
-        // The deficit goes to the term that dominates the failed settings: a
-        // small batch that OOMs says the states are short (raising the
-        // activations for it would shrink every batch for nothing); a large
-        // one, the activations.
+        let mut deficit = (need - e.total()).max(0.0);
+        // Where the states dominate the failed settings (a small batch, a large
+        // model) the deficit is theirs first, up to their own error
+        // ([`STATES_CAP`]): raising the activations for it would shrink every
+        // batch for nothing. What is left, and any deficit where the
+        // activations dominate (a large batch), is the activations'.
         if states > act && states > 0.0 {
-            let rest = e.total() - states;
-            // Only a deficit the model did not predict says the states are short.
-            if need > e.total() {
-                self.state_scale *= (need - rest) / states;
+            let to_states = deficit.min(states * (STATES_CAP - 1.0));
+            self.state_scale *= (states + to_states) / states;
+            deficit -= to_states;
+            if deficit <= 0.0 {
+                if predicted_fit {
+                    self.state_scale *= STATES_DEFICIT;
+                }
+                return;
             }
-            if predicted_fit {
-                self.state_scale *= STATES_DEFICIT;
-            }
-            return;
         }
-        let fixed = e.total() - e.activations + logits;
-        if need > e.total() {
-            self.scale *= (need - fixed).max(act) / act;
-        }
+        self.scale *= (act + deficit) / act;
         // The deficit is only known from below: allow for the rest of it.
         self.scale *= allowance;
         if predicted_fit {
             self.scale *= if spike { SPIKE_FAILED } else { FAILED };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knobs::{Knob, Value};
+    use crate::memory::GIB;
+    use std::collections::BTreeMap;
+
+    fn settings(micro: u64, gc: bool) -> Settings {
+        let mut knobs = BTreeMap::new();
+        knobs.insert(Knob::MicroBatch, Value::Int(micro));
+        knobs.insert(Knob::GradAccum, Value::Int(64 / micro));
+        knobs.insert(Knob::SeqLen, Value::Int(2048));
+        knobs.insert(Knob::GradCheckpointing, Value::Bool(gc));
+        Settings {
+            knobs,
+            world_size: 1,
+            accum_covers_world: false,
+        }
+    }
+
+    fn oom(total_gib: u64, allocated: f64) -> OomNumbers {
+        OomNumbers {
+            tried_to_allocate_bytes: Some(256 << 20),
+            total_bytes: Some(total_gib << 30),
+            free_bytes: Some(100 << 20),
+            allocated_bytes: Some(allocated as u64),
+            ..Default::default()
+        }
+    }
+
+    /// A small batch that OOMs by a little says the states are short: they
+    /// grow, the activations do not (else every smaller batch would shrink for
+    /// nothing). A large batch's OOM is the activations'.
+    #[test]
+    fn the_deficit_goes_to_the_term_that_dominates() {
+        let m = ModelSpec::from_params(1.3e9);
+        let small = settings(1, true);
+        let mut c = Calibrated::new(m.clone(), None);
+        let e = c.estimate(&small);
+        // A GPU a little larger than the prediction: the OOM shows a deficit.
+        let gpu = (e.total() * 1.03 / GIB).ceil() as u64;
+        c.learn(&small, Some(&oom(gpu, e.weights)), Some(0));
+        assert_eq!(c.scale, 1.0, "activations untouched");
+        assert!(c.state_scale > 1.0 && c.state_scale <= STATES_CAP * STATES_DEFICIT);
+        assert!(c.estimate(&small).total() > (gpu << 30) as f64);
+
+        let large = settings(64, false);
+        let mut c = Calibrated::new(m, None);
+        let e = c.estimate(&large);
+        c.learn(&large, Some(&oom(24, e.weights)), Some(0));
+        assert_eq!(c.state_scale, 1.0, "states untouched");
+        assert!(c.scale >= UNSEEN_DEFICIT);
+    }
+
+    /// The OOM's allocated figure holds the weights: weights predicted above it
+    /// were over, and the states come down to it.
+    #[test]
+    fn states_over_the_ooms_allocated_figure_come_down() {
+        let m = ModelSpec::from_params(1.3e9);
+        let s = settings(64, false);
+        let mut c = Calibrated::new(m, None);
+        let w = c.estimate(&s).weights;
+        c.learn(&s, Some(&oom(24, 0.8 * w)), Some(0));
+        assert!((c.state_scale - 0.8).abs() < 1e-9, "{}", c.state_scale);
     }
 }

@@ -94,3 +94,60 @@ pub fn changes(from: &Settings, to: &Settings) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knobs::{Knob, Value};
+    use crate::memory::{GIB, ModelSpec};
+    use std::collections::BTreeMap;
+
+    fn given(micro: u64) -> Settings {
+        let mut knobs = BTreeMap::new();
+        knobs.insert(Knob::MicroBatch, Value::Int(micro));
+        knobs.insert(Knob::GradAccum, Value::Int(2));
+        knobs.insert(Knob::SeqLen, Value::Int(2048));
+        knobs.insert(Knob::GradCheckpointing, Value::Bool(false));
+        Settings {
+            knobs,
+            world_size: 1,
+            accum_covers_world: false,
+        }
+    }
+
+    #[test]
+    fn a_start_predicted_over_the_gpu_is_said_and_fit_starts_where_it_fits() {
+        let policy = Policy::load("default").unwrap();
+        let cal = Calibrated::new(ModelSpec::from_params(1.3e9), Some(24.0 * GIB));
+        // Far over: said, and --fit starts at settings predicted to fit with the allowance.
+        let said = start(&policy, &given(16), &cal, false);
+        assert_eq!(said.settings, None);
+        let line = said.line.unwrap();
+        assert!(
+            line.contains("likely OOM; `--fit` would start at micro_batch 16 →"),
+            "{line}"
+        );
+        let fit = start(&policy, &given(16), &cal, true);
+        let s = fit.settings.unwrap();
+        assert_eq!(s.global_batch(), given(16).global_batch());
+        let mut careful = cal.clone();
+        careful.scale *= FIT_ALLOWANCE;
+        assert_eq!(careful.fits(&s), Some(true));
+        assert!(fit.line.unwrap().contains("--fit starts at"));
+        // Within the model's error of the GPU: nothing said, nothing changed.
+        let near = Calibrated::new(
+            ModelSpec::from_params(1.3e9),
+            Some(cal.estimate(&given(16)).total() / (1.0 + FIT_ERROR / 2.0)),
+        );
+        assert_eq!(
+            start(&policy, &given(16), &near, true),
+            Start {
+                settings: None,
+                line: None
+            }
+        );
+        // Without the GPU's size, nothing.
+        let unknown = Calibrated::new(ModelSpec::from_params(1.3e9), None);
+        assert_eq!(start(&policy, &given(16), &unknown, true).line, None);
+    }
+}
