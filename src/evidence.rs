@@ -342,6 +342,58 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
     }
 }
 
+/// How an attempt ended, as the attempt loop is told it: [`classify`]'s
+/// outcome, with thrust's sizeless `bad_alloc` after training steps taken for a
+/// GPU OOM and a parser's refusal of what oomguard added told apart
+/// ([`refused`]). The one place the outcome is made: the loop and `next` only
+/// read it.
+pub struct Classified {
+    pub outcome: Outcome,
+    /// Why the kernel's log could not confirm a kill (see [`classify`]).
+    pub unreadable: Option<String>,
+    /// The step training had reached when thrust's sizeless allocation
+    /// failed, when that made it a GPU OOM.
+    pub thrust_at: Option<u64>,
+}
+
+/// Classify a finished attempt (see [`Classified`]). `added`: what oomguard
+/// added to its command (see `knobs::added`); `steps_beyond`: the step the
+/// attempt reached, when beyond the one it started from (asked only after
+/// thrust's sizeless `bad_alloc`: an extension built for another GPU fails at
+/// its first call, before any step; after training steps ran in this attempt
+/// it is memory running out).
+pub fn classify_attempt(
+    r: &launch::Report,
+    kernel: &dyn kernel::Source,
+    added: &[(Knob, String)],
+    steps_beyond: &dyn Fn() -> Option<u64>,
+) -> Classified {
+    let (outcome, unreadable) = classify(r, kernel);
+    let (outcome, thrust_at) = match outcome {
+        Outcome::AbsurdRequest { finding, code } => {
+            match detect::sizeless_thrust_alloc(&finding)
+                .then(steps_beyond)
+                .flatten()
+            {
+                Some(step) => (
+                    Outcome::GpuOom {
+                        finding: Some(finding),
+                        hung: false,
+                    },
+                    Some(step),
+                ),
+                None => (Outcome::AbsurdRequest { finding, code }, None),
+            }
+        }
+        o => (o, None),
+    };
+    Classified {
+        outcome: refused(outcome, &r.tail, added),
+        unreadable,
+        thrust_at,
+    }
+}
+
 /// A failure that is not an OOM, checked against what oomguard added to this
 /// attempt's command (`added`: each knob with the flag or `PREFIX KEY` override
 /// name it added, see `knobs::added`): when the output's last lines hold a
@@ -679,6 +731,39 @@ mod tests {
         "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, internal error, NCCL version 2.14.3\nncclInternalError: Internal check failed.\nLast error:\nNet : Connection closed by remote peer node2<43236>\n",
     ];
 
+    use crate::next::{For, Verdict};
+
+    /// What a follower copy and copy 0 of a job do after an attempt that ended with `o`.
+    fn after_as_copies(o: Outcome) -> (Verdict, Verdict) {
+        use crate::next::{Ended, History, Role, Rules, next};
+        let s = crate::settings::Settings {
+            knobs: Default::default(),
+            world_size: 2,
+            accum_covers_world: false,
+        };
+        let policy = crate::policy::Policy::load("default").unwrap();
+        let rules = Rules {
+            policy: &policy,
+            max_attempts: 6,
+            workers_floor: 0,
+        };
+        let e = Ended::new(o, None);
+        let verdict = |role| {
+            let h = History {
+                n: 1,
+                first: &s,
+                settings: &s,
+                attempts: &[],
+                model: None,
+                no_cpu_offload: &[],
+                retried: &[],
+                role,
+            };
+            next(&h, &e, &rules)
+        };
+        (verdict(Role::Follower), verdict(Role::Leader))
+    }
+
     #[test]
     fn a_peers_failure_waits_for_the_decision_and_never_stops_a_copy() {
         for log in PEER_ENDINGS {
@@ -691,18 +776,16 @@ mod tests {
                 matches!(o, Outcome::PeerFailure { code: 1, .. }),
                 "{log}\n→ {o:?}"
             );
-            let follower = crate::job::after_attempt(false, o.kind());
-            assert_eq!(follower, crate::job::AfterAttempt::WaitForDecision, "{log}");
-            let leader = crate::job::after_attempt(true, o.kind());
-            assert_eq!(leader, crate::job::AfterAttempt::CollectEnds, "{log}");
+            let (follower, leader) = after_as_copies(o);
+            assert!(matches!(follower, Verdict::Follow), "{log}");
+            assert!(matches!(leader, Verdict::Wait(For::PeerEnds)), "{log}");
         }
         for log in PEER_ENDINGS_UNTOLD {
             let o = classify_plain(&report(log, launch::Exit::Code(1)));
             assert_eq!(o.kind(), OutcomeKind::OtherFailure, "{log}");
-            let follower = crate::job::after_attempt(false, o.kind());
-            assert_eq!(follower, crate::job::AfterAttempt::WaitForDecision, "{log}");
-            let leader = crate::job::after_attempt(true, o.kind());
-            assert_eq!(leader, crate::job::AfterAttempt::CollectEnds, "{log}");
+            let (follower, leader) = after_as_copies(o);
+            assert!(matches!(follower, Verdict::Follow), "{log}");
+            assert!(matches!(leader, Verdict::Wait(For::PeerEnds)), "{log}");
         }
     }
 

@@ -56,7 +56,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, LauncherKind};
 use crate::evidence::OutcomeKind;
-use crate::settings::Value;
+use crate::settings::{Knob, Value};
 
 /// How long a copy waits for the others by default (`OOMGUARD_JOB_TIMEOUT`
 /// seconds overrides it).
@@ -99,19 +99,42 @@ pub struct End {
     pub oom_line: Option<String>,
 }
 
-/// What the leader decided after an attempt.
+/// What the leader decided after an attempt: its verdict (`next::Verdict`) as
+/// the job's channel carries it to the other copies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Published {
     Relaunch {
-        /// Knob name → value for the next attempt.
-        knobs: BTreeMap<String, Value>,
+        /// Every knob of the next attempt (one copy 0 dropped is absent).
+        knobs: BTreeMap<Knob, Value>,
         /// The checkpoint every copy resumes from.
         resume: Option<PathBuf>,
     },
     Stop {
         code: i32,
     },
+}
+
+impl Published {
+    /// Copy 0's verdict, carried out (a relaunch names the checkpoint it
+    /// resumes from), for the other copies; `None`: nothing to publish (a
+    /// wait, or a follower's).
+    pub fn of(v: &crate::next::Verdict) -> Option<Published> {
+        use crate::next::{Resume, Verdict};
+        match v {
+            Verdict::Relaunch {
+                settings, resume, ..
+            } => Some(Published::Relaunch {
+                knobs: settings.knobs.clone(),
+                resume: match resume {
+                    Resume::From(p) => Some(p.clone()),
+                    Resume::Newest | Resume::Same | Resume::Fresh => None,
+                },
+            }),
+            Verdict::Stop { code, .. } => Some(Published::Stop { code: *code }),
+            Verdict::Wait(_) | Verdict::Follow => None,
+        }
+    }
 }
 
 /// What a copy is about to launch, said in its `ready-N-R` at each meeting.
@@ -189,32 +212,6 @@ impl Launch {
                 self.settings, other.settings
             )
         })
-    }
-}
-
-/// What a copy of a job does after one of its attempts ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterAttempt {
-    /// As a run of one copy would (a success, the user's interrupt; the leader's
-    /// own OOM or absurd request), the leader then publishing what it decided.
-    Alone,
-    /// A follower's failure, whatever it was: say how it ended, and wait for the
-    /// leader's decision. Never stop alone: a peer's OOM shows here as a peer's
-    /// failure (`Connection closed by peer`, a rendezvous or NCCL error).
-    WaitForDecision,
-    /// The leader's failure that is not an OOM of its own (a peer's failure,
-    /// another error): read the followers' ends first, whose OOM decides.
-    CollectEnds,
-}
-
-/// What a copy does after an attempt that ended with `outcome`.
-pub fn after_attempt(leader: bool, outcome: OutcomeKind) -> AfterAttempt {
-    use OutcomeKind as K;
-    match (leader, outcome) {
-        (_, K::Success | K::Interrupted) => AfterAttempt::Alone,
-        (false, _) => AfterAttempt::WaitForDecision,
-        (true, K::OtherFailure | K::HostOom | K::PeerFailure) => AfterAttempt::CollectEnds,
-        (true, _) => AfterAttempt::Alone,
     }
 }
 
@@ -1128,7 +1125,7 @@ mod tests {
         assert_eq!(ends.len(), 1);
         assert_eq!(ends[0].outcome, OutcomeKind::CudaOom);
         let d = Published::Relaunch {
-            knobs: BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]),
+            knobs: BTreeMap::from([(Knob::MicroBatch, Value::Int(4))]),
             resume: Some(PathBuf::from("/shared/out/checkpoint-5")),
         };
         leader.publish_decision(1, &d).unwrap();

@@ -9,255 +9,18 @@
 //! Writing the journal must never stop a healthy training: every write error
 //! becomes one warning on stderr and supervision goes on.
 
-use std::collections::BTreeMap;
-use std::ffi::OsString;
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize, Serializer};
-use serde_json::Value as Json;
-
-use crate::checkpoint::SkipKind;
-use crate::detect::{Finding, Kind, ProcessUse};
-use crate::envmerge::EnvSet;
 use crate::evidence::{Evidence, OutcomeKind, When};
-use crate::exit;
-use crate::gpu::{PeakReport, Tenant};
-use crate::gpuwatch::BeforeAttempt;
-use crate::knobs::drift::KnobEdit;
-use crate::knobs::{Knob, Materialized, Settings};
-use crate::liveness::Supervisor;
+use crate::knobs::{Knob, Settings};
 use crate::policy::{Decision, StepKind};
 use crate::progress::Loss;
+use crate::report::story::Story;
 
-pub mod read;
-
-/// One journal line. Written as a JSON object with the event's name under
-/// `"event"`, the time under `"time"`, and the fields below; serde_json's map
-/// keeps the keys sorted, as the journal has always had them.
-#[derive(Debug, Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
-pub enum Event<'a> {
-    /// The run, before its first attempt.
-    RunStart {
-        #[serde(serialize_with = "lossy")]
-        argv: &'a [OsString],
-        policy: &'a str,
-        max_attempts: u32,
-        #[serde(serialize_with = "knob_values")]
-        settings: &'a Settings,
-        world_size: u64,
-        world_source: &'a str,
-        global_batch: Option<u64>,
-        /// The environment oomguard adds to the user's.
-        env: &'a [EnvSet],
-        notes: &'a [String],
-        warnings: &'a [String],
-        tty: bool,
-        /// This oomguard (pid, its start time, boot, host): whether the run is
-        /// still supervised (`oomguard status`).
-        supervisor: &'a Supervisor,
-    },
-    /// One attempt, as launched.
-    AttemptStart {
-        attempt: u32,
-        /// `null` without a GPU probe.
-        gpu: Option<&'a BeforeAttempt>,
-        #[serde(serialize_with = "lossy")]
-        argv: &'a [OsString],
-        /// The variables the knobs set.
-        env: BTreeMap<&'a str, &'a str>,
-        #[serde(serialize_with = "knob_values")]
-        settings: &'a Settings,
-        global_batch: Option<u64>,
-        #[serde(serialize_with = "lossy_opt_path")]
-        resume: Option<&'a Path>,
-        files: Vec<FileCopy<'a>>,
-    },
-    /// The OOM line that decided how the attempt ended.
-    Oom {
-        attempt: u32,
-        finding: OomRecord<'a>,
-        /// Seconds from launch to the OOM line.
-        after_s: Option<f64>,
-        /// The per-task output file the OOM line is in (`srun --output=...%t`), when
-        /// it is in one.
-        #[serde(
-            skip_serializing_if = "Option::is_none",
-            serialize_with = "lossy_opt_path"
-        )]
-        file: Option<&'a Path>,
-        /// When in the run the OOM happened (`loading`, `saving`, `evaluation`,
-        /// `first_step`, `steady_state`, `training`); absent when nothing tells
-        /// (and in journals written before oomguard told it).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        phase: Option<When>,
-        /// How the phase was told ("the traceback runs through load_state_dict").
-        #[serde(skip_serializing_if = "Option::is_none")]
-        phase_how: Option<&'a str>,
-        /// The training step the attempt reached before the OOM, when known.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        step_reached: Option<u64>,
-    },
-    AttemptEnd {
-        attempt: u32,
-        /// The exit code, or 128+N for death by signal N.
-        status: i32,
-        /// "exit code 1", "signal 9 (SIGKILL)".
-        exit: String,
-        outcome: OutcomeKind,
-        /// Why a kill is not a host OOM ("killed by SIGKILL (not by the OOM killer...)").
-        #[serde(skip_serializing_if = "Option::is_none")]
-        why: Option<&'a str>,
-        /// The run's process the kernel's OOM killer killed (pid, name, anon-rss).
-        #[serde(skip_serializing_if = "Option::is_none")]
-        kernel_oom_kill: Option<&'a crate::detect::kernel::Victim>,
-        duration_s: f64,
-        error_line: Option<&'a str>,
-        gpu_peak: Option<&'a PeakReport>,
-        /// torchrun's own restarts within this attempt (`--max-restarts N`): how
-        /// many, and whether oomguard stopped torchrun at a worker's OOM.
-        #[serde(skip_serializing_if = "Option::is_none")]
-        torchrun: Option<&'a crate::launch::TorchrunRestarts>,
-    },
-    /// The command could not be started (an `attempt_end` line).
-    #[serde(rename = "attempt_end")]
-    CannotExecute {
-        attempt: u32,
-        /// Always [`OutcomeKind::CannotExecute`].
-        outcome: OutcomeKind,
-        error: String,
-        status: i32,
-    },
-    /// A config file the command names changed since the run started (the
-    /// user edited it): the relaunch is made from the text read at start.
-    ConfigChanged {
-        attempt: u32,
-        #[serde(serialize_with = "lossy_path")]
-        path: &'a Path,
-        /// The knobs bound in the file whose value the edit changed.
-        knobs: &'a [KnobEdit],
-    },
-    /// A sign that the trainer ignores a changed setting.
-    Suspect { attempt: u32, why: &'static str },
-    /// The OOM was caused by another tenant's memory.
-    ForeignOom { attempt: u32, tenants: &'a [Tenant] },
-    /// The command's parser refused an argument oomguard added for `knob` (its
-    /// `line`): the knob is dropped from this run's settings.
-    Refused {
-        attempt: u32,
-        knob: Knob,
-        added: &'a str,
-        line: &'a str,
-    },
-    /// A newer checkpoint that the next attempt will not resume from.
-    CheckpointSkipped {
-        attempt: u32,
-        #[serde(serialize_with = "lossy_path")]
-        path: &'a Path,
-        why: &'a str,
-    },
-    /// The newer checkpoints skipped beyond the first few named in
-    /// `checkpoint_skipped` lines: how many, and why, counted.
-    CheckpointsSkipped {
-        attempt: u32,
-        count: usize,
-        reasons: BTreeMap<SkipKind, usize>,
-    },
-    /// Checkpoints this run did not write (there when it started, or written
-    /// before): never resumed from. The newest few by path, all counted.
-    CheckpointsIgnored {
-        attempt: u32,
-        count: usize,
-        newest: Vec<String>,
-        reasons: BTreeMap<SkipKind, usize>,
-    },
-    /// The training an OOM cost.
-    WorkLost {
-        attempt: u32,
-        /// `null` when the step cannot be told (never 0 for an unknown).
-        step_reached: Option<u64>,
-        /// The step reached is a lower bound (a checkpoint the attempt saved,
-        /// the last log dict of a Trainer logging every N > 1 steps).
-        step_reached_at_least: bool,
-        started_from_step: Option<u64>,
-        resume_from_step: Option<u64>,
-        /// `null` when unknown.
-        steps_lost: Option<u64>,
-        /// `steps_lost` is a lower bound.
-        steps_lost_at_least: bool,
-        seconds_lost: f64,
-    },
-    /// The policy's step after an OOM.
-    Decision {
-        attempt: u32,
-        step: StepKind,
-        #[serde(serialize_with = "knob_values")]
-        before: &'a Settings,
-        #[serde(serialize_with = "knob_values")]
-        after: &'a Settings,
-        global_batch_before: Option<u64>,
-        global_batch_after: Option<u64>,
-        reason: &'a str,
-        #[serde(serialize_with = "lossy_opt_path")]
-        resume: Option<&'a Path>,
-        resume_step: Option<u64>,
-    },
-    /// Another tenant held the memory and let it go: the same settings again
-    /// (a `decision` line).
-    #[serde(rename = "decision")]
-    RetrySameSettings {
-        attempt: u32,
-        step: SameSettings,
-        #[serde(serialize_with = "knob_values")]
-        before: &'a Settings,
-        #[serde(serialize_with = "knob_values")]
-        after: &'a Settings,
-        reason: String,
-        #[serde(serialize_with = "lossy_opt_path")]
-        resume: Option<&'a Path>,
-    },
-    /// The time OOMs cost, from an OOM until a relaunch got back to the step
-    /// the failed attempt died at (restart and redone steps): written when a
-    /// relaunch follows a failed attempt (`behind`), and when that stretch ends
-    /// (`back`, `not_back`, `unknown`).
-    TimeLost {
-        /// The attempt that failed (`behind`), or the one that ended the stretch.
-        attempt: u32,
-        state: SetbackState,
-        /// The failed attempts of the stretch: the first OOM starts it, an
-        /// attempt that fails again before it is back joins it.
-        ooms: &'a [u32],
-        /// The step to get back to (the highest the failed attempts reached);
-        /// `null`: not seen.
-        back_to_step: Option<u64>,
-        /// When the first OOM of the stretch ended its attempt (RFC 3339).
-        since: String,
-        /// `back`: the time from the OOM until the relaunch printed that step;
-        /// `not_back`: the time until the run ended without it (a lower bound);
-        /// `null` otherwise.
-        seconds: Option<f64>,
-    },
-    RunEnd {
-        exit_code: i32,
-        attempts: u32,
-        /// Seconds spent in attempts that did not succeed (the whole attempt).
-        lost_s: f64,
-        #[serde(serialize_with = "knob_values")]
-        settings: &'a Settings,
-        /// The time from each OOM back to the step it died at, summed over the
-        /// `time_lost` stretches that got back or ended (see `time_lost`).
-        time_lost_s: f64,
-        /// Every stretch got back (`time_lost_s` is exact, not a lower bound
-        /// nor missing an unknown one).
-        time_lost_complete: bool,
-        /// The last attempt's command line, shell-quoted, with the environment
-        /// variables its knobs set in front.
-        last_command: Option<&'a str>,
-    },
-}
+pub use crate::events::{SetbackState, knob_values, lossy};
+pub use crate::report::journal::{Journal, default_run_dir};
+pub use crate::runfolder::{create_private_dir, write_private};
 
 /// "4.2 s", "3m 05s", "2h 03m", "1d 04h".
 pub fn duration(secs: f64) -> String {
@@ -271,20 +34,6 @@ pub fn duration(secs: f64) -> String {
         3600..86400 => format!("{}h {:02}m", t / 3600, t % 3600 / 60),
         _ => format!("{}d {:02}h", t / 86400, t % 86400 / 3600),
     }
-}
-
-/// Where a stretch of time lost to OOMs stands (see [`Event::TimeLost`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SetbackState {
-    /// A relaunch follows the OOM and has not got back yet.
-    Behind,
-    /// A relaunch printed the step the failed attempt died at.
-    Back,
-    /// The run ended before a relaunch printed that step.
-    NotBack,
-    /// The step the failed attempt died at was not seen: the time back cannot be told.
-    Unknown,
 }
 
 /// One stretch of time lost to OOMs, in memory (see [`Event::TimeLost`]).
@@ -406,209 +155,6 @@ pub fn time_lost_text(setbacks: &[Setback], going: bool) -> Option<String> {
     Some(out)
 }
 
-impl<'a> Event<'a> {
-    /// `attempt_start` for the attempt `m` materializes.
-    pub fn attempt_start(
-        attempt: u32,
-        gpu: Option<&'a BeforeAttempt>,
-        m: &'a Materialized,
-        settings: &'a Settings,
-        resume: Option<&'a Path>,
-    ) -> Event<'a> {
-        Event::AttemptStart {
-            attempt,
-            gpu,
-            argv: &m.argv,
-            env: m
-                .env
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect(),
-            settings,
-            global_batch: settings.global_batch(),
-            resume,
-            files: m
-                .files
-                .iter()
-                .map(|f| FileCopy {
-                    original: &f.original,
-                    copy: &f.dest,
-                })
-                .collect(),
-        }
-    }
-}
-
-/// The step of a decision that keeps the settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SameSettings {
-    RetrySameSettings,
-}
-
-/// A changed config file: the user's original and the copy the attempt reads.
-#[derive(Debug, Serialize)]
-pub struct FileCopy<'a> {
-    #[serde(serialize_with = "lossy_path")]
-    pub original: &'a Path,
-    #[serde(serialize_with = "lossy_path")]
-    pub copy: &'a Path,
-}
-
-/// The journal's record of an OOM line: the finding and its numbers, flat.
-#[derive(Debug, Serialize)]
-pub struct OomRecord<'a> {
-    kind: Kind,
-    line: &'a str,
-    line_no: u64,
-    device: Option<u32>,
-    tried_to_allocate_bytes: Option<u64>,
-    total_bytes: Option<u64>,
-    free_bytes: Option<u64>,
-    allocated_bytes: Option<u64>,
-    reserved_unallocated_bytes: Option<u64>,
-    other_processes: &'a [ProcessUse],
-    /// The kernel's OOM-killer record, when the output shows it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    victim: Option<&'a crate::detect::kernel::Victim>,
-}
-
-impl<'a> From<&'a Finding> for OomRecord<'a> {
-    fn from(f: &'a Finding) -> OomRecord<'a> {
-        let n = &f.numbers;
-        OomRecord {
-            kind: f.kind,
-            line: &f.line,
-            line_no: f.line_no,
-            device: n.device,
-            tried_to_allocate_bytes: n.tried_to_allocate_bytes,
-            total_bytes: n.total_bytes,
-            free_bytes: n.free_bytes,
-            allocated_bytes: n.allocated_bytes,
-            reserved_unallocated_bytes: n.reserved_unallocated_bytes,
-            other_processes: &n.other_processes,
-            victim: n.victim.as_ref(),
-        }
-    }
-}
-
-/// An argv as strings (lossy: the journal is text).
-pub fn lossy<S: Serializer>(argv: &&[OsString], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(argv.iter().map(|a| a.to_string_lossy()))
-}
-
-/// A path as a string, lossy: an event must not be lost (nor oomguard stop)
-/// over a file name that is not UTF-8.
-fn lossy_path<S: Serializer>(path: &&Path, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(&path.display())
-}
-
-fn lossy_opt_path<S: Serializer>(path: &Option<&Path>, s: S) -> Result<S::Ok, S::Error> {
-    match path {
-        Some(p) => lossy_path(p, s),
-        None => s.serialize_none(),
-    }
-}
-
-/// Settings as `{"knob": value}` (the world size has its own field).
-pub fn knob_values<S: Serializer>(settings: &&Settings, s: S) -> Result<S::Ok, S::Error> {
-    settings.knobs.serialize(s)
-}
-
-pub struct Journal {
-    dir: Option<PathBuf>,
-    file: Option<File>,
-    warned: bool,
-}
-
-pub use crate::runfolder::{create_private_dir, write_private};
-
-/// `.oomguard/runs/<local time>`: the name a run folder starts from
-/// (`runfolder::create_run_dir` adds `-2`, `-3`... when another run took it).
-pub fn default_run_dir() -> PathBuf {
-    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
-    Path::new(".oomguard").join("runs").join(stamp)
-}
-
-impl Journal {
-    /// Open the journal in `dir`. On failure, warn once and run without one.
-    pub fn open(dir: PathBuf) -> Journal {
-        // Appended to (a run folder given again keeps every run's lines), but
-        // never through a symlink or a link to another file.
-        let result = create_private_dir(&dir)
-            .and_then(|()| crate::runfolder::open_append(&dir.join("journal.jsonl")));
-        match result {
-            Ok(file) => Journal {
-                dir: Some(dir),
-                file: Some(file),
-                warned: false,
-            },
-            Err(e) => {
-                eprintln!(
-                    "oomguard: warning: cannot write the run folder {}: {e}; supervising without a journal",
-                    dir.display()
-                );
-                Journal {
-                    dir: None,
-                    file: None,
-                    warned: true,
-                }
-            }
-        }
-    }
-
-    pub fn path(&self) -> Option<PathBuf> {
-        self.dir.as_ref().map(|d| d.join("journal.jsonl"))
-    }
-
-    /// The folder for attempt `n`, created on demand; `None` when it cannot be.
-    pub fn attempt_dir(&mut self, n: u32) -> Option<PathBuf> {
-        let d = self.dir.as_ref()?.join(format!("attempt-{n}"));
-        match create_private_dir(&d) {
-            Ok(()) => Some(d),
-            Err(e) => {
-                self.warn(&format!("cannot create {}: {e}", d.display()));
-                None
-            }
-        }
-    }
-
-    /// Append one event: `{"event": name, "time": ..., ...fields}`.
-    pub fn record(&mut self, event: &Event) {
-        if self.file.is_none() {
-            return;
-        }
-        let mut obj = match serde_json::to_value(event) {
-            Ok(v) => v,
-            Err(e) => {
-                // Paths and argv are written lossily, so this is a field type
-                // added later that cannot be JSON: say so once, keep supervising.
-                self.warn(&format!("cannot write a journal event: {e}"));
-                return;
-            }
-        };
-        if let Json::Object(o) = &mut obj {
-            let now = chrono::Local::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, false);
-            o.insert("time".into(), Json::String(now));
-        }
-        let mut line = obj.to_string();
-        line.push('\n');
-        let Some(file) = self.file.as_mut() else {
-            return;
-        };
-        if let Err(e) = file.write_all(line.as_bytes()).and_then(|()| file.flush()) {
-            self.warn(&format!("cannot write the journal: {e}"));
-        }
-    }
-
-    fn warn(&mut self, msg: &str) {
-        if !self.warned {
-            eprintln!("oomguard: warning: {msg}; supervision goes on");
-            self.warned = true;
-        }
-    }
-}
-
 /// One row of the summary table.
 pub struct Row {
     pub knob: String,
@@ -643,8 +189,8 @@ pub enum Next {
     Stop,
     /// Another tenant's memory came back: the same settings again.
     Retry,
-    /// The policy's step, and the work the OOM cost.
-    Decided { decision: Decision, loss: Loss },
+    /// The policy's step (the work the OOM cost is its `work_lost` event).
+    Decided { decision: Decision },
 }
 
 /// One attempt that ran (was launched), and what followed it: the run's
@@ -658,9 +204,6 @@ pub struct AttemptRecord {
     pub evidence: Option<Evidence>,
     /// Whose memory caused the OOM, when another tenant's did.
     pub foreign: Option<String>,
-    /// What oomguard added that the command refused, and the knob dropped for it
-    /// ("--gradient_accumulation_steps (grad_accum)"), when it did.
-    pub refused: Option<String>,
     pub next: Next,
 }
 
@@ -679,17 +222,13 @@ pub struct End<'a> {
     pub first: &'a Settings,
     pub last: &'a Settings,
     pub attempts: &'a [AttemptRecord],
-    /// Attempts begun (one that could not be started counts).
-    pub begun: u32,
-    pub code: i32,
+    /// The run's events, folded: how it ended, its duration, the work and
+    /// the time the OOMs cost (told as `oomguard status` tells them).
+    pub story: &'a Story,
     pub journal: Option<&'a Path>,
     /// Who decided the changes, when this copy of a job followed another
     /// (`copy 0 of the job`): the table's "why" for them.
     pub decided_by: Option<&'a str>,
-    /// The run's whole duration.
-    pub elapsed: Duration,
-    /// The time lost to OOMs, stretch by stretch.
-    pub setbacks: &'a [Setback],
     /// The last attempt's command line, and what to know about it, when it is
     /// not the command as the user wrote it.
     pub last_command: Option<&'a LastCommand>,
@@ -724,51 +263,17 @@ impl End<'_> {
 
     /// The work each OOM that led to a decision cost.
     pub fn losses(&self) -> Vec<Loss> {
-        self.attempts
-            .iter()
-            .filter_map(|a| match &a.next {
-                Next::Decided { loss, .. } => Some(*loss),
-                _ => None,
-            })
-            .collect()
+        self.story.losses()
     }
 
     /// The end-of-run summary for stderr: how the run ended, the table of
     /// changed knobs (knob, before, after, why), each decision's cause, the
     /// journal, and the OOMs other tenants caused.
     pub fn summary(&self) -> String {
-        let (attempts, code) = (self.begun, self.code);
+        let code = self.story.end.as_ref().map_or(0, |e| e.exit_code);
         let decisions = self.decisions();
         let rows = self.rows(&decisions);
-        let status = match code {
-            0 => "finished".to_string(),
-            exit::EXHAUSTED => "gave up: the run still does not fit".to_string(),
-            c => format!("stopped (exit {c})"),
-        };
-        let mut out = format!(
-            "\noomguard: {status} after {attempts} attempt{}; {} in all\n",
-            if attempts == 1 { "" } else { "s" },
-            duration(self.elapsed.as_secs_f64())
-        );
-        // One figure for the work the OOMs cost: the steps redone, and the time
-        // from each OOM until a relaunch was back at the step it died at.
-        let losses = self.losses();
-        let time = time_lost_text(self.setbacks, false);
-        if !losses.is_empty() {
-            out += &format!(
-                "oomguard: work lost to {} OOM{}: {} of redone training",
-                losses.len(),
-                if losses.len() == 1 { "" } else { "s" },
-                crate::progress::steps_text(&losses)
-            );
-            out += &time.map(|t| format!("; {t}\n")).unwrap_or("\n".into());
-        } else if let Some(t) = time {
-            let n: usize = self.setbacks.iter().map(|s| s.ooms.len()).sum();
-            out += &format!(
-                "oomguard: time lost to {n} OOM{}: {t}\n",
-                if n == 1 { "" } else { "s" }
-            );
-        }
+        let mut out = self.story.ending().unwrap_or_default();
         if rows.is_empty() {
             out.push_str("oomguard: no setting was changed\n");
         } else {
@@ -796,11 +301,11 @@ impl End<'_> {
                 _ => {}
             }
         }
-        for a in self.attempts {
+        for a in &self.story.attempts {
             if let Some(what) = &a.refused {
                 out.push_str(&format!(
                     "  attempt {}: the command refused {what}, which oomguard added → dropped, not counted as the run's failure\n",
-                    a.n
+                    a.start.attempt
                 ));
             }
         }
@@ -945,75 +450,6 @@ fn moved(d: &Decision) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
-    use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn events_are_json_lines_in_a_private_folder() {
-        let t = tempfile::tempdir().unwrap();
-        let dir = t.path().join("runs/x");
-        let mut j = Journal::open(dir.clone());
-        j.record(&Event::Suspect {
-            attempt: 1,
-            why: "a test",
-        });
-        j.record(&Event::AttemptEnd {
-            attempt: 1,
-            status: 0,
-            exit: "exit code 0".into(),
-            outcome: OutcomeKind::Success,
-            why: None,
-            kernel_oom_kill: None,
-            duration_s: 1.5,
-            error_line: None,
-            gpu_peak: None,
-            torchrun: None,
-        });
-        let text = fs::read_to_string(dir.join("journal.jsonl")).unwrap();
-        let lines: Vec<Json> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines.len(), 2);
-        assert_eq!(lines[1]["outcome"], "success");
-        assert_eq!(lines[0]["event"], "suspect");
-        assert_eq!(lines[1]["event"], "attempt_end");
-        // Every key of today's line, sorted, with "time" among them.
-        let keys: Vec<&String> = lines[1].as_object().unwrap().keys().collect();
-        assert_eq!(
-            keys,
-            [
-                "attempt",
-                "duration_s",
-                "error_line",
-                "event",
-                "exit",
-                "gpu_peak",
-                "outcome",
-                "status",
-                "time"
-            ]
-        );
-        let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700);
-        let mode = fs::metadata(dir.join("journal.jsonl"))
-            .unwrap()
-            .permissions()
-            .mode()
-            & 0o777;
-        assert_eq!(mode, 0o600);
-    }
-
-    #[test]
-    fn unwritable_folder_is_a_warning_not_an_error() {
-        let mut j = Journal::open(PathBuf::from("/proc/oomguard-cannot-write"));
-        j.record(&Event::Suspect {
-            attempt: 1,
-            why: "x",
-        });
-        assert!(j.path().is_none());
-        assert!(j.attempt_dir(1).is_none());
-    }
 
     #[test]
     fn table_aligns_columns() {
@@ -1041,89 +477,6 @@ mod tests {
             world_size: 2,
             accum_covers_world: false,
         }
-    }
-
-    fn keys(e: &Event) -> Vec<String> {
-        let v = serde_json::to_value(e).unwrap();
-        v.as_object().unwrap().keys().cloned().collect()
-    }
-
-    #[test]
-    fn both_decision_lines_keep_their_keys() {
-        let (before, after) = (settings(8, 1), settings(4, 2));
-        let d = Event::Decision {
-            attempt: 1,
-            step: StepKind::HalveMicroBatch,
-            before: &before,
-            after: &after,
-            global_batch_before: before.global_batch(),
-            global_batch_after: None,
-            reason: "OOM: micro-batch 8 → 4",
-            resume: None,
-            resume_step: None,
-        };
-        let v = serde_json::to_value(&d).unwrap();
-        assert_eq!(v["event"], "decision");
-        assert_eq!(v["step"], "halve_micro_batch");
-        assert_eq!(v["before"]["micro_batch"], 8);
-        assert!(v["global_batch_after"].is_null() && v["resume"].is_null());
-        assert_eq!(
-            keys(&d),
-            [
-                "after",
-                "attempt",
-                "before",
-                "event",
-                "global_batch_after",
-                "global_batch_before",
-                "reason",
-                "resume",
-                "resume_step",
-                "step"
-            ]
-        );
-        let r = Event::RetrySameSettings {
-            attempt: 2,
-            step: SameSettings::RetrySameSettings,
-            before: &before,
-            after: &before,
-            reason: "another tenant held the memory: bob".into(),
-            resume: Some(Path::new("out/checkpoint-5")),
-        };
-        let v = serde_json::to_value(&r).unwrap();
-        assert_eq!(v["event"], "decision");
-        assert_eq!(v["step"], "retry_same_settings");
-        assert_eq!(v["resume"], "out/checkpoint-5");
-        assert_eq!(
-            keys(&r),
-            [
-                "after", "attempt", "before", "event", "reason", "resume", "step"
-            ]
-        );
-        let c = Event::CannotExecute {
-            attempt: 1,
-            outcome: OutcomeKind::CannotExecute,
-            error: "x: command not found".into(),
-            status: 127,
-        };
-        let v = serde_json::to_value(&c).unwrap();
-        assert_eq!(
-            (&v["event"], &v["outcome"]),
-            (&"attempt_end".into(), &"cannot_execute".into())
-        );
-    }
-
-    #[test]
-    fn a_path_that_is_not_utf8_is_written_lossily() {
-        use std::os::unix::ffi::OsStrExt;
-        let odd = Path::new(std::ffi::OsStr::from_bytes(b"out/ckpt-\xff"));
-        let e = Event::CheckpointSkipped {
-            attempt: 1,
-            path: odd,
-            why: "incomplete",
-        };
-        let v = serde_json::to_value(&e).unwrap();
-        assert_eq!(v["path"], "out/ckpt-\u{fffd}");
     }
 
     #[test]
@@ -1190,35 +543,89 @@ mod tests {
             duration: Duration::from_secs(2),
             evidence: Some(oom.clone()),
             foreign: foreign.map(String::from),
-            refused: None,
             next,
-        };
-        let loss = Loss {
-            steps: Some(2),
-            at_least: false,
-            seconds: 1.0,
         };
         let attempts = [
             record(1, OutcomeKind::CudaOom, Next::Retry, Some("pid 9 (bob)")),
             record(
                 2,
                 OutcomeKind::CudaOom,
-                Next::Decided { decision, loss },
+                Next::Decided { decision },
                 Some("pid 9 (bob)"),
             ),
             record(3, OutcomeKind::Success, Next::Stop, None),
         ];
-        let t0 = std::time::SystemTime::UNIX_EPOCH;
-        let setback = |ooms: Vec<u32>, state, seconds| Setback {
-            ooms,
-            step: Some(7),
-            since: t0,
-            state,
-            ended_in: Some(3),
-            seconds,
-            seen_back: false,
+        // The story the run's events tell: three attempts, the work the OOM
+        // in attempt 2 cost, one stretch of time back, nine seconds in all.
+        use crate::events::{Event, Listener};
+        let t0 = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+        let start = Event::RunStart {
+            argv: vec!["python3".into(), "train.py".into()],
+            policy: "default".into(),
+            max_attempts: 8,
+            settings: first.knobs.clone(),
+            world_size: 2,
+            world_source: "default".into(),
+            global_batch: first.global_batch(),
+            env: serde_json::Value::Null,
+            notes: vec![],
+            warnings: vec![],
+            tty: false,
+            supervisor: None,
+            logging: None,
         };
-        let setbacks = [setback(vec![1, 2], SetbackState::Back, Some(1.25))];
+        let mut story = Story::begin(&start, Some(crate::report::journal::stamp(t0))).unwrap();
+        for n in 1..=3 {
+            story.on(
+                t0,
+                &Event::AttemptStart {
+                    attempt: n,
+                    gpu: serde_json::Value::Null,
+                    argv: vec![],
+                    env: Default::default(),
+                    settings: last.knobs.clone(),
+                    global_batch: last.global_batch(),
+                    resume: None,
+                    files: vec![],
+                },
+            );
+        }
+        story.on(
+            t0,
+            &Event::WorkLost {
+                attempt: 2,
+                step_reached: Some(7),
+                step_reached_at_least: false,
+                started_from_step: None,
+                resume_from_step: Some(5),
+                steps_lost: Some(2),
+                steps_lost_at_least: false,
+                seconds_lost: 1.0,
+            },
+        );
+        story.on(
+            t0,
+            &Event::TimeLost {
+                attempt: 3,
+                state: SetbackState::Back,
+                ooms: vec![1, 2],
+                back_to_step: Some(7),
+                since: crate::report::journal::stamp(t0),
+                seconds: Some(1.25),
+            },
+        );
+        story.on(
+            t0 + Duration::from_secs(9),
+            &Event::RunEnd {
+                exit_code: 0,
+                attempts: 3,
+                lost_s: 4.0,
+                settings: last.knobs.clone(),
+                time_lost_s: 1.25,
+                time_lost_complete: true,
+                last_command: None,
+            },
+        );
         let last_command = LastCommand {
             line: "python3 train.py --bs 4 --accum 2 --resume out/checkpoint-5".into(),
             copies: vec![("ds.json".into(), "run/attempt-3/ds.json".into())],
@@ -1230,12 +637,9 @@ mod tests {
             first: &first,
             last: &last,
             attempts: &attempts,
-            begun: 3,
-            code: 0,
+            story: &story,
             journal: Some(Path::new("run/journal.jsonl")),
             decided_by: None,
-            elapsed: Duration::from_secs(9),
-            setbacks: &setbacks,
             last_command: Some(&last_command),
         };
         assert_eq!(lost(&attempts), Duration::from_secs(4));

@@ -1,6 +1,10 @@
 //! `oomguard plan`: the run's pipeline with launch replaced by "assume OOM",
 //! rendered as text or JSON. Nothing runs and nothing is written.
 //!
+//! Every rung and every "after an OOM ..." section is [`assume`]: the same
+//! `next::next` a run calls, iterated over assumed OOMs of one kind. Nothing
+//! here knows a rule: a new rule of `next` shows in the plan by itself.
+//!
 //! The ladder built here is also what `run` checks before its first attempt,
 //! so a config value that cannot be written fails at once, not at 3 a.m.
 
@@ -18,6 +22,7 @@ use crate::evidence::{Evidence, When};
 use crate::exit;
 use crate::journal::{knob_values, lossy};
 use crate::knobs::{self, Knob, Settings, Value};
+use crate::next::{self, Because, Verdict};
 use crate::policy::{self, Decision, NotApplicable};
 use crate::run_config::{ResumeInfo, RunConfig};
 
@@ -160,38 +165,122 @@ pub fn ladder(
 ) -> Result<Vec<Rung>, knobs::KnobError> {
     let mut rungs = Vec::new();
     // As a run starts: from what fit last time, when remembered.
-    let (mut s, _) = cfg.start_settings();
-    let mut cal = cfg.calibrated();
+    let (s, _) = cfg.start_settings();
     rungs.push(Rung {
         step: None,
         settings: s.clone(),
         m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
     });
-    while (rungs.len() as u32) < cfg.max_attempts {
-        let Some(d) = after_oom(cfg, &s, cal.as_mut()) else {
+    // Each relaunch after an assumed OOM is a rung, whichever rule of `next` made it.
+    for v in assume(cfg, &assumed(None), cfg.max_attempts) {
+        let Verdict::Relaunch {
+            settings, because, ..
+        } = v
+        else {
             break;
         };
-        s = d.after.clone();
+        let Some(decision) = because.decision().cloned() else {
+            break;
+        };
         let dir = cfg.attempt_dir(rungs.len() + 1);
         rungs.push(Rung {
-            step: Some(d),
-            settings: s.clone(),
-            m: knobs::materialize(&cfg.argv, &cfg.disc, &s, resume, &dir)?,
+            m: knobs::materialize(&cfg.argv, &cfg.disc, &settings, resume, &dir)?,
+            step: Some(decision),
+            settings,
         });
     }
     Ok(rungs)
 }
 
-/// What a run does after an OOM at settings `s`, as `plan` assumes one: the
-/// memory model's pick (calibrated by the OOM), else the policy's next step.
-/// `plan`'s ladder and `estimate`'s pick (`*`) are both this function, so the
-/// two never name different settings for the same command.
-pub fn after_oom(
-    cfg: &RunConfig,
-    s: &Settings,
-    cal: Option<&mut crate::memory::Calibrated>,
-) -> Option<Decision> {
-    crate::memory::decide(&cfg.policy, s, &Evidence::assumed(), cal)
+/// An assumed GPU OOM (`phase`: where in the run, when assumed there), with
+/// no other tenant on the GPU.
+fn assumed(phase: Option<crate::detect::phase::Phase>) -> next::Ended {
+    let mut ev = Evidence::assumed();
+    ev.phase = phase.map(|phase| crate::detect::phase::Seen {
+        phase,
+        how: "assumed".into(),
+    });
+    let mut e = next::Ended::new(
+        crate::evidence::Outcome::GpuOom {
+            finding: None,
+            hung: false,
+        },
+        Some(ev),
+    );
+    e.tenants = Some(Vec::new());
+    e
+}
+
+/// An assumed host (CPU) OOM.
+fn assumed_host_oom() -> next::Ended {
+    next::Ended::new(
+        crate::evidence::Outcome::HostOom {
+            finding: None,
+            victim: None,
+            code: 137,
+        },
+        Some(Evidence {
+            outcome: crate::evidence::OutcomeKind::HostOom,
+            oom: None,
+            step_reached: None,
+            steps_done: None,
+            phase: None,
+        }),
+    )
+}
+
+/// What a run does after attempts that each end as `ended` says, from the
+/// settings a run starts with, within `max_attempts`: `next`'s verdicts, one a
+/// attempt, each relaunch's settings (and the memory model it calibrated, the
+/// phases it retried, the offloads it ruled out) the next attempt's, up to and
+/// with the first verdict that is not a relaunch.
+pub fn assume(cfg: &RunConfig, ended: &next::Ended, max_attempts: u32) -> Vec<Verdict> {
+    let first = cfg.disc.settings();
+    let (mut s, _) = cfg.start_settings();
+    let mut model = cfg.calibrated();
+    let (mut retried, mut ruled_out) = (Vec::new(), Vec::new());
+    let rules = next::Rules {
+        policy: &cfg.policy,
+        max_attempts,
+        workers_floor: cfg.workers_floor,
+    };
+    let mut out = Vec::new();
+    for n in 1.. {
+        let h = next::History {
+            n,
+            first: &first,
+            settings: &s,
+            attempts: &[],
+            model: model.as_ref(),
+            no_cpu_offload: &ruled_out,
+            retried: &retried,
+            role: next::Role::Alone,
+        };
+        let v = next::next(&h, ended, &rules);
+        let Verdict::Relaunch {
+            settings,
+            because,
+            model: m,
+            ..
+        } = &v
+        else {
+            out.push(v);
+            break;
+        };
+        s = settings.clone();
+        if m.is_some() {
+            model = m.clone();
+        }
+        match because {
+            Because::PhaseRetry { when, .. } => retried.push(*when),
+            Because::OffloadUndone { undone: k, .. } | Because::Workers { ruled_out: k, .. } => {
+                ruled_out.extend(k.iter().copied());
+            }
+            _ => {}
+        }
+        out.push(v);
+    }
+    out
 }
 
 /// Every knob a decision changes, `knob before → after`, in the knobs' order:
@@ -701,95 +790,58 @@ impl Plan<'_> {
 /// The DataLoader workers each host (CPU) OOM in turn relaunches with, from
 /// the settings a run starts with, within --max-attempts.
 fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
-    let (mut s, _) = cfg.start_settings();
-    let mut out = Vec::new();
-    let ev = Evidence {
-        outcome: crate::evidence::OutcomeKind::HostOom,
-        oom: None,
-        step_reached: None,
-        steps_done: None,
-        phase: None,
-    };
-    while (out.len() as u32) + 1 < cfg.max_attempts {
-        let Some(d) = policy::halve_dataloader_workers(&s, cfg.workers_floor, &ev) else {
-            break;
-        };
-        s = d.after;
-        out.extend(s.int(Knob::DataloaderWorkers));
-    }
-    out
+    assume(cfg, &assumed_host_oom(), cfg.max_attempts)
+        .into_iter()
+        .map_while(|v| match v {
+            Verdict::Relaunch {
+                settings,
+                because: Because::Workers { .. },
+                ..
+            } => settings.int(Knob::DataloaderWorkers),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What each OOM while loading, then while saving, gets in turn from the
 /// settings a run starts with (the same `policy` functions a run calls):
 /// (the step's name, the text `plan` shows).
 fn phase_fixes(cfg: &RunConfig) -> Vec<(When, Vec<(String, String)>)> {
-    use crate::detect::phase::{Phase, Seen};
-    let assumed = |phase| {
-        let mut ev = Evidence::assumed();
-        ev.phase = Some(Seen {
-            phase,
-            how: "assumed".into(),
-        });
-        ev
-    };
-    let start = cfg.start_settings().0;
+    use crate::detect::phase::Phase;
     let mut out = Vec::new();
-    // Loading: a retry, then the remedies, then stop.
-    let ev = assumed(Phase::Loading);
-    let mut s = start.clone();
-    let mut retried = false;
-    let mut load = Vec::new();
-    loop {
-        match policy::after_load_oom(&cfg.policy, &s, &ev, retried) {
-            policy::PhaseFix::Retry { .. } => {
-                retried = true;
-                load.push((
-                    "retry_same_settings".into(),
-                    "the same settings once more, relaunched from the last checkpoint, with PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (a key you set is kept)".into(),
-                ));
-            }
-            policy::PhaseFix::Step(d) => {
-                load.push((
-                    d.step.name().to_string(),
-                    format!("{}: {} → {}", d.step, d.before, d.after),
-                ));
-                s = d.after;
-            }
-            policy::PhaseFix::Stop { .. } => {
-                load.push(("stop".into(), stop_text(cfg, true)));
-                break;
-            }
-        }
+    for (when, phase) in [
+        (When::Loading, Phase::Loading),
+        (When::Saving, Phase::Saving),
+    ] {
+        let load = when == When::Loading;
+        // Every fix, whatever --max-attempts.
+        let fixes = assume(cfg, &assumed(Some(phase)), u32::MAX)
+            .into_iter()
+            .map(|v| match v {
+                Verdict::Relaunch {
+                    because: Because::PhaseRetry { .. },
+                    ..
+                } => (
+                    "retry_same_settings".to_string(),
+                    if load {
+                        "the same settings once more, relaunched from the last checkpoint, with PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (a key you set is kept)"
+                    } else {
+                        "the same settings once more, relaunched from the last complete checkpoint, with PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (a key you set is kept)"
+                    }
+                    .to_string(),
+                ),
+                Verdict::Relaunch { because, .. } => match because.decision() {
+                    Some(d) => (
+                        d.step.name().to_string(),
+                        format!("{}: {} → {}", d.step, d.before, d.after),
+                    ),
+                    None => ("stop".into(), stop_text(cfg, load)),
+                },
+                _ => ("stop".into(), stop_text(cfg, load)),
+            })
+            .collect();
+        out.push((when, fixes));
     }
-    out.push((When::Loading, load));
-    let ev = assumed(Phase::Saving);
-    let mut save = Vec::new();
-    let mut s = start;
-    let mut retried = false;
-    loop {
-        match policy::after_save_oom(&s, &ev, retried) {
-            policy::PhaseFix::Step(d) => {
-                save.push((
-                    d.step.name().to_string(),
-                    format!("{}: {} → {}", d.step, d.before, d.after),
-                ));
-                s = d.after;
-            }
-            policy::PhaseFix::Retry { .. } => {
-                retried = true;
-                save.push((
-                    "retry_same_settings".into(),
-                    "the same settings once more, relaunched from the last complete checkpoint, with PYTORCH_CUDA_ALLOC_CONF expandable_segments:True (a key you set is kept)".into(),
-                ));
-            }
-            policy::PhaseFix::Stop { .. } => {
-                save.push(("stop".into(), stop_text(cfg, false)));
-                break;
-            }
-        }
-    }
-    out.push((When::Saving, save));
     out
 }
 
@@ -811,21 +863,18 @@ fn stop_text(cfg: &RunConfig, load: bool) -> String {
 /// The evaluation batch each OOM during evaluation in turn relaunches with,
 /// from the settings a run starts with, within --max-attempts.
 fn eval_oom_batches(cfg: &RunConfig) -> Vec<u64> {
-    let (mut s, _) = cfg.start_settings();
-    let mut ev = Evidence::assumed();
-    ev.phase = Some(crate::detect::phase::Seen {
-        phase: crate::detect::phase::Phase::Evaluation,
-        how: "assumed".into(),
-    });
-    let mut out = Vec::new();
-    while (out.len() as u32) + 1 < cfg.max_attempts {
-        let Ok(d) = policy::halve_eval_batch(&s, &ev) else {
-            break;
-        };
-        s = d.after;
-        out.extend(s.int(Knob::EvalBatch));
-    }
-    out
+    use crate::detect::phase::Phase;
+    assume(cfg, &assumed(Some(Phase::Evaluation)), cfg.max_attempts)
+        .into_iter()
+        .map_while(|v| match v {
+            Verdict::Relaunch {
+                settings,
+                because: Because::EvalBatch { .. },
+                ..
+            } => settings.int(Knob::EvalBatch),
+            _ => None,
+        })
+        .collect()
 }
 
 fn rung_json(r: &Rung) -> RungJson<'_> {
@@ -934,7 +983,7 @@ pub struct EstimateReport {
     /// fastest first), then the rest.
     pub candidates: Vec<crate::memory::Candidate>,
     /// What a run relaunches with after an OOM at `given`: `plan`'s rung 2
-    /// (the same function, [`after_oom`]).
+    /// (the same function, [`assume`]).
     pub pick: Option<usize>,
     pub why: String,
     /// When nothing the policy can reach is predicted to fit: the ways out
@@ -985,7 +1034,11 @@ impl EstimateReport {
                 .then(a.steps.len().cmp(&b.steps.len()))
         });
         // The pick is what `plan` shows as rung 2: the same decision.
-        let picked = after_oom(cfg, &start, Some(&mut cal.clone())).map(|d| d.after);
+        // (Whatever --max-attempts: the pick is the first OOM's.)
+        let picked = match assume(cfg, &assumed(None), u32::MAX).into_iter().next() {
+            Some(Verdict::Relaunch { settings, .. }) => Some(settings),
+            _ => None,
+        };
         let pick = picked.and_then(|p| cands.iter().position(|c| c.settings == p));
         if let Some(i) = pick {
             let c = cands.remove(i);
@@ -1021,7 +1074,7 @@ impl EstimateReport {
             Vec::new()
         };
         EstimateReport {
-            model: Some(cal.model.clone()),
+            model: Some((*cal.model).clone()),
             gpu_total_bytes: cal.gpu_total,
             margin: crate::memory::MARGIN,
             given: Some(given),

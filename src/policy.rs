@@ -1,5 +1,5 @@
-//! Policy: an ordered list of steps with floors, read from TOML, and the choice
-//! of the next decision after an OOM.
+//! Policy: an ordered list of steps with floors, read from TOML, what each step
+//! changes, and the ladder's next rung (which rule takes a step is `next`'s).
 //!
 //! Theory of operation: after every OOM the steps are tried in order and the
 //! first one that can still change the settings is taken. A step can change the
@@ -826,7 +826,7 @@ fn raise_zero_stage(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
 }
 
 /// Offload the optimizer states (ZeRO stage 1 or higher), if not offloaded yet.
-fn offload_optimizer(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
+pub(crate) fn offload_optimizer(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let dev = cur.knobs.get(&Knob::OffloadOptimizer)?.as_offload()?;
     let stage = cur.int(Knob::ZeroStage).unwrap_or(0);
@@ -853,7 +853,7 @@ fn offload_optimizer(step: &Step, cur: &Settings) -> Option<(Settings, String)> 
 }
 
 /// Offload the parameters (ZeRO stage 3 only), if not offloaded yet.
-fn offload_param(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
+pub(crate) fn offload_param(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let dev = cur.knobs.get(&Knob::OffloadParam)?.as_offload()?;
     let stage = cur.int(Knob::ZeroStage)?;
@@ -901,182 +901,11 @@ pub fn successors(policy: &Policy, cur: &Settings) -> Vec<(StepKind, Settings)> 
         .collect()
 }
 
-/// After a host (CPU) OOM: halve the DataLoader's workers (N → N/2), down to
-/// `floor` (0, or 1 where the command sets a prefetch factor or persistent
-/// workers, which PyTorch refuses without workers). `None` when the knob is
-/// not bound or already at the floor. The batches are the same with fewer
-/// workers: only the host memory their copies of the dataset hold changes.
-pub fn halve_dataloader_workers(
-    cur: &Settings,
-    floor: u64,
-    evidence: &Evidence,
-) -> Option<Decision> {
-    let n = cur.int(Knob::DataloaderWorkers)?;
-    if n <= floor {
-        return None;
-    }
-    let new = (n / 2).max(floor);
-    let mut after = cur.clone();
-    after.knobs.insert(Knob::DataloaderWorkers, Value::Int(new));
-    Some(Decision {
-        step: StepKind::HalveDataloaderWorkers,
-        before: cur.clone(),
-        after,
-        reason: format!(
-            "{evidence}: DataLoader workers {n} → {new} (each holds its own copy of the dataset and prefetched batches in host memory; the batches are the same)"
-        ),
-    })
-}
-
-/// After a GPU OOM during evaluation: halve the evaluation batch (N → N/2, not
-/// below 1). The training batch, the accumulation and so the global batch are
-/// untouched: evaluation holds no gradients or optimizer step, its batch only
-/// sizes the activations of one forward pass. `Err` says why not (so that the
-/// policy decides as after any OOM): the evidence does not show evaluation,
-/// the command has no evaluation batch setting, or it is already 1.
-pub fn halve_eval_batch(cur: &Settings, evidence: &Evidence) -> Result<Decision, EvalNot> {
-    let Some(how) = evidence.evaluation() else {
-        return Err(EvalNot::Training);
-    };
-    let Some(n) = cur.int(Knob::EvalBatch) else {
-        return Err(EvalNot::Unbound);
-    };
-    if n <= 1 {
-        return Err(EvalNot::AtOne);
-    }
-    let new = n / 2;
-    let mut after = cur.clone();
-    after.knobs.insert(Knob::EvalBatch, Value::Int(new));
-    let kept = match cur.global_batch() {
-        Some(g) => format!("the training batch and the global batch ({g}) are unchanged"),
-        None => "the training batch is unchanged".into(),
-    };
-    Ok(Decision {
-        step: StepKind::HalveEvalBatch,
-        before: cur.clone(),
-        after,
-        reason: format!("{evidence} ({how}): evaluation batch {n} → {new}; {kept}"),
-    })
-}
-
-/// What follows an OOM while loading or saving a checkpoint: a batch is not
-/// what overflowed, so neither the micro-batch nor the memory model's
-/// activation term is the fix (see [`after_load_oom`], [`after_save_oom`]).
-#[derive(Debug, Clone)]
-pub enum PhaseFix {
-    /// The same settings once more, with the allocator set against
-    /// fragmentation (`expandable_segments`).
-    Retry { reason: String },
-    /// A change that lowers the phase's own peak.
-    Step(Decision),
-    /// Nothing oomguard can change lowers it: stop, saying why.
-    Stop { why: String },
-}
-
-/// After an OOM while loading a checkpoint (resuming: the optimizer's state
-/// and the weights are loaded onto the GPU beside the model, a transient peak
-/// no smaller batch lowers), in this order: the same settings once more with
-/// the allocator set against fragmentation (`retried`: that was done in this
-/// run); then offloading the optimizer's state, where the command has that
-/// setting (the policy's own offload step, its NVMe path included, else to
-/// CPU), so that it is loaded into host memory; then stop.
-pub fn after_load_oom(policy: &Policy, cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix {
-    let how = ev.phase_how().unwrap_or("its traceback");
-    if !retried {
-        return PhaseFix::Retry {
-            reason: format!(
-                "{ev} ({how}): a load's peak is transient and no smaller batch lowers it; the same settings once more, with the allocator set against fragmentation"
-            ),
-        };
-    }
-    let step = policy
-        .steps
-        .iter()
-        .find(|s| s.kind == StepKind::OffloadOptimizer)
-        .cloned()
-        .unwrap_or(Step {
-            kind: StepKind::OffloadOptimizer,
-            min: 0,
-            factor: 0.5,
-            multiple_of: 1,
-            max: 0,
-            nvme_path: None,
-        });
-    if let Some((after, what)) = offload_optimizer(&step, cur) {
-        return PhaseFix::Step(Decision {
-            step: StepKind::OffloadOptimizer,
-            before: cur.clone(),
-            after,
-            reason: format!(
-                "{ev} ({how}), again after a retry at the same settings: {what}, so that its state is loaded into host memory; the batch is unchanged"
-            ),
-        });
-    }
-    let why = match cur.knobs.get(&Knob::OffloadOptimizer).and_then(Value::as_offload) {
-        Some(o) if *o != Offload::None => format!("the optimizer's state is already offloaded ({o})"),
-        Some(_) => "the optimizer's state cannot be offloaded at these settings (ZeRO stage 0 with more than one process)".into(),
-        None => "the command has no optimizer offload setting".into(),
-    };
-    PhaseFix::Stop {
-        why: format!(
-            "{ev} ({how}), again after a retry at the same settings, and {why}: a smaller batch does not lower a load's peak"
-        ),
-    }
-}
-
-/// After an OOM while saving a checkpoint (a full state dict gathered on
-/// one rank): the family's saving setting, `gather_on_save` true → false
-/// (DeepSpeed's `stage3_gather_16bit_weights_on_model_save`); never a
-/// smaller batch. Without that setting, or with it already off: the same
-/// settings once more with the allocator set against fragmentation
-/// (`retried`: that was done in this run), then stop.
-pub fn after_save_oom(cur: &Settings, ev: &Evidence, retried: bool) -> PhaseFix {
-    let how = ev.phase_how().unwrap_or("its traceback");
-    if cur.bool(Knob::GatherOnSave) == Some(true) {
-        let mut after = cur.clone();
-        after.knobs.insert(Knob::GatherOnSave, Value::Bool(false));
-        return PhaseFix::Step(Decision {
-            step: StepKind::NoGatherOnSave,
-            before: cur.clone(),
-            after,
-            reason: format!(
-                "{ev} ({how}): gather_on_save true → false: each rank saves its own shard instead of one rank gathering the full weights (DeepSpeed: no 16-bit gather, zero_to_fp32.py recovers them; FSDP: SHARDED_STATE_DICT instead of FULL_STATE_DICT); the training is unchanged"
-            ),
-        });
-    }
-    let why = match cur.bool(Knob::GatherOnSave) {
-        Some(_) => "the 16-bit gather is already off",
-        None => "the command has no saving setting oomguard can change",
-    };
-    if !retried {
-        return PhaseFix::Retry {
-            reason: format!(
-                "{ev} ({how}), and {why}: a smaller batch does not lower a save's peak; the same settings once more, with the allocator set against fragmentation"
-            ),
-        };
-    }
-    PhaseFix::Stop {
-        why: format!(
-            "{ev} ({how}), again after a retry at the same settings, and {why}: a smaller batch does not lower a save's peak"
-        ),
-    }
-}
-
-/// Why an OOM is not met by halving the evaluation batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EvalNot {
-    /// The OOM did not happen during evaluation (or it cannot be told).
-    Training,
-    /// No evaluation batch setting in the command.
-    Unbound,
-    /// The evaluation batch is already 1.
-    AtOne,
-}
-
-/// The next decision after the OOM `evidence` shows, or `None` when the policy
-/// has run out of steps. The reason starts with the evidence's own words
+/// The ladder's next rung after the OOM `evidence` shows: the first step that
+/// can still change `cur`, or `None` when the policy has run out of steps (the
+/// rule that takes it is `next`'s). The reason starts with the evidence's own words
 /// ("OOM (tried to allocate 2.00 GiB on GPU 0, ...)", "assumed OOM").
-pub fn next(policy: &Policy, cur: &Settings, evidence: &Evidence) -> Option<Decision> {
+pub fn next_rung(policy: &Policy, cur: &Settings, evidence: &Evidence) -> Option<Decision> {
     policy.steps.iter().find_map(|step| {
         apply(step, policy, cur).map(|(after, what)| Decision {
             step: step.kind,
@@ -1110,200 +939,6 @@ mod tests {
         }
     }
 
-    fn eval_oom(how: Option<&str>) -> Evidence {
-        Evidence {
-            phase: how.map(|h| crate::detect::phase::Seen {
-                phase: crate::detect::phase::Phase::Evaluation,
-                how: h.to_string(),
-            }),
-            ..Evidence::cuda_oom(Some(crate::detect::OomNumbers {
-                tried_to_allocate_bytes: Some(4 << 30),
-                device: Some(0),
-                free_bytes: Some(1 << 30),
-                ..Default::default()
-            }))
-        }
-    }
-
-    /// An OOM during evaluation halves the evaluation batch and nothing else
-    /// (the training batch, the accumulation, the global batch as they were),
-    /// down to 1; then, and for an OOM in training or a command without an
-    /// evaluation batch, it is not taken, and says why.
-    #[test]
-    fn an_oom_during_evaluation_halves_the_eval_batch_only() {
-        let mut s = settings(8, 2, Some(2048), false);
-        s.knobs.insert(Knob::EvalBatch, Value::Int(8));
-        let ev = eval_oom(Some("the traceback runs through evaluation_loop"));
-        let mut seen = Vec::new();
-        let mut cur = s.clone();
-        while let Ok(d) = halve_eval_batch(&cur, &ev) {
-            assert_eq!(d.step, StepKind::HalveEvalBatch);
-            assert_eq!(d.before, cur);
-            for k in [
-                Knob::MicroBatch,
-                Knob::GradAccum,
-                Knob::SeqLen,
-                Knob::GradCheckpointing,
-            ] {
-                assert_eq!(d.after.knobs.get(&k), s.knobs.get(&k), "{k}");
-            }
-            assert_eq!(d.after.global_batch(), s.global_batch());
-            cur = d.after;
-            seen.push(cur.int(Knob::EvalBatch).unwrap());
-        }
-        assert_eq!(seen, [4, 2, 1]);
-        assert_eq!(halve_eval_batch(&cur, &ev).unwrap_err(), EvalNot::AtOne);
-        let d = halve_eval_batch(&s, &ev).unwrap();
-        assert_eq!(
-            d.reason,
-            "OOM during evaluation (tried to allocate 4.00 GiB on GPU 0, 1.00 GiB free) (the traceback runs through evaluation_loop): evaluation batch 8 → 4; the training batch and the global batch (32) are unchanged"
-        );
-        // An OOM in training: the policy's steps, whatever the evaluation batch.
-        assert_eq!(
-            halve_eval_batch(&s, &eval_oom(None)).unwrap_err(),
-            EvalNot::Training
-        );
-        // No evaluation batch in the command.
-        assert_eq!(
-            halve_eval_batch(&settings(8, 2, None, false), &ev).unwrap_err(),
-            EvalNot::Unbound
-        );
-        // An odd batch halves down: 3 → 1.
-        s.knobs.insert(Knob::EvalBatch, Value::Int(3));
-        let d = halve_eval_batch(&s, &ev).unwrap();
-        assert_eq!(d.after.int(Knob::EvalBatch), Some(1));
-    }
-
-    fn phase_oom(phase: crate::detect::phase::Phase, steps_done: Option<u64>) -> Evidence {
-        Evidence {
-            phase: Some(crate::detect::phase::Seen {
-                phase,
-                how: "the traceback runs through f".into(),
-            }),
-            steps_done,
-            ..Evidence::cuda_oom(None)
-        }
-    }
-
-    /// The decision per phase, table-first: loading → the same settings once,
-    /// then the optimizer offload where the command has it, then stop; saving →
-    /// the 16-bit gather off, else the same settings once, then stop; neither
-    /// ever shrinks the batch. Training (first step, steady state) is the
-    /// ladder's, as before.
-    #[test]
-    fn the_decision_per_phase() {
-        use crate::detect::phase::Phase;
-        let p = Policy::load("default").unwrap();
-        let base = settings(8, 2, Some(2048), false);
-        let mut offloadable = base.clone();
-        offloadable.world_size = 1;
-        offloadable.knobs.insert(Knob::ZeroStage, Value::Int(2));
-        offloadable
-            .knobs
-            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
-        let mut offloaded = offloadable.clone();
-        offloaded
-            .knobs
-            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::Cpu));
-        let mut gather = base.clone();
-        gather.knobs.insert(Knob::GatherOnSave, Value::Bool(true));
-        let mut no_gather = base.clone();
-        no_gather
-            .knobs
-            .insert(Knob::GatherOnSave, Value::Bool(false));
-        let fix = |f: PhaseFix| match f {
-            PhaseFix::Retry { .. } => "retry".to_string(),
-            PhaseFix::Step(d) => {
-                assert_eq!(d.after.int(Knob::MicroBatch), Some(8), "{}", d.reason);
-                assert_eq!(d.after.global_batch(), d.before.global_batch());
-                d.step.name().to_string()
-            }
-            PhaseFix::Stop { .. } => "stop".to_string(),
-        };
-        let load = phase_oom(Phase::Loading, Some(0));
-        let save = phase_oom(Phase::Saving, Some(40));
-        let cases: Vec<(&str, PhaseFix, &str)> = vec![
-            (
-                "load, first",
-                after_load_oom(&p, &base, &load, false),
-                "retry",
-            ),
-            (
-                "load, retried, no offload knob",
-                after_load_oom(&p, &base, &load, true),
-                "stop",
-            ),
-            (
-                "load, retried, offload knob",
-                after_load_oom(&p, &offloadable, &load, true),
-                "offload_optimizer",
-            ),
-            (
-                "load, retried, offloaded",
-                after_load_oom(&p, &offloaded, &load, true),
-                "stop",
-            ),
-            (
-                "save, gather on",
-                after_save_oom(&gather, &save, false),
-                "no_gather_on_save",
-            ),
-            (
-                "save, gather on, retried",
-                after_save_oom(&gather, &save, true),
-                "no_gather_on_save",
-            ),
-            (
-                "save, gather off",
-                after_save_oom(&no_gather, &save, false),
-                "retry",
-            ),
-            (
-                "save, no knob",
-                after_save_oom(&base, &save, false),
-                "retry",
-            ),
-            (
-                "save, no knob, retried",
-                after_save_oom(&base, &save, true),
-                "stop",
-            ),
-        ];
-        for (what, got, want) in cases {
-            assert_eq!(fix(got), want, "{what}");
-        }
-        // The reasons say when, and never a smaller batch.
-        let PhaseFix::Stop { why } = after_load_oom(&p, &base, &load, true) else {
-            panic!()
-        };
-        assert_eq!(
-            why,
-            "OOM while loading a checkpoint (the traceback runs through f), again after a retry at the same settings, and the command has no optimizer offload setting: a smaller batch does not lower a load's peak"
-        );
-        // Training: the first step and the steady state are told apart by the
-        // step, and the ladder decides as before.
-        for (steps, when) in [
-            (Some(0), crate::evidence::When::FirstStep),
-            (Some(3), crate::evidence::When::Training),
-            (
-                Some(crate::memory::SPIKE_STEPS),
-                crate::evidence::When::SteadyState,
-            ),
-        ] {
-            let ev = phase_oom(Phase::Training, steps);
-            assert_eq!(ev.when(), Some(when));
-            assert_eq!(
-                next(&p, &base, &ev).unwrap().step,
-                StepKind::HalveMicroBatch
-            );
-        }
-        assert_eq!(
-            phase_oom(Phase::Evaluation, Some(50)).when(),
-            Some(crate::evidence::When::Evaluation)
-        );
-        assert_eq!(Evidence::cuda_oom(None).when(), None);
-    }
-
     /// The policy's ladder never touches the evaluation batch, and no policy
     /// file may list halve_eval_batch (oomguard takes it itself).
     #[test]
@@ -1311,7 +946,7 @@ mod tests {
         let p = Policy::load("default").unwrap();
         let mut s = settings(8, 2, Some(2048), false);
         s.knobs.insert(Knob::EvalBatch, Value::Int(8));
-        while let Some(d) = next(&p, &s, &oom()) {
+        while let Some(d) = next_rung(&p, &s, &oom()) {
             assert_eq!(d.after.int(Knob::EvalBatch), Some(8), "{}", d.step);
             s = d.after;
         }
@@ -1342,7 +977,7 @@ mod tests {
         let mut s = settings(6, 1, Some(2048), false);
         let gb = s.global_batch().unwrap();
         let mut steps = vec![];
-        while let Some(d) = next(&p, &s, &oom()) {
+        while let Some(d) = next_rung(&p, &s, &oom()) {
             steps.push(d.step);
             s = d.after;
             assert_eq!(s.global_batch().unwrap(), gb);
@@ -1370,7 +1005,7 @@ mod tests {
             s.knobs
                 .insert(Knob::OffloadParam, Value::Offload(Offload::None));
             let mut steps = vec![];
-            while let Some(d) = next(&p, &s, &oom()) {
+            while let Some(d) = next_rung(&p, &s, &oom()) {
                 steps.push(d.step);
                 s = d.after;
             }
@@ -1414,7 +1049,7 @@ mod tests {
     fn keep_results_never_shortens() {
         let p = Policy::load("keep-results").unwrap();
         let mut s = settings(8, 1, Some(1024), false);
-        while let Some(d) = next(&p, &s, &oom()) {
+        while let Some(d) = next_rung(&p, &s, &oom()) {
             assert_ne!(d.step, StepKind::ShortenSeq);
             s = d.after;
         }
@@ -1465,7 +1100,7 @@ mod tests {
         s.knobs
             .insert(Knob::OffloadParam, Value::Offload(Offload::None));
         let mut steps = vec![];
-        while let Some(d) = next(&p, &s, &oom()) {
+        while let Some(d) = next_rung(&p, &s, &oom()) {
             steps.push(d.step);
             s = d.after;
         }
@@ -1492,7 +1127,7 @@ mod tests {
         s.knobs.insert(Knob::ZeroStage, Value::Int(2));
         s.knobs
             .insert(Knob::OffloadOptimizer, Value::Offload(Offload::None));
-        let d = next(&p, &s, &oom()).unwrap();
+        let d = next_rung(&p, &s, &oom()).unwrap();
         let after = &d.after.knobs[&Knob::OffloadOptimizer];
         assert_eq!(
             *after,
@@ -1540,7 +1175,7 @@ mod tests {
     fn odd_micro_batches_stay_exact() {
         let p = Policy::load("default").unwrap();
         let s = settings(5, 2, None, true);
-        let d = next(&p, &s, &oom()).unwrap();
+        let d = next_rung(&p, &s, &oom()).unwrap();
         assert_eq!(d.after.int(Knob::MicroBatch), Some(2));
         assert_eq!(d.after.int(Knob::GradAccum), Some(5));
     }
@@ -1549,7 +1184,7 @@ mod tests {
     fn the_reason_starts_with_the_evidence() {
         let p = Policy::load("default").unwrap();
         let s = settings(12, 1, None, false);
-        let d = next(&p, &s, &Evidence::assumed()).unwrap();
+        let d = next_rung(&p, &s, &Evidence::assumed()).unwrap();
         assert_eq!(
             d.reason,
             "assumed OOM: micro-batch 12 → 6, accumulation 1 → 2, global batch 24 kept"
@@ -1559,7 +1194,7 @@ mod tests {
             device: Some(1),
             ..Default::default()
         };
-        let d = next(&p, &s, &Evidence::cuda_oom(Some(numbers))).unwrap();
+        let d = next_rung(&p, &s, &Evidence::cuda_oom(Some(numbers))).unwrap();
         assert!(
             d.reason
                 .starts_with("OOM (tried to allocate 3.00 GiB on GPU 1): micro-batch 12 → 6"),

@@ -142,7 +142,7 @@ fn training_bar(buf: &[u8], at: usize, end: usize) -> bool {
 
 /// How often the Hugging Face Trainer prints its log dict: every `every`
 /// optimizer steps, and at step 1 too with `first_step` (`--logging_first_step`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Logging {
     pub every: u64,
     pub first_step: bool,

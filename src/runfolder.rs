@@ -21,6 +21,11 @@
 //!   fresh temporary folder with a random name made by `mkdtemp` (0700), never
 //!   to a predictable `/tmp/oomguard-<pid>`.
 
+/// The first bytes of an attempt's output, written to `attempt-N/output.log`
+/// as they come; the rest reaches the file when the attempt ends (its tail).
+/// `oomguard status` reads the step from the log, live only this far.
+pub const LOG_HEAD_BYTES: u64 = 8 << 20;
+
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

@@ -2,8 +2,10 @@
 //! second tmux pane or a script, once the pane with the summary is gone.
 //!
 //! Theory of operation: nothing here writes. The run's `journal.jsonl` is read
-//! into a [`journal::read::Run`] (a running run's last line may be half
-//! written); [`Status::of`] looks at it at one instant — the attempt's output
+//! into its [`Story`] (a running run's last line may be half written), which
+//! keeps what the run said once — the step each attempt started from, the
+//! trainer's logging interval, the time lost to OOMs; [`Status::of`] looks at
+//! it at one instant — the attempt's output
 //! log for the step reached, `/proc` for whether its oomguard still runs
 //! ([`liveness`](crate::liveness)), the GPUs (when a probe opens) for what the
 //! run holds now — and names the run's [`State`]. Text and JSON are two
@@ -17,13 +19,14 @@ use std::time::Duration;
 use chrono::{DateTime, FixedOffset, Local};
 use serde::Serialize;
 
+use crate::events::Knobs;
 use crate::evidence::OutcomeKind;
 use crate::exit;
 use crate::gpu::{self, Probe, gib};
-use crate::journal::read::{self, DecisionStep, Knobs, OomLine, ReadError, Run};
 use crate::liveness::{Liveness, Supervisor};
 use crate::progress;
-use crate::supervise::LOG_HEAD_BYTES;
+use crate::report::story::{self as read, DecisionStep, OomLine, ReadError, Story};
+use crate::runfolder::LOG_HEAD_BYTES;
 
 /// Where the run folders of the current directory are.
 const RUNS: &str = ".oomguard/runs";
@@ -223,7 +226,7 @@ impl Status {
     /// what a running attempt holds.
     pub fn of(
         dir: &Path,
-        run: &Run,
+        run: &Story,
         now: DateTime<FixedOffset>,
         gpus: Option<&mut Box<dyn Probe>>,
     ) -> Status {
@@ -245,26 +248,8 @@ impl Status {
             _ => None,
         };
         let until = ended.as_deref().and_then(parse_time).unwrap_or(now);
-        let lost_s = match &run.end {
-            Some(e) => e.lost_s,
-            None => run
-                .attempts
-                .iter()
-                .filter_map(|a| a.end.as_ref())
-                .filter(|e| e.outcome != OutcomeKind::Success)
-                .filter_map(|e| e.duration_s)
-                .sum(),
-        };
-        let lost: Vec<&read::WorkLost> = run
-            .attempts
-            .iter()
-            .filter_map(|a| a.lost.as_ref())
-            .collect();
-        let losses: Vec<u64> = lost.iter().filter_map(|l| l.steps_lost).collect();
-        let steps_lost_unknown = lost
-            .iter()
-            .filter(|l| l.steps_lost.is_none() || l.steps_lost_at_least)
-            .count();
+        let lost_s = run.lost_s();
+        let (steps_lost, steps_lost_unknown) = run.steps_lost();
         let original = run.start.settings.clone();
         let current = last.map_or_else(|| original.clone(), |a| a.start.settings.clone());
         let changed = current
@@ -272,28 +257,13 @@ impl Status {
             .filter(|(k, v)| original.get(k) != Some(v))
             .map(|(k, _)| k.name().to_string())
             .collect();
-        // The Trainer's log dicts name no step: their interval, from the command.
-        let argv: Vec<std::ffi::OsString> = run.start.argv.iter().map(Into::into).collect();
-        let logging = crate::frameworks::logging(
-            &crate::command::Command::parse(&argv),
-            &crate::frameworks::Ctx {
-                recipe_output_dir: None,
-                recipe_value: &|_| None,
-            },
-        );
+        // The Trainer's log dicts name no step: their interval, as the run knew it.
+        let logging = run.logging();
         let rows: Vec<AttemptRow> = run
             .attempts
             .iter()
             .enumerate()
-            .map(|(i, a)| {
-                // The step it started from: the checkpoint the decision before it resumed.
-                let from = i
-                    .checked_sub(1)
-                    .and_then(|p| run.attempts[p].decision.as_ref())
-                    .filter(|d| d.resume.is_some() && d.resume == a.start.resume)
-                    .and_then(|d| d.resume_step);
-                row(dir, a, logging, from.unwrap_or(0))
-            })
+            .map(|(i, a)| row(dir, a, logging, run.started_from(i).unwrap_or(0)))
             .collect();
         let running = state == State::Running;
         let (step_reached, step_reached_partial) = match last {
@@ -309,14 +279,11 @@ impl Status {
         };
         // The decision that led to the last attempt says the step it resumes at.
         let resumed_from = last.and_then(|a| a.start.resume.clone());
-        let resumed_from_step = match run.attempts.len() {
-            n if n >= 2 => run.attempts[n - 2]
-                .decision
-                .as_ref()
-                .filter(|d| d.resume == resumed_from)
-                .and_then(|d| d.resume_step),
-            _ => None,
-        };
+        let resumed_from_step = run
+            .attempts
+            .len()
+            .checked_sub(1)
+            .and_then(|i| run.started_from(i));
         let last_oom = run.attempts.iter().rev().find_map(|a| {
             let o = a.oom.as_ref()?;
             Some(LastOom {
@@ -351,47 +318,7 @@ impl Status {
             .collect();
         let still_edited = crate::inplace::still_edited(dir);
         let last_step = rows.last().and_then(|r| r.step_reached);
-        let setbacks: Vec<crate::journal::Setback> = run
-            .setbacks
-            .iter()
-            .filter_map(|t| {
-                let since = parse_time(&t.since)?;
-                let open = t.state == crate::journal::SetbackState::Behind;
-                Some(crate::journal::Setback {
-                    ooms: t.ooms.clone(),
-                    step: t.back_to_step,
-                    since: since.into(),
-                    state: t.state,
-                    ended_in: if open {
-                        last.map(|a| a.start.attempt)
-                    } else {
-                        Some(t.attempt)
-                    },
-                    seconds: if open {
-                        Some(((until - since).num_milliseconds() as f64 / 1000.0).max(0.0))
-                    } else {
-                        t.seconds
-                    },
-                    seen_back: open
-                        && last.is_some_and(|a| a.end.is_none())
-                        && t.back_to_step.zip(last_step).is_some_and(|(s, r)| r >= s),
-                })
-            })
-            .collect();
-        let measured = setbacks
-            .iter()
-            .any(|s| s.state != crate::journal::SetbackState::Unknown && !s.seen_back);
-        let time_lost_s = measured.then(|| {
-            setbacks
-                .iter()
-                .filter(|s| s.state != crate::journal::SetbackState::Unknown && !s.seen_back)
-                .filter_map(|s| s.seconds)
-                .sum()
-        });
-        let time_lost_exact = setbacks
-            .iter()
-            .all(|s| s.state == crate::journal::SetbackState::Back);
-        let time_lost = crate::journal::time_lost_text(&setbacks, !state.ended());
+        let time_lost = run.time_lost(until, last_step, !state.ended());
         let gpu_now = match (running, liveness, &sup, gpus) {
             (true, Liveness::Alive, Some(s), Some(p)) => held_now(p.as_mut(), s.pid),
             _ => None,
@@ -413,11 +340,11 @@ impl Status {
             elapsed_s: secs(&run.start.time, until),
             ended,
             lost_s,
-            time_lost_s,
-            time_lost_exact,
-            time_lost,
+            time_lost_s: time_lost.seconds,
+            time_lost_exact: time_lost.exact,
+            time_lost: time_lost.text,
             last_command: run.end.as_ref().and_then(|e| e.last_command.clone()),
-            steps_lost: (!losses.is_empty()).then(|| losses.iter().sum()),
+            steps_lost,
             steps_lost_unknown,
             attempt: last.map_or(0, |a| a.start.attempt),
             attempt_elapsed_s: last.and_then(|a| {
@@ -670,7 +597,7 @@ impl Status {
 /// When a run whose oomguard is gone last showed it was alive: the later of
 /// its journal's last line and the last change of its journal or of its last
 /// attempt's output log (a killed run's real duration, not its last event's).
-fn last_sign_of_life(dir: &Path, run: &Run) -> Option<String> {
+fn last_sign_of_life(dir: &Path, run: &Story) -> Option<String> {
     let mut best = run.last_time.as_deref().and_then(parse_time);
     let mut files = vec![dir.join("journal.jsonl")];
     if let Some(a) = run.attempts.last() {
@@ -1071,6 +998,71 @@ pub fn runs_main(json: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The step a running attempt reached, from the Trainer's log dicts (which
+    /// name no step): counted with the logging interval the run knew (here from
+    /// a recipe, not in the command's flags), as the run counted it. A journal
+    /// written before the run recorded the interval has the flags only, and
+    /// cannot tell the step.
+    #[test]
+    fn the_step_of_log_dicts_is_counted_with_the_runs_logging_interval() {
+        use crate::events::Event;
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path();
+        std::fs::create_dir(dir.join("attempt-1")).unwrap();
+        let dicts = "{'loss': 2.1, 'learning_rate': 1e-05, 'epoch': 0.1}\n\
+                     {'loss': 1.9, 'learning_rate': 1e-05, 'epoch': 0.2}\n\
+                     {'loss': 1.7, 'learning_rate': 1e-05, 'epoch': 0.3}\n";
+        std::fs::write(dir.join("attempt-1/output.log"), dicts).unwrap();
+        let step = |logging: Option<progress::Logging>| {
+            let start = Event::RunStart {
+                argv: ["accelerate", "launch", "train.py", "recipe.yaml"]
+                    .map(String::from)
+                    .to_vec(),
+                policy: "default".into(),
+                max_attempts: 8,
+                settings: Knobs::new(),
+                world_size: 1,
+                world_source: "default".into(),
+                global_batch: None,
+                env: serde_json::Value::Null,
+                notes: vec![],
+                warnings: vec![],
+                tty: false,
+                supervisor: Some(Supervisor::me()),
+                logging,
+            };
+            let t0 = "2026-01-01T00:00:00.000+00:00".to_string();
+            let mut story = Story::begin(&start, Some(t0.clone())).unwrap();
+            story.hear(
+                &Event::AttemptStart {
+                    attempt: 1,
+                    gpu: serde_json::Value::Null,
+                    argv: vec![],
+                    env: Default::default(),
+                    settings: Knobs::new(),
+                    global_batch: None,
+                    resume: None,
+                    files: vec![],
+                },
+                Some(t0.clone()),
+            );
+            let s = Status::of(dir, &story, parse_time(&t0).unwrap(), None);
+            assert_eq!(s.state, State::Running);
+            s.step_reached
+        };
+        let every = |n| progress::Logging {
+            every: n,
+            first_step: false,
+        };
+        assert_eq!(step(Some(every(5))), Some(15));
+        assert_eq!(step(Some(every(1))), Some(3));
+        assert_eq!(
+            step(None),
+            None,
+            "an older journal: the flags name no interval"
+        );
+    }
 
     /// A journal: `run_start`, then an attempt per outcome, then `run_end`
     /// with `code` (none: still going), written by a supervisor that is alive

@@ -70,10 +70,10 @@ fn fixtures(dir: &Path) -> Vec<(String, String, Vec<u8>)> {
 /// (its thread does not settle whether memory was the cause) is some failure.
 fn expected_kinds(label: &str) -> &'static [&'static str] {
     match label {
-        "cuda_oom" | "hang_after_oom" => &["gpu_oom"],
+        "cuda_oom" | "hang_after_oom" => &["cuda_oom"],
         "host_oom" => &["host_oom"],
         "not_oom" => &["other_failure", "absurd_request"],
-        "unsettled" => &["gpu_oom", "host_oom", "other_failure", "absurd_request"],
+        "unsettled" => &["cuda_oom", "host_oom", "other_failure", "absurd_request"],
         other => panic!("unknown label {other}"),
     }
 }
@@ -146,7 +146,7 @@ fn stdin_and_dash_read_standard_input_in_human_form() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{}", describe(args, &out));
         assert!(
-            text.starts_with("kind: gpu_oom"),
+            text.starts_with("kind: cuda_oom"),
             "{}",
             describe(args, &out)
         );

@@ -214,17 +214,17 @@ const RUN: &[(&str, &str, How)] = &[
     (
         "docs/diagnose.md",
         "oomguard diagnose crash.log",
-        How::Run(&["gpu_oom"]),
+        How::Run(&["cuda_oom"]),
     ),
     (
         "docs/diagnose.md",
         "journalctl -u train | oomguard diagnose --json",
-        How::Run(&["\"kind\":\"gpu_oom\""]),
+        How::Run(&["\"kind\":\"cuda_oom\""]),
     ),
     (
         "docs/diagnose.md",
         "dmesg > dmesg.txt; oomguard diagnose --kernel-log dmesg.txt crash.log",
-        How::Run(&["gpu_oom"]),
+        How::Run(&["cuda_oom"]),
     ),
     (
         "docs/install.md",

@@ -123,7 +123,7 @@ proptest! {
                     .map_err(|e| TestCaseError::fail(format!("not JSON: {e}")))?;
                 let kind = v["kind"].as_str().unwrap_or("");
                 prop_assert!(
-                    ["gpu_oom", "host_oom", "absurd_request", "other_failure", "no_failure"].contains(&kind),
+                    ["cuda_oom", "host_oom", "absurd_request", "other_failure", "no_failure"].contains(&kind),
                     "kind {kind:?}"
                 );
             }

@@ -116,6 +116,9 @@ use wordings::{Strength, THRUST_BAD_ALLOC, oom_in};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
+    /// A GPU (CUDA, ROCm, XPU) ran out of memory: `cuda_oom`, the journal's word for
+    /// the outcome, in `diagnose` as in the journal.
+    #[serde(rename = "cuda_oom")]
     GpuOom,
     HostOom,
     /// An allocation far beyond the device (or any machine): a corrupted size, an
@@ -130,7 +133,7 @@ impl Kind {
     /// The snake_case name used in JSON and messages.
     pub fn as_str(self) -> &'static str {
         match self {
-            Kind::GpuOom => "gpu_oom",
+            Kind::GpuOom => "cuda_oom",
             Kind::HostOom => "host_oom",
             Kind::AbsurdRequest => "absurd_request",
             Kind::OtherFailure => "other_failure",

@@ -1013,7 +1013,7 @@ mod tests {
         for (name, phase, how) in cases {
             let (body, header) = corpus_log(name);
             let f = crate::detect::classify_log(body.as_bytes());
-            assert_eq!(f.kind.as_str(), "gpu_oom", "{name}");
+            assert_eq!(f.kind.as_str(), "cuda_oom", "{name}");
             let got = classify(&body, &f.line).unwrap_or_else(|| panic!("{name}: no phase"));
             assert_eq!(got.phase, *phase, "{name}: {}", got.how);
             assert!(got.how.starts_with(how), "{name}: {}", got.how);

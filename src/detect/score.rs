@@ -347,7 +347,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("  open.txt: found gpu_oom at line 3: the line of open.txt"),
+            text.contains("  open.txt: found cuda_oom at line 3: the line of open.txt"),
             "{text}"
         );
 
@@ -355,7 +355,7 @@ mod tests {
         assert_eq!(v["logs"], 3);
         assert_eq!(v["scored"], 2);
         assert_eq!(v["unsettled"][0]["file"], "logs/open.txt");
-        assert_eq!(v["unsettled"][0]["kind"], "gpu_oom");
+        assert_eq!(v["unsettled"][0]["kind"], "cuda_oom");
     }
 
     /// An unsettled log found as no failure is a miss: the label still says it failed.

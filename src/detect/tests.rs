@@ -676,7 +676,7 @@ fn parse_size_examples() {
 fn json_is_flat_with_nulls() {
     let f = classify_log(&own("own-gpu_old_cached.log"));
     let v: serde_json::Value = serde_json::from_str(&render_json(&f)).unwrap();
-    assert_eq!(v["kind"], "gpu_oom");
+    assert_eq!(v["kind"], "cuda_oom");
     assert_eq!(v["line_no"], 4);
     assert_eq!(v["device"], 0);
     assert_eq!(v["tried_to_allocate_bytes"], 200u64 << 20);
@@ -692,7 +692,7 @@ fn json_is_flat_with_nulls() {
 fn human_form_names_kind_line_numbers_and_advice() {
     let f = classify_log(&own("own-gpu_rank_prefixed_then_nccl.log"));
     let text = render_human(&f);
-    assert!(text.starts_with("kind: gpu_oom"), "{text}");
+    assert!(text.starts_with("kind: cuda_oom"), "{text}");
     assert!(text.contains("line 7: torch.OutOfMemoryError"), "{text}");
     assert!(text.contains("tried to allocate: 1.25 GiB"), "{text}");
     assert!(text.contains("pid 40211 (512.00 MiB)"), "{text}");

@@ -70,7 +70,8 @@ pub fn effective_total(o: &OomNumbers) -> Option<f64> {
 /// The model with what the run showed: the GPU's size and the two scales.
 #[derive(Debug, Clone, Serialize)]
 pub struct Calibrated {
-    pub model: ModelSpec,
+    /// Boxed: a verdict carries the calibrated model, and the spec is most of it.
+    pub model: Box<ModelSpec>,
     /// Bytes of the GPU (from an OOM message, NVML or `--gpu-memory`).
     pub gpu_total: Option<f64>,
     /// Multiplies the activation term (batch-dependent); 1.0 until an OOM says otherwise.
@@ -85,7 +86,7 @@ pub struct Calibrated {
 impl Calibrated {
     pub fn new(model: ModelSpec, gpu_total: Option<f64>) -> Calibrated {
         Calibrated {
-            model,
+            model: Box::new(model),
             gpu_total,
             scale: 1.0,
             state_scale: 1.0,

@@ -653,24 +653,6 @@ pub fn next_from_model(
     })
 }
 
-/// The decision after an OOM: from the memory model when there is one (it learns
-/// from this OOM first), else — or when the model finds nothing that fits —
-/// the policy's next step.
-pub fn decide(
-    policy: &crate::policy::Policy,
-    cur: &Settings,
-    evidence: &crate::evidence::Evidence,
-    cal: Option<&mut Calibrated>,
-) -> Option<crate::policy::Decision> {
-    if let Some(cal) = cal.filter(|_| policy.memory_model) {
-        cal.learn(cur, evidence.oom.as_ref(), evidence.steps_done);
-        if let Some(d) = next_from_model(policy, cur, evidence, cal) {
-            return Some(d);
-        }
-    }
-    crate::policy::next(policy, cur, evidence)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,10 +53,10 @@ impl<'c> Run<'c> {
             Ok(Some(f)) => f,
             Ok(None) => return,
             Err(why) => {
-                eprintln!(
-                    "oomguard: warning: {why}: the job's last settings are not used: {why}; starting at {}",
+                self.term.warn(&format!(
+                    "{why}: the job's last settings are not used: {why}; starting at {}",
                     self.settings
-                );
+                ));
                 return;
             }
         };
@@ -71,16 +71,13 @@ impl<'c> Run<'c> {
         // oomguard keeps the global batch: settings that change it were not
         // written by oomguard, whoever wrote the file.
         if next.global_batch() != self.settings.global_batch() {
-            eprintln!(
-                "oomguard: warning: {why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}",
-                path.display(),
+            self.term.warn(&format!("{why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}", path.display(),
                 self.settings
                     .global_batch()
                     .map_or("unknown".into(), |g| g.to_string()),
                 next.global_batch()
                     .map_or("unknown".into(), |g| g.to_string()),
-                self.settings
-            );
+                self.settings));
             return;
         }
         self.settings = next;
@@ -89,7 +86,7 @@ impl<'c> Run<'c> {
             .resume(&checkpoint::Baseline::default(), Duration::from_millis(200));
         let step = res.chosen.as_ref().and_then(checkpoint::step_for);
         self.resume_from(&res, step);
-        self.log.info(&format!(
+        self.term.info(&format!(
             "{why}: starting at {} (the last settings launched, from {}); {}",
             self.settings,
             fitting.run_dir.display(),
@@ -119,7 +116,7 @@ impl<'c> Run<'c> {
             }
         }
         if self.settings != before {
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "starting at copy 0's settings: {} (this copy's own were {before})",
                 self.settings
             ));
@@ -165,10 +162,10 @@ impl<'c> Run<'c> {
             },
         };
         if let Err(e) = job.publish_end(n, &end) {
-            eprintln!(
-                "oomguard: warning: could not write this copy's end in {}: {e}",
+            self.term.warn(&format!(
+                "could not write this copy's end in {}: {e}",
                 job.dir.display()
-            );
+            ));
         }
     }
 
@@ -180,7 +177,7 @@ impl<'c> Run<'c> {
         rec: &mut AttemptRecord,
         outcome: &Outcome,
         report: &launch::Report,
-    ) -> Flow {
+    ) -> ControlFlow<i32> {
         let n = rec.n;
         let own = report.exit.status_code().max(1);
         self.publish_end(job, n, outcome);
@@ -188,38 +185,29 @@ impl<'c> Run<'c> {
             Outcome::PeerFailure { line, .. } => format!(" ({line})"),
             _ => String::new(),
         };
-        self.log.info(&format!(
+        self.term.info(&format!(
             "attempt {n}: {} on copy {} of the job{why}; waiting for copy 0's decision",
             kind_word(outcome.kind()),
             job.rank
         ));
         match job.await_decision(n) {
             None => {
-                eprintln!(
-                    "oomguard: no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone",
-                    job.timeout,
-                    job.dir.display()
-                );
-                Flow::Stop(own)
+                self.term.say(&format!("no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone", job.timeout,
+                    job.dir.display()));
+                ControlFlow::Break(own)
             }
             Some(job::Published::Stop { code }) => {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "copy 0 of the job stopped (status {code}); stopping"
                 ));
-                Flow::Stop(if code == 0 { own } else { code })
+                ControlFlow::Break(if code == 0 { own } else { code })
             }
             Some(job::Published::Relaunch { knobs, resume }) => {
                 let before = self.settings.clone();
                 // A knob copy 0 dropped (the command refused what oomguard added
                 // for it) is dropped here too.
-                self.settings
-                    .knobs
-                    .retain(|k, _| knobs.contains_key(k.name()));
-                for (name, value) in knobs {
-                    if let Ok(k) = name.parse::<crate::settings::Knob>() {
-                        self.settings.knobs.insert(k, value);
-                    }
-                }
+                self.settings.knobs.retain(|k, _| knobs.contains_key(k));
+                self.settings.knobs.extend(knobs);
                 // The checkpoint is named by its absolute path; one this copy
                 // cannot reach (another filesystem, an older copy 0's relative
                 // path) stops this copy, and with it the job, as Slurm does
@@ -228,22 +216,19 @@ impl<'c> Run<'c> {
                 if let Some(p) = &resume
                     && (!p.is_absolute() || std::fs::metadata(p).is_err())
                 {
-                    eprintln!(
-                        "oomguard: copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job",
-                        p.display(),
+                    self.term.say(&format!("copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job", p.display(),
                         if p.is_absolute() {
                             "not found here: the output folder must be on a filesystem every copy shares"
                         } else {
                             "not an absolute path"
-                        }
-                    );
+                        }));
                     let end = job::End {
                         rank: job.rank,
                         outcome: crate::evidence::OutcomeKind::OtherFailure,
                         oom_line: None,
                     };
                     let _ = job.publish_end(n + 1, &end);
-                    return Flow::Stop(own);
+                    return ControlFlow::Break(own);
                 }
                 self.resume = match (resume, &self.cfg.layout) {
                     (Some(p), Some(l)) => Some(knobs::ResumeArg {
@@ -252,7 +237,7 @@ impl<'c> Run<'c> {
                     }),
                     _ => None,
                 };
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "copy 0 of the job decided: {} → {}{}",
                     before,
                     self.settings,
@@ -262,122 +247,9 @@ impl<'c> Run<'c> {
                         .unwrap_or_default()
                 ));
                 rec.next = Next::Retry;
-                Flow::Again
+                ControlFlow::Continue(())
             }
         }
-    }
-
-    /// What follows an attempt: every outcome but a GPU OOM ends the run (with
-    /// a message saying why, for a failure).
-    pub(super) fn after_alone(
-        &mut self,
-        rec: &mut AttemptRecord,
-        outcome: Outcome,
-        report: &launch::Report,
-        log: Option<&Path>,
-        started: SystemTime,
-    ) -> Flow {
-        let code = match outcome {
-            Outcome::GpuOom { finding, hung } => {
-                let reached = self.reached(log, started);
-                self.note_reached(reached);
-                let mut ev =
-                    Evidence::gpu_oom(finding.as_ref(), hung, reached, self.started_from());
-                // Where in the run it happened: its traceback and progress.
-                ev.phase = self.phase.take();
-                let flow = self.after_oom(rec, &ev, finding.as_ref(), report, started);
-                rec.evidence = Some(ev);
-                return flow;
-            }
-            Outcome::Success => {
-                self.gw.record_success();
-                if let Some((path, key)) = &self.cfg.remember
-                    && let Err(e) = crate::remember::record(
-                        path,
-                        key,
-                        &self.settings.knobs,
-                        &crate::remember::redact(&self.cfg.argv),
-                    )
-                {
-                    tracing::warn!("cannot remember the settings in {}: {e}", path.display());
-                }
-                exit::SUCCESS
-            }
-            Outcome::Interrupted { signal } => {
-                self.log.info(&format!(
-                    "interrupted by {}; not relaunching",
-                    signal_name(signal)
-                ));
-                exit::SIGNAL_BASE + signal
-            }
-            Outcome::Other { code, exit, why } => {
-                let line = why
-                    .map(str::to_string)
-                    .or_else(|| report.scanner.error_line().map(str::to_string))
-                    .map(|l| format!(": {l}"))
-                    .unwrap_or_default();
-                eprintln!(
-                    "oomguard: the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"
-                );
-                code
-            }
-            Outcome::PeerFailure { code, line } => {
-                // A copy alone (no job channel, or oomguard around one launcher): the
-                // rank that failed first is elsewhere, and its output is not here.
-                eprintln!(
-                    "oomguard: the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}",
-                    report.exit
-                );
-                code
-            }
-            Outcome::Refused {
-                code,
-                knob,
-                added,
-                line,
-            } => return self.after_refused(rec, knob, &added, &line, code),
-            Outcome::AbsurdRequest { finding, code } => {
-                if crate::detect::sizeless_thrust_alloc(&finding) {
-                    eprintln!(
-                        "oomguard: {}: {}\noomguard: {}; stopping with status {code}",
-                        crate::detect::absurd_what(&finding),
-                        finding.line,
-                        crate::detect::advice(&finding)
-                    );
-                } else {
-                    eprintln!(
-                        "oomguard: the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}",
-                        finding.line
-                    );
-                }
-                code
-            }
-            Outcome::HostOom {
-                finding,
-                victim,
-                code,
-            } => {
-                let reached = self.reached(log, started);
-                self.note_reached(reached);
-                if let Some(flow) = self.after_host_oom(rec, reached, report, started) {
-                    return flow;
-                }
-                let line = match (&victim, &finding) {
-                    (Some(v), _) => format!(": the kernel's OOM killer killed {}", v.describe()),
-                    (None, Some(f)) => format!(": {}", f.line),
-                    (None, None) => {
-                        " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer, or its record could not be tied to this run: cannot confirm)"
-                            .into()
-                    }
-                };
-                eprintln!(
-                    "oomguard: host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}",
-                    self.host_oom_advice(rec.n)
-                );
-                code
-            }
-        };
-        Flow::Stop(code)
     }
 }
 

@@ -1,157 +1,387 @@
-//! The attempt loop's decisions after an OOM: another tenant's memory, the
-//! suspect same-size OOM, the policy or the memory model's pick, a host OOM
-//! after a CPU offload, and the checkpoints a relaunch passes over.
+//! The attempt loop carries out the verdict (`next`): what it says on the
+//! terminal and in the journal, the checkpoint a relaunch resumes from and the
+//! work the OOM cost, another tenant's memory waited for, a knob the command
+//! refused dropped. The rules themselves are `next`'s: nothing here decides.
 
 use super::*;
 use crate::evidence::When;
+use crate::next::{EvalNot, Refusal};
 
 impl<'c> Run<'c> {
-    /// The policy, less the CPU offload steps a host OOM ruled out.
-    pub(super) fn policy(&self) -> std::borrow::Cow<'c, policy::Policy> {
-        if self.no_cpu_offload.is_empty() {
-            return std::borrow::Cow::Borrowed(&self.cfg.policy);
+    /// The run so far, as `next` reads it (`n`: the attempt that ended).
+    pub(super) fn history(&self, n: u32, role: Role) -> next::History<'_> {
+        next::History {
+            n,
+            first: &self.first,
+            settings: &self.settings,
+            attempts: &self.attempts,
+            model: self.cal.as_ref(),
+            no_cpu_offload: &self.no_cpu_offload,
+            retried: &self.retried,
+            role,
         }
-        let mut p = self.cfg.policy.clone();
-        p.steps.retain(|s| {
-            s.nvme_path.is_some()
-                || !self.no_cpu_offload.iter().any(|k| {
-                    matches!(
-                        (k, s.kind),
-                        (knobs::Knob::OffloadOptimizer, StepKind::OffloadOptimizer)
-                            | (knobs::Knob::OffloadParam, StepKind::OffloadParam)
+    }
+
+    /// What the user and the policy allow.
+    pub(super) fn rules(&self) -> next::Rules<'c> {
+        next::Rules {
+            policy: &self.cfg.policy,
+            max_attempts: self.cfg.max_attempts,
+            workers_floor: self.cfg.workers_floor,
+        }
+    }
+
+    /// The evidence of a GPU OOM (`finding`: its line) of the attempt that ran
+    /// since `started`: the step it reached, and where in the run it happened.
+    pub(super) fn oom_evidence(
+        &mut self,
+        finding: Option<&Finding>,
+        hung: bool,
+        log: Option<&Path>,
+        started: SystemTime,
+    ) -> Evidence {
+        let reached = self.reached(log, started);
+        self.note_reached(reached);
+        let mut ev = Evidence::gpu_oom(finding, hung, reached, self.started_from());
+        // Where in the run it happened: its traceback and progress.
+        ev.phase = self.phase.take();
+        ev
+    }
+
+    /// Carry out `verdict` after attempt `rec` ended as `ended` says.
+    pub(super) fn carry_out(
+        &mut self,
+        rec: &mut AttemptRecord,
+        ended: &next::Ended,
+        verdict: Verdict,
+        report: &launch::Report,
+        started: SystemTime,
+    ) -> ControlFlow<i32> {
+        let n = rec.n;
+        let gpu_oom = matches!(ended.outcome, Outcome::GpuOom { .. })
+            || matches!(ended.peers, Peers::Oom { .. });
+        let ev = ended.evidence.clone();
+        let oom_after = report.oom_at.unwrap_or(report.duration);
+        let flow = match verdict {
+            Verdict::Follow => {
+                let job = self.cfg.job.clone().expect("a follower is a copy of a job");
+                return self.follow(&job, rec, &ended.outcome, report);
+            }
+            Verdict::Wait(_) => unreachable!("the loop gets what a wait asks for"),
+            Verdict::Stop { code, because } => {
+                self.say_stop(rec, ended, report, because);
+                ControlFlow::Break(code)
+            }
+            // Where it resumes follows from why: a new checkpoint search after an
+            // OOM (`decide`, `retry_same`, `retry_foreign`), the same one after a
+            // refusal.
+            Verdict::Relaunch {
+                settings,
+                resume: _,
+                because,
+                model,
+            } => {
+                let ev = ev.clone().unwrap_or_else(Evidence::assumed);
+                match because {
+                    Because::Ladder { decision, eval } => {
+                        if let Some(why) = self.eval_fallback(&ev, eval) {
+                            self.term.info(&why);
+                        }
+                        if model.is_some() {
+                            self.cal = model;
+                        }
+                        rec.next = self.decide(n, &ev, decision, started, oom_after);
+                    }
+                    Because::EvalBatch { decision } | Because::PhaseStep { decision, .. } => {
+                        rec.next = self.decide(n, &ev, decision, started, oom_after);
+                    }
+                    ref b @ Because::PhaseRetry { when, .. } => {
+                        let reason = next::words::phase_reason(b, &ev).unwrap_or_default();
+                        self.retry_same(rec, &ev, when, reason);
+                    }
+                    Because::OffloadUndone { undone, decision } => {
+                        self.no_cpu_offload.extend(undone);
+                        self.term
+                            .info(&format!("attempt {n}: host OOM after the CPU offload"));
+                        rec.next = self.decide(n, &ev, decision, started, oom_after);
+                        rec.evidence = Some(ev);
+                    }
+                    Because::Workers {
+                        ruled_out,
+                        decision,
+                    } => {
+                        self.no_cpu_offload.extend(ruled_out);
+                        self.term.info(&format!(
+                            "attempt {n}: host OOM: halving the DataLoader's workers"
+                        ));
+                        rec.next = self.decide(n, &ev, decision, started, oom_after);
+                        rec.evidence = Some(ev);
+                    }
+                    Because::ForeignMemory => {
+                        self.retry_foreign(rec, ended.tenants.as_deref().unwrap_or_default());
+                    }
+                    Because::Refused {
+                        knob,
+                        added,
+                        without,
+                        then,
+                    } => {
+                        self.say_refused(rec, &ended.outcome, knob, &added);
+                        match then {
+                            Refusal::Redecided {
+                                index, decision, ..
+                            } => self.redecided(n, index, decision),
+                            _ => {
+                                self.term
+                                    .info(&format!("relaunching at {without} without {added}"));
+                            }
+                        }
+                    }
+                    b => unreachable!("{b:?} is no relaunch's"),
+                }
+                self.settings = settings;
+                ControlFlow::Continue(())
+            }
+        };
+        if gpu_oom {
+            rec.evidence = ended.evidence.clone();
+        }
+        flow
+    }
+
+    /// Say why the run stops here, after attempt `rec`.
+    fn say_stop(
+        &mut self,
+        rec: &mut AttemptRecord,
+        ended: &next::Ended,
+        report: &launch::Report,
+        because: Because,
+    ) {
+        let (n, max) = (rec.n, self.cfg.max_attempts);
+        match because {
+            Because::Success => {
+                self.gw.record_success();
+                if let Some((path, key)) = &self.cfg.remember
+                    && let Err(e) = crate::remember::record(
+                        path,
+                        key,
+                        &self.settings.knobs,
+                        &crate::remember::redact(&self.cfg.argv),
                     )
-                })
+                {
+                    tracing::warn!("cannot remember the settings in {}: {e}", path.display());
+                }
+            }
+            Because::Interrupted { signal } => {
+                self.term.info(&format!(
+                    "interrupted by {}; not relaunching",
+                    signal_name(signal)
+                ));
+            }
+            Because::NotAnOom => {
+                if let Outcome::Other { code, exit, why } = &ended.outcome {
+                    let line = why
+                        .map(str::to_string)
+                        .or_else(|| report.scanner.error_line().map(str::to_string))
+                        .map(|l| format!(": {l}"))
+                        .unwrap_or_default();
+                    self.term.say(&format!("the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"));
+                }
+            }
+            Because::PeerFailed => {
+                if let Outcome::PeerFailure { code, line } = &ended.outcome {
+                    // A copy alone (no job channel, or oomguard around one launcher): the
+                    // rank that failed first is elsewhere, and its output is not here.
+                    self.term.say(&format!("the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}", report.exit));
+                }
+            }
+            Because::Absurd => {
+                if let Outcome::AbsurdRequest { finding, code } = &ended.outcome {
+                    if crate::detect::sizeless_thrust_alloc(finding) {
+                        self.term.say(&format!(
+                            "{}: {}\noomguard: {}; stopping with status {code}",
+                            crate::detect::absurd_what(finding),
+                            finding.line,
+                            crate::detect::advice(finding)
+                        ));
+                    } else {
+                        self.term.say(&format!("the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}", finding.line));
+                    }
+                }
+            }
+            Because::HostOom { undone } => {
+                if !undone.is_empty() {
+                    self.term.say(&format!("host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead", undone
+                            .iter()
+                            .map(|k| format!("{k}=cpu"))
+                            .collect::<Vec<_>>()
+                            .join(" ")));
+                }
+                if let Outcome::HostOom {
+                    finding,
+                    victim,
+                    code,
+                } = &ended.outcome
+                {
+                    let line = match (victim, finding) {
+                        (Some(v), _) => {
+                            format!(": the kernel's OOM killer killed {}", v.describe())
+                        }
+                        (None, Some(f)) => format!(": {}", f.line),
+                        (None, None) => {
+                            " (killed by SIGKILL; the kernel's log could not be read to confirm the OOM killer, or its record could not be tied to this run: cannot confirm)"
+                                .into()
+                        }
+                    };
+                    self.term.say(&format!("host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}", self.host_oom_advice(n)));
+                }
+            }
+            Because::MaxAttempts => self.term.say(&format!(
+                "{n} attempts made (--max-attempts {max}); the run still does not fit"
+            )),
+            Because::NothingLeft { eval } => {
+                if let Some(why) = ended
+                    .evidence
+                    .as_ref()
+                    .and_then(|ev| self.eval_fallback(ev, eval))
+                {
+                    self.term.info(&why);
+                }
+                self.nothing_left();
+            }
+            ref b @ Because::PhaseStop { when, .. } => {
+                let ev = ended.evidence.clone().unwrap_or_else(Evidence::assumed);
+                let why = next::words::phase_reason(b, &ev).unwrap_or_default();
+                self.term.say(&format!("{why}; oomguard stops here"));
+                let families = &self.cfg.disc.families;
+                let advice = if when == When::Loading {
+                    crate::frameworks::load_advice(families)
+                } else {
+                    crate::frameworks::save_advice(families)
+                };
+                for a in advice {
+                    self.term.say(&format!("  {a}"));
+                }
+            }
+            Because::Refused {
+                knob,
+                added,
+                without,
+                then,
+            } => {
+                self.say_refused(rec, &ended.outcome, knob, &added);
+                self.settings = without;
+                match then {
+                    Refusal::NoStep { attempt } => {
+                        let without: Vec<&str> = self.dropped.iter().map(|k| k.name()).collect();
+                        self.term.say(&format!("without {}, the policy '{}' has no other step for the OOM of attempt {attempt}: the run still does not fit at {}", without.join(" and "),
+                            self.cfg.policy.name,
+                            self.settings));
+                    }
+                    _ => self.term.say(&format!("{n} attempts made (--max-attempts {max}); the run still does not fit at {}", self.settings)),
+                }
+                self.bind_advice();
+            }
+            b => unreachable!("{b:?} is no stop's"),
+        }
+    }
+
+    /// The command's parser refused `added`, which oomguard added for `knob`:
+    /// oomguard's doing, not the run's failure; the knob is dropped for the rest
+    /// of the run.
+    fn say_refused(
+        &mut self,
+        rec: &mut AttemptRecord,
+        outcome: &Outcome,
+        knob: knobs::Knob,
+        added: &str,
+    ) {
+        let n = rec.n;
+        if !self.dropped.contains(&knob) {
+            self.dropped.push(knob);
+        }
+        if let Outcome::Refused { code, line, .. } = outcome {
+            self.term.say(&format!("attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"));
+        }
+    }
+
+    /// The OOM of the attempt record `index` decided again without a refused
+    /// knob: its decision is replaced, so the summary tells what was done.
+    fn redecided(&mut self, n: u32, index: usize, d: Decision) {
+        let resume = self.resume.as_ref().map(|r| PathBuf::from(&r.path));
+        self.emit(Event::Decision {
+            attempt: n,
+            step: d.step,
+            before: events::knobs(&d.before),
+            after: events::knobs(&d.after),
+            global_batch_before: d.before.global_batch(),
+            global_batch_after: d.after.global_batch(),
+            reason: d.reason.clone(),
+            resume: resume.as_deref().map(events::path),
+            resume_step: self.resumed_step,
         });
-        std::borrow::Cow::Owned(p)
+        if let Next::Decided { decision, .. } = &mut self.attempts[index].next {
+            *decision = d;
+        }
     }
 
-    /// After a host (CPU) OOM, in this order: a CPU offload oomguard made is
-    /// undone and the next step taken without it (an NVMe offload when the
-    /// policy gives a path); otherwise (no such offload, or no step left
-    /// without it) the DataLoader's workers are halved when the command has
-    /// them. `None`: neither applies (or --max-attempts is reached): the run
-    /// stops as for any host OOM.
-    pub(super) fn after_host_oom(
+    /// Another tenant's memory, not the run's: say whose, and wait for it
+    /// (`tries_left`: this run has not waited [`next::TENANT_RETRIES`] times).
+    /// Whether it came back in time.
+    pub(super) fn wait_for_tenants(
         &mut self,
         rec: &mut AttemptRecord,
-        reached: Option<Reached>,
-        report: &launch::Report,
-        started: SystemTime,
-    ) -> Option<Flow> {
-        use knobs::{Knob, Offload, Value};
-        let n = rec.n;
-        if n >= self.cfg.max_attempts {
-            return None;
-        }
-        let cpu = Value::Offload(Offload::Cpu);
-        let added: Vec<Knob> = [Knob::OffloadOptimizer, Knob::OffloadParam]
-            .into_iter()
-            .filter(|k| {
-                self.settings.knobs.get(k) == Some(&cpu) && self.first.knobs.get(k) != Some(&cpu)
-            })
-            .collect();
-        if added.is_empty() {
-            return self.halve_workers(rec, reached, report, started);
-        }
-        let mut undone = self.settings.clone();
-        for k in &added {
-            if let Some(v) = self.first.knobs.get(k) {
-                undone.knobs.insert(*k, v.clone());
-            }
-        }
-        self.no_cpu_offload.extend(added.iter().copied());
-        let ev = self.host_evidence(reached);
-        let Some(next) = policy::next(&self.policy(), &undone, &ev) else {
-            // Undone, the GPU would overflow again: fewer workers, with the
-            // offload kept, may make the room in host memory instead.
-            if let Some(flow) = self.halve_workers(rec, reached, report, started) {
-                return Some(flow);
-            }
-            eprintln!(
-                "oomguard: host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead",
-                added
-                    .iter()
-                    .map(|k| format!("{k}=cpu"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
+        tenants: &[crate::gpu::Tenant],
+        tries_left: bool,
+        pid: u32,
+    ) -> bool {
+        let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+        let who = who.join("; ");
+        self.term
+            .say(&format!("this OOM is not the run's own: {who}"));
+        self.emit(Event::ForeignOom {
+            attempt: rec.n,
+            tenants: events::json(&tenants),
+        });
+        rec.foreign = Some(who);
+        if !tries_left || !self.gw.wait_for_tenant(pid) {
+            self.term.say(
+                "the memory did not come back in time (--wait-timeout); falling back to the policy",
             );
-            return None;
-        };
-        let undo: Vec<String> = added.iter().map(|k| format!("{k} cpu undone")).collect();
-        let d = Decision {
-            reason: format!("{}; {}", undo.join(", "), next.reason),
-            before: self.settings.clone(),
-            ..next
-        };
-        self.log
-            .info(&format!("attempt {n}: host OOM after the CPU offload"));
-        let oom_after = report.oom_at.unwrap_or(report.duration);
-        rec.next = self.decide(n, &ev, d, started, oom_after);
-        rec.evidence = Some(ev);
-        Some(Flow::Again)
+            return false;
+        }
+        true
     }
 
-    /// A host OOM with DataLoader workers above their floor: halve them and
-    /// relaunch from the last checkpoint. `None`: no worker knob, or at its floor.
-    fn halve_workers(
-        &mut self,
-        rec: &mut AttemptRecord,
-        reached: Option<Reached>,
-        report: &launch::Report,
-        started: SystemTime,
-    ) -> Option<Flow> {
-        let n = rec.n;
-        let ev = self.host_evidence(reached);
-        let d = policy::halve_dataloader_workers(&self.settings, self.cfg.workers_floor, &ev)?;
-        self.log.info(&format!(
-            "attempt {n}: host OOM: halving the DataLoader's workers"
-        ));
-        let oom_after = report.oom_at.unwrap_or(report.duration);
-        rec.next = self.decide(n, &ev, d, started, oom_after);
-        rec.evidence = Some(ev);
-        Some(Flow::Again)
+    /// Another tenant's memory came back: the same settings again, from the
+    /// newest checkpoint this run wrote.
+    fn retry_foreign(&mut self, rec: &mut AttemptRecord, tenants: &[crate::gpu::Tenant]) {
+        let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+        let who = who.join("; ");
+        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        self.checkpoints_passed_over(rec.n, &res);
+        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
+        self.term
+            .info("memory is free again: retrying the same settings");
+        self.emit(Event::RetrySameSettings(RetrySame {
+            attempt: rec.n,
+            step: SameSettings::RetrySameSettings,
+            before: events::knobs(&self.settings),
+            after: events::knobs(&self.settings),
+            reason: format!("another tenant held the memory: {who}"),
+            resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
+        }));
+        rec.next = Next::Retry;
     }
 
     /// The evidence of a host OOM of the attempt that reached `reached`.
-    fn host_evidence(&self, reached: Option<Reached>) -> Evidence {
+    pub(super) fn host_evidence(&self, reached: Option<Reached>) -> Evidence {
         Evidence {
             outcome: OutcomeKind::HostOom,
             oom: None,
             step_reached: reached,
             steps_done: reached.map(|r| r.step.saturating_sub(self.started_from())),
             phase: None,
-        }
-    }
-
-    /// thrust's sizeless `bad_alloc` is taken for a bug (an extension built for
-    /// another GPU fails at its first call); after training steps ran in this
-    /// attempt it is memory running out: a GPU OOM.
-    pub(super) fn thrust_after_steps(
-        &self,
-        outcome: Outcome,
-        log: Option<&Path>,
-        started: SystemTime,
-    ) -> Outcome {
-        let Outcome::AbsurdRequest { finding, code } = outcome else {
-            return outcome;
-        };
-        let from = self.started_from();
-        let reached = crate::detect::sizeless_thrust_alloc(&finding)
-            .then(|| self.reached(log, started))
-            .flatten()
-            .filter(|r| r.step > from);
-        match reached {
-            Some(r) => {
-                self.log.info(&format!(
-                    "thrust's allocation failed with no size after training reached step {}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)",
-                    r.step
-                ));
-                Outcome::GpuOom {
-                    finding: Some(finding),
-                    hung: false,
-                }
-            }
-            None => Outcome::AbsurdRequest { finding, code },
         }
     }
 
@@ -235,122 +465,6 @@ impl<'c> Run<'c> {
         }
     }
 
-    /// After a GPU OOM: another tenant's memory is waited for; otherwise the
-    /// policy decides, within --max-attempts.
-    pub(super) fn after_oom(
-        &mut self,
-        rec: &mut AttemptRecord,
-        ev: &Evidence,
-        finding: Option<&Finding>,
-        report: &launch::Report,
-        started: SystemTime,
-    ) -> Flow {
-        let (n, max) = (rec.n, self.cfg.max_attempts);
-        self.log.info(&format!("attempt {n}: {ev}"));
-        self.suspect(n, ev);
-        if !ev.hung()
-            && n < max
-            && let Some(flow) = self.foreign_oom(rec, finding, report.pid)
-        {
-            return flow;
-        }
-        if n >= max {
-            eprintln!(
-                "oomguard: {n} attempts made (--max-attempts {max}); the run still does not fit"
-            );
-            return Flow::Stop(exit::EXHAUSTED);
-        }
-        let oom_after = report.oom_at.unwrap_or(report.duration);
-        // An OOM while loading or saving a checkpoint: not the batch's, so
-        // neither a smaller batch nor the memory model's activations.
-        match ev.when() {
-            Some(When::Loading) => return self.after_load_oom(rec, ev, started, oom_after),
-            Some(When::Saving) => return self.after_save_oom(rec, ev, started, oom_after),
-            _ => {}
-        }
-        // An OOM during evaluation: its batch first, the training's untouched.
-        match policy::halve_eval_batch(&self.settings, ev) {
-            Ok(d) => {
-                rec.next = self.decide(n, ev, d, started, oom_after);
-                return Flow::Again;
-            }
-            Err(not) => {
-                if let Some(why) = self.eval_fallback(ev, not) {
-                    self.log.info(&why);
-                }
-            }
-        }
-        let policy = self.policy();
-        let Some(d) = crate::memory::decide(&policy, &self.settings, ev, self.cal.as_mut()) else {
-            self.nothing_left();
-            return Flow::Stop(exit::EXHAUSTED);
-        };
-        rec.next = self.decide(n, ev, d, started, oom_after);
-        Flow::Again
-    }
-
-    /// After an OOM while loading a checkpoint: the same settings once, with
-    /// the allocator set against fragmentation; then offloading the
-    /// optimizer's state; then stop with advice (see `policy::after_load_oom`).
-    /// The memory model is not calibrated: the load's peak is no activation.
-    fn after_load_oom(
-        &mut self,
-        rec: &mut AttemptRecord,
-        ev: &Evidence,
-        started: SystemTime,
-        oom_after: Duration,
-    ) -> Flow {
-        let n = rec.n;
-        let retried = self.retried.contains(&When::Loading);
-        let fix = policy::after_load_oom(&self.policy(), &self.settings, ev, retried);
-        match fix {
-            policy::PhaseFix::Retry { reason } => {
-                self.retry_same(rec, ev, When::Loading, reason);
-                Flow::Again
-            }
-            policy::PhaseFix::Step(d) => {
-                rec.next = self.decide(n, ev, d, started, oom_after);
-                Flow::Again
-            }
-            policy::PhaseFix::Stop { why } => {
-                eprintln!("oomguard: {why}; oomguard stops here");
-                for a in crate::frameworks::load_advice(&self.cfg.disc.families) {
-                    eprintln!("oomguard:   {a}");
-                }
-                Flow::Stop(exit::EXHAUSTED)
-            }
-        }
-    }
-
-    /// After an OOM while saving a checkpoint: the family's saving setting
-    /// (`policy::after_save_oom`), never a smaller batch; else stop with advice.
-    fn after_save_oom(
-        &mut self,
-        rec: &mut AttemptRecord,
-        ev: &Evidence,
-        started: SystemTime,
-        oom_after: Duration,
-    ) -> Flow {
-        let retried = self.retried.contains(&When::Saving);
-        match policy::after_save_oom(&self.settings, ev, retried) {
-            policy::PhaseFix::Step(d) => {
-                rec.next = self.decide(rec.n, ev, d, started, oom_after);
-                Flow::Again
-            }
-            policy::PhaseFix::Retry { reason } => {
-                self.retry_same(rec, ev, When::Saving, reason);
-                Flow::Again
-            }
-            policy::PhaseFix::Stop { why } => {
-                eprintln!("oomguard: {why}; oomguard stops here");
-                for a in crate::frameworks::save_advice(&self.cfg.disc.families) {
-                    eprintln!("oomguard:   {a}");
-                }
-                Flow::Stop(exit::EXHAUSTED)
-            }
-        }
-    }
-
     /// The same settings again after an OOM while loading or saving (`when`),
     /// once a run each, with the allocator set against fragmentation, from the
     /// newest checkpoint this run wrote.
@@ -367,21 +481,21 @@ impl<'c> Run<'c> {
         } else {
             "a save's"
         };
-        self.log.info(&format!(
+        self.term.info(&format!(
             "attempt {n}: {ev}: retrying the same settings once ({alloc}); a smaller batch does not lower {peak} peak"
         ));
         let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
         self.checkpoints_passed_over(rec.n, &res);
         self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
-        self.log.info(&res.why);
-        self.j.record(&Event::RetrySameSettings {
+        self.term.info(&res.why);
+        self.emit(Event::RetrySameSettings(RetrySame {
             attempt: rec.n,
             step: SameSettings::RetrySameSettings,
-            before: &self.settings,
-            after: &self.settings,
+            before: events::knobs(&self.settings),
+            after: events::knobs(&self.settings),
             reason,
-            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
-        });
+            resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
+        }));
         rec.next = Next::Retry;
     }
 
@@ -396,33 +510,35 @@ impl<'c> Run<'c> {
         } else {
             format!("at {}", self.settings)
         };
-        eprintln!(
-            "oomguard: the policy '{}' has no step left; the run still does not fit {at}",
+        self.term.say(&format!(
+            "the policy '{}' has no step left; the run still does not fit {at}",
             cfg.policy.name
-        );
+        ));
         for na in policy::not_applicable(&cfg.policy, &cfg.disc) {
-            eprintln!("oomguard:   {} not applicable: {}", na.step, na.why);
+            self.term
+                .say(&format!("  {} not applicable: {}", na.step, na.why));
         }
         for n in plan::unbound_notes(cfg) {
-            eprintln!("oomguard:   {n}");
+            self.term.say(&format!("  {n}"));
         }
         if let Some(s) = &cfg.inside.shell_script {
-            eprintln!("oomguard:   {}", crate::inside::shell_note(s));
+            self.term
+                .say(&format!("  {}", crate::inside::shell_note(s)));
         }
-        eprintln!(
-            "oomguard:   {} shows every knob, where oomguard looked for it and the ladder",
+        self.term.say(&format!(
+            "  {} shows every knob, where oomguard looked for it and the ladder",
             plan::plan_hint(&cfg.argv)
-        );
+        ));
     }
 
     /// Why an OOM during evaluation changes the training settings after all
     /// (`None`: it was not during evaluation).
-    fn eval_fallback(&self, ev: &Evidence, not: policy::EvalNot) -> Option<String> {
+    fn eval_fallback(&self, ev: &Evidence, not: EvalNot) -> Option<String> {
         let how = ev.evaluation()?;
         let why = match not {
-            policy::EvalNot::Training => return None,
-            policy::EvalNot::AtOne => "the evaluation batch is already 1".to_string(),
-            policy::EvalNot::Unbound => {
+            EvalNot::Training => return None,
+            EvalNot::AtOne => "the evaluation batch is already 1".to_string(),
+            EvalNot::Unbound => {
                 format!(
                     "there is {}",
                     crate::frameworks::no_eval_batch(&self.cfg.disc.families)
@@ -448,63 +564,12 @@ impl<'c> Run<'c> {
         };
         let before = prev.evidence.as_ref().and_then(Evidence::tried_to_allocate);
         if before.is_some() && before == ev.tried_to_allocate() {
-            eprintln!(
-                "oomguard: warning: the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)"
-            );
-            self.j.record(&Event::Suspect {
+            self.term.warn("the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)");
+            self.emit(Event::Suspect {
                 attempt: n,
-                why: "same allocation size after halving the micro-batch",
+                why: "same allocation size after halving the micro-batch".into(),
             });
         }
-    }
-
-    /// Another tenant's memory, not the run's: wait for it and retry the same
-    /// settings instead of shrinking (bounded; then the policy applies).
-    /// `None`: not another tenant's, or it did not leave in time.
-    pub(super) fn foreign_oom(
-        &mut self,
-        rec: &mut AttemptRecord,
-        finding: Option<&Finding>,
-        pid: u32,
-    ) -> Option<Flow> {
-        let tenants = self.gw.tenants(finding);
-        if tenants.is_empty() {
-            return None;
-        }
-        let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
-        let who = who.join("; ");
-        eprintln!("oomguard: this OOM is not the run's own: {who}");
-        self.j.record(&Event::ForeignOom {
-            attempt: rec.n,
-            tenants: &tenants,
-        });
-        rec.foreign = Some(who.clone());
-        let retries = self
-            .attempts
-            .iter()
-            .filter(|a| matches!(a.next, Next::Retry) && a.foreign.is_some())
-            .count();
-        if retries >= TENANT_RETRIES as usize || !self.gw.wait_for_tenant(pid) {
-            eprintln!(
-                "oomguard: the memory did not come back in time (--wait-timeout); falling back to the policy"
-            );
-            return None;
-        }
-        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
-        self.checkpoints_passed_over(rec.n, &res);
-        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
-        self.log
-            .info("memory is free again: retrying the same settings");
-        self.j.record(&Event::RetrySameSettings {
-            attempt: rec.n,
-            step: SameSettings::RetrySameSettings,
-            before: &self.settings,
-            after: &self.settings,
-            reason: format!("another tenant held the memory: {who}"),
-            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
-        });
-        rec.next = Next::Retry;
-        Some(Flow::Again)
     }
 
     /// Take the policy's decision: find the checkpoint to resume from, measure
@@ -532,7 +597,7 @@ impl<'c> Run<'c> {
             started,
             oom_after,
         );
-        self.j.record(&Event::WorkLost {
+        self.emit(Event::WorkLost {
             attempt: n,
             step_reached: ev.step_reached.map(|r| r.step),
             step_reached_at_least: ev.step_reached.is_some_and(|r| r.at_least),
@@ -543,22 +608,21 @@ impl<'c> Run<'c> {
             seconds_lost: loss.seconds,
         });
         self.resume_from(&res, new_step);
-        self.log
-            .info(&format!("decision: {} — {}", d.step, d.reason));
-        self.log.info(&res.why);
-        self.j.record(&Event::Decision {
+        // The terminal says the decision as it hears it, before the resume.
+        self.emit(Event::Decision {
             attempt: n,
             step: d.step,
-            before: &d.before,
-            after: &d.after,
+            before: events::knobs(&d.before),
+            after: events::knobs(&d.after),
             global_batch_before: d.before.global_batch(),
             global_batch_after: d.after.global_batch(),
-            reason: &d.reason,
-            resume: res.chosen.as_ref().map(|c| c.path.as_path()),
+            reason: d.reason.clone(),
+            resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
             resume_step: new_step,
         });
+        self.term.info(&res.why);
         self.settings = d.after.clone();
-        Next::Decided { decision: d, loss }
+        Next::Decided { decision: d }
     }
 
     /// Say which newer checkpoints the next attempt does not resume from, and
@@ -570,24 +634,24 @@ impl<'c> Run<'c> {
         let named = found.skipped.len().min(checkpoint::NAMED);
         let (first, rest) = found.skipped.split_at(named);
         for s in first {
-            self.log
+            self.term
                 .info(&format!("skipped {}: {}", s.path.display(), s.why));
-            self.j.record(&Event::CheckpointSkipped {
+            self.emit(Event::CheckpointSkipped {
                 attempt: n,
-                path: &s.path,
-                why: &s.why,
+                path: events::path(&s.path),
+                why: s.why.clone(),
             });
         }
         if !rest.is_empty() {
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "skipped {} more checkpoints: {}",
                 rest.len(),
                 checkpoint::kinds_text(rest)
             ));
-            self.j.record(&Event::CheckpointsSkipped {
+            self.emit(Event::CheckpointsSkipped {
                 attempt: n,
                 count: rest.len(),
-                reasons: checkpoint::count_kinds(rest),
+                reasons: events::json(&checkpoint::count_kinds(rest)),
             });
         }
         if !found.ignored.is_empty() {
@@ -597,7 +661,7 @@ impl<'c> Run<'c> {
                 .take(checkpoint::NAMED)
                 .map(|s| s.path.display().to_string())
                 .collect();
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "ignored {}; a relaunch resumes only from checkpoints this run wrote",
                 checkpoint::ignored_text(&found.ignored)
             ));
@@ -606,120 +670,21 @@ impl<'c> Run<'c> {
                 .iter()
                 .find(|s| s.kind == checkpoint::SkipKind::NotAnnounced)
             {
-                self.log.info(&format!("{}: {}", s.path.display(), s.why));
+                self.term.info(&format!("{}: {}", s.path.display(), s.why));
             }
-            self.j.record(&Event::CheckpointsIgnored {
+            self.emit(Event::CheckpointsIgnored {
                 attempt: n,
                 count: found.ignored.len(),
                 newest,
-                reasons: checkpoint::count_kinds(&found.ignored),
+                reasons: events::json(&checkpoint::count_kinds(&found.ignored)),
             });
         }
-    }
-
-    /// The command's parser refused `added`, which oomguard added for `knob`
-    /// (`line`): oomguard's doing, not the run's failure. The knob is dropped for
-    /// the rest of the run, and the OOM it was changed for is decided again without
-    /// it (that attempt's decision is replaced, so the summary tells what was done):
-    /// the run relaunches when the policy has another step, and otherwise stops
-    /// (exit 75) at the settings that ran, with how to bind the knob.
-    pub(super) fn after_refused(
-        &mut self,
-        rec: &mut AttemptRecord,
-        knob: knobs::Knob,
-        added: &str,
-        line: &str,
-        code: i32,
-    ) -> Flow {
-        let n = rec.n;
-        rec.refused = Some(format!("{added} ({knob})"));
-        if !self.dropped.contains(&knob) {
-            self.dropped.push(knob);
-        }
-        eprintln!(
-            "oomguard: attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"
-        );
-        let decided = self
-            .attempts
-            .iter()
-            .rposition(|a| a.evidence.is_some() && matches!(a.next, Next::Decided { .. }));
-        let (mut base, ev, at) = match decided.map(|i| (i, &self.attempts[i])) {
-            Some((
-                i,
-                a @ AttemptRecord {
-                    next: Next::Decided { decision, .. },
-                    ..
-                },
-            )) => (decision.before.clone(), a.evidence.clone(), Some(i)),
-            _ => (self.first.clone(), None, None),
-        };
-        base.knobs.remove(&knob);
-        if n >= self.cfg.max_attempts {
-            self.settings = base;
-            eprintln!(
-                "oomguard: {n} attempts made (--max-attempts {}); the run still does not fit at {}",
-                self.cfg.max_attempts, self.settings
-            );
-            self.bind_advice();
-            return Flow::Stop(exit::EXHAUSTED);
-        }
-        let (Some(ev), Some(i)) = (ev, at) else {
-            // No OOM led here (the first attempt started from remembered settings):
-            // the command as written, less what it refused.
-            self.settings = base;
-            self.log
-                .info(&format!("relaunching at {} without {added}", self.settings));
-            return Flow::Again;
-        };
-        let oom_at = self.attempts[i].n;
-        let policy = self.policy();
-        let d = self
-            .cal
-            .as_ref()
-            .filter(|_| policy.memory_model)
-            .and_then(|cal| crate::memory::next_from_model(&policy, &base, &ev, cal))
-            .or_else(|| policy::next(&policy, &base, &ev));
-        let Some(mut d) = d else {
-            self.settings = base;
-            let without: Vec<&str> = self.dropped.iter().map(|k| k.name()).collect();
-            eprintln!(
-                "oomguard: without {}, the policy '{}' has no other step for the OOM of attempt {oom_at}: the run still does not fit at {}",
-                without.join(" and "),
-                self.cfg.policy.name,
-                self.settings
-            );
-            self.bind_advice();
-            return Flow::Stop(exit::EXHAUSTED);
-        };
-        d.reason = format!(
-            "{} (decided again without {knob}: the command refused {added})",
-            d.reason
-        );
-        self.log
-            .info(&format!("decision: {} — {}", d.step, d.reason));
-        let resume = self.resume.as_ref().map(|r| PathBuf::from(&r.path));
-        self.j.record(&Event::Decision {
-            attempt: n,
-            step: d.step,
-            before: &d.before,
-            after: &d.after,
-            global_batch_before: d.before.global_batch(),
-            global_batch_after: d.after.global_batch(),
-            reason: &d.reason,
-            resume: resume.as_deref(),
-            resume_step: self.resumed_step,
-        });
-        self.settings = d.after.clone();
-        if let Next::Decided { decision, .. } = &mut self.attempts[i].next {
-            *decision = d;
-        }
-        Flow::Again
     }
 
     /// How to give oomguard each knob the command refused, where it accepts it.
     fn bind_advice(&self) {
         for k in &self.dropped {
-            eprintln!("oomguard: {}", bind_advice(*k));
+            self.term.say(&bind_advice(*k).to_string());
         }
     }
 }

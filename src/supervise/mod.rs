@@ -5,11 +5,13 @@
 //!   argv ──discover──▶ bindings + settings₀
 //!   settings_n ──materialize──▶ attempt n: argv', env'
 //!   attempt n ──launch + watch──▶ outcome_n      (output passes through untouched)
-//!   outcome_n ──policy──▶ decision ──▶ settings_n+1 (+ resume checkpoint)
+//!   history + outcome_n ──next──▶ verdict ──carry out──▶ settings_n+1 (+ resume checkpoint), or stop
 //!   every arrow ──▶ journal
 //!
-//! `plan` runs the same pipeline with launch replaced by "assume OOM", so what
-//! it prints is what a run would do. Only an OOM leads to another attempt: a
+//! What follows an attempt is decided by `next::next` alone, a pure function;
+//! this loop gathers the facts it asks for (`Verdict::Wait`: the other copies'
+//! ends, another tenant's memory) and carries its verdict out. `plan` iterates
+//! the same `next` over assumed OOMs, so what it prints is what a run would do. Only an OOM leads to another attempt: a
 //! failure of any other kind is not fixed by shrinking, so oomguard stops and
 //! exits with the command's own status; a user's signal is never followed by a
 //! relaunch.
@@ -19,14 +21,14 @@
 //! evidence, and what followed it). Everything else the end of the run reports
 //! (time lost, the table, tenant retries, work lost) is read from the records.
 //! One attempt goes through phases, one function each: prepare (materialize,
-//! journal), launch, ended (classify, journal), then after an OOM: a suspect
-//! allocation, another tenant's memory, the policy's decision.
+//! journal), launch, ended (classify, journal), after (the verdict, carried out).
 
 mod copies;
 mod decide;
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -34,50 +36,28 @@ use crate::checkpoint;
 use crate::detect::Finding;
 use crate::detect::kernel;
 use crate::envmerge::EnvSet;
+use crate::events::{self, Event, Listener, RetrySame, SameSettings, SetbackState};
 use crate::evidence::{self, Evidence, Outcome, OutcomeKind};
 use crate::exit;
 use crate::gpu::PeakReport;
-use crate::gpuwatch::{GpuWatch, TENANT_RETRIES};
+use crate::gpuwatch::GpuWatch;
 use crate::inplace::InPlace;
 use crate::job;
-use crate::journal::{self, AttemptRecord, Event, Journal, Next, SameSettings, SetbackState};
+use crate::journal::{self, AttemptRecord, Journal, Next};
 use crate::knobs::{self, Settings};
 use crate::launch;
+use crate::next::{self, Because, For, Peers, Role, Verdict};
 use crate::plan;
 use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
+use crate::report::story::Story;
+use crate::report::terminal::{Terminal, Verbosity};
 use crate::run_config::{ResumeInfo, RunConfig};
 use crate::runfolder::{self, RunDirError};
-
-/// The first bytes of an attempt's output, written to `attempt-N/output.log`
-/// as they come; the rest reaches the file when the attempt ends (its tail).
-/// `oomguard status` reads the step from the log, live only this far.
-pub const LOG_HEAD_BYTES: u64 = 8 << 20;
-
-/// oomguard's own messages on stderr (`--quiet` silences them).
-struct Log {
-    quiet: bool,
-}
 
 /// How long a copy's ranks may go on after it heard that the job moved on before
 /// it stops them (see `job::Job::moved_on`).
 const JOB_END_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
-
-impl Log {
-    fn info(&self, msg: &str) {
-        if !self.quiet {
-            eprintln!("oomguard: {msg}");
-        }
-    }
-}
-
-/// What the loop does after a phase.
-enum Flow {
-    /// Launch the next attempt.
-    Again,
-    /// The run is over, with this exit code.
-    Stop(i32),
-}
 
 /// The run between attempts.
 struct Run<'c> {
@@ -92,7 +72,10 @@ struct Run<'c> {
     /// Where config copies go when the run folder cannot be written: a fresh
     /// private temporary folder, made once.
     scratch: Option<std::path::PathBuf>,
-    log: Log,
+    /// The only writer of `oomguard:` lines.
+    term: Terminal,
+    /// The run's events, folded: what the end summary tells.
+    story: Story,
     /// Added to every attempt's environment.
     env_defaults: Vec<EnvSet>,
     tty: bool,
@@ -128,8 +111,6 @@ struct Run<'c> {
     no_cpu_offload: Vec<knobs::Knob>,
     /// Whether "the kernel's log cannot be read" was said (it is said once a run).
     kernel_unreadable_said: bool,
-    /// When the run started, for its duration in the summary.
-    t0: std::time::Instant,
     /// The time lost to OOMs, stretch by stretch (the last may be open).
     setbacks: Vec<journal::Setback>,
     /// The command line of the last attempt prepared.
@@ -146,13 +127,15 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     // The scanner's patterns are built while the first attempt starts, not at its first
     // OOM line (where the build delayed the hang timer's reaction).
     std::thread::spawn(crate::detect::warm);
+    // How much oomguard says is decided here, once.
+    let term = Terminal::stderr(Verbosity::of(cfg.quiet, cfg.verbose));
     let gw = cfg.gpu.take().expect("from_args opened the GPU watch");
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
     let rungs = match plan::ladder(&cfg, None) {
         Ok(r) => r.len(),
         Err(e) => {
-            eprintln!("oomguard: error: {e}");
+            term.error(&e.to_string());
             return exit::USAGE;
         }
     };
@@ -165,7 +148,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         .map(|(_, path, _)| path)
         .collect();
     if let Err(e) = crate::inplace::check_unfinished(&in_place) {
-        eprintln!("oomguard: error: {e}");
+        term.error(&e.to_string());
         return exit::USAGE;
     }
     // The run folder is created fresh and private, or refused before anything
@@ -173,7 +156,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let run_dir = match runfolder::create_run_dir(&cfg.run_dir, cfg.run_dir_given) {
         Ok(d) => Ok(d),
         Err(RunDirError::Unsafe(e)) => {
-            eprintln!("oomguard: error: {e}");
+            term.error(&e.to_string());
             return exit::USAGE;
         }
         // The journal warns and the run goes on without one.
@@ -191,7 +174,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     let inplace = match InPlace::prepare(run_dir.as_deref().map_err(Clone::clone), &files) {
         Ok(g) => g,
         Err(e) => {
-            eprintln!("oomguard: error: {e}");
+            term.error(&e.to_string());
             return exit::USAGE;
         }
     };
@@ -200,19 +183,19 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     if let Some(job) = cfg.job.as_mut()
         && let Err(e) = job.open()
     {
-        eprintln!("oomguard: error: {e}");
+        term.error(&e.to_string());
         return exit::USAGE;
     }
-    let mut run = Run::start(&cfg, gw, inplace, rungs);
+    let mut run = Run::start(&cfg, gw, inplace, rungs, term);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
     run.restarted_pod();
     let code = loop {
         if let Some(sig) = signals.pending() {
             break exit::SIGNAL_BASE + sig;
         }
-        match run.attempt(signals) {
-            Flow::Again => {}
-            Flow::Stop(code) => break code,
+        // Continue: launch the next attempt; Break: the run is over, with this code.
+        if let ControlFlow::Break(code) = run.attempt(signals) {
+            break code;
         }
     };
     run.job_finished(code);
@@ -221,33 +204,46 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
 
 impl<'c> Run<'c> {
     /// `rungs`: how many attempts the policy's ladder has (1: nothing to change).
-    fn start(cfg: &'c RunConfig, gw: GpuWatch, inplace: InPlace, rungs: usize) -> Run<'c> {
+    fn start(
+        cfg: &'c RunConfig,
+        gw: GpuWatch,
+        inplace: InPlace,
+        rungs: usize,
+        term: Terminal,
+    ) -> Run<'c> {
         let mut j = Journal::open(cfg.run_dir.clone());
+        for w in j.take_warnings() {
+            term.warn(&w);
+        }
         let env_defaults = cfg.env_defaults();
         let tty = std::io::stdout().is_terminal();
         let first = cfg.disc.settings();
-        j.record(&Event::RunStart {
-            argv: &cfg.argv,
-            policy: &cfg.policy.name,
+        let start = Event::RunStart {
+            argv: events::argv(&cfg.argv),
+            policy: cfg.policy.name.clone(),
             max_attempts: cfg.max_attempts,
-            settings: &first,
+            settings: events::knobs(&first),
             world_size: first.world_size,
-            world_source: &cfg.disc.world.source,
+            world_source: cfg.disc.world.source.clone(),
             global_batch: first.global_batch(),
-            env: &env_defaults,
-            notes: &cfg.disc.notes,
-            warnings: &cfg.disc.warnings,
+            env: events::json(&env_defaults),
+            notes: cfg.disc.notes.clone(),
+            warnings: cfg.disc.warnings.clone(),
             tty,
-            supervisor: &crate::liveness::Supervisor::me(),
-        });
-        let log = Log { quiet: cfg.quiet };
+            supervisor: Some(crate::liveness::Supervisor::me()),
+            logging: cfg.logging,
+        };
+        let at = SystemTime::now();
+        j.on(at, &start);
+        let story = Story::begin(&start, Some(crate::report::journal::stamp(at)))
+            .expect("run_start begins a story");
         for w in &cfg.disc.warnings {
-            eprintln!("oomguard: warning: {w}");
+            term.warn(w);
         }
-        start_lines(cfg, &log, rungs);
+        start_lines(cfg, &term, rungs);
         let (settings, remembered) = cfg.start_settings();
         if let Some(line) = remembered {
-            log.info(&line);
+            term.info(&line);
         }
         Run {
             cfg,
@@ -257,7 +253,8 @@ impl<'c> Run<'c> {
             reported: Vec::new(),
             scratch: None,
             j,
-            log,
+            term,
+            story,
             env_defaults,
             tty,
             settings,
@@ -275,7 +272,6 @@ impl<'c> Run<'c> {
             begun: 0,
             attempts: Vec::new(),
             kernel_unreadable_said: false,
-            t0: std::time::Instant::now(),
             setbacks: Vec::new(),
             last_command: None,
             added: Vec::new(),
@@ -288,7 +284,7 @@ impl<'c> Run<'c> {
     }
 
     /// One attempt, from preparing it to what follows it.
-    fn attempt(&mut self, signals: &launch::Signals) -> Flow {
+    fn attempt(&mut self, signals: &launch::Signals) -> ControlFlow<i32> {
         self.begun += 1;
         let n = self.begun;
         if let Some(job) = &self.cfg.job {
@@ -305,19 +301,19 @@ impl<'c> Run<'c> {
             // are not coming: nothing is launched, and the non-zero status
             // lets the job's own failure policy (Kubernetes, Slurm) act.
             if let Some(why) = met.disagree {
-                eprintln!(
-                    "oomguard: the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
+                self.term.say(&format!(
+                    "the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
                     job.dir.display(),
                     exit::USAGE
-                );
-                return Flow::Stop(exit::USAGE);
+                ));
+                return ControlFlow::Break(exit::USAGE);
             }
             if !met.all {
-                eprintln!(
-                    "oomguard: warning: not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
+                self.term.warn(&format!(
+                    "not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
                     job.timeout,
                     job.dir.display()
-                );
+                ));
             }
             if let Some(knobs) = met.start {
                 self.take_copy0_start(knobs);
@@ -325,12 +321,12 @@ impl<'c> Run<'c> {
         }
         let (spec, started) = match self.prepare(n) {
             Ok(p) => p,
-            Err(code) => return Flow::Stop(code),
+            Err(code) => return ControlFlow::Break(code),
         };
         self.save_fitting();
         let (report, peak) = match self.launch(n, &spec, signals) {
             Ok(r) => r,
-            Err(code) => return Flow::Stop(code),
+            Err(code) => return ControlFlow::Break(code),
         };
         self.baseline.note_announced(&report.saves);
         let outcome = self.ended(n, &report, peak.as_ref(), spec.log.as_deref(), started);
@@ -341,11 +337,10 @@ impl<'c> Run<'c> {
             duration: report.duration,
             evidence: None,
             foreign: None,
-            refused: None,
             next: Next::Stop,
         };
         let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
-        self.track_setback(&rec, &report, started, &flow);
+        self.track_setback(&rec, &report, started, flow.is_continue());
         self.attempts.push(rec);
         flow
     }
@@ -374,13 +369,13 @@ impl<'c> Run<'c> {
             &files_dir,
         )
         .map_err(|e| {
-            eprintln!("oomguard: error: cannot prepare attempt {n}: {e}");
+            self.term.error(&format!("cannot prepare attempt {n}: {e}"));
             exit::EXHAUSTED
         })?;
         if let Err(e) = self.inplace.write_derived(&m.files) {
-            eprintln!(
-                "oomguard: error: cannot write attempt {n}'s files: {e}\noomguard: attempt {n} was not launched"
-            );
+            self.term.error(&format!(
+                "cannot write attempt {n}'s files: {e}\noomguard: attempt {n} was not launched"
+            ));
             return Err(exit::CANNOT_WRITE);
         }
         self.added = knobs::added(&cfg.disc, &self.settings);
@@ -396,11 +391,9 @@ impl<'c> Run<'c> {
             .collect();
         let prev_pid = self.attempts.last().map(|a| a.pid);
         let gpu = self.gw.before_attempt(n, prev_pid);
-        if let Some(g) = &gpu
-            && cfg.verbose > 0
-        {
-            self.log
-                .info(&format!("GPUs before attempt {n}: {}", g.summary));
+        if let Some(g) = &gpu {
+            self.term
+                .detail(&format!("GPUs before attempt {n}: {}", g.summary));
         }
         if n == 1 {
             // As late as possible before the launch: what is there now is not
@@ -409,25 +402,25 @@ impl<'c> Run<'c> {
         }
         let resume = self.resume.as_ref().map(|r| Path::new(&r.path));
         self.last_command = Some(last_command(&cfg.argv, &m, resume));
-        let start = Event::attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
-        self.j.record(&start);
+        let start = attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
+        self.emit(start);
         let started = SystemTime::now();
         if n > 1 {
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "attempt {n}/{}: {}",
                 cfg.max_attempts,
                 plan::shell_quote(&m.argv)
             ));
-        } else if cfg.verbose > 0 {
-            self.log
-                .info(&format!("attempt 1: {}", plan::shell_quote(&m.argv)));
+        } else {
+            self.term
+                .detail(&format!("attempt 1: {}", plan::shell_quote(&m.argv)));
         }
         let spec = launch::Spec {
             argv: m.argv,
             env_set,
             tty: self.tty,
             log: adir.map(|d| d.join("output.log")),
-            log_head_bytes: LOG_HEAD_BYTES,
+            log_head_bytes: runfolder::LOG_HEAD_BYTES,
             log_tail_bytes: 4 << 20,
             hang_timeout: cfg.hang_timeout,
             grace: cfg.grace,
@@ -466,9 +459,9 @@ impl<'c> Run<'c> {
             match runfolder::fresh_temp_dir() {
                 Ok(d) => self.scratch = Some(d),
                 Err(e) => {
-                    eprintln!(
-                        "oomguard: error: cannot prepare attempt {n}: no run folder, and no private temporary folder: {e}"
-                    );
+                    self.term.error(&format!(
+                        "cannot prepare attempt {n}: no run folder, and no private temporary folder: {e}"
+                    ));
                     return Err(exit::CANNOT_WRITE);
                 }
             }
@@ -487,11 +480,11 @@ impl<'c> Run<'c> {
                 continue;
             }
             self.reported.push(key);
-            eprintln!("oomguard: {}", d.line(n));
-            self.j.record(&Event::ConfigChanged {
+            self.term.say(&d.line(n));
+            self.emit(Event::ConfigChanged {
                 attempt: n,
-                path: &d.path,
-                knobs: &d.knobs,
+                path: events::path(&d.path),
+                knobs: events::json(&d.knobs),
             });
         }
     }
@@ -515,13 +508,13 @@ impl<'c> Run<'c> {
                     launch::Error::NotExecutable { .. } => exit::CANNOT_EXECUTE,
                     launch::Error::Io(_) => exit::CANNOT_EXECUTE,
                 };
-                eprintln!("oomguard: error: {e}");
-                self.j.record(&Event::CannotExecute {
+                self.term.error(&e.to_string());
+                self.emit(Event::CannotExecute(events::CannotExecute {
                     attempt: n,
                     outcome: OutcomeKind::CannotExecute,
                     error: e.to_string(),
                     status: code,
-                });
+                }));
                 Err(code)
             }
         }
@@ -537,31 +530,31 @@ impl<'c> Run<'c> {
         started: SystemTime,
     ) -> Outcome {
         for w in &report.warnings {
-            eprintln!("oomguard: warning: {w}");
+            self.term.warn(w);
         }
         if let Some(why) = &report.stopped {
-            self.log.info(&format!(
+            self.term.info(&format!(
                 "attempt {n}: {why} while this copy's ranks still ran; stopped them"
             ));
         }
         if let Some(tf) = &self.cfg.task_files
             && report.task_files.is_empty()
         {
-            eprintln!(
-                "oomguard: warning: attempt {n}: no file of srun's {} was written by this step in {}; an OOM printed there could not be seen",
+            self.term.warn(&format!(
+                "attempt {n}: no file of srun's {} was written by this step in {}; an OOM printed there could not be seen",
                 tf.patterns.join(", "),
                 tf.cwd.display()
-            );
+            ));
         }
         if let Some(t) = &report.torchrun {
             if t.stopped_at_oom {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "attempt {n}: a torchrun worker died of a GPU OOM: stopped torchrun before its --max-restarts {} re-ran the same settings",
                     t.max_restarts
                 ));
             }
             if t.restarts > 0 {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "attempt {n}: torchrun restarted its workers {} time{} within this attempt (--max-restarts {})",
                     t.restarts,
                     if t.restarts == 1 { "" } else { "s" },
@@ -569,35 +562,50 @@ impl<'c> Run<'c> {
                 ));
             }
         }
-        let (outcome, unreadable) = evidence::classify(report, &kernel::System);
-        let outcome = self.thrust_after_steps(outcome, log, started);
-        let outcome = evidence::refused(outcome, &report.tail, &self.added);
+        let from = self.started_from();
+        let steps_beyond = || {
+            self.reached(log, started)
+                .filter(|r| r.step > from)
+                .map(|r| r.step)
+        };
+        let evidence::Classified {
+            outcome,
+            unreadable,
+            thrust_at,
+        } = evidence::classify_attempt(report, &kernel::System, &self.added, &steps_beyond);
+        if let Some(step) = thrust_at {
+            self.term.info(&format!(
+                "thrust's allocation failed with no size after training reached step {step}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)"
+            ));
+        }
         if let Outcome::Refused {
             knob, added, line, ..
         } = &outcome
         {
-            self.j.record(&Event::Refused {
+            let e = Event::Refused {
                 attempt: n,
                 knob: *knob,
-                added,
-                line,
-            });
+                added: added.clone(),
+                line: line.clone(),
+            };
+            self.emit(e);
         }
         let unconfirmed = unreadable
             .as_deref()
             .is_some_and(|w| w.starts_with("the kernel's OOM killer killed"));
         if let Some(why) = unreadable.as_deref().filter(|_| unconfirmed) {
-            eprintln!("oomguard: attempt {n}: killed by SIGKILL; {why}");
+            self.term
+                .say(&format!("attempt {n}: killed by SIGKILL; {why}"));
         } else if let Some(why) = unreadable
             && !std::mem::replace(&mut self.kernel_unreadable_said, true)
         {
-            eprintln!(
-                "oomguard: warning: cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"
-            );
+            self.term.warn(&format!(
+                "cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"
+            ));
         }
         if let Some(f) = outcome.finding() {
             if let Some(file) = &report.oom_file {
-                self.log.info(&format!(
+                self.term.info(&format!(
                     "attempt {n}: the OOM was found in {} (srun's per-task output file)",
                     file.display()
                 ));
@@ -612,36 +620,37 @@ impl<'c> Run<'c> {
                     .step_reached
                     .map(|r| r.step.saturating_sub(self.started_from()));
             }
-            self.j.record(&Event::Oom {
+            self.emit(Event::Oom {
                 attempt: n,
                 finding: f.into(),
                 after_s: report.oom_at.map(|d| d.as_secs_f64()),
-                file: report.oom_file.as_deref(),
+                file: report.oom_file.as_deref().map(events::path),
                 phase: seen.when(),
-                phase_how: seen.phase_how(),
+                phase_how: seen.phase_how().map(str::to_string),
                 step_reached: seen.step_reached.map(|r| r.step),
             });
             self.phase = seen.phase.clone();
         }
-        self.j.record(&Event::AttemptEnd {
+        self.emit(Event::AttemptEnd {
             attempt: n,
             status: report.exit.status_code(),
             exit: report.exit.to_string(),
             outcome: outcome.kind(),
-            why: outcome.why(),
-            kernel_oom_kill: outcome.victim(),
+            why: outcome.why().map(str::to_string),
+            kernel_oom_kill: outcome.victim().map(events::json),
             duration_s: report.duration.as_secs_f64(),
-            error_line: report.scanner.error_line(),
-            gpu_peak: peak,
-            torchrun: report.torchrun.as_ref(),
+            error_line: report.scanner.error_line().map(str::to_string),
+            gpu_peak: peak.cloned(),
+            torchrun: report.torchrun.as_ref().map(events::json),
         });
         outcome
     }
 
-    /// What follows an attempt. A copy of a job (see `job`) does not decide
-    /// alone: a follower whose attempt failed waits for the leader's decision
-    /// and follows it; the leader takes an OOM of any copy as the job's and
-    /// publishes what it decided.
+    /// What follows an attempt: the facts `next` asks for, gathered (the OOM's
+    /// evidence, the other copies' ends, another tenant's memory), then its
+    /// verdict carried out. A copy of a job (see `job`) does not decide alone:
+    /// a follower whose attempt failed follows copy 0's verdict; copy 0 takes an
+    /// OOM of any copy as the job's and publishes its verdict.
     fn after(
         &mut self,
         rec: &mut AttemptRecord,
@@ -649,64 +658,109 @@ impl<'c> Run<'c> {
         report: &launch::Report,
         log: Option<&Path>,
         started: SystemTime,
-    ) -> Flow {
-        let Some(job) = self.cfg.job.clone() else {
-            return self.after_alone(rec, outcome, report, log, started);
-        };
+    ) -> ControlFlow<i32> {
         let n = rec.n;
-        let after = job::after_attempt(job.leader(), outcome.kind());
-        if job.leader() && !matches!(outcome, Outcome::Success | Outcome::Interrupted { .. }) {
+        let job = self.cfg.job.clone();
+        let role = match &job {
+            None => Role::Alone,
+            Some(j) if j.leader() => Role::Leader,
+            Some(_) => Role::Follower,
+        };
+        if let Some(job) = job.as_ref().filter(|j| j.leader())
+            && !matches!(outcome, Outcome::Success | Outcome::Interrupted { .. })
+        {
             // The followers' ranks cannot go on without this copy's: they end
             // theirs when they see this (see `job`), and say how.
-            self.publish_end(&job, n, &outcome);
+            self.publish_end(job, n, &outcome);
         }
-        let outcome = match after {
-            job::AfterAttempt::WaitForDecision => {
-                return self.follow(&job, rec, &outcome, report);
+        let evidence = match (&outcome, role) {
+            (_, Role::Follower) => None,
+            (Outcome::GpuOom { finding, hung }, _) => {
+                Some(self.oom_evidence(finding.as_ref(), *hung, log, started))
             }
-            job::AfterAttempt::Alone if !job.leader() => {
-                return self.after_alone(rec, outcome, report, log, started);
+            (Outcome::HostOom { .. }, _) => {
+                let reached = self.reached(log, started);
+                self.note_reached(reached);
+                Some(self.host_evidence(reached))
             }
-            job::AfterAttempt::Alone => outcome,
-            job::AfterAttempt::CollectEnds => {
-                // A peer's OOM ends this copy as "connection closed by peer",
-                // a rendezvous error, an NCCL error: the followers say what they saw.
-                let ends = job.await_ends(n);
-                match ends.iter().find(|e| e.oom_line.is_some()) {
-                    Some(e) => {
-                        self.log.info(&format!(
-                            "attempt {n}: copy {} of the job ran out of memory; this copy ended with {}",
-                            e.rank,
-                            kind_word(outcome.kind())
-                        ));
-                        let line = e.oom_line.clone().unwrap_or_default();
-                        Outcome::GpuOom {
-                            finding: Some(crate::detect::classify_log(line.as_bytes())),
-                            hung: e.outcome == OutcomeKind::HungAfterOom,
+            _ => None,
+        };
+        // The OOM line that decides: this copy's, or another copy's.
+        let mut finding = outcome.finding().cloned();
+        let mut ended = next::Ended::new(outcome, evidence);
+        let mut said = false;
+        let verdict = loop {
+            let gpu_oom = matches!(ended.outcome, Outcome::GpuOom { .. })
+                || matches!(ended.peers, Peers::Oom { .. });
+            if gpu_oom
+                && role != Role::Follower
+                && !std::mem::replace(&mut said, true)
+                && let Some(ev) = ended.evidence.clone()
+            {
+                self.term.info(&format!("attempt {n}: {ev}"));
+                self.suspect(n, &ev);
+            }
+            let v = next::next(&self.history(n, role), &ended, &self.rules());
+            match v {
+                Verdict::Wait(For::PeerEnds) => {
+                    let Some(job) = &job else {
+                        ended.peers = Peers::Heard;
+                        continue;
+                    };
+                    // A peer's OOM ends this copy as "connection closed by peer",
+                    // a rendezvous error, an NCCL error: the followers say what they saw.
+                    let ends = job.await_ends(n);
+                    ended.peers = match ends.iter().find(|e| e.oom_line.is_some()) {
+                        Some(e) => {
+                            self.term.info(&format!(
+                                "attempt {n}: copy {} of the job ran out of memory; this copy ended with {}",
+                                e.rank,
+                                kind_word(ended.outcome.kind())
+                            ));
+                            let line = e.oom_line.clone().unwrap_or_default();
+                            let f = crate::detect::classify_log(line.as_bytes());
+                            let hung = e.outcome == OutcomeKind::HungAfterOom;
+                            ended.evidence = Some(self.oom_evidence(Some(&f), hung, log, started));
+                            finding = Some(f);
+                            Peers::Oom { rank: e.rank }
                         }
-                    }
-                    None => outcome,
+                        None => Peers::Heard,
+                    };
                 }
+                Verdict::Wait(For::Tenants) => {
+                    ended.tenants = Some(self.gw.tenants(finding.as_ref()));
+                }
+                Verdict::Wait(For::Memory { tries_left }) => {
+                    let tenants = ended.tenants.as_deref().unwrap_or_default();
+                    ended.memory_back =
+                        Some(self.wait_for_tenants(rec, tenants, tries_left, report.pid));
+                }
+                v => break v,
             }
         };
-        let flow = self.after_alone(rec, outcome, report, log, started);
-        let published = match flow {
-            Flow::Again => job::Published::Relaunch {
-                knobs: self
-                    .settings
-                    .knobs
-                    .iter()
-                    .map(|(k, v)| (k.name().to_string(), v.clone()))
-                    .collect(),
-                resume: self.resume.as_ref().map(|r| PathBuf::from(&r.path)),
-            },
-            Flow::Stop(code) => job::Published::Stop { code },
-        };
-        if let Err(e) = job.publish_decision(n, &published) {
-            eprintln!(
-                "oomguard: warning: could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting",
-                job.dir.display()
-            );
+        let flow = self.carry_out(rec, &ended, verdict, report, started);
+        if let Some(job) = job.as_ref().filter(|j| j.leader()) {
+            // What was carried out: the checkpoint every copy resumes from.
+            let done = match flow {
+                ControlFlow::Break(code) => Verdict::Stop {
+                    code,
+                    because: Because::Copy0,
+                },
+                ControlFlow::Continue(()) => Verdict::Relaunch {
+                    settings: self.settings.clone(),
+                    resume: match &self.resume {
+                        Some(r) => next::Resume::From(PathBuf::from(&r.path)),
+                        None => next::Resume::Fresh,
+                    },
+                    because: Because::Copy0,
+                    model: None,
+                },
+            };
+            if let Some(published) = job::Published::of(&done)
+                && let Err(e) = job.publish_decision(n, &published)
+            {
+                self.term.warn(&format!("could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting", job.dir.display()));
+            }
         }
         flow
     }
@@ -729,10 +783,9 @@ impl<'c> Run<'c> {
         rec: &AttemptRecord,
         report: &launch::Report,
         started: SystemTime,
-        flow: &Flow,
+        again: bool,
     ) {
         let n = rec.n;
-        let again = matches!(flow, Flow::Again);
         let failed = rec.outcome != OutcomeKind::Success;
         // Only a step seen exactly: a lower bound (a checkpoint it saved, a log
         // dict every N steps) would time the way back to the wrong step.
@@ -786,14 +839,25 @@ impl<'c> Run<'c> {
         }
     }
 
+    /// Tell every listener of the run: the journal (whose write warnings the
+    /// terminal says), the story, the terminal.
+    fn emit(&mut self, e: Event) {
+        let at = SystemTime::now();
+        self.j.on(at, &e);
+        for w in self.j.take_warnings() {
+            self.term.warn(&w);
+        }
+        self.story.on(at, &e);
+        self.term.on(at, &e);
+    }
+
     fn record_setback(&mut self, n: u32, s: &journal::Setback) {
-        let since: chrono::DateTime<chrono::Local> = s.since.into();
-        self.j.record(&Event::TimeLost {
+        self.emit(Event::TimeLost {
             attempt: n,
             state: s.state,
-            ooms: &s.ooms,
+            ooms: s.ooms.clone(),
             back_to_step: s.step,
-            since: since.to_rfc3339_opts(chrono::SecondsFormat::Millis, false),
+            since: crate::report::journal::stamp(s.since),
             seconds: s.seconds,
         });
     }
@@ -824,25 +888,24 @@ impl<'c> Run<'c> {
             let s = s.clone();
             self.record_setback(n, &s);
         }
-        self.j.record(&Event::RunEnd {
+        self.emit(Event::RunEnd {
             exit_code: code,
             attempts: self.begun,
             lost_s: lost.as_secs_f64(),
-            settings: &self.settings,
+            settings: events::knobs(&self.settings),
             time_lost_s: self.setbacks.iter().map(journal::Setback::counted).sum(),
             time_lost_complete: self.setbacks.iter().all(|s| s.state == SetbackState::Back),
-            last_command: self.last_command.as_ref().map(|c| c.line.as_str()),
+            last_command: self.last_command.as_ref().map(|c| c.line.clone()),
         });
         for l in self.inplace.restore() {
-            eprintln!("oomguard: {l}");
+            self.term.say(&l);
         }
         let path = self.j.path();
         let end = journal::End {
             first: &self.first,
             last: &self.settings,
             attempts: &self.attempts,
-            begun: self.begun,
-            code,
+            story: &self.story,
             journal: path.as_deref(),
             decided_by: self
                 .cfg
@@ -850,20 +913,46 @@ impl<'c> Run<'c> {
                 .as_ref()
                 .filter(|j| !j.leader())
                 .map(|_| "copy 0 of the job"),
-            elapsed: self.t0.elapsed(),
-            setbacks: &self.setbacks,
             last_command: self.last_command.as_ref(),
         };
-        eprint!("{}", end.summary());
+        self.term.block(&end.summary());
         if let Some(p) = self.gw.peak_summary() {
-            eprintln!("oomguard: GPU memory of the last attempt: {p}");
+            self.term
+                .say(&format!("GPU memory of the last attempt: {p}"));
         }
         if let Some(line) =
             progress::save_interval_advice(&end.losses(), self.cfg.layout.as_ref(), lost)
         {
-            eprint!("{line}");
+            self.term.block(&line);
         }
         code
+    }
+}
+
+/// `attempt_start` for the attempt `m` materializes.
+fn attempt_start(
+    attempt: u32,
+    gpu: Option<&crate::gpuwatch::BeforeAttempt>,
+    m: &knobs::Materialized,
+    settings: &Settings,
+    resume: Option<&Path>,
+) -> Event {
+    Event::AttemptStart {
+        attempt,
+        gpu: gpu.map_or(serde_json::Value::Null, events::json),
+        argv: events::argv(&m.argv),
+        env: m.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        settings: events::knobs(settings),
+        global_batch: settings.global_batch(),
+        resume: resume.map(events::path),
+        files: m
+            .files
+            .iter()
+            .map(|f| events::FileCopy {
+                original: events::path(&f.original),
+                copy: events::path(&f.dest),
+            })
+            .collect(),
     }
 }
 
@@ -909,7 +998,7 @@ fn last_command(
 /// What a user must know before a night's run, at the default verbosity: what
 /// oomguard can change and what it cannot, a shell script it cannot see into,
 /// restarters and batch-size finders inside the command; every note with -v.
-fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
+fn start_lines(cfg: &RunConfig, log: &Terminal, rungs: usize) {
     if let Some(s) = &cfg.inside.shell_script {
         log.info(&format!("warning: {}", crate::inside::shell_note(s)));
     }
@@ -941,9 +1030,7 @@ fn start_lines(cfg: &RunConfig, log: &Log, rungs: usize) {
     let inside = cfg.inside.notes();
     for n in &cfg.disc.notes {
         let shell = cfg.inside.shell_script.is_some() && inside.first() == Some(n);
-        if cfg.verbose > 0 || (inside.contains(n) && !shell) {
-            log.info(&format!("note: {n}"));
-        }
+        log.note(n, inside.contains(n) && !shell);
     }
 }
 
