@@ -17,6 +17,7 @@ use crate::detect::{self, Finding, Kind, OomNumbers, format_size};
 use crate::launch;
 use crate::progress::Reached;
 use crate::settings::Knob;
+use crate::signal::Signal;
 
 /// How one attempt ended.
 #[derive(Debug, Clone)]
@@ -45,7 +46,7 @@ pub enum Outcome {
         why: Option<&'static str>,
     },
     Interrupted {
-        signal: i32,
+        signal: Signal,
     },
     /// The command failed because a peer of the distributed run did (`Connection closed
     /// by peer`, a rendezvous or store error, NCCL's watchdog), printing no error of its
@@ -223,7 +224,7 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
     // A peer's failure, with no error of its own before it: the run's root cause
     // is elsewhere (another rank, another node).
     if kill_line.is_none()
-        && !matches!(r.exit, launch::Exit::Signal(9))
+        && !matches!(r.exit, launch::Exit::Signal(Signal::KILL))
         && let Some(line) = r.scanner.peer_failure()
     {
         let outcome = Outcome::PeerFailure {
@@ -232,7 +233,7 @@ pub fn classify(r: &launch::Report, kernel: &dyn kernel::Source) -> (Outcome, Op
         };
         return (outcome, None);
     }
-    let killed = kill_line.is_some() || matches!(r.exit, launch::Exit::Signal(9));
+    let killed = kill_line.is_some() || matches!(r.exit, launch::Exit::Signal(Signal::KILL));
     let other = |why| Outcome::Other {
         code,
         exit: r.exit.to_string(),
@@ -828,7 +829,7 @@ mod tests {
     fn an_attempt_the_job_ended_is_a_peers_failure_unless_it_printed_its_own_oom() {
         let mut r = report(
             "step 5\nrank 1: waiting for a peer\n",
-            launch::Exit::Signal(15),
+            launch::Exit::Signal(Signal::TERM),
         );
         r.stopped = Some("copy 0 of the job decided to relaunch after attempt 1".into());
         let o = classify_plain(&r);
@@ -841,7 +842,7 @@ mod tests {
         assert_eq!(classify_plain(&r).kind(), OutcomeKind::PeerFailure);
         let mut r = report(
             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n",
-            launch::Exit::Signal(15),
+            launch::Exit::Signal(Signal::TERM),
         );
         r.stopped = Some("copy 0 of the job decided".into());
         assert_eq!(classify_plain(&r).kind(), OutcomeKind::CudaOom);
@@ -864,7 +865,7 @@ mod tests {
             (KILLED_4001, 4001),
             (&KILLED_4001.replace("4001", "4000"), 4000),
         ] {
-            let (o, unread) = killed("", launch::Exit::Signal(9), kernel);
+            let (o, unread) = killed("", launch::Exit::Signal(Signal::KILL), kernel);
             assert!(unread.is_none());
             let v = o.victim().unwrap_or_else(|| panic!("{o:?}"));
             assert_eq!((v.pid, v.anon_rss_bytes), (pid, Some(2 << 30)));
@@ -874,7 +875,7 @@ mod tests {
         let other = KILLED_4001.replace("4001", "777");
         let early = KILLED_4001.replace("120.500000", "  3.000000");
         for kernel in ["", other.as_str(), early.as_str()] {
-            let (o, _) = killed("", launch::Exit::Signal(9), kernel);
+            let (o, _) = killed("", launch::Exit::Signal(Signal::KILL), kernel);
             assert_eq!(o.kind(), OutcomeKind::OtherFailure, "{kernel:?}");
             assert_eq!(o.why(), Some(detect::NOT_THE_OOM_KILLER));
         }
@@ -913,7 +914,10 @@ mod tests {
 
     #[test]
     fn an_unreadable_kernel_log_leaves_a_kill_a_host_oom_and_says_why() {
-        let (o, unread) = classify(&report("", launch::Exit::Signal(9)), &NoKernelLog);
+        let (o, unread) = classify(
+            &report("", launch::Exit::Signal(Signal::KILL)),
+            &NoKernelLog,
+        );
         assert_eq!(o.kind(), OutcomeKind::HostOom);
         assert!(o.victim().is_none());
         assert_eq!(unread.as_deref(), Some("none in tests"));
@@ -930,7 +934,7 @@ mod tests {
         let log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 131062.02 GiB. GPU 0 has a total capacity of 44.53 GiB of which 40.00 GiB is free.\n";
         let o = classify_plain(&report(log, launch::Exit::Code(1)));
         assert_eq!(o.kind(), OutcomeKind::AbsurdRequest);
-        let mut r = report(log, launch::Exit::Signal(15));
+        let mut r = report(log, launch::Exit::Signal(Signal::TERM));
         r.hung = true;
         assert_eq!(classify_plain(&r).kind(), OutcomeKind::AbsurdRequest);
         // A real request of the same shape is an OOM.

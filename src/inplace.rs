@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::journal::{create_private_dir, write_private};
-use crate::runfolder::{self, sha256};
+use crate::run_folder::{self, RunFolder, sha256};
 
 /// The version of `restore.json` this oomguard writes and trusts.
 const MANIFEST_VERSION: u32 = 2;
@@ -159,7 +159,7 @@ fn lock_module(path: &Path) -> Result<nix::fcntl::Flock<File>, InPlaceError> {
 }
 
 fn manifest(run_dir: &Path) -> PathBuf {
-    run_dir.join("restore.json")
+    RunFolder::at(run_dir).restore_record()
 }
 
 impl InPlace {
@@ -216,7 +216,7 @@ impl InPlace {
             Some(p) => p.real.clone(),
             None => fs::canonicalize(original).map_err(io_err(original))?,
         };
-        let (now, meta) = runfolder::read_nofollow(&real).map_err(io_err(&real))?;
+        let (now, meta) = run_folder::read_nofollow(&real).map_err(io_err(&real))?;
         let now_sha = sha256(&now);
         let new_sha = sha256(text.as_bytes());
         let pos = match self.entries.iter().position(|e| e.original == real) {
@@ -234,7 +234,7 @@ impl InPlace {
                 if planned.is_some_and(|p| p.start_sha256 != now_sha) {
                     return Err(InPlaceError::Changed { path: real });
                 }
-                let store = self.dir.join("originals");
+                let store = RunFolder::at(&self.dir).originals();
                 create_private_dir(&store).map_err(io_err(&store))?;
                 let n = self.entries.len();
                 let name = real
@@ -255,7 +255,7 @@ impl InPlace {
             }
         };
         let e = &self.entries[pos];
-        runfolder::replace_with(
+        run_folder::replace_with(
             &e.original,
             text.as_bytes(),
             meta.mode() & 0o7777,
@@ -398,7 +398,7 @@ fn lock_dir() -> Option<PathBuf> {
 
 /// The lock file of the module at `path` (absolute), in `dir`.
 fn lock_file(dir: &Path, path: &Path) -> PathBuf {
-    let key = sha256(runfolder::path_bytes(path));
+    let key = sha256(run_folder::path_bytes(path));
     dir.join(format!("{}.lock", &key[..32]))
 }
 
@@ -411,7 +411,7 @@ impl Lock {
         let dir = lock_dir().ok_or_else(|| {
             lock_err("neither XDG_RUNTIME_DIR nor HOME says where the lock files go".into())
         })?;
-        runfolder::ensure_private_dir(&dir).map_err(|e| lock_err(e.to_string()))?;
+        run_folder::ensure_private_dir(&dir).map_err(|e| lock_err(e.to_string()))?;
         let file = lock_file(&dir, path);
         OpenOptions::new()
             .read(true)
@@ -536,7 +536,7 @@ pub fn check_unfinished(files: &[&Path]) -> Result<(), InPlaceError> {
         };
         let now = sha256(&now);
         let mut dirs: Vec<PathBuf> = last_locker(&real).into_iter().collect();
-        if let Ok(rd) = fs::read_dir(".oomguard/runs") {
+        if let Ok(rd) = fs::read_dir(crate::run_folder::runs_root()) {
             let mut here: Vec<PathBuf> = rd
                 .flatten()
                 .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
@@ -597,10 +597,10 @@ fn restore_one(run_dir: &Path, e: &Entry) -> (String, bool) {
     // The backup is looked for in this run folder whatever the record says:
     // the folder may have been moved, and no record can point elsewhere.
     let backup = match e.backup.file_name() {
-        Some(name) => run_dir.join("originals").join(name),
+        Some(name) => RunFolder::at(run_dir).originals().join(name),
         None => return (format!("{shown}: the record names no backup"), false),
     };
-    let now = match runfolder::read_nofollow(&e.original) {
+    let now = match run_folder::read_nofollow(&e.original) {
         Ok((bytes, m)) if m.is_file() => (sha256(&bytes), m),
         Ok(_) => {
             return (
@@ -631,7 +631,7 @@ fn restore_one(run_dir: &Path, e: &Entry) -> (String, bool) {
             false,
         );
     }
-    let bytes = match runfolder::read_nofollow(&backup) {
+    let bytes = match run_folder::read_nofollow(&backup) {
         Ok((b, m)) if m.is_file() && sha256(&b) == e.original_sha256 => b,
         Ok(_) => {
             return (
@@ -652,7 +652,7 @@ fn restore_one(run_dir: &Path, e: &Entry) -> (String, bool) {
             );
         }
     };
-    match runfolder::replace_with(
+    match run_folder::replace_with(
         &e.original,
         &bytes,
         meta.mode() & 0o7777,
@@ -712,7 +712,7 @@ fn read_manifest(run_dir: &Path) -> Result<Option<Vec<Entry>>, String> {
         format!(
             "{} is not a restore record of this oomguard version ({why}): nothing restored; the originals are in {}",
             path.display(),
-            run_dir.join("originals").display()
+            RunFolder::at(run_dir).originals().display()
         )
     })?;
     if parsed.oomguard_restore != MANIFEST_VERSION {
@@ -745,7 +745,7 @@ pub fn restore_main(run_dir: &Path) -> i32 {
         return crate::exit::USAGE;
     }
     // A folder someone else can write holds a record someone else can write.
-    if let Err(e) = runfolder::check_private_dir(run_dir) {
+    if let Err(e) = run_folder::check_private_dir(run_dir) {
         eprintln!("oomguard: error: {e}");
         return crate::exit::USAGE;
     }

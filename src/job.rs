@@ -56,14 +56,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::{Command, LauncherKind};
 use crate::evidence::OutcomeKind;
+use crate::run_folder;
 use crate::settings::{Knob, Value};
 
 /// How long a copy waits for the others by default (`OOMGUARD_JOB_TIMEOUT`
 /// seconds overrides it).
 const TIMEOUT: Duration = Duration::from_secs(900);
-
-/// The folder under the checkpoint root.
-pub const FOLDER: &str = ".oomguard-job";
 
 /// The job's name, when the pods' manifest exposes it (the Kubeflow operator's
 /// `training.kubeflow.org/job-name` label, through the downward API): the job
@@ -326,7 +324,7 @@ impl Job {
         Ok(Some(Job {
             rank,
             copies,
-            dir: root.join(FOLDER).join(component(&key)),
+            dir: run_folder::job_root(root).join(component(&key)),
             source,
             timeout,
             handle: None,
@@ -358,7 +356,7 @@ impl Job {
     /// through a link. Every later read, write and delete goes through the
     /// folder opened here (`/proc/self/fd/N/NAME`), so a folder swapped for
     /// a link or another user's meanwhile is never used.
-    pub fn open(&mut self) -> Result<(), crate::runfolder::Unsafe> {
+    pub fn open(&mut self) -> Result<(), crate::run_folder::Unsafe> {
         let fd = open_job_dir(&self.dir)?;
         self.handle = Some(std::sync::Arc::new(fd));
         Ok(())
@@ -795,10 +793,10 @@ struct Message<T> {
 }
 
 /// `dir` (`<root>/.oomguard-job/<key>`) opened as described at [`Job::open`].
-fn open_job_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, crate::runfolder::Unsafe> {
+fn open_job_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, crate::run_folder::Unsafe> {
     use nix::fcntl::{OFlag, openat};
     use nix::sys::stat::{Mode, fstat, mkdirat};
-    let unsafe_ = |path: &Path, why: String| crate::runfolder::Unsafe {
+    let unsafe_ = |path: &Path, why: String| crate::run_folder::Unsafe {
         path: path.to_path_buf(),
         why,
         advice: "The folder where the copies of a job meet must be yours and private (oomguard creates it so): remove it, or name another output folder",
@@ -818,7 +816,7 @@ fn open_job_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, crate::runfolder::Un
                name: &std::ffi::OsStr,
                shown: &Path,
                others: u32|
-     -> Result<std::os::fd::OwnedFd, crate::runfolder::Unsafe> {
+     -> Result<std::os::fd::OwnedFd, crate::run_folder::Unsafe> {
         match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
             Err(e) => return Err(unsafe_(shown, format!("cannot be created ({e})"))),
@@ -890,7 +888,7 @@ pub fn write_previous_run(run_dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(run_dir.join("previous-run"))?;
+        .open(crate::run_folder::RunFolder::at(run_dir).previous_run())?;
     f.write_all(bytes)
 }
 
@@ -907,11 +905,9 @@ pub struct Fitting {
 /// Where a Slurm job keeps its [`Fitting`]: `<root>/.oomguard-job/slurm-JOB/fitting.json`.
 pub fn fitting_path(env: &dyn Fn(&str) -> Option<OsString>, root: &Path) -> Option<PathBuf> {
     let job = env_str(env, "SLURM_JOB_ID")?;
-    Some(
-        root.join(FOLDER)
-            .join(component(&format!("slurm-{job}")))
-            .join("fitting.json"),
-    )
+    Some(run_folder::fitting_in(
+        &run_folder::job_root(root).join(component(&format!("slurm-{job}"))),
+    ))
 }
 
 /// Inside a Kubernetes pod (the kubelet sets `KUBERNETES_SERVICE_HOST` in every
@@ -935,7 +931,7 @@ pub fn pod_fitting_path(
         return None;
     }
     if let Some(j) = job {
-        return Some(j.dir.join("fitting.json"));
+        return Some(run_folder::fitting_in(&j.dir));
     }
     let key =
         match crate::frameworks::launchers::torchrun_opt(cmd, env, &["--rdzv_id", "--rdzv-id"]) {
@@ -945,7 +941,9 @@ pub fn pod_fitting_path(
             }
             None => format!("pods-{}", env_str(env, JOB_NAME)?),
         };
-    Some(root.join(FOLDER).join(component(&key)).join("fitting.json"))
+    Some(run_folder::fitting_in(
+        &run_folder::job_root(root).join(component(&key)),
+    ))
 }
 
 /// A finished job's settings are not a restart's: a job submitted again under
@@ -982,7 +980,7 @@ pub fn save_fitting(path: &Path, f: &Fitting) -> std::io::Result<()> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
-        .unwrap_or("fitting.json");
+        .unwrap_or(run_folder::names::FITTING);
     let (dir, _fd) = fitting_dir(path).map_err(std::io::Error::other)?;
     write_into(
         &dir,

@@ -19,8 +19,8 @@ use crate::progress::Loss;
 use crate::report::story::Story;
 
 pub use crate::events::{SetbackState, knob_values, lossy};
-pub use crate::report::journal::{Journal, default_run_dir};
-pub use crate::runfolder::{create_private_dir, write_private};
+pub use crate::report::journal::Journal;
+pub use crate::run_folder::{create_private_dir, write_private};
 
 /// "4.2 s", "3m 05s", "2h 03m", "1d 04h".
 pub fn duration(secs: f64) -> String {

@@ -4,7 +4,9 @@
 //! map the result to an exit code. Every subcommand's entry point is named
 //! `<subcommand>_main` and returns the exit code (`detect::diagnose_main`,
 //! `gpu::gpus_main`, `status::runs_main`, ...); a run without a subcommand is
-//! `supervise::run`.
+//! `supervise::run`. `run`, `plan` and `estimate` share [`configure`]: the
+//! options, the one live service inspection needs (the GPU watch), and the
+//! target inspected with what it said.
 
 #[cfg(test)]
 mod alloc_count;
@@ -30,16 +32,20 @@ mod launch;
 mod liveness;
 mod memory;
 mod next;
+mod options;
 mod plan;
 mod policy;
 mod progress;
 mod remember;
 mod report;
+mod resume;
 mod run_config;
-mod runfolder;
+mod run_folder;
 mod settings;
+mod signal;
 mod status;
 mod supervise;
+mod target;
 mod untrusted;
 
 use std::ffi::OsString;
@@ -109,22 +115,22 @@ fn run(args: Vec<OsString>) -> i32 {
         Some(cli::Sub::Man) => completions::man_main(),
         Some(cli::Sub::Estimate { json, run }) => {
             init_tracing(run.verbose, run.quiet);
-            match run_config::RunConfig::from_args(run) {
-                Ok(cfg) => plan::estimate_main(&cfg, json),
+            match configure(run) {
+                Ok((cfg, _gpus)) => plan::estimate_main(&cfg, json),
                 Err(e) => usage_error(&e),
             }
         }
         Some(cli::Sub::Plan { json, run }) => {
             init_tracing(run.verbose, run.quiet);
-            match run_config::RunConfig::from_args(run) {
-                Ok(cfg) => plan::plan_main(&cfg, json),
+            match configure(run) {
+                Ok((cfg, _gpus)) => plan::plan_main(&cfg, json),
                 Err(e) => usage_error(&e),
             }
         }
         None => {
             init_tracing(cli.run.verbose, cli.run.quiet);
-            let cfg = match run_config::RunConfig::from_args(cli.run) {
-                Ok(cfg) => cfg,
+            let (cfg, gpus) = match configure(cli.run) {
+                Ok(c) => c,
                 Err(e) => return usage_error(&e),
             };
             let signals = match launch::Signals::install() {
@@ -134,9 +140,22 @@ fn run(args: Vec<OsString>) -> i32 {
                     return exit::CANNOT_EXECUTE;
                 }
             };
-            supervise::run(cfg, &signals)
+            supervise::run(&cfg, gpus, &signals)
         }
     }
+}
+
+/// The options of `run`, `plan` and `estimate`, the GPU watch (the one live
+/// service they share: it picks `--gpus auto:N` and says how many GPUs and how
+/// much memory there are), and the target inspected with what it said.
+fn configure(
+    args: cli::RunArgs,
+) -> Result<(run_config::RunConfig, gpuwatch::GpuWatch), run_config::ConfigError> {
+    let opts = options::Options::from_args(args)?;
+    let gpus = gpuwatch::GpuWatch::open(opts.gpu.clone(), &opts.argv)
+        .map_err(run_config::ConfigError::Gpu)?;
+    let cfg = run_config::RunConfig::new(opts, &target::GpuFacts::of(&gpus))?;
+    Ok((cfg, gpus))
 }
 
 fn usage_error(e: &dyn std::fmt::Display) -> i32 {

@@ -219,7 +219,7 @@ pub enum Because {
     /// The command succeeded.
     Success,
     /// The user's signal.
-    Interrupted { signal: i32 },
+    Interrupted { signal: crate::signal::Signal },
     /// A failure that is not an OOM: shrinking would not fix it.
     NotAnOom,
     /// A peer of the distributed run failed, and no OOM was seen here.
@@ -297,10 +297,7 @@ pub fn next(h: &History, e: &Ended, r: &Rules) -> Verdict {
     match &e.outcome {
         O::Success => return stop(exit::SUCCESS, Because::Success),
         O::Interrupted { signal } => {
-            return stop(
-                exit::SIGNAL_BASE + signal,
-                Because::Interrupted { signal: *signal },
-            );
+            return stop(signal.exit_code(), Because::Interrupted { signal: *signal });
         }
         // A follower never stops alone: a peer's OOM shows here as a peer's
         // failure (`Connection closed by peer`, a rendezvous or NCCL error).

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::path::Path;
-use std::time::Duration;
 
 use serde::Serialize;
 
@@ -24,7 +23,8 @@ use crate::journal::{knob_values, lossy};
 use crate::knobs::{self, Knob, Settings, Value};
 use crate::next::{self, Because, Verdict};
 use crate::policy::{self, Decision, NotApplicable};
-use crate::run_config::{ResumeInfo, RunConfig};
+use crate::resume::{Resumer, Resumption};
+use crate::run_config::RunConfig;
 
 /// Quote an argv for display the way a POSIX shell would read it back.
 pub fn shell_quote(argv: &[OsString]) -> String {
@@ -97,6 +97,7 @@ pub fn plan_hint(argv: &[OsString]) -> String {
 /// each knob found with where it lives, then the knobs not found.
 pub fn changeable(cfg: &RunConfig) -> String {
     let found: Vec<String> = cfg
+        .target
         .disc
         .knobs
         .iter()
@@ -104,7 +105,7 @@ pub fn changeable(cfg: &RunConfig) -> String {
         .collect();
     let missing: Vec<&str> = Knob::ALL
         .iter()
-        .filter(|k| !cfg.disc.knobs.contains_key(k))
+        .filter(|k| !cfg.target.disc.knobs.contains_key(k))
         .map(|k| k.name())
         .collect();
     let can = if found.is_empty() {
@@ -118,7 +119,7 @@ pub fn changeable(cfg: &RunConfig) -> String {
             line,
             "; cannot change (not found in the command): {}; {} shows why and how to bind a knob with --knob",
             missing.join(", "),
-            plan_hint(&cfg.argv)
+            plan_hint(&cfg.opts.argv)
         );
     }
     line
@@ -130,12 +131,13 @@ pub fn changeable(cfg: &RunConfig) -> String {
 /// also told "bind it with --knob … (added when absent)".
 pub fn unbound_notes(cfg: &RunConfig) -> Vec<&str> {
     let mut seen: Vec<Knob> = Vec::new();
-    cfg.disc
+    cfg.target
+        .disc
         .notes
         .iter()
         .filter(|n| {
             let knob = Knob::ALL.iter().copied().find(|k| {
-                !cfg.disc.knobs.contains_key(k)
+                !cfg.target.disc.knobs.contains_key(k)
                     && n.strip_prefix(k.name()).is_some_and(|r| r.starts_with(':'))
             });
             match knob {
@@ -169,10 +171,16 @@ pub fn ladder(
     rungs.push(Rung {
         step: None,
         settings: s.clone(),
-        m: knobs::materialize(&cfg.argv, &cfg.disc, &s, None, &cfg.attempt_dir(1))?,
+        m: knobs::materialize(
+            &cfg.opts.argv,
+            &cfg.target.disc,
+            &s,
+            None,
+            &cfg.attempt_dir(1),
+        )?,
     });
     // Each relaunch after an assumed OOM is a rung, whichever rule of `next` made it.
-    for v in assume(cfg, &assumed(None), cfg.max_attempts) {
+    for v in assume(cfg, &assumed(None), cfg.opts.max_attempts) {
         let Verdict::Relaunch {
             settings, because, ..
         } = v
@@ -184,7 +192,7 @@ pub fn ladder(
         };
         let dir = cfg.attempt_dir(rungs.len() + 1);
         rungs.push(Rung {
-            m: knobs::materialize(&cfg.argv, &cfg.disc, &settings, resume, &dir)?,
+            m: knobs::materialize(&cfg.opts.argv, &cfg.target.disc, &settings, resume, &dir)?,
             step: Some(decision),
             settings,
         });
@@ -235,14 +243,14 @@ fn assumed_host_oom() -> next::Ended {
 /// phases it retried, the offloads it ruled out) the next attempt's, up to and
 /// with the first verdict that is not a relaunch.
 pub fn assume(cfg: &RunConfig, ended: &next::Ended, max_attempts: u32) -> Vec<Verdict> {
-    let first = cfg.disc.settings();
+    let first = cfg.target.disc.settings();
     let (mut s, _) = cfg.start_settings();
     let mut model = cfg.calibrated();
     let (mut retried, mut ruled_out) = (Vec::new(), Vec::new());
     let rules = next::Rules {
-        policy: &cfg.policy,
+        policy: &cfg.opts.policy,
         max_attempts,
-        workers_floor: cfg.workers_floor,
+        workers_floor: cfg.target.workers_floor,
     };
     let mut out = Vec::new();
     for n in 1.. {
@@ -320,7 +328,7 @@ fn step_label(d: &Decision) -> String {
 struct Plan<'a> {
     cfg: &'a RunConfig,
     env: Vec<EnvSet>,
-    res: ResumeInfo,
+    res: Resumption,
     rungs: Vec<Rung>,
     na: Vec<NotApplicable>,
     settings: Settings,
@@ -330,7 +338,7 @@ struct Plan<'a> {
 pub fn plan_main(cfg: &RunConfig, as_json: bool) -> i32 {
     // As a run would see it at its start: every checkpoint there now is
     // another run's, and plan says so.
-    let res = cfg.resume(&cfg.baseline(), Duration::ZERO);
+    let res = Resumer::now(cfg.target.layout.clone()).search();
     let rungs = match ladder(cfg, res.arg.as_ref()) {
         Ok(r) => r,
         Err(e) => {
@@ -342,8 +350,8 @@ pub fn plan_main(cfg: &RunConfig, as_json: bool) -> i32 {
         env: cfg.env_defaults(),
         res,
         rungs,
-        na: policy::not_applicable(&cfg.policy, &cfg.disc),
-        settings: cfg.disc.settings(),
+        na: policy::not_applicable(&cfg.opts.policy, &cfg.target.disc),
+        settings: cfg.target.disc.settings(),
         cfg,
     };
     if as_json {
@@ -414,7 +422,7 @@ struct ResumeJson<'a> {
     skipped: &'a [Skipped],
     /// Checkpoints a relaunch would not resume from: not this run's.
     ignored: &'a [Skipped],
-    why: &'a str,
+    why: String,
 }
 
 #[derive(Serialize)]
@@ -451,13 +459,14 @@ impl Plan<'_> {
     fn json(&self) -> String {
         let (cfg, res) = (self.cfg, &self.res);
         let out = PlanJson {
-            command: &cfg.argv,
+            command: &cfg.opts.argv,
             policy: PolicyJson {
-                name: &cfg.policy.name,
-                description: &cfg.policy.description,
+                name: &cfg.opts.policy.name,
+                description: &cfg.opts.policy.description,
             },
-            max_attempts: cfg.max_attempts,
+            max_attempts: cfg.opts.max_attempts,
             knobs: cfg
+                .target
                 .disc
                 .knobs
                 .iter()
@@ -472,15 +481,16 @@ impl Plan<'_> {
                     )
                 })
                 .collect(),
-            world_size: cfg.disc.world.size,
-            world_source: &cfg.disc.world.source,
-            world_uncertain: cfg.disc.world.uncertain,
-            world_max: cfg.elastic.map(|(_, max)| max),
+            world_size: cfg.target.disc.world.size,
+            world_source: &cfg.target.disc.world.source,
+            world_uncertain: cfg.target.disc.world.uncertain,
+            world_max: cfg.target.elastic.map(|(_, max)| max),
             global_batch_max: cfg
+                .target
                 .elastic
                 .and_then(|(_, max)| at_world(&self.settings, max).global_batch()),
-            hf_style: cfg.disc.hf_style,
-            families: &cfg.disc.families,
+            hf_style: cfg.target.disc.hf_style,
+            families: &cfg.target.disc.families,
             global_batch: self.settings.global_batch(),
             env: self
                 .env
@@ -489,15 +499,15 @@ impl Plan<'_> {
                 .collect(),
             resume: res.found.as_ref().map(|f| ResumeJson {
                 layout: &f.layout,
-                dir: cfg.layout.as_ref().map(|l| l.root.as_path()),
-                how: cfg.layout.as_ref().map(|l| &l.how),
+                dir: cfg.target.layout.as_ref().map(|l| l.root.as_path()),
+                how: cfg.target.layout.as_ref().map(|l| &l.how),
                 checkpoint: res.chosen.as_ref().map(|c| c.path.as_path()),
                 skipped: &f.skipped,
                 ignored: &f.ignored,
-                why: &res.why,
+                why: res.because.to_string(),
             }),
-            notes: &cfg.disc.notes,
-            warnings: &cfg.disc.warnings,
+            notes: &cfg.target.disc.notes,
+            warnings: &cfg.target.disc.warnings,
             not_applicable: &self.na,
             ladder: self.rungs.iter().map(rung_json).collect(),
             host_oom_workers: host_oom_workers(cfg),
@@ -532,21 +542,21 @@ impl Plan<'_> {
     fn header(&self, o: &mut String) {
         let (cfg, settings) = (self.cfg, &self.settings);
         o.push_str("oomguard plan: nothing is run\n\n");
-        let _ = writeln!(o, "command:      {}", shell_quote(&cfg.argv));
+        let _ = writeln!(o, "command:      {}", shell_quote(&cfg.opts.argv));
         if let (_, Some(line)) = cfg.start_settings() {
             let _ = writeln!(o, "start:        {line}");
         }
         let _ = writeln!(
             o,
             "policy:       {} ({}), at most {} attempts",
-            cfg.policy.name, cfg.policy.description, cfg.max_attempts
+            cfg.opts.policy.name, cfg.opts.policy.description, cfg.opts.max_attempts
         );
         let _ = writeln!(
             o,
             "world size:   {} ({}){}",
-            cfg.disc.world.size,
-            cfg.disc.world.source,
-            if cfg.disc.world.uncertain {
+            cfg.target.disc.world.size,
+            cfg.target.disc.world.source,
+            if cfg.target.disc.world.uncertain {
                 " — uncertain: check the global batch below"
             } else {
                 ""
@@ -572,7 +582,7 @@ impl Plan<'_> {
                 "global batch: unknown (micro-batch or accumulation not bound)"
             ),
         };
-        if let Some((_, max)) = cfg.elastic
+        if let Some((_, max)) = cfg.target.elastic
             && let Some(g) = at_world(settings, max).global_batch()
         {
             let _ = writeln!(
@@ -586,7 +596,7 @@ impl Plan<'_> {
         o.push_str("\nknobs:\n");
         let w = Knob::ALL.iter().map(|k| k.name().len()).max().unwrap_or(0);
         for k in Knob::ALL {
-            let _ = match self.cfg.disc.knobs.get(&k) {
+            let _ = match self.cfg.target.disc.knobs.get(&k) {
                 Some(b) => writeln!(
                     o,
                     "  {:w$}  {:<6}  {}",
@@ -602,7 +612,7 @@ impl Plan<'_> {
     fn environment(&self, o: &mut String) {
         o.push_str("\nenvironment added to yours:\n");
         if self.env.is_empty() {
-            o.push_str(if self.cfg.no_env {
+            o.push_str(if self.cfg.opts.no_env {
                 "  none (--no-env)\n"
             } else {
                 "  none (you set them all)\n"
@@ -616,7 +626,7 @@ impl Plan<'_> {
     fn resume(&self, o: &mut String) {
         o.push_str("\nresume:\n");
         if let Some(f) = &self.res.found {
-            if let Some(l) = &self.cfg.layout {
+            if let Some(l) = &self.cfg.target.layout {
                 let _ = writeln!(o, "  layout: {} in {}", f.layout, l.root.display());
             }
             let named = f.skipped.len().min(checkpoint::NAMED);
@@ -640,12 +650,12 @@ impl Plan<'_> {
                 );
             }
         }
-        let _ = writeln!(o, "  {}", self.res.why);
+        let _ = writeln!(o, "  {}", self.res.because);
     }
 
     /// Warnings, notes, and the steps that cannot apply.
     fn lists(&self, o: &mut String) {
-        let disc = &self.cfg.disc;
+        let disc = &self.cfg.target.disc;
         for (title, items) in [("warnings", &disc.warnings), ("notes", &disc.notes)] {
             if !items.is_empty() {
                 let _ = writeln!(o, "\n{title}:");
@@ -678,7 +688,7 @@ impl Plan<'_> {
                     o,
                     "  dataloader_workers {}, one halving per host OOM, each relaunched from the last checkpoint (the batches are the same); {}",
                     chain.join(" → "),
-                    if cfg.workers_floor > 0 {
+                    if cfg.target.workers_floor > 0 {
                         "not below 1: the command sets a prefetch factor or persistent workers; then oomguard stops with advice"
                     } else {
                         "then oomguard stops with advice"
@@ -715,7 +725,7 @@ impl Plan<'_> {
         };
         let _ = match (
             start.int(Knob::EvalBatch),
-            cfg.disc.knobs.get(&Knob::EvalBatch),
+            cfg.target.disc.knobs.get(&Knob::EvalBatch),
         ) {
             (Some(b), Some(bound)) if !halvings.is_empty() => {
                 let chain: Vec<String> = std::iter::once(b)
@@ -736,7 +746,7 @@ impl Plan<'_> {
             (None, _) => writeln!(
                 o,
                 "  the ladder above applies: {}",
-                crate::frameworks::no_eval_batch(&cfg.disc.families)
+                crate::frameworks::no_eval_batch(&cfg.target.disc.families)
             ),
         };
     }
@@ -769,7 +779,7 @@ impl Plan<'_> {
         for (i, r) in self.rungs.iter().enumerate() {
             rung_text(o, i + 1, r);
         }
-        let max = self.cfg.max_attempts;
+        let max = self.cfg.opts.max_attempts;
         let _ = if (self.rungs.len() as u32) < max {
             writeln!(
                 o,
@@ -790,7 +800,7 @@ impl Plan<'_> {
 /// The DataLoader workers each host (CPU) OOM in turn relaunches with, from
 /// the settings a run starts with, within --max-attempts.
 fn host_oom_workers(cfg: &RunConfig) -> Vec<u64> {
-    assume(cfg, &assumed_host_oom(), cfg.max_attempts)
+    assume(cfg, &assumed_host_oom(), cfg.opts.max_attempts)
         .into_iter()
         .map_while(|v| match v {
             Verdict::Relaunch {
@@ -847,7 +857,7 @@ fn phase_fixes(cfg: &RunConfig) -> Vec<(When, Vec<(String, String)>)> {
 
 /// "stop (exit 75), with advice: ..." for the end of a phase's fixes.
 fn stop_text(cfg: &RunConfig, load: bool) -> String {
-    let fam = &cfg.disc.families;
+    let fam = &cfg.target.disc.families;
     let advice = if load {
         crate::frameworks::load_advice(fam)
     } else {
@@ -864,17 +874,21 @@ fn stop_text(cfg: &RunConfig, load: bool) -> String {
 /// from the settings a run starts with, within --max-attempts.
 fn eval_oom_batches(cfg: &RunConfig) -> Vec<u64> {
     use crate::detect::phase::Phase;
-    assume(cfg, &assumed(Some(Phase::Evaluation)), cfg.max_attempts)
-        .into_iter()
-        .map_while(|v| match v {
-            Verdict::Relaunch {
-                settings,
-                because: Because::EvalBatch { .. },
-                ..
-            } => settings.int(Knob::EvalBatch),
-            _ => None,
-        })
-        .collect()
+    assume(
+        cfg,
+        &assumed(Some(Phase::Evaluation)),
+        cfg.opts.max_attempts,
+    )
+    .into_iter()
+    .map_while(|v| match v {
+        Verdict::Relaunch {
+            settings,
+            because: Because::EvalBatch { .. },
+            ..
+        } => settings.int(Knob::EvalBatch),
+        _ => None,
+    })
+    .collect()
 }
 
 fn rung_json(r: &Rung) -> RungJson<'_> {
@@ -1000,12 +1014,13 @@ impl EstimateReport {
         let Some(cal) = cfg.calibrated() else {
             return EstimateReport {
                 model: None,
-                gpu_total_bytes: cfg.gpu_memory,
+                gpu_total_bytes: cfg.target.gpu_memory,
                 margin: crate::memory::MARGIN,
                 given: None,
                 candidates: Vec::new(),
                 pick: None,
                 why: cfg
+                    .target
                     .disc
                     .warnings
                     .iter()
@@ -1024,7 +1039,7 @@ impl EstimateReport {
             settings: start.clone(),
             steps: Vec::new(),
         };
-        let mut cands = crate::memory::candidates(&cfg.policy, &start, &cal);
+        let mut cands = crate::memory::candidates(&cfg.opts.policy, &start, &cal);
         let seq = |c: &crate::memory::Candidate| c.settings.int(Knob::SeqLen).unwrap_or(0);
         cands.sort_by(|a, b| {
             (b.fits == Some(true))
@@ -1046,9 +1061,9 @@ impl EstimateReport {
         }
         let pick = pick.map(|_| 0);
         let any_fits = cands.iter().any(|c| c.fits == Some(true));
-        let start_words = if remembered.is_none() || start == cfg.disc.settings() {
+        let start_words = if remembered.is_none() || start == cfg.target.disc.settings() {
             "the settings as given"
-        } else if cfg.fit && cfg.remembered.is_none() {
+        } else if cfg.opts.fit && cfg.target.remembered.is_none() {
             "the settings --fit starts at"
         } else {
             "the settings that fit last time"
@@ -1394,7 +1409,7 @@ pub fn estimate_main(cfg: &RunConfig, as_json: bool) -> i32 {
         let _ = writeln!(
             o,
             "oomguard estimate: nothing is run\n\ncommand: {}",
-            shell_lines(&cfg.argv, WIDTH - "command: ".len())
+            shell_lines(&cfg.opts.argv, WIDTH - "command: ".len())
         );
         r.text(&mut o, 15);
         print!("{o}");

@@ -108,7 +108,7 @@ where
     let mut state: T = read_state(path).unwrap_or_default();
     change(&mut state);
     let body = serde_json::to_vec_pretty(&state).map_err(std::io::Error::other)?;
-    crate::runfolder::write_private(path, &body)
+    crate::run_folder::write_private(path, &body)
 }
 
 /// A command line as oomguard keeps it in a state file a person may read:

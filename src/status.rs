@@ -26,10 +26,12 @@ use crate::gpu::{self, Probe, gib};
 use crate::liveness::{Liveness, Supervisor};
 use crate::progress;
 use crate::report::story::{self as read, DecisionStep, OomLine, ReadError, Story};
-use crate::runfolder::LOG_HEAD_BYTES;
+use crate::run_folder::LOG_HEAD_BYTES;
 
+use crate::run_folder::RunFolder;
 /// Where the run folders of the current directory are.
-const RUNS: &str = ".oomguard/runs";
+use crate::run_folder::names::RUNS;
+use crate::signal::Signal;
 
 /// How a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -268,8 +270,7 @@ impl Status {
         let running = state == State::Running;
         let (step_reached, step_reached_partial) = match last {
             Some(a) => {
-                let log = dir.join(format!("attempt-{}", a.start.attempt));
-                let log = log.join("output.log");
+                let log = RunFolder::at(dir).output_log(a.start.attempt);
                 let partial =
                     running && std::fs::metadata(&log).is_ok_and(|m| m.len() >= LOG_HEAD_BYTES);
                 let step = rows.last().and_then(|r| r.step_reached);
@@ -599,12 +600,10 @@ impl Status {
 /// attempt's output log (a killed run's real duration, not its last event's).
 fn last_sign_of_life(dir: &Path, run: &Story) -> Option<String> {
     let mut best = run.last_time.as_deref().and_then(parse_time);
-    let mut files = vec![dir.join("journal.jsonl")];
+    let folder = RunFolder::at(dir);
+    let mut files = vec![folder.journal()];
     if let Some(a) = run.attempts.last() {
-        files.push(
-            dir.join(format!("attempt-{}", a.start.attempt))
-                .join("output.log"),
-        );
+        files.push(folder.output_log(a.start.attempt));
     }
     for f in files {
         let Ok(m) = std::fs::symlink_metadata(&f) else {
@@ -632,8 +631,7 @@ fn ended_state(code: i32, last: Option<&read::Attempt>) -> State {
         outcome,
         None | Some(OutcomeKind::CudaOom | OutcomeKind::HungAfterOom)
     );
-    let users_signal = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM]
-        .contains(&(code - exit::SIGNAL_BASE));
+    let users_signal = Signal::from_exit_code(code).is_some_and(Signal::is_user_interrupt);
     match code {
         exit::SUCCESS => State::Finished,
         _ if outcome == Some(OutcomeKind::Interrupted) => State::Interrupted,
@@ -649,7 +647,7 @@ fn ended_state(code: i32, last: Option<&read::Attempt>) -> State {
 /// Trainer's log dicts since step `from`).
 fn row(dir: &Path, a: &read::Attempt, logging: Option<progress::Logging>, from: u64) -> AttemptRow {
     let n = a.start.attempt;
-    let log = dir.join(format!("attempt-{n}")).join("output.log");
+    let log = RunFolder::at(dir).output_log(n);
     AttemptRow {
         attempt: n,
         started: a.start.time.clone(),
@@ -751,7 +749,7 @@ fn newest_run() -> Result<PathBuf, String> {
     let dirs = run_folders(Path::new(RUNS)).map_err(|_| none())?;
     dirs.into_iter()
         .rev()
-        .find(|d| d.join("journal.jsonl").is_file())
+        .find(|d| RunFolder::at(d).journal().is_file())
         .ok_or_else(none)
 }
 

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::config::{self, Ref};
 use super::{Binding, Discovery, Knob, Value};
 use crate::files::Doc;
-use crate::runfolder::sha256;
+use crate::run_folder::sha256;
 
 /// One knob a user's edit changed in a config file: its value in the text read
 /// at start and in the file now (`None`: not readable there any more).

@@ -171,9 +171,9 @@ pub fn guard_main(args: &[OsString]) -> ! {
             // Before srun dies: its tasks run on the nodes, out of our reach.
             super::slurm::cancel_step_of(pgid as u32);
         }
-        super::tree::kill_group(pgid, libc::SIGKILL);
+        super::tree::kill_group(pgid, crate::signal::Signal::KILL);
         if let Some(marker) = marker {
-            super::tree::kill_marked(&marker, libc::SIGKILL);
+            super::tree::kill_marked(&marker, crate::signal::Signal::KILL);
         }
     }
     std::process::exit(0);

@@ -72,6 +72,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::detect;
+pub use crate::signal::Signal;
 
 pub use guard::guard_main;
 pub use signals::{Signals, inherited_ignored};
@@ -156,7 +157,7 @@ pub struct TorchrunRestarts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Code(i32),
-    Signal(i32),
+    Signal(Signal),
 }
 
 impl Exit {
@@ -164,7 +165,7 @@ impl Exit {
     pub fn status_code(&self) -> i32 {
         match *self {
             Exit::Code(c) => c,
-            Exit::Signal(n) => 128 + n,
+            Exit::Signal(s) => s.exit_code(),
         }
     }
 
@@ -172,7 +173,7 @@ impl Exit {
         use std::os::unix::process::ExitStatusExt;
         match (status.code(), status.signal()) {
             (Some(c), _) => Exit::Code(c),
-            (None, Some(s)) => Exit::Signal(s),
+            (None, Some(s)) => Exit::Signal(Signal::from_raw(s)),
             (None, None) => Exit::Code(status.into_raw()),
         }
     }
@@ -182,16 +183,14 @@ impl fmt::Display for Exit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Exit::Code(c) => write!(f, "exit code {c}"),
-            Exit::Signal(n) => write!(f, "signal {n} ({})", signal_name(n)),
+            Exit::Signal(s) => write!(
+                f,
+                "signal {} ({})",
+                s.raw(),
+                s.name().unwrap_or("unknown signal")
+            ),
         }
     }
-}
-
-/// "SIGKILL" for 9; "unknown signal" for numbers nix does not know.
-pub fn signal_name(sig: i32) -> &'static str {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str())
-        .unwrap_or("unknown signal")
 }
 
 /// What happened during one attempt.
@@ -202,7 +201,7 @@ pub struct Report {
     pub exit: Exit,
     /// The user signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT) received and forwarded during this
     /// attempt, if any (the first one).
-    pub interrupted: Option<i32>,
+    pub interrupted: Option<Signal>,
     /// Killed by us because it hung after an OOM.
     pub hung: bool,
     /// Everything the child printed went through `scanner.feed(stream, bytes)`.
@@ -715,8 +714,8 @@ impl Attempt {
                 tracing::info!("cancelled Slurm {what}");
             }
         }
-        tree::kill_group(self.pid, libc::SIGKILL);
-        tree::kill_marked(&self.marker, libc::SIGKILL);
+        tree::kill_group(self.pid, Signal::KILL);
+        tree::kill_marked(&self.marker, Signal::KILL);
     }
 
     /// Normal end: the group is gone; tell the guardian so and stop the stdin thread.
@@ -749,7 +748,7 @@ impl Drop for Attempt {
 
 struct Outcome {
     exit: Exit,
-    interrupted: Option<i32>,
+    interrupted: Option<Signal>,
     hung: bool,
     stopped: Option<String>,
     /// Ended by oomguard when a torchrun worker died of a GPU OOM.
@@ -826,7 +825,7 @@ struct LoopState {
     kill_at: Option<Instant>,
     gone_at: Option<Instant>,
     hung: bool,
-    interrupted: Option<i32>,
+    interrupted: Option<Signal>,
     /// Why `Spec::stop_when` ended the attempt, and when it was last asked.
     stop_why: Option<String>,
     /// The attempt was ended because a torchrun worker died of a GPU OOM.
@@ -920,22 +919,22 @@ impl LoopState {
         for (sig, n) in signals.take_new() {
             let now = Instant::now();
             match sig {
-                libc::SIGINT | libc::SIGTERM | libc::SIGHUP | libc::SIGQUIT => {
+                Signal::INT | Signal::TERM | Signal::HUP | Signal::QUIT => {
                     self.interrupted.get_or_insert(sig);
                     // Why: SIGTERM (`kill`, a scheduler) and SIGHUP (`tmux kill-server`, a
                     // closed terminal) mean "stop now": a command that ignores them would
                     // otherwise keep the GPUs with nobody left to stop it. They are
                     // forwarded, and `escalate` sends SIGKILL when `grace` is over; the
                     // same one again kills at once, as a second Ctrl-C does.
-                    let ends = matches!(sig, libc::SIGTERM | libc::SIGHUP);
+                    let ends = matches!(sig, Signal::TERM | Signal::HUP);
                     let count = match sig {
-                        libc::SIGINT => &mut self.sigints,
-                        libc::SIGTERM => &mut self.sigterms,
-                        libc::SIGHUP => &mut self.sighups,
+                        Signal::INT => &mut self.sigints,
+                        Signal::TERM => &mut self.sigterms,
+                        Signal::HUP => &mut self.sighups,
                         _ => &mut self.sigquits,
                     };
                     *count += n;
-                    let again = *count >= 2 && sig != libc::SIGQUIT;
+                    let again = *count >= 2 && sig != Signal::QUIT;
                     if again {
                         tracing::info!("second interrupt: killing process group {pgid}");
                         attempt.kill_all();
@@ -949,22 +948,22 @@ impl LoopState {
                         // srun ignores one SIGINT ("one more within 1 sec to abort"):
                         // the second, a moment later, ends the step (the tasks get
                         // Ctrl-C). The grace period then applies as for SIGTERM.
-                        if sig == libc::SIGINT && attempt.srun && self.exited.is_none() {
+                        if sig == Signal::INT && attempt.srun && self.exited.is_none() {
                             self.second_sigint_at = Some(now + slurm::SECOND_SIGINT);
                             self.term_at.get_or_insert(now);
                         }
                     }
                 }
-                libc::SIGUSR1 | libc::SIGUSR2 => {
+                Signal::USR1 | Signal::USR2 => {
                     tree::kill_group(pgid, sig);
                 }
-                libc::SIGTSTP => {
+                Signal::TSTP => {
                     // In tty mode the child's group is orphaned (its parent is in another
                     // session), and the kernel discards SIGTSTP sent to an orphaned group.
                     let stop = if w.spec.tty {
-                        libc::SIGSTOP
+                        Signal::STOP
                     } else {
-                        libc::SIGTSTP
+                        Signal::TSTP
                     };
                     tree::kill_group(pgid, stop);
                     self.stopped = true;
@@ -972,12 +971,12 @@ impl LoopState {
                     // (SIGTSTP), not 147; we continue here on SIGCONT.
                     signals::stop_self();
                 }
-                libc::SIGCONT => {
-                    tree::kill_group(pgid, libc::SIGCONT);
+                Signal::CONT => {
+                    tree::kill_group(pgid, Signal::CONT);
                     self.stopped = false;
                     w.last_output = now; // time spent stopped is not a hang
                 }
-                libc::SIGWINCH => {
+                Signal::WINCH => {
                     if let (Some(m), Some(ws)) = (master, spawn::our_winsize()) {
                         spawn::set_winsize(m.as_raw_fd(), &ws);
                     }
@@ -1023,8 +1022,8 @@ impl LoopState {
         if let Some(why) = (stop.0)() {
             let pgid = attempt.pid;
             tracing::info!("{why}: terminating process group {pgid}");
-            tree::kill_group(pgid, libc::SIGTERM);
-            tree::kill_marked(&attempt.marker, libc::SIGTERM);
+            tree::kill_group(pgid, Signal::TERM);
+            tree::kill_marked(&attempt.marker, Signal::TERM);
             self.term_at = Some(now);
             self.stop_why = Some(why);
         }
@@ -1039,8 +1038,8 @@ impl LoopState {
         }
         let pgid = attempt.pid;
         tracing::info!("a torchrun worker died of an OOM: terminating process group {pgid}");
-        tree::kill_group(pgid, libc::SIGTERM);
-        tree::kill_marked(&attempt.marker, libc::SIGTERM);
+        tree::kill_group(pgid, Signal::TERM);
+        tree::kill_marked(&attempt.marker, Signal::TERM);
         self.term_at = Some(now);
         self.worker_oom = true;
     }
@@ -1056,7 +1055,7 @@ impl LoopState {
             self.second_sigint_at = None;
             if self.exited.is_none() && self.kill_at.is_none() {
                 tracing::info!("second SIGINT to srun {pgid}: it ends the step");
-                tree::kill_group(pgid, libc::SIGINT);
+                tree::kill_group(pgid, Signal::INT);
             }
         }
         if self.exited.is_none() {
@@ -1070,8 +1069,8 @@ impl LoopState {
                     w.spec.hang_timeout
                 );
                 self.hung = true;
-                tree::kill_group(pgid, libc::SIGTERM);
-                tree::kill_marked(&attempt.marker, libc::SIGTERM);
+                tree::kill_group(pgid, Signal::TERM);
+                tree::kill_marked(&attempt.marker, Signal::TERM);
                 self.term_at = Some(now);
             }
         } else if self.gone_at.is_none() {
@@ -1095,8 +1094,8 @@ impl LoopState {
             self.gone_at = Some(now);
         } else if self.term_at.is_none() {
             tracing::debug!("child exited; terminating the rest of group {pgid}");
-            tree::kill_group(pgid, libc::SIGTERM);
-            tree::kill_marked(&attempt.marker, libc::SIGTERM);
+            tree::kill_group(pgid, Signal::TERM);
+            tree::kill_marked(&attempt.marker, Signal::TERM);
             self.term_at = Some(now);
         } else if let Some(k) = self.kill_at
             && now >= k + KILL_WAIT

@@ -12,11 +12,11 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// Signals that end an attempt when forwarded; `pending()` reports these.
-pub(crate) const USER_INTERRUPTS: [i32; 4] =
-    [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+use crate::signal::Signal;
 
 /// Every signal oomguard handles (forwarded, or acted on by `run()`).
+/// Raw numbers here and in the dispositions below: they index the handlers'
+/// counters and go to signal-hook and `sigaction`; what leaves this module is a [`Signal`].
 const HANDLED: [i32; 10] = [
     libc::SIGINT,
     libc::SIGTERM,
@@ -139,13 +139,13 @@ impl Signals {
 
     /// A user signal that arrived while NO child was running (between attempts) — the
     /// supervisor then stops. Does not consume it: asking twice gives the same answer.
-    pub fn pending(&self) -> Option<i32> {
+    pub fn pending(&self) -> Option<Signal> {
         let shared = Self::shared();
         let handled = self.handled.lock().unwrap_or_else(|e| e.into_inner());
-        USER_INTERRUPTS
-            .iter()
-            .copied()
-            .find(|&sig| shared.counts[sig as usize].load(Ordering::SeqCst) > handled[sig as usize])
+        Signal::USER_INTERRUPTS.iter().copied().find(|s| {
+            let sig = s.raw() as usize;
+            shared.counts[sig].load(Ordering::SeqCst) > handled[sig]
+        })
     }
 
     /// The fd that becomes readable when a handled signal arrives.
@@ -168,7 +168,7 @@ impl Signals {
     }
 
     /// Signals that arrived since last asked, as (signal, how many times), and marks them seen.
-    pub(crate) fn take_new(&self) -> Vec<(i32, usize)> {
+    pub(crate) fn take_new(&self) -> Vec<(Signal, usize)> {
         let shared = Self::shared();
         let mut handled = self.handled.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
@@ -176,7 +176,7 @@ impl Signals {
             let now = shared.counts[sig as usize].load(Ordering::SeqCst);
             let seen = handled[sig as usize];
             if now > seen {
-                out.push((sig, now - seen));
+                out.push((Signal::from_raw(sig), now - seen));
                 handled[sig as usize] = now;
             }
         }
@@ -190,7 +190,7 @@ impl Signals {
         let shared = Self::shared();
         let mut handled = self.handled.lock().unwrap_or_else(|e| e.into_inner());
         for &sig in &HANDLED {
-            if !USER_INTERRUPTS.contains(&sig) {
+            if !Signal::from_raw(sig).is_user_interrupt() {
                 handled[sig as usize] = shared.counts[sig as usize].load(Ordering::SeqCst);
             }
         }

@@ -307,7 +307,7 @@ fn exit_code_and_death_by_signal() {
 
     let (r, out, err) = run_captured(&spec(&["sh", "-c", "kill -KILL $$"]));
     let r = ok(r, &out, &err);
-    assert_eq!(r.exit, Exit::Signal(9));
+    assert_eq!(r.exit, Exit::Signal(Signal::KILL));
     assert_eq!(r.exit.status_code(), 137);
     assert_eq!(r.exit.to_string(), "signal 9 (SIGKILL)");
 }
@@ -402,7 +402,7 @@ fn a_hang_after_an_oom_is_killed() {
     let (r, out, err) = run_captured(&s);
     let r = ok(r, &out, &err);
     assert!(r.hung);
-    assert_eq!(r.exit, Exit::Signal(libc::SIGTERM));
+    assert_eq!(r.exit, Exit::Signal(Signal::TERM));
     let oom_at = r.oom_at.expect("OOM seen");
     assert!(r.scanner.first_oom().is_some());
     assert!(
@@ -439,7 +439,7 @@ fn stop_when_ends_a_running_command_and_says_why() {
     writer.join().unwrap();
     let r = ok(r, &out, &err);
     assert_eq!(r.stopped.as_deref(), Some("copy 0 decided"));
-    assert_eq!(r.exit, Exit::Signal(libc::SIGTERM));
+    assert_eq!(r.exit, Exit::Signal(Signal::TERM));
     assert!(!r.hung);
     assert!(r.duration < Duration::from_secs(5), "{:?}", r.duration);
     assert_eq!(out, b"started\n");
@@ -507,7 +507,7 @@ fn a_process_that_left_the_group_and_holds_stdout_does_not_hang_run() {
     ]));
     let r = ok(r, &out, &err);
     let pid: i32 = String::from_utf8_lossy(&out).trim().parse().unwrap();
-    tree::kill_pid(pid, libc::SIGKILL);
+    tree::kill_pid(pid, Signal::KILL);
     assert_eq!(r.exit, Exit::Code(0));
     assert!(r.duration < Duration::from_secs(2), "{:?}", r.duration);
 }
@@ -770,7 +770,7 @@ fn signals_are_forwarded_and_sigterm_is_an_interrupt() {
     wait_ready(&h, &out);
     for sig in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGHUP] {
         raise(sig);
-        let name = signal_name(sig);
+        let name = Signal::from_raw(sig);
         assert!(
             wait_until(Duration::from_secs(5), || out
                 .text()
@@ -784,7 +784,7 @@ fn signals_are_forwarded_and_sigterm_is_an_interrupt() {
     assert!(out.text().contains("received SIGTERM"), "{}", out.text());
     assert_eq!(r.exit, Exit::Code(143));
     // SIGHUP came first; it is what interrupted the attempt.
-    assert_eq!(r.interrupted, Some(libc::SIGHUP));
+    assert_eq!(r.interrupted, Some(Signal::HUP));
 }
 
 #[test]
@@ -803,8 +803,8 @@ fn a_second_ctrl_c_kills_the_group() {
     assert!(!h.is_finished(), "the first SIGINT is only forwarded");
     raise(libc::SIGINT);
     let r = h.join().unwrap().unwrap();
-    assert_eq!(r.exit, Exit::Signal(libc::SIGKILL));
-    assert_eq!(r.interrupted, Some(libc::SIGINT));
+    assert_eq!(r.exit, Exit::Signal(Signal::KILL));
+    assert_eq!(r.interrupted, Some(Signal::INT));
 }
 
 #[test]
@@ -842,10 +842,10 @@ fn pending_reports_an_interrupt_between_attempts() {
     assert_eq!(signals.pending(), None, "SIGUSR1 is not an interrupt");
     raise(libc::SIGTERM);
     assert!(wait_until(Duration::from_secs(2), || signals.pending()
-        == Some(libc::SIGTERM)));
+        == Some(Signal::TERM)));
     assert_eq!(
         signals.pending(),
-        Some(libc::SIGTERM),
+        Some(Signal::TERM),
         "asking does not consume it"
     );
 }

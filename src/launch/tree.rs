@@ -13,34 +13,36 @@
 
 use std::io::Read;
 
+use crate::signal::Signal;
+
 /// Name of the environment variable that marks an attempt's processes.
 pub const MARKER_VAR: &str = "OOMGUARD_ATTEMPT";
 
 /// Sends `sig` to the group. Returns false when the group is gone (ESRCH). Other errors are
 /// logged, never ignored silently.
-pub(crate) fn kill_group(pgid: i32, sig: i32) -> bool {
+pub(crate) fn kill_group(pgid: i32, sig: Signal) -> bool {
     debug_assert!(pgid > 1);
     if pgid <= 1 {
         return false;
     }
     // SAFETY: kill has no memory-safety implications; pgid > 1 so this is one group.
-    if unsafe { libc::kill(-pgid, sig) } == 0 {
+    if unsafe { libc::kill(-pgid, sig.raw()) } == 0 {
         return true;
     }
     let e = std::io::Error::last_os_error();
     if e.raw_os_error() != Some(libc::ESRCH) {
-        tracing::warn!("kill(-{pgid}, {}) failed: {e}", super::signal_name(sig));
+        tracing::warn!("kill(-{pgid}, {}) failed: {e}", sig);
     }
     false
 }
 
 /// Sends `sig` to one process; ESRCH is "already gone".
-pub(crate) fn kill_pid(pid: i32, sig: i32) {
+pub(crate) fn kill_pid(pid: i32, sig: Signal) {
     // SAFETY: as above; pid > 0.
-    if pid > 0 && unsafe { libc::kill(pid, sig) } != 0 {
+    if pid > 0 && unsafe { libc::kill(pid, sig.raw()) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::ESRCH) {
-            tracing::warn!("kill({pid}, {}) failed: {e}", super::signal_name(sig));
+            tracing::warn!("kill({pid}, {}) failed: {e}", sig);
         }
     }
 }
@@ -131,7 +133,7 @@ pub(crate) fn marked_pids(marker: &str) -> Vec<i32> {
 }
 
 /// Sends `sig` to every live process carrying the marker; returns how many.
-pub(crate) fn kill_marked(marker: &str, sig: i32) -> usize {
+pub(crate) fn kill_marked(marker: &str, sig: Signal) -> usize {
     let pids = marked_pids(marker);
     for &pid in &pids {
         kill_pid(pid, sig);

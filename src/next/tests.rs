@@ -361,7 +361,12 @@ fn one_row_per_rule() {
         (
             "user interruption",
             &alone,
-            Ended::new(Outcome::Interrupted { signal: 2 }, None),
+            Ended::new(
+                Outcome::Interrupted {
+                    signal: crate::signal::Signal::INT,
+                },
+                None,
+            ),
             "stop 130 interrupted",
         ),
         (

@@ -8,13 +8,13 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 use serde_json::Value as Json;
 
 use crate::events::{Event, Listener};
-use crate::runfolder::create_private_dir;
+use crate::run_folder::{RunFolder, create_private_dir};
 
 pub struct Journal {
     dir: Option<PathBuf>,
@@ -22,13 +22,6 @@ pub struct Journal {
     warned: bool,
     /// Warnings not yet said (see [`Journal::take_warnings`]).
     warnings: Vec<String>,
-}
-
-/// `.oomguard/runs/<local time>`: the name a run folder starts from
-/// (`runfolder::create_run_dir` adds `-2`, `-3`... when another run took it).
-pub fn default_run_dir() -> PathBuf {
-    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
-    Path::new(".oomguard").join("runs").join(stamp)
 }
 
 /// A time as the journal writes it (RFC 3339, local, milliseconds).
@@ -44,7 +37,7 @@ impl Journal {
         // Appended to (a run folder given again keeps every run's lines), but
         // never through a symlink or a link to another file.
         let result = create_private_dir(&dir)
-            .and_then(|()| crate::runfolder::open_append(&dir.join("journal.jsonl")));
+            .and_then(|()| crate::run_folder::open_append(&RunFolder::at(&dir).journal()));
         match result {
             Ok(file) => Journal {
                 dir: Some(dir),
@@ -65,12 +58,12 @@ impl Journal {
     }
 
     pub fn path(&self) -> Option<PathBuf> {
-        self.dir.as_ref().map(|d| d.join("journal.jsonl"))
+        self.dir.as_ref().map(|d| RunFolder::at(d).journal())
     }
 
     /// The folder for attempt `n`, created on demand; `None` when it cannot be.
     pub fn attempt_dir(&mut self, n: u32) -> Option<PathBuf> {
-        let d = self.dir.as_ref()?.join(format!("attempt-{n}"));
+        let d = RunFolder::at(self.dir.as_ref()?).attempt(n);
         match create_private_dir(&d) {
             Ok(()) => Some(d),
             Err(e) => {

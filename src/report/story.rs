@@ -659,7 +659,7 @@ const JOURNAL_TAIL: u64 = 48 << 20;
 
 /// Read `dir/journal.jsonl` (without following a link at its name).
 pub fn read_run(dir: &Path) -> Result<Story, ReadError> {
-    let path = dir.join("journal.jsonl");
+    let path = crate::run_folder::RunFolder::at(dir).journal();
     let shown = path.display().to_string();
     // Not blocking on a FIFO, nothing but a regular file, and at most
     // JOURNAL_HEAD + JOURNAL_TAIL bytes of it (a sparse 20 GB journal costs

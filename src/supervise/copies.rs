@@ -37,7 +37,7 @@ impl<'c> Run<'c> {
     /// A job that finished (copy 0's success): its settings are no restart's.
     pub(super) fn job_finished(&self, code: i32) {
         let Some(path) = &self.fitting else { return };
-        let leader = self.cfg.job.as_ref().is_none_or(job::Job::leader);
+        let leader = self.job.as_ref().is_none_or(job::Job::leader);
         if code == exit::SUCCESS && leader && !in_slurm() && job::in_pod(&|k| std::env::var_os(k)) {
             job::forget_fitting(path);
         }
@@ -81,22 +81,19 @@ impl<'c> Run<'c> {
             return;
         }
         self.settings = next;
-        let res = self
-            .cfg
-            .resume(&checkpoint::Baseline::default(), Duration::from_millis(200));
-        let step = res.chosen.as_ref().and_then(checkpoint::step_for);
-        self.resume_from(&res, step);
+        let res = self.resumer.search_any();
+        self.resumer.resume_from(&res, res.step());
         self.term.info(&format!(
             "{why}: starting at {} (the last settings launched, from {}); {}",
             self.settings,
             fitting.run_dir.display(),
-            res.why
+            res.because
         ));
         let note = format!("{}\n", fitting.run_dir.display());
-        if let Err(e) = crate::job::write_previous_run(&self.cfg.run_dir, note.as_bytes()) {
+        if let Err(e) = crate::job::write_previous_run(&self.folder, note.as_bytes()) {
             tracing::warn!(
                 "cannot write previous-run in {}: {e}",
-                self.cfg.run_dir.display()
+                self.folder.display()
             );
         }
     }
@@ -127,7 +124,7 @@ impl<'c> Run<'c> {
     /// copy 0 of a job writes them.
     pub(super) fn save_fitting(&self) {
         let Some(path) = &self.fitting else { return };
-        if self.cfg.job.as_ref().is_some_and(|j| !j.leader()) {
+        if self.job.as_ref().is_some_and(|j| !j.leader()) {
             return;
         }
         let f = job::Fitting {
@@ -137,8 +134,7 @@ impl<'c> Run<'c> {
                 .iter()
                 .map(|(k, v)| (k.name().to_string(), v.clone()))
                 .collect(),
-            run_dir: std::path::absolute(&self.cfg.run_dir)
-                .unwrap_or_else(|_| self.cfg.run_dir.clone()),
+            run_dir: std::path::absolute(&self.folder).unwrap_or_else(|_| self.folder.clone()),
         };
         if let Err(e) = job::save_fitting(path, &f) {
             tracing::warn!("cannot keep the job's settings in {}: {e}", path.display());
@@ -230,19 +226,13 @@ impl<'c> Run<'c> {
                     let _ = job.publish_end(n + 1, &end);
                     return ControlFlow::Break(own);
                 }
-                self.resume = match (resume, &self.cfg.layout) {
-                    (Some(p), Some(l)) => Some(knobs::ResumeArg {
-                        how: l.how.clone(),
-                        path: p.into_os_string(),
-                    }),
-                    _ => None,
-                };
+                self.resumer.follow(resume);
                 self.term.info(&format!(
                     "copy 0 of the job decided: {} → {}{}",
                     before,
                     self.settings,
-                    self.resume
-                        .as_ref()
+                    self.resumer
+                        .next()
                         .map(|r| format!(", resuming from {}", r.path.to_string_lossy()))
                         .unwrap_or_default()
                 ));

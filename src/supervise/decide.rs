@@ -25,9 +25,9 @@ impl<'c> Run<'c> {
     /// What the user and the policy allow.
     pub(super) fn rules(&self) -> next::Rules<'c> {
         next::Rules {
-            policy: &self.cfg.policy,
-            max_attempts: self.cfg.max_attempts,
-            workers_floor: self.cfg.workers_floor,
+            policy: &self.cfg.opts.policy,
+            max_attempts: self.cfg.opts.max_attempts,
+            workers_floor: self.cfg.target.workers_floor,
         }
     }
 
@@ -64,7 +64,7 @@ impl<'c> Run<'c> {
         let oom_after = report.oom_at.unwrap_or(report.duration);
         let flow = match verdict {
             Verdict::Follow => {
-                let job = self.cfg.job.clone().expect("a follower is a copy of a job");
+                let job = self.job.clone().expect("a follower is a copy of a job");
                 return self.follow(&job, rec, &ended.outcome, report);
             }
             Verdict::Wait(_) => unreachable!("the loop gets what a wait asks for"),
@@ -157,26 +157,24 @@ impl<'c> Run<'c> {
         report: &launch::Report,
         because: Because,
     ) {
-        let (n, max) = (rec.n, self.cfg.max_attempts);
+        let (n, max) = (rec.n, self.cfg.opts.max_attempts);
         match because {
             Because::Success => {
                 self.gw.record_success();
-                if let Some((path, key)) = &self.cfg.remember
+                if let Some((path, key)) = &self.cfg.target.remember
                     && let Err(e) = crate::remember::record(
                         path,
                         key,
                         &self.settings.knobs,
-                        &crate::remember::redact(&self.cfg.argv),
+                        &crate::remember::redact(&self.cfg.opts.argv),
                     )
                 {
                     tracing::warn!("cannot remember the settings in {}: {e}", path.display());
                 }
             }
             Because::Interrupted { signal } => {
-                self.term.info(&format!(
-                    "interrupted by {}; not relaunching",
-                    signal_name(signal)
-                ));
+                self.term
+                    .info(&format!("interrupted by {}; not relaunching", signal));
             }
             Because::NotAnOom => {
                 if let Outcome::Other { code, exit, why } = &ended.outcome {
@@ -253,7 +251,7 @@ impl<'c> Run<'c> {
                 let ev = ended.evidence.clone().unwrap_or_else(Evidence::assumed);
                 let why = next::words::phase_reason(b, &ev).unwrap_or_default();
                 self.term.say(&format!("{why}; oomguard stops here"));
-                let families = &self.cfg.disc.families;
+                let families = &self.cfg.target.disc.families;
                 let advice = if when == When::Loading {
                     crate::frameworks::load_advice(families)
                 } else {
@@ -275,7 +273,7 @@ impl<'c> Run<'c> {
                     Refusal::NoStep { attempt } => {
                         let without: Vec<&str> = self.dropped.iter().map(|k| k.name()).collect();
                         self.term.say(&format!("without {}, the policy '{}' has no other step for the OOM of attempt {attempt}: the run still does not fit at {}", without.join(" and "),
-                            self.cfg.policy.name,
+                            self.cfg.opts.policy.name,
                             self.settings));
                     }
                     _ => self.term.say(&format!("{n} attempts made (--max-attempts {max}); the run still does not fit at {}", self.settings)),
@@ -308,7 +306,7 @@ impl<'c> Run<'c> {
     /// The OOM of the attempt record `index` decided again without a refused
     /// knob: its decision is replaced, so the summary tells what was done.
     fn redecided(&mut self, n: u32, index: usize, d: Decision) {
-        let resume = self.resume.as_ref().map(|r| PathBuf::from(&r.path));
+        let resume = self.resumer.next().map(|r| PathBuf::from(&r.path));
         self.emit(Event::Decision {
             attempt: n,
             step: d.step,
@@ -318,7 +316,7 @@ impl<'c> Run<'c> {
             global_batch_after: d.after.global_batch(),
             reason: d.reason.clone(),
             resume: resume.as_deref().map(events::path),
-            resume_step: self.resumed_step,
+            resume_step: self.resumer.resumed_step(),
         });
         if let Next::Decided { decision, .. } = &mut self.attempts[index].next {
             *decision = d;
@@ -358,9 +356,9 @@ impl<'c> Run<'c> {
     fn retry_foreign(&mut self, rec: &mut AttemptRecord, tenants: &[crate::gpu::Tenant]) {
         let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
         let who = who.join("; ");
-        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        let res = self.resumer.search();
         self.checkpoints_passed_over(rec.n, &res);
-        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
+        self.resumer.resume_from(&res, res.step());
         self.term
             .info("memory is free again: retrying the same settings");
         self.emit(Event::RetrySameSettings(RetrySame {
@@ -388,12 +386,7 @@ impl<'c> Run<'c> {
     /// The step the attempt that ran since `started` began from: the checkpoint
     /// it resumed from, else the user's own resume argument's, else 0.
     pub(super) fn started_from(&self) -> u64 {
-        self.resumed_step
-            .or_else(|| {
-                let user = self.cfg.layout.as_ref()?.user_resume.as_ref()?;
-                checkpoint::recorded_step(user)
-            })
-            .unwrap_or(0)
+        self.resumer.started_from()
     }
 
     /// The step the attempt that ran since `started` reached: what its log
@@ -401,13 +394,12 @@ impl<'c> Run<'c> {
     /// checkpoint it saved when that is later (a lower bound: it went on
     /// after saving). `None`: it cannot be told.
     pub(super) fn reached(&self, log: Option<&Path>, started: SystemTime) -> Option<Reached> {
-        let printed = log.and_then(|l| progress::read(l, self.cfg.logging, self.started_from()));
+        let printed =
+            log.and_then(|l| progress::read(l, self.cfg.target.logging, self.started_from()));
         // A checkpoint beyond what the output shows is not this attempt's.
-        let mut bounded = self.baseline.clone();
-        if let Some(p) = printed {
-            bounded.reached = Some(self.step_bound(p).max(bounded.reached.unwrap_or(0)));
-        }
-        let res = self.cfg.resume(&bounded, Duration::ZERO);
+        let res = self
+            .resumer
+            .search_reached(printed.map(|p| self.step_bound(p)));
         let saved = res
             .chosen
             .as_ref()
@@ -427,7 +419,7 @@ impl<'c> Run<'c> {
     /// with "at least" (log dicts every N steps) up to N - 1 more.
     pub(super) fn step_bound(&self, r: Reached) -> u64 {
         if r.at_least {
-            r.step + self.cfg.logging.map_or(0, |l| l.every.max(1) - 1)
+            r.step + self.cfg.target.logging.map_or(0, |l| l.every.max(1) - 1)
         } else {
             r.step
         }
@@ -439,7 +431,7 @@ impl<'c> Run<'c> {
     pub(super) fn note_reached(&mut self, r: Option<Reached>) {
         if let Some(r) = r {
             let b = self.step_bound(r);
-            self.baseline.reached = Some(self.baseline.reached.map_or(b, |x| x.max(b)));
+            self.resumer.note_reached(b);
         }
     }
 
@@ -447,14 +439,16 @@ impl<'c> Run<'c> {
     pub(super) fn host_oom_advice(&self, n: u32) -> String {
         let buffers = "reduce host-side buffers (load checkpoints with low_cpu_mem_usage or mmap, less CPU offload) or use a machine with more RAM";
         match self.settings.int(knobs::Knob::DataloaderWorkers) {
-            Some(w) if w > self.cfg.workers_floor && n >= self.cfg.max_attempts => format!(
-                "{n} attempts made (--max-attempts {}), so the DataLoader's {w} workers are not halved again; {buffers}",
-                self.cfg.max_attempts
-            ),
+            Some(w) if w > self.cfg.target.workers_floor && n >= self.cfg.opts.max_attempts => {
+                format!(
+                    "{n} attempts made (--max-attempts {}), so the DataLoader's {w} workers are not halved again; {buffers}",
+                    self.cfg.opts.max_attempts
+                )
+            }
             Some(0) => {
                 format!("the DataLoader already loads in the main process (0 workers); {buffers}")
             }
-            Some(w) if self.cfg.workers_floor > 0 => format!(
+            Some(w) if self.cfg.target.workers_floor > 0 => format!(
                 "the DataLoader already runs with {w} worker (the command sets a prefetch factor or persistent workers, which need one); {buffers}"
             ),
             Some(w) => format!("the DataLoader already runs with {w} workers; {buffers}"),
@@ -484,10 +478,10 @@ impl<'c> Run<'c> {
         self.term.info(&format!(
             "attempt {n}: {ev}: retrying the same settings once ({alloc}); a smaller batch does not lower {peak} peak"
         ));
-        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        let res = self.resumer.search();
         self.checkpoints_passed_over(rec.n, &res);
-        self.resume_from(&res, res.chosen.as_ref().and_then(checkpoint::step_for));
-        self.term.info(&res.why);
+        self.resumer.resume_from(&res, res.step());
+        self.term.info(&res.because.to_string());
         self.emit(Event::RetrySameSettings(RetrySame {
             attempt: rec.n,
             step: SameSettings::RetrySameSettings,
@@ -512,22 +506,22 @@ impl<'c> Run<'c> {
         };
         self.term.say(&format!(
             "the policy '{}' has no step left; the run still does not fit {at}",
-            cfg.policy.name
+            cfg.opts.policy.name
         ));
-        for na in policy::not_applicable(&cfg.policy, &cfg.disc) {
+        for na in policy::not_applicable(&cfg.opts.policy, &cfg.target.disc) {
             self.term
                 .say(&format!("  {} not applicable: {}", na.step, na.why));
         }
         for n in plan::unbound_notes(cfg) {
             self.term.say(&format!("  {n}"));
         }
-        if let Some(s) = &cfg.inside.shell_script {
+        if let Some(s) = &cfg.target.inside.shell_script {
             self.term
                 .say(&format!("  {}", crate::inside::shell_note(s)));
         }
         self.term.say(&format!(
             "  {} shows every knob, where oomguard looked for it and the ladder",
-            plan::plan_hint(&cfg.argv)
+            plan::plan_hint(&cfg.opts.argv)
         ));
     }
 
@@ -541,7 +535,7 @@ impl<'c> Run<'c> {
             EvalNot::Unbound => {
                 format!(
                     "there is {}",
-                    crate::frameworks::no_eval_batch(&self.cfg.disc.families)
+                    crate::frameworks::no_eval_batch(&self.cfg.target.disc.families)
                 )
             }
         };
@@ -584,12 +578,12 @@ impl<'c> Run<'c> {
     ) -> Next {
         // The previous attempt's group is gone (launch waits for it), so a
         // checkpoint it was writing is as complete as it will ever be.
-        let res = self.cfg.resume(&self.baseline, Duration::from_millis(200));
+        let res = self.resumer.search();
         self.checkpoints_passed_over(n, &res);
-        let new_step = res.chosen.as_ref().and_then(checkpoint::step_for);
+        let new_step = res.step();
         let loss = Loss::measure(
             ev.step_reached,
-            self.resumed_step,
+            self.resumer.resumed_step(),
             new_step,
             res.chosen
                 .as_ref()
@@ -601,13 +595,13 @@ impl<'c> Run<'c> {
             attempt: n,
             step_reached: ev.step_reached.map(|r| r.step),
             step_reached_at_least: ev.step_reached.is_some_and(|r| r.at_least),
-            started_from_step: self.resumed_step,
+            started_from_step: self.resumer.resumed_step(),
             resume_from_step: new_step,
             steps_lost: loss.steps,
             steps_lost_at_least: loss.at_least,
             seconds_lost: loss.seconds,
         });
-        self.resume_from(&res, new_step);
+        self.resumer.resume_from(&res, new_step);
         // The terminal says the decision as it hears it, before the resume.
         self.emit(Event::Decision {
             attempt: n,
@@ -620,7 +614,7 @@ impl<'c> Run<'c> {
             resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
             resume_step: new_step,
         });
-        self.term.info(&res.why);
+        self.term.info(&res.because.to_string());
         self.settings = d.after.clone();
         Next::Decided { decision: d }
     }
@@ -629,7 +623,7 @@ impl<'c> Run<'c> {
     /// why: the newest few skipped one by one, the rest counted; those this
     /// run did not write in one line. (Ten thousand broken folders once wrote
     /// ten thousand lines on every relaunch.)
-    pub(super) fn checkpoints_passed_over(&mut self, n: u32, res: &ResumeInfo) {
+    pub(super) fn checkpoints_passed_over(&mut self, n: u32, res: &Resumption) {
         let Some(found) = &res.found else { return };
         let named = found.skipped.len().min(checkpoint::NAMED);
         let (first, rest) = found.skipped.split_at(named);

@@ -52,17 +52,34 @@ use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
 use crate::report::story::Story;
 use crate::report::terminal::{Terminal, Verbosity};
-use crate::run_config::{ResumeInfo, RunConfig};
-use crate::runfolder::{self, RunDirError};
+use crate::resume::{self, Resumer, Resumption};
+use crate::run_config::RunConfig;
+use crate::run_folder::{self, RunDirError};
 
 /// How long a copy's ranks may go on after it heard that the job moved on before
 /// it stops them (see `job::Job::moved_on`).
 const JOB_END_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The run between attempts.
+/// The live services a run is handed: the GPU watch (`main` opened it), the
+/// job with its folder opened, the run folder made, and the in-place guard.
+struct Live {
+    gw: GpuWatch,
+    job: Option<job::Job>,
+    folder: PathBuf,
+    inplace: InPlace,
+}
+
+/// The run between attempts: what it was given (options and target, read
+/// only), the live services it was handed or opened (the GPU watch, the job's
+/// folder, the journal, the in-place guard), where the next attempt resumes,
+/// and the loop's state.
 struct Run<'c> {
     cfg: &'c RunConfig,
     gw: GpuWatch,
+    /// This copy's place in a job, its folder opened (see `job`).
+    job: Option<job::Job>,
+    /// The run folder made (the one asked for when it could not be made).
+    folder: PathBuf,
     j: Journal,
     inplace: InPlace,
     /// The content hashes of the config files read at start, and the changes
@@ -83,15 +100,8 @@ struct Run<'c> {
     first: Settings,
     /// The settings of the next attempt.
     settings: Settings,
-    /// Where the next attempt resumes from. The first attempt runs the command
-    /// as given: a resume argument the user wrote stays theirs. Later attempts
-    /// resume from the newest complete checkpoint.
-    resume: Option<knobs::ResumeArg>,
-    /// The step of that checkpoint.
-    resumed_step: Option<u64>,
-    /// The checkpoints there when the first attempt started: a relaunch never
-    /// resumes from them (it continues this run, not an older experiment).
-    baseline: checkpoint::Baseline,
+    /// Where the next attempt resumes from (see `resume`).
+    resumer: Resumer,
     /// Where this Slurm or Kubernetes job keeps the settings it last launched
     /// with, for a requeue or a restarted pod (see `job::Fitting`); None outside
     /// both or without checkpoints.
@@ -123,16 +133,18 @@ struct Run<'c> {
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
-pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
+///
+/// `gw` is the GPU watch `main` opened to inspect the command; the run keeps
+/// it for the waits, peaks and tenants of every attempt.
+pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
     // The scanner's patterns are built while the first attempt starts, not at its first
     // OOM line (where the build delayed the hang timer's reaction).
     std::thread::spawn(crate::detect::warm);
     // How much oomguard says is decided here, once.
-    let term = Terminal::stderr(Verbosity::of(cfg.quiet, cfg.verbose));
-    let gw = cfg.gpu.take().expect("from_args opened the GPU watch");
+    let term = Terminal::stderr(Verbosity::of(cfg.opts.quiet, cfg.opts.verbose));
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
-    let rungs = match plan::ladder(&cfg, None) {
+    let rungs = match plan::ladder(cfg, None) {
         Ok(r) => r.len(),
         Err(e) => {
             term.error(&e.to_string());
@@ -142,6 +154,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     // A module still holding the edit of a run that did not finish would be
     // read as the original: refused before anything is created.
     let in_place: Vec<&Path> = cfg
+        .target
         .disc
         .in_place_files()
         .into_iter()
@@ -153,7 +166,7 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     }
     // The run folder is created fresh and private, or refused before anything
     // runs; so are the files --edit-in-place would edit.
-    let run_dir = match runfolder::create_run_dir(&cfg.run_dir, cfg.run_dir_given) {
+    let run_dir = match run_folder::create_run_dir(&cfg.opts.run_dir, cfg.opts.run_dir_given) {
         Ok(d) => Ok(d),
         Err(RunDirError::Unsafe(e)) => {
             term.error(&e.to_string());
@@ -162,10 +175,11 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
         // The journal warns and the run goes on without one.
         Err(e @ RunDirError::Unwritable { .. }) => Err(e.to_string()),
     };
-    if let Ok(d) = &run_dir {
-        cfg.run_dir = d.clone();
-    }
+    let folder = run_dir
+        .as_ref()
+        .map_or_else(|_| cfg.opts.run_dir.clone(), Clone::clone);
     let files: Vec<(&Path, &str)> = cfg
+        .target
         .disc
         .in_place_files()
         .into_iter()
@@ -180,18 +194,25 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
     };
     // The job's folder is private and the user's, or refused before anything
     // runs (see `job`): another user's files there would steer this run.
-    if let Some(job) = cfg.job.as_mut()
+    let mut job = cfg.target.job.clone();
+    if let Some(job) = job.as_mut()
         && let Err(e) = job.open()
     {
         term.error(&e.to_string());
         return exit::USAGE;
     }
-    let mut run = Run::start(&cfg, gw, inplace, rungs, term);
+    let live = Live {
+        gw,
+        job,
+        folder,
+        inplace,
+    };
+    let mut run = Run::start(cfg, live, rungs, term);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
     run.restarted_pod();
     let code = loop {
         if let Some(sig) = signals.pending() {
-            break exit::SIGNAL_BASE + sig;
+            break sig.exit_code();
         }
         // Continue: launch the next attempt; Break: the run is over, with this code.
         if let ControlFlow::Break(code) = run.attempt(signals) {
@@ -204,40 +225,40 @@ pub fn run(mut cfg: RunConfig, signals: &launch::Signals) -> i32 {
 
 impl<'c> Run<'c> {
     /// `rungs`: how many attempts the policy's ladder has (1: nothing to change).
-    fn start(
-        cfg: &'c RunConfig,
-        gw: GpuWatch,
-        inplace: InPlace,
-        rungs: usize,
-        term: Terminal,
-    ) -> Run<'c> {
-        let mut j = Journal::open(cfg.run_dir.clone());
+    fn start(cfg: &'c RunConfig, live: Live, rungs: usize, term: Terminal) -> Run<'c> {
+        let Live {
+            gw,
+            job,
+            folder,
+            inplace,
+        } = live;
+        let mut j = Journal::open(folder.clone());
         for w in j.take_warnings() {
             term.warn(&w);
         }
         let env_defaults = cfg.env_defaults();
         let tty = std::io::stdout().is_terminal();
-        let first = cfg.disc.settings();
+        let first = cfg.target.disc.settings();
         let start = Event::RunStart {
-            argv: events::argv(&cfg.argv),
-            policy: cfg.policy.name.clone(),
-            max_attempts: cfg.max_attempts,
+            argv: events::argv(&cfg.opts.argv),
+            policy: cfg.opts.policy.name.clone(),
+            max_attempts: cfg.opts.max_attempts,
             settings: events::knobs(&first),
             world_size: first.world_size,
-            world_source: cfg.disc.world.source.clone(),
+            world_source: cfg.target.disc.world.source.clone(),
             global_batch: first.global_batch(),
             env: events::json(&env_defaults),
-            notes: cfg.disc.notes.clone(),
-            warnings: cfg.disc.warnings.clone(),
+            notes: cfg.target.disc.notes.clone(),
+            warnings: cfg.target.disc.warnings.clone(),
             tty,
             supervisor: Some(crate::liveness::Supervisor::me()),
-            logging: cfg.logging,
+            logging: cfg.target.logging,
         };
         let at = SystemTime::now();
         j.on(at, &start);
         let story = Story::begin(&start, Some(crate::report::journal::stamp(at)))
             .expect("run_start begins a story");
-        for w in &cfg.disc.warnings {
+        for w in &cfg.target.disc.warnings {
             term.warn(w);
         }
         start_lines(cfg, &term, rungs);
@@ -245,11 +266,18 @@ impl<'c> Run<'c> {
         if let Some(line) = remembered {
             term.info(&line);
         }
+        let fitting = cfg.target.layout.as_ref().and_then(|l| {
+            let env = |k: &str| std::env::var_os(k);
+            job::fitting_path(&env, &l.root)
+                .or_else(|| job::pod_fitting_path(&cfg.target.cmd, &env, job.as_ref(), &l.root))
+        });
         Run {
             cfg,
             gw,
+            job,
+            folder,
             inplace,
-            start_hashes: knobs::drift::start_hashes(&cfg.disc),
+            start_hashes: knobs::drift::start_hashes(&cfg.target.disc),
             reported: Vec::new(),
             scratch: None,
             j,
@@ -259,16 +287,8 @@ impl<'c> Run<'c> {
             tty,
             settings,
             first,
-            resume: None,
-            resumed_step: None,
-            baseline: checkpoint::Baseline::default(),
-            fitting: cfg.layout.as_ref().and_then(|l| {
-                let env = |k: &str| std::env::var_os(k);
-                job::fitting_path(&env, &l.root).or_else(|| {
-                    let cmd = crate::command::Command::parse(&cfg.argv);
-                    job::pod_fitting_path(&cmd, &env, cfg.job.as_ref(), &l.root)
-                })
-            }),
+            resumer: Resumer::new(cfg.target.layout.clone(), resume::SETTLE),
+            fitting,
             begun: 0,
             attempts: Vec::new(),
             kernel_unreadable_said: false,
@@ -287,7 +307,7 @@ impl<'c> Run<'c> {
     fn attempt(&mut self, signals: &launch::Signals) -> ControlFlow<i32> {
         self.begun += 1;
         let n = self.begun;
-        if let Some(job) = &self.cfg.job {
+        if let Some(job) = &self.job {
             if n == 1 && job.leader() {
                 job.clear_stale();
             }
@@ -328,7 +348,7 @@ impl<'c> Run<'c> {
             Ok(r) => r,
             Err(code) => return ControlFlow::Break(code),
         };
-        self.baseline.note_announced(&report.saves);
+        self.resumer.note_announced(&report.saves);
         let outcome = self.ended(n, &report, peak.as_ref(), spec.log.as_deref(), started);
         let mut rec = AttemptRecord {
             n,
@@ -362,10 +382,10 @@ impl<'c> Run<'c> {
             self.config_changes(n);
         }
         let m = knobs::materialize(
-            &cfg.argv,
-            &cfg.disc,
+            &cfg.opts.argv,
+            &cfg.target.disc,
             &self.settings,
-            self.resume.as_ref(),
+            self.resumer.next(),
             &files_dir,
         )
         .map_err(|e| {
@@ -378,7 +398,7 @@ impl<'c> Run<'c> {
             ));
             return Err(exit::CANNOT_WRITE);
         }
-        self.added = knobs::added(&cfg.disc, &self.settings);
+        self.added = knobs::added(&cfg.target.disc, &self.settings);
         let env_set: Vec<(OsString, OsString)> = self
             .env_defaults
             .iter()
@@ -398,17 +418,17 @@ impl<'c> Run<'c> {
         if n == 1 {
             // As late as possible before the launch: what is there now is not
             // this run's (the wait for GPU memory above may have been long).
-            self.baseline = cfg.baseline();
+            self.resumer.take_baseline();
         }
-        let resume = self.resume.as_ref().map(|r| Path::new(&r.path));
-        self.last_command = Some(last_command(&cfg.argv, &m, resume));
+        let resume = self.resumer.next().map(|r| Path::new(&r.path));
+        self.last_command = Some(last_command(&cfg.opts.argv, &m, resume));
         let start = attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
         self.emit(start);
         let started = SystemTime::now();
         if n > 1 {
             self.term.info(&format!(
                 "attempt {n}/{}: {}",
-                cfg.max_attempts,
+                cfg.opts.max_attempts,
                 plan::shell_quote(&m.argv)
             ));
         } else {
@@ -419,12 +439,12 @@ impl<'c> Run<'c> {
             argv: m.argv,
             env_set,
             tty: self.tty,
-            log: adir.map(|d| d.join("output.log")),
-            log_head_bytes: runfolder::LOG_HEAD_BYTES,
+            log: adir.as_deref().map(run_folder::output_log_in),
+            log_head_bytes: run_folder::LOG_HEAD_BYTES,
             log_tail_bytes: 4 << 20,
-            hang_timeout: cfg.hang_timeout,
-            grace: cfg.grace,
-            task_files: cfg.task_files.clone(),
+            hang_timeout: cfg.opts.hang_timeout,
+            grace: cfg.opts.grace,
+            task_files: cfg.target.task_files.clone(),
             // A copy of a job hears while its ranks still run that the job moved on
             // (copy 0 decided, or another copy's ranks are gone): see `job`.
             // Ranks finishing on their own get [`JOB_END_GRACE`] first: at the end of
@@ -437,8 +457,10 @@ impl<'c> Run<'c> {
                 .last()
                 .filter(|s| s.state == SetbackState::Behind)
                 .and_then(|s| s.step)
-                .map(|step| progress::StepWatch::new(step, self.started_from(), cfg.logging)),
-            stop_when: cfg.job.clone().map(|job| {
+                .map(|step| {
+                    progress::StepWatch::new(step, self.started_from(), cfg.target.logging)
+                }),
+            stop_when: self.job.clone().map(|job| {
                 let seen = std::sync::Mutex::new(None::<std::time::Instant>);
                 launch::StopWhen(std::sync::Arc::new(move || {
                     let why = job.moved_on(n)?;
@@ -447,7 +469,7 @@ impl<'c> Run<'c> {
                     (at.elapsed() >= JOB_END_GRACE).then_some(why)
                 }))
             }),
-            torchrun_restarts: cfg.inside.torchrun_restarts,
+            torchrun_restarts: cfg.target.inside.torchrun_restarts,
         };
         Ok((spec, started))
     }
@@ -456,7 +478,7 @@ impl<'c> Run<'c> {
     /// folder cannot be written. `Err`: the exit code.
     fn scratch_dir(&mut self, n: u32) -> Result<std::path::PathBuf, i32> {
         if self.scratch.is_none() {
-            match runfolder::fresh_temp_dir() {
+            match run_folder::fresh_temp_dir() {
                 Ok(d) => self.scratch = Some(d),
                 Err(e) => {
                     self.term.error(&format!(
@@ -467,14 +489,14 @@ impl<'c> Run<'c> {
             }
         }
         let dir = self.scratch.as_ref().expect("made above");
-        Ok(dir.join(format!("attempt-{n}")))
+        Ok(dir.join(run_folder::names::attempt(n)))
     }
 
     /// A config file the user edited since the run started is not in the
     /// relaunch (copies are made from the text read at start): say so, once
     /// per change, on the terminal and in the journal.
     fn config_changes(&mut self, n: u32) {
-        for d in knobs::drift::changed(&self.cfg.disc, &self.start_hashes) {
+        for d in knobs::drift::changed(&self.cfg.target.disc, &self.start_hashes) {
             let key = (d.path.clone(), d.hash.clone());
             if self.reported.contains(&key) {
                 continue;
@@ -537,7 +559,7 @@ impl<'c> Run<'c> {
                 "attempt {n}: {why} while this copy's ranks still ran; stopped them"
             ));
         }
-        if let Some(tf) = &self.cfg.task_files
+        if let Some(tf) = &self.cfg.target.task_files
             && report.task_files.is_empty()
         {
             self.term.warn(&format!(
@@ -660,7 +682,7 @@ impl<'c> Run<'c> {
         started: SystemTime,
     ) -> ControlFlow<i32> {
         let n = rec.n;
-        let job = self.cfg.job.clone();
+        let job = self.job.clone();
         let role = match &job {
             None => Role::Alone,
             Some(j) if j.leader() => Role::Leader,
@@ -748,7 +770,7 @@ impl<'c> Run<'c> {
                 },
                 ControlFlow::Continue(()) => Verdict::Relaunch {
                     settings: self.settings.clone(),
-                    resume: match &self.resume {
+                    resume: match self.resumer.next() {
                         Some(r) => next::Resume::From(PathBuf::from(&r.path)),
                         None => next::Resume::Fresh,
                     },
@@ -763,15 +785,6 @@ impl<'c> Run<'c> {
             }
         }
         flow
-    }
-
-    /// The next attempt resumes where `res` says (and `step` is its step);
-    /// without a checkpoint to resume from, the step resumed from stays.
-    fn resume_from(&mut self, res: &ResumeInfo, step: Option<u64>) {
-        self.resume = res.arg.clone();
-        if res.arg.is_some() {
-            self.resumed_step = step;
-        }
     }
 
     /// The time lost to OOMs after attempt `rec` (see `journal::Setback`): the
@@ -908,7 +921,6 @@ impl<'c> Run<'c> {
             story: &self.story,
             journal: path.as_deref(),
             decided_by: self
-                .cfg
                 .job
                 .as_ref()
                 .filter(|j| !j.leader())
@@ -921,7 +933,7 @@ impl<'c> Run<'c> {
                 .say(&format!("GPU memory of the last attempt: {p}"));
         }
         if let Some(line) =
-            progress::save_interval_advice(&end.losses(), self.cfg.layout.as_ref(), lost)
+            progress::save_interval_advice(&end.losses(), self.cfg.target.layout.as_ref(), lost)
         {
             self.term.block(&line);
         }
@@ -999,37 +1011,37 @@ fn last_command(
 /// oomguard can change and what it cannot, a shell script it cannot see into,
 /// restarters and batch-size finders inside the command; every note with -v.
 fn start_lines(cfg: &RunConfig, log: &Terminal, rungs: usize) {
-    if let Some(s) = &cfg.inside.shell_script {
+    if let Some(s) = &cfg.target.inside.shell_script {
         log.info(&format!("warning: {}", crate::inside::shell_note(s)));
     }
-    if rungs <= 1 && cfg.max_attempts > 1 {
-        let mut line = if cfg.disc.knobs.is_empty() {
+    if rungs <= 1 && cfg.opts.max_attempts > 1 {
+        let mut line = if cfg.target.disc.knobs.is_empty() {
             format!(
                 "warning: oomguard found no setting it can change after a GPU OOM in this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows where it looked",
-                plan::plan_hint(&cfg.argv)
+                plan::plan_hint(&cfg.opts.argv)
             )
         } else {
             // Knobs found, but no step of the policy can use them (a micro-batch
             // without an accumulation to keep the global batch).
             format!(
                 "warning: no step of the policy '{}' applies to this command: an OOM ends the run (exit 75) instead of a relaunch; {} shows why each step does not",
-                cfg.policy.name,
-                plan::plan_hint(&cfg.argv)
+                cfg.opts.policy.name,
+                plan::plan_hint(&cfg.opts.argv)
             )
         };
         if let Some(n) = plan::unbound_notes(cfg)
             .into_iter()
             .find(|n| n.starts_with("micro_batch:"))
-            .filter(|_| cfg.inside.shell_script.is_none())
+            .filter(|_| cfg.target.inside.shell_script.is_none())
         {
             line.push_str(&format!(". {n}"));
         }
         log.info(&line);
     }
     log.info(&plan::changeable(cfg));
-    let inside = cfg.inside.notes();
-    for n in &cfg.disc.notes {
-        let shell = cfg.inside.shell_script.is_some() && inside.first() == Some(n);
+    let inside = cfg.target.inside.notes();
+    for n in &cfg.target.disc.notes {
+        let shell = cfg.target.inside.shell_script.is_some() && inside.first() == Some(n);
         log.note(n, inside.contains(n) && !shell);
     }
 }
@@ -1040,10 +1052,4 @@ fn kind_word(k: OutcomeKind) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
-}
-
-fn signal_name(sig: i32) -> String {
-    nix::sys::signal::Signal::try_from(sig)
-        .map(|s| s.as_str().to_string())
-        .unwrap_or_else(|_| format!("signal {sig}"))
 }

@@ -34,6 +34,113 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The names oomguard gives the files and folders it writes: spelled here
+/// and nowhere else, so that the run that writes them, `status`, `runs`,
+/// `restore` and a requeued job agree on them.
+///
+/// A run folder holds:
+///
+/// ```text
+/// .oomguard/runs/<time>/     the default run folder (or --run-dir)
+///   journal.jsonl            one JSON object a line (see `journal`)
+///   attempt-N/               one folder per attempt: its config copies and
+///     output.log             its output (head and tail)
+///   restore.json             the record of files edited in place
+///   originals/               their originals, until restored
+///   previous-run             a requeued job's earlier run folder
+/// ```
+///
+/// and beside a job's checkpoints, `<root>/.oomguard-job/<key>/fitting.json`:
+/// the settings a Slurm or Kubernetes job last launched with.
+pub mod names {
+    /// Where default run folders are made, relative to the folder a run is
+    /// started from.
+    pub const RUNS: &str = ".oomguard/runs";
+    pub const JOURNAL: &str = "journal.jsonl";
+    pub const OUTPUT_LOG: &str = "output.log";
+    pub const RESTORE: &str = "restore.json";
+    pub const ORIGINALS: &str = "originals";
+    pub const PREVIOUS_RUN: &str = "previous-run";
+    /// A job's folder beside its checkpoints (see `job`).
+    pub const JOB: &str = ".oomguard-job";
+    pub const FITTING: &str = "fitting.json";
+
+    /// `attempt-N`.
+    pub fn attempt(n: u32) -> String {
+        format!("attempt-{n}")
+    }
+}
+
+/// A run folder's paths. Naming only: it creates nothing (see
+/// [`create_run_dir`] and `journal::Journal`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunFolder {
+    dir: PathBuf,
+}
+
+impl RunFolder {
+    pub fn at(dir: impl Into<PathBuf>) -> RunFolder {
+        RunFolder { dir: dir.into() }
+    }
+
+    /// `.oomguard/runs/<local time>`: the name a run folder starts from
+    /// ([`create_run_dir`] adds `-2`, `-3`... when another run took it).
+    pub fn default_name() -> PathBuf {
+        let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S").to_string();
+        runs_root().join(stamp)
+    }
+
+    pub fn journal(&self) -> PathBuf {
+        self.dir.join(names::JOURNAL)
+    }
+
+    /// The folder of attempt `n`.
+    pub fn attempt(&self, n: u32) -> PathBuf {
+        self.dir.join(names::attempt(n))
+    }
+
+    /// Attempt `n`'s output.
+    pub fn output_log(&self, n: u32) -> PathBuf {
+        output_log_in(&self.attempt(n))
+    }
+
+    /// The record of the files edited in place (`oomguard restore`).
+    pub fn restore_record(&self) -> PathBuf {
+        self.dir.join(names::RESTORE)
+    }
+
+    /// Where the originals of files edited in place are kept.
+    pub fn originals(&self) -> PathBuf {
+        self.dir.join(names::ORIGINALS)
+    }
+
+    /// A requeued job's note of its earlier run folder.
+    pub fn previous_run(&self) -> PathBuf {
+        self.dir.join(names::PREVIOUS_RUN)
+    }
+}
+
+/// `.oomguard/runs`: where default run folders are made (relative to the
+/// folder the run is started from).
+pub fn runs_root() -> PathBuf {
+    PathBuf::from(names::RUNS)
+}
+
+/// `DIR/output.log`, for an attempt's folder `DIR`.
+pub fn output_log_in(attempt_dir: &Path) -> PathBuf {
+    attempt_dir.join(names::OUTPUT_LOG)
+}
+
+/// A job's folder under a checkpoint root: `<root>/.oomguard-job`.
+pub fn job_root(root: &Path) -> PathBuf {
+    root.join(names::JOB)
+}
+
+/// `<job folder>/fitting.json`.
+pub fn fitting_in(job_dir: &Path) -> PathBuf {
+    job_dir.join(names::FITTING)
+}
+
 /// An existing folder oomguard will not use: someone else could change what is
 /// in it. A usage error (exit 2), before anything runs.
 #[derive(Debug, thiserror::Error)]
@@ -330,6 +437,25 @@ pub fn path_bytes(path: &Path) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_folder_names_every_path_once() {
+        let f = RunFolder::at("/r");
+        assert_eq!(f.journal(), Path::new("/r/journal.jsonl"));
+        assert_eq!(f.attempt(3), Path::new("/r/attempt-3"));
+        assert_eq!(f.output_log(3), Path::new("/r/attempt-3/output.log"));
+        assert_eq!(f.restore_record(), Path::new("/r/restore.json"));
+        assert_eq!(f.originals(), Path::new("/r/originals"));
+        assert_eq!(f.previous_run(), Path::new("/r/previous-run"));
+        assert_eq!(
+            fitting_in(&job_root(Path::new("/ck")).join("slurm-7")),
+            Path::new("/ck/.oomguard-job/slurm-7/fitting.json")
+        );
+        let d = RunFolder::default_name();
+        assert_eq!(d.parent(), Some(Path::new(".oomguard/runs")));
+        let stamp = d.file_name().unwrap().to_str().unwrap();
+        assert_eq!(stamp.len(), "20260101-000000".len(), "{stamp}");
+    }
 
     fn mode(p: &Path) -> u32 {
         fs::symlink_metadata(p).unwrap().mode() & 0o7777
