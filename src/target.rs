@@ -76,6 +76,8 @@ pub struct Target {
     pub workers_floor: u64,
     /// How often the trainer prints its per-step log dicts, when the command says.
     pub logging: Option<crate::progress::Logging>,
+    /// What the step numbers the trainer prints count (see `progress::Counting`).
+    pub counting: crate::progress::Counting,
     /// The files srun writes its tasks' output to (`srun --output=logs/%j-%t.out`),
     /// read as the step runs; `None` when the output comes through srun.
     pub task_files: Option<crate::launch::TaskFiles>,
@@ -253,6 +255,7 @@ impl Target {
             .and_then(|(p, k)| crate::remember::recorded(p, k));
         let workers_floor = workers_floor(&opts.argv, &disc);
         let logging = knobs::logging(&cmd, &disc);
+        let counting = crate::frameworks::counting(&cmd);
         Ok(Target {
             cmd,
             job,
@@ -269,6 +272,7 @@ impl Target {
             gpu_memory: opts.gpu_memory.or(gpu.total_bytes.map(|b| b as f64)),
             workers_floor,
             logging,
+            counting,
         })
     }
 }
