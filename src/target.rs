@@ -229,11 +229,17 @@ impl Target {
                 "elastic torchrun ({min} to {max} processes): the number of nodes is not fixed, so copies of oomguard on several nodes cannot meet as one job; sized for {min} processes (where ZeRO and FSDP shard over the fewest GPUs)"
             ));
         }
-        let recipe_models =
-            memory::recipe_models(disc.config.files.iter().map(|f| f.shown.as_str()));
+        let files: Vec<String> = disc.config.files.iter().map(|f| f.shown.clone()).collect();
         let env_text = |n: &str| env(n).and_then(|v| v.into_string().ok());
-        let model = memory::find_model(&cmd, &recipe_models, &env_text)
-            .or_else(|| opts.params.map(memory::ModelSpec::from_params));
+        let model = match memory::find_model(&cmd, &files, &env_text) {
+            memory::Found::Model(m) => Some(m),
+            memory::Found::Unknown(why) if opts.params.is_none() => {
+                disc.warnings.push(why);
+                None
+            }
+            _ => None,
+        }
+        .or_else(|| opts.params.map(memory::ModelSpec::from_params));
         let remember = match (&gpu.identity, crate::remember::default_path()) {
             (Some(ids), Some(path)) => {
                 let files: Vec<String> =
