@@ -955,8 +955,14 @@ pub fn find(layout: &Layout, baseline: &Baseline, settle: Duration) -> Found {
     }
 }
 
-/// The global step recorded in a Hugging Face checkpoint's `trainer_state.json`.
+/// The step a checkpoint records: a Hugging Face folder's `trainer_state.json`
+/// `global_step`; a file `torch.save` wrote, its `global_step` (Lightning's
+/// `.ckpt`) or `iter_num` (nanoGPT's `ckpt.pt`).
 pub fn recorded_step(ckpt: &Path) -> Option<u64> {
+    if ckpt.is_file() {
+        return crate::torch_save::top_level_int(ckpt, "global_step")
+            .or_else(|| crate::torch_save::top_level_int(ckpt, "iter_num"));
+    }
     let text = crate::untrusted::read(
         &ckpt.join("trainer_state.json"),
         MAX_SMALL_FILE,

@@ -195,6 +195,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub fresh: bool,
 
+    /// Start at the fastest settings the memory model predicts to fit when the
+    /// command as given is predicted not to (by more than the model's 10%
+    /// error), instead of waiting for the OOM; without it the prediction is
+    /// said in one line at the start. Needs a model (config.json) and the GPU's size.
+    #[arg(long)]
+    pub fit: bool,
+
     /// The memory of each GPU, in GiB, for the memory model when no OOM message
     /// or NVML has told it yet (`estimate` and the first decision).
     #[arg(long, value_name = "GIB")]

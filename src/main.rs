@@ -46,6 +46,7 @@ mod signal;
 mod status;
 mod supervise;
 mod target;
+mod torch_save;
 mod untrusted;
 
 use std::ffi::OsString;

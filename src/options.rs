@@ -45,6 +45,9 @@ pub struct Options {
     pub edit_in_place: bool,
     /// `--fresh`: never start from the settings remembered for this command.
     pub fresh: bool,
+    /// `--fit`: start at the fastest settings the memory model predicts to fit
+    /// when the command as given is predicted not to.
+    pub fit: bool,
 }
 
 /// A usage error: printed and mapped to exit 2 by main.
@@ -138,6 +141,7 @@ impl Options {
             gpu,
             edit_in_place: args.edit_in_place,
             fresh: args.fresh,
+            fit: args.fit,
         })
     }
 }

@@ -1019,7 +1019,14 @@ impl EstimateReport {
                 given: None,
                 candidates: Vec::new(),
                 pick: None,
-                why: "no model config found (a local --model_name_or_path folder's config.json, the Hugging Face cache for a hub name, a recipe's base_model): give --knob params=7e9; without a model oomguard follows the policy's ladder".into(),
+                why: cfg
+                    .target
+                    .disc
+                    .warnings
+                    .iter()
+                    .find_map(|w| w.strip_prefix("memory model: "))
+                    .map(str::to_string)
+                    .unwrap_or_else(|| "no model config found (a local --model_name_or_path folder's config.json, the Hugging Face cache for a hub name, a recipe's base_model): give --knob params=7e9; without a model oomguard follows the policy's ladder".into()),
                 advice: Vec::new(),
             };
         };
@@ -1028,6 +1035,7 @@ impl EstimateReport {
             throughput: crate::memory::throughput(&start, crate::memory::DEFAULT_SEQ),
             fits: cal.fits(&start),
             fits_without_margin: cal.fits_whole_gpu(&start),
+            near: cal.near(&start),
             settings: start.clone(),
             steps: Vec::new(),
         };
@@ -1053,10 +1061,12 @@ impl EstimateReport {
         }
         let pick = pick.map(|_| 0);
         let any_fits = cands.iter().any(|c| c.fits == Some(true));
-        let start_words = if remembered.is_some() {
-            "the settings that fit last time"
-        } else {
+        let start_words = if remembered.is_none() || start == cfg.target.disc.settings() {
             "the settings as given"
+        } else if cfg.opts.fit && cfg.target.remembered.is_none() {
+            "the settings --fit starts at"
+        } else {
+            "the settings that fit last time"
         };
         let mut why = match (cal.gpu_total, given.fits) {
             (None, _) => "the GPU's memory is unknown (no NVML here): give --gpu-memory GIB to say which settings fit".to_string(),
@@ -1079,7 +1089,7 @@ impl EstimateReport {
             Vec::new()
         };
         EstimateReport {
-            model: Some(cal.model.clone()),
+            model: Some((*cal.model).clone()),
             gpu_total_bytes: cal.gpu_total,
             margin: crate::memory::MARGIN,
             given: Some(given),
@@ -1100,11 +1110,17 @@ impl EstimateReport {
             o,
             "  ",
             &format!(
-                "\nmemory per GPU (model from {}: {:.2}B parameters, hidden {}, {} layers; GPU {}):",
+                "\nmemory per GPU (model from {}: {:.2}B parameters, {}, hidden {}, {} layers{}; GPU {}):",
                 m.source,
                 m.params / 1e9,
+                m.family,
                 m.hidden,
                 m.layers,
+                if m.facts.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", m.facts.join("; "))
+                },
                 self.gpu_total_bytes
                     .map(|t| format!("{:.1} GiB, {:.0}% margin", t / GIB, self.margin * 100.0))
                     .unwrap_or_else(|| "memory unknown".into())

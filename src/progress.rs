@@ -46,12 +46,71 @@ static RATE: LazyLock<Regex> = LazyLock::new(|| {
 static LOG_DICT: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#"\{\s*['"]loss['"]\s*:[^{}\n]{0,4096}\}"#).expect("valid regex"));
 
+/// Lightning's bars: tqdm's `Epoch 0:  30%|###  | 3/10 [` and rich's
+/// `Epoch 0/-2 ━━━━━ 6/6 0:00:00`: the epoch, and the batches of it done.
+static LIGHTNING_BAR: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?-u:\b)Epoch (\d{1,9})(?:/-?\d{1,9})?:?[^\r\n]{0,400}?[ |](\d{1,12})/(?:-?\d{1,12}|\?)(?: \[| \d)")
+        .expect("valid regex")
+});
+
+/// What the number a trainer prints counts (a family's convention, see
+/// `frameworks`): most print the steps done; some the index of the
+/// iteration just done, or the batches of an epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Counting {
+    /// `step N`, a bar's `N/M`: N optimizer steps are done.
+    #[default]
+    Done,
+    /// nanoGPT: `iter N:` is printed after iteration N's update (N + 1 done,
+    /// counting from 0), `step N:` (its evaluation) before it (N done).
+    IterIndex,
+    /// Lightning: its bar counts the epoch's batches, `accum` to a step (read
+    /// only in the first epoch of an attempt that started from step 0: after
+    /// a resume the bar also counts the batches restored, at another
+    /// accumulation).
+    Batches { accum: u64 },
+}
+
+impl Counting {
+    /// This counting for an attempt whose accumulation is `accum`.
+    pub fn at_accum(self, accum: Option<u64>) -> Counting {
+        match self {
+            Counting::Batches { .. } => Counting::Batches {
+                accum: accum.unwrap_or(1).max(1),
+            },
+            c => c,
+        }
+    }
+}
+
 /// What the log says when oomguard kept only its head and tail.
 const OMITTED: &[u8] = b"[oomguard: ";
 
-/// The last step number printed in the final 256 KiB of `log`.
-pub fn step_reached(log: &Path) -> Option<u64> {
-    last_step(&tail(log, 256 * 1024)?)
+/// The steps done that the last step number in `buf` says, read by the
+/// trainer's `counting` in an attempt that started from step `from`.
+pub fn last_step_counted(buf: &[u8], counting: Counting, from: u64) -> Option<u64> {
+    match counting {
+        Counting::Done => last_step(buf),
+        Counting::IterIndex => last_match(buf).map(|(n, iter)| if iter { n + 1 } else { n }),
+        Counting::Batches { accum } => {
+            let m = LIGHTNING_BAR.captures_iter(buf).last();
+            let bar = m.and_then(|c| {
+                let num = |i: usize| {
+                    std::str::from_utf8(c.get(i)?.as_bytes())
+                        .ok()?
+                        .parse::<u64>()
+                        .ok()
+                };
+                Some((num(1)?, num(2)?))
+            });
+            match bar {
+                Some((0, batches)) if from == 0 => Some(batches / accum.max(1)),
+                Some(_) => None,
+                // No Lightning bar: a `step N` line the program prints.
+                None => last_step(buf),
+            }
+        }
+    }
 }
 
 /// The last `n` bytes of a regular file.
@@ -70,6 +129,11 @@ fn tail(log: &Path, n: u64) -> Option<Vec<u8>> {
 }
 
 pub fn last_step(buf: &[u8]) -> Option<u64> {
+    last_match(buf).map(|(n, _)| n)
+}
+
+/// The last step number in `buf`, and whether it was an `iter N` line.
+fn last_match(buf: &[u8]) -> Option<(u64, bool)> {
     // Most lines hold no step: say so with the DFA before the slower captures.
     if !STEP.is_match(buf) {
         return None;
@@ -90,12 +154,13 @@ pub fn last_step(buf: &[u8]) -> Option<u64> {
                 None => Some(slots.get(1).or_else(|| slots.get(2))),
             };
             if let Some(Some(span)) = found {
-                last = Some(span);
+                last = Some((span, slots.get(2).is_some()));
             }
             // A match is never empty (it holds digits): the next one starts after it.
             at = m.end().max(at + 1);
         }
-        last.and_then(|(s, e)| std::str::from_utf8(&buf[s..e]).ok()?.parse().ok())
+        let ((s, e), iter) = last?;
+        Some((std::str::from_utf8(&buf[s..e]).ok()?.parse().ok()?, iter))
     })
 }
 
@@ -184,14 +249,21 @@ impl Reached {
 /// The step an attempt that started at step `from` reached, from its whole
 /// log: the last bar or step line, or, with the Trainer's `logging` interval
 /// known, its log dicts counted — whichever names the later step.
-pub fn read(log: &Path, logging: Option<Logging>, from: u64) -> Option<Reached> {
+pub fn read(
+    log: &Path,
+    logging: Option<Logging>,
+    from: u64,
+    counting: Counting,
+) -> Option<Reached> {
     // A step line at or before the start (`resuming from checkpoint-5 at step 5`,
     // `Continuing training from global step 5`) shows no step of this attempt:
     // only that it got there.
-    let printed = step_reached(log).map(|step| Reached {
-        step,
-        at_least: step <= from,
-    });
+    let printed = tail(log, 256 * 1024)
+        .and_then(|t| last_step_counted(&t, counting, from))
+        .map(|step| Reached {
+            step,
+            at_least: step <= from,
+        });
     let logged = logging.and_then(|l| {
         // The whole log: oomguard keeps at most its first 8 MiB and last 4 MiB.
         let text = tail(log, 64 << 20)?;
@@ -228,6 +300,7 @@ pub struct StepWatch {
     step: u64,
     from: u64,
     logging: Option<Logging>,
+    counting: Counting,
     /// The unfinished last line of each stream.
     carry: [Vec<u8>; 3],
     dicts: HashSet<Vec<u8>>,
@@ -240,11 +313,12 @@ const WATCH_CARRY: usize = 64 * 1024;
 impl StepWatch {
     /// Watch for `step` in an attempt that starts at step `from`. A step at or
     /// before `from` (nothing to redo) is back at the first step past `from`.
-    pub fn new(step: u64, from: u64, logging: Option<Logging>) -> StepWatch {
+    pub fn new(step: u64, from: u64, logging: Option<Logging>, counting: Counting) -> StepWatch {
         StepWatch {
             step: step.max(from + 1),
             from,
             logging,
+            counting,
             carry: Default::default(),
             dicts: HashSet::new(),
             back: false,
@@ -267,7 +341,7 @@ impl StepWatch {
         let mut text = std::mem::take(carry);
         text.extend_from_slice(&chunk[..=end]);
         carry.extend_from_slice(&chunk[end + 1..]);
-        if last_step(&text).is_some_and(|s| s >= self.step) {
+        if last_step_counted(&text, self.counting, self.from).is_some_and(|s| s >= self.step) {
             self.back = true;
         } else if let Some(l) = self.logging {
             for m in LOG_DICT.find_iter(&text) {
@@ -429,19 +503,19 @@ mod tests {
     #[test]
     fn a_relaunch_is_back_when_its_output_shows_the_step_it_died_at() {
         // Resumed from step 5, back at step 6: a bar split over chunks, on stderr.
-        let mut w = StepWatch::new(6, 5, None);
+        let mut w = StepWatch::new(6, 5, None, Counting::Done);
         assert!(!w.feed(0, b"resuming from checkpoint-5 at step 5\n"));
         assert!(!w.feed(1, b"\r 17%|##  | 5/30 [00:01<00:05, 4.0it/s]\r 20%|## | 6/"));
         assert!(w.feed(1, b"30 [00:01<00:05, 4.0it/s]\r"));
         assert!(!w.feed(1, b"step 7\n"), "once");
         // A save's bar is not a step.
-        let mut w = StepWatch::new(6, 5, None);
+        let mut w = StepWatch::new(6, 5, None, Counting::Done);
         assert!(!w.feed(
             1,
             b"Writing model shards: 100%|#| 9/9 [00:00<00:00, 9.0it/s]\n"
         ));
         // Log dicts counted with the interval; nothing to redo: the first step past 5.
-        let mut w = StepWatch::new(3, 5, Some(every(1)));
+        let mut w = StepWatch::new(3, 5, Some(every(1)), Counting::Done);
         assert!(w.feed(0, b"{'loss': '2.5', 'epoch': '0.2'}\n"));
     }
 
@@ -469,10 +543,13 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let log = t.path().join("output.log");
         std::fs::write(&log, HF5_NO_BAR).unwrap();
-        assert_eq!(read(&log, None, 0), None);
+        assert_eq!(read(&log, None, 0, Counting::Done), None);
         let loss = Loss::measure(None, None, Some(2), None, now, Duration::from_secs(1));
         assert_eq!(steps_text(&[loss]), "an unknown number of steps");
-        assert_eq!(read(&log, Some(every(1)), 0).map(|r| r.step), Some(3));
+        assert_eq!(
+            read(&log, Some(every(1)), 0, Counting::Done).map(|r| r.step),
+            Some(3)
+        );
         // Resumed from step 2 with one more dict: step 3.
         let resumed = b"resuming\n{'loss': '4.775', 'grad_norm': '1.045', 'learning_rate': '3.333e-05', 'epoch': '0.02344'}\n";
         assert_eq!(logged_step(resumed, every(1), 2).map(|r| r.step), Some(3));
@@ -488,7 +565,7 @@ mod tests {
         let log = t.path().join("output.log");
         std::fs::write(&log, HF5_BAR).unwrap();
         assert_eq!(
-            read(&log, Some(every(2)), 0),
+            read(&log, Some(every(2)), 0, Counting::Done),
             Some(Reached {
                 step: 3,
                 at_least: false
@@ -561,5 +638,33 @@ mod tests {
         assert_eq!(last_step(b"iter 1500: loss 2.3, time 120ms\n"), Some(1500));
         assert_eq!(last_step(b"global_step=77 lr=1e-4"), Some(77));
         assert_eq!(last_step(b"no progress here\n"), None);
+    }
+
+    #[test]
+    fn each_trainer_counts_its_own_way() {
+        // nanoGPT: `iter 4` is printed once iteration 4 (the fifth) is done;
+        // its `step 4:` evaluation line before iteration 4 runs.
+        let nano = b"step 4: train loss 3.1, val loss 3.2\nsaving checkpoint to out\niter 4: loss 3.0, time 12.00ms, mfu -100.00%\n";
+        assert_eq!(last_step_counted(nano, Counting::IterIndex, 0), Some(5));
+        assert_eq!(
+            last_step_counted(
+                b"step 4: train loss 3.1, val loss 3.2\n",
+                Counting::IterIndex,
+                0
+            ),
+            Some(4)
+        );
+        // Lightning: the bar counts batches; two make a step at accumulation 2.
+        let rich = "Epoch 0/-2 \u{2501}\u{2501}\u{2501} 6/6 0:00:00 \u{2022} 0:00:00 8.51it/s v_num: 0.000\n";
+        let b = Counting::Batches { accum: 1 }.at_accum(Some(2));
+        assert_eq!(last_step_counted(rich.as_bytes(), b, 0), Some(3));
+        let tqdm = b"\rEpoch 0:  30%|###       | 3/10 [00:01<00:03,  2.10it/s, v_num=0]\rEpoch 0:  40%|####      | 4/10 [00:01<00:03,  2.10it/s, v_num=0]";
+        assert_eq!(last_step_counted(tqdm, b, 0), Some(2));
+        // After a resume, or past the first epoch, the bar does not say the step.
+        assert_eq!(last_step_counted(tqdm, b, 2), None);
+        assert_eq!(
+            last_step_counted(b"Epoch 3:  40%|####      | 4/10 [00:01<00:03]", b, 0),
+            None
+        );
     }
 }

@@ -63,7 +63,26 @@ impl RunConfig {
     /// The settings of the first attempt: as written, or the ones that fit the
     /// last run of this command on these GPUs — when every knob is still bound
     /// and the global batch is the same — with the one line that says so.
+    ///
+    /// Without remembered settings the memory model speaks: a command predicted
+    /// not to fit is said to be likely to OOM in one line, and with `--fit` it
+    /// starts at the fastest settings predicted to fit (`memory::fit`).
     pub fn start_settings(&self) -> (knobs::Settings, Option<String>) {
+        let (s, line) = self.remembered_start();
+        if line.is_some() {
+            return (s, line);
+        }
+        match self.calibrated() {
+            Some(cal) => {
+                let st = memory::fit::start(&self.opts.policy, &s, &cal, self.opts.fit);
+                (st.settings.unwrap_or(s), st.line)
+            }
+            None => (s, None),
+        }
+    }
+
+    /// The remembered half of [`RunConfig::start_settings`].
+    fn remembered_start(&self) -> (knobs::Settings, Option<String>) {
         let first = self.target.disc.settings();
         let Some(knobs) = &self.target.remembered else {
             return (first, None);

@@ -262,11 +262,22 @@ impl Status {
             .collect();
         // The Trainer's log dicts name no step: their interval, as the run knew it.
         let logging = run.logging();
+        // What the trainer's step numbers count (nanoGPT's `iter N`, Lightning's batches).
+        let argv: Vec<std::ffi::OsString> = run.start.argv.iter().map(Into::into).collect();
+        let counting = crate::frameworks::counting(&crate::command::Command::parse(&argv));
         let rows: Vec<AttemptRow> = run
             .attempts
             .iter()
             .enumerate()
-            .map(|(i, a)| row(dir, a, logging, run.started_from(i).unwrap_or(0)))
+            .map(|(i, a)| {
+                let counting = counting.at_accum(
+                    a.start
+                        .settings
+                        .get(&crate::settings::Knob::GradAccum)
+                        .and_then(crate::settings::Value::as_int),
+                );
+                row(dir, a, logging, run.started_from(i).unwrap_or(0), counting)
+            })
             .collect();
         let running = state == State::Running;
         let (step_reached, step_reached_partial) = match last {
@@ -646,7 +657,13 @@ fn ended_state(code: i32, last: Option<&read::Attempt>) -> State {
 /// journal's `work_lost`, which the supervisor wrote knowing the checkpoints,
 /// else from its output log: bars, step lines, and with `logging` known the
 /// Trainer's log dicts since step `from`).
-fn row(dir: &Path, a: &read::Attempt, logging: Option<progress::Logging>, from: u64) -> AttemptRow {
+fn row(
+    dir: &Path,
+    a: &read::Attempt,
+    logging: Option<progress::Logging>,
+    from: u64,
+    counting: progress::Counting,
+) -> AttemptRow {
     let n = a.start.attempt;
     let log = RunFolder::at(dir).output_log(n);
     AttemptRow {
@@ -664,7 +681,7 @@ fn row(dir: &Path, a: &read::Attempt, logging: Option<progress::Logging>, from: 
             .lost
             .as_ref()
             .and_then(|l| l.step_reached)
-            .or_else(|| progress::read(&log, logging, from).map(|r| r.step)),
+            .or_else(|| progress::read(&log, logging, from, counting).map(|r| r.step)),
         resume: a.start.resume.clone(),
         decision: a.decision.as_ref().map(|d| d.step),
     }

@@ -76,6 +76,8 @@ pub struct Target {
     pub workers_floor: u64,
     /// How often the trainer prints its per-step log dicts, when the command says.
     pub logging: Option<crate::progress::Logging>,
+    /// What the step numbers the trainer prints count (see `progress::Counting`).
+    pub counting: crate::progress::Counting,
     /// The files srun writes its tasks' output to (`srun --output=logs/%j-%t.out`),
     /// read as the step runs; `None` when the output comes through srun.
     pub task_files: Option<crate::launch::TaskFiles>,
@@ -227,11 +229,17 @@ impl Target {
                 "elastic torchrun ({min} to {max} processes): the number of nodes is not fixed, so copies of oomguard on several nodes cannot meet as one job; sized for {min} processes (where ZeRO and FSDP shard over the fewest GPUs)"
             ));
         }
-        let recipe_models =
-            memory::recipe_models(disc.config.files.iter().map(|f| f.shown.as_str()));
+        let files: Vec<String> = disc.config.files.iter().map(|f| f.shown.clone()).collect();
         let env_text = |n: &str| env(n).and_then(|v| v.into_string().ok());
-        let model = memory::find_model(&cmd, &recipe_models, &env_text)
-            .or_else(|| opts.params.map(memory::ModelSpec::from_params));
+        let model = match memory::find_model(&cmd, &files, &env_text) {
+            memory::Found::Model(m) => Some(m),
+            memory::Found::Unknown(why) if opts.params.is_none() => {
+                disc.warnings.push(why);
+                None
+            }
+            _ => None,
+        }
+        .or_else(|| opts.params.map(memory::ModelSpec::from_params));
         let remember = match (&gpu.identity, crate::remember::default_path()) {
             (Some(ids), Some(path)) => {
                 let files: Vec<String> =
@@ -247,6 +255,7 @@ impl Target {
             .and_then(|(p, k)| crate::remember::recorded(p, k));
         let workers_floor = workers_floor(&opts.argv, &disc);
         let logging = knobs::logging(&cmd, &disc);
+        let counting = crate::frameworks::counting(&cmd);
         Ok(Target {
             cmd,
             job,
@@ -263,6 +272,7 @@ impl Target {
             gpu_memory: opts.gpu_memory.or(gpu.total_bytes.map(|b| b as f64)),
             workers_floor,
             logging,
+            counting,
         })
     }
 }

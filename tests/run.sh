@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one test command: sets up the Python venv for the real-client tier (cached),
 # then runs every Rust test with it, including the real-client tests in
-# tests/real_clients.rs, which are #[ignore]d so that plain `cargo test` (no venv)
+# tests/real_clients.rs and tests/real_trainers.rs (Lightning, nanoGPT, TRL), which are
+# #[ignore]d so that plain `cargo test` (no venv)
 # reports them as ignored instead of passing them unrun.
 #
 #   tests/run.sh                  # venv (first time ~3 minutes, ~6 GB), then

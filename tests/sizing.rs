@@ -45,7 +45,7 @@ fn model(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(&m).unwrap();
     std::fs::write(
         m.join("config.json"),
-        r#"{"hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "hidden_act": "silu"}"#,
+        r#"{"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "hidden_act": "silu"}"#,
     )
     .unwrap();
     m
@@ -235,19 +235,25 @@ fn benchmark(extra: &[&str]) -> serde_json::Value {
 }
 
 /// The sizing benchmark's done-when targets, on a small draw of scenarios
-/// (`benches/sizing.py`; docs/internals/memory-model.md has the full table): every run finishes,
-/// median ≤ 1 relaunch and max ≤ 3, mean ≥ 0.90 and worst ≥ 0.75 of the best
-/// fitting throughput, and no needless shortening.
+/// (`benches/sizing.py`: model families, bf16 weights, 8-bit Adam, LoRA/QLoRA
+/// and FSDP, with costs hidden from oomguard; docs/internals/memory-model.md has
+/// the full table): every run finishes, median ≤ 1 relaunch and max ≤ 2, mean
+/// ≥ 0.90 and worst ≥ 0.75 of the best fitting throughput, and no needless
+/// shortening; with `--fit`, median 0 relaunches.
 #[test]
 fn the_sizing_benchmark_meets_its_targets_against_the_blind_ladder() {
     let v = benchmark(&[]);
     let new = &v["rows"][1];
     assert_eq!(new["finished"], new["runs"], "{v}");
     assert!(new["relaunches_median"].as_f64().unwrap() <= 1.0, "{v}");
-    assert!(new["relaunches_max"].as_u64().unwrap() <= 3, "{v}");
+    assert!(new["relaunches_max"].as_u64().unwrap() <= 2, "{v}");
     assert!(new["kept_mean"].as_f64().unwrap() >= 0.90, "{v}");
     assert!(new["kept_worst"].as_f64().unwrap() >= 0.75, "{v}");
     assert_eq!(new["shortened_needlessly"], 0, "{v}");
+    let fit = &v["rows"][2];
+    assert_eq!(fit["finished"], fit["runs"], "{v}");
+    assert_eq!(fit["relaunches_median"].as_f64().unwrap(), 0.0, "{v}");
+    assert_eq!(fit["shortened_needlessly"], 0, "{v}");
     // The blind ladder shortens where it need not, or takes more relaunches.
     let old = &v["rows"][0];
     assert!(

@@ -855,3 +855,60 @@ fn throughput() {
         );
     }
 }
+
+#[test]
+fn the_wider_worlds_wordings_of_a_gpu_oom_are_one_rule_each() {
+    // (line as a process dies with it, a GPU OOM?)
+    let cases = [
+        // PyTorch's words pasted with a word changed or put in.
+        ("RuntimeError: CUDA: out of memory", true),
+        (
+            "RuntimeError: cuda Out Of Memory. Tried to allocate 2.00 GiB",
+            true,
+        ),
+        ("RuntimeError: CUDA ran out of memory on device 0", true),
+        ("RuntimeError: CUDA error. out of GPU memory", true),
+        // CUDA's error 2 in an extension's own CUDA check.
+        (
+            "RuntimeError: mmdet3d/ops/spconv/src/indice_cuda.cu 124\ncuda execution failed with error 2",
+            true,
+        ),
+        (
+            "RuntimeError: TensorStorage /io/include/tensorview/tensor.h 168\ncuda failed with error 2 out of memory.",
+            true,
+        ),
+        ("RuntimeError: CUDA error 2 at kernel.cu:88", true),
+        // ... and not another code in the same words.
+        (
+            "RuntimeError: src/spconv/indice.cu 120 cuda execution failed with error 98",
+            false,
+        ),
+        (
+            "RuntimeError: .../indice.cu 274\ncuda execution failed with error 3 initialization error",
+            false,
+        ),
+        (
+            "RuntimeError: cuda execution failed with error 700 an illegal memory access was encountered",
+            false,
+        ),
+        ("RuntimeError: CUDA error 2.5 is not a code", false),
+        // cuBLAS creating its handle on a full GPU; the same status elsewhere is not memory.
+        (
+            "RuntimeError: CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`",
+            true,
+        ),
+        (
+            "RuntimeError: CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasSgemm( handle, opa, opb)`",
+            false,
+        ),
+    ];
+    for (line, oom) in cases {
+        let f = classify_log(
+            format!(
+                "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n{line}\n"
+            )
+            .as_bytes(),
+        );
+        assert_eq!(f.kind == Kind::GpuOom, oom, "{line}: {:?}", f.kind);
+    }
+}

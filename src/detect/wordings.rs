@@ -20,13 +20,13 @@ pub(super) const OOM_WORD_LIST: [&str; 25] = [
     "lloc",               // calloc, allocate, DefaultCPUAllocator, std::bad_alloc
     "ALLOC",              // CUBLAS_STATUS_ALLOC_FAILED
     "OUT_OF_",            // CUDA_ERROR_OUT_OF_MEMORY, PI_ERROR_OUT_OF_RESOURCES
-    "DA error",           // "CUDA error 2", "Cuda error: 2"
-    "da error",           // "cuda error 2"
+    "A error",            // "CUDA error 2", "CUDA error: CUBLAS_STATUS_..."
+    "a error",            // "Cuda error: 2", "cuda error 2"
+    "error 2",            // an extension's "cuda execution failed with error 2"
     "12 vs 0",            // posix_memalign's ENOMEM: "nbytes) == 0. 12 vs 0"
     "oom-kill",           // the kernel: "oom-kill:constraint=", "invoked oom-killer"
     "KV cache",           // vLLM: "... can be stored in KV cache"
-    "Killed",             // bare shell "Killed", "signal: Killed"
-    "killed",             // "is killed by signal"
+    "illed",              // bare shell "Killed", "signal: Killed", "is killed by signal"
     "Killing subprocess", // DeepSpeed's launcher
     "exitcode",           // elastic "failed (exitcode: -9)", "exitcode  : -9"
     "SIGKILL",            // "died with <Signals.SIGKILL: 9>", "Signal 9 (SIGKILL)"
@@ -51,8 +51,8 @@ pub(super) const ERROR_WORD_LIST: [&str; 9] = [
     "Assertion",        // device-side assert
     "terminate called", // C++ abort
     "Traceback",        // where an exception's report begins
-    "DA error",         // "CUDA error: ..." (ECC, invalid configuration argument)
-    "da error",         // "cuda error: ..."
+    "A error",          // "CUDA error: ..." (ECC, invalid configuration argument)
+    "a error",          // "cuda error: ...", "Cuda error: ..."
 ];
 
 /// Words at least one of which occurs in every segment the patterns below can match.
@@ -175,7 +175,7 @@ pub(super) static OOM_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
 /// Words one of which every other-error pattern contains.
 pub(super) static OTHER_ERROR_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(
-        "Watchdog|terminate called|Assertion|illegal memory|Error|exitcode|killed by|DA error|da error",
+        "Watchdog|terminate called|Assertion|illegal memory|Error|exitcode|killed by|A error|a error",
     )
     .expect("other error words")
 });
@@ -190,7 +190,10 @@ pub(super) static ERROR_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| 
 /// only the CUDA error code (2 is `cudaErrorMemoryAllocation`); Intel's SYCL/Level Zero
 /// codes (old PI, new UR); vLLM's "no room for the KV cache".
 const GPU_OOM_SRC: &str = r"
-        (?-u:\b)(?:CUDA|HIP|XPU|NPU)\ out\ of\ memory
+        # PyTorch's words, also as pasted with a word changed or put in ('CUDA: out of
+        # memory', 'cuda Out Of Memory', 'CUDA ran out of memory', 'CUDA error. out of GPU
+        # memory'): the device, at most two short words, 'out of', at most one, 'memory'.
+        (?-u:\b)(?i:CUDA|HIP|XPU|NPU)(?-u:\b)\W{1,3}(?:[A-Za-z]{1,10}\W{1,3}){0,2}?(?i:out\ of)\ (?:(?i:GPU|device|VRAM)\ )?(?i:memory)
         | (?-u:\b)MPS\ backend\ out\ of\ memory
         | (?-u:\b)(?:CUDA|HIP)\ error:\ out\ of\ memory
         | cuda\ runtime\ error\ \(2\)\ :\ out\ of\ memory
@@ -209,7 +212,11 @@ const GPU_OOM_SRC: &str = r"
         # An extension's CUDA_CHECK: 'Error out of memory at line 88 in file ops.cu'
         # (bitsandbytes), 'CUDA error 2 at x.cu:12'.
         | (?i:error)\W{0,3}out\ of\ memory\ (?:at|in)\ (?:line|file)
-        | (?i:cuda)(?:\ runtime)?\ (?i:error)\s*(?:code\s*)?[:=\#(]?\s*2(?-u:\b)
+        # CUDA's error 2 (cudaErrorMemoryAllocation) in a CUDA check's own words, any
+        # library's: 'CUDA error 2', 'cuda runtime error: 2', spconv's 'cuda execution
+        # failed with error 2', tensorview's 'cuda failed with error 2 out of memory'.
+        # Another code in the same words (error 3, 98, 700) is not an allocation failure.
+        | (?i:cuda)(?:\ [A-Za-z_]{1,20}){0,3}?\ (?i:failed\ with\ error|error)\s*(?:code\s*)?[:=\#(]?\s*2(?-u:\b)(?:[^.\d]|$)
         # Intel: Level Zero's out-of-device-memory, through SYCL's old PI and new UR.
         | (?:UR_RESULT|ZE_RESULT)_ERROR_OUT_OF_DEVICE_MEMORY
         | PI_ERROR_OUT_OF_RESOURCES
@@ -240,8 +247,10 @@ pub(super) static THRUST_BAD_ALLOC: LazyLock<Regex> = LazyLock::new(|| {
 /// GPU allocation failures that also come from a broken CUDA setup or the wrong device
 /// (cuBLAS creating its handle, cuDNN): a GPU OOM only in the form a process dies with
 /// (the exception line, or the message of a traceback's exception), never in prose.
-const GPU_OOM_AMBIGUOUS_SRC: &str =
-    r"(?-u:\b)(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_STATUS_ALLOC_FAILED";
+/// cuBLAS that cannot create its handle on a full GPU says so only as
+/// `CUBLAS_STATUS_NOT_INITIALIZED when calling cublasCreate(handle)` (the corpus's
+/// cuda_oom-99); the same status from any other call is not about memory.
+const GPU_OOM_AMBIGUOUS_SRC: &str = r"(?-u:\b)(?:CUBLAS|CUDNN|CUSOLVER|CUSPARSE)_STATUS_ALLOC_FAILED|CUBLAS_STATUS_NOT_INITIALIZED\ when\ calling\ .?cublas(?:Lt)?Create";
 
 pub(super) static GPU_OOM_AMBIGUOUS: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(GPU_OOM_AMBIGUOUS_SRC).expect("ambiguous gpu pattern"));

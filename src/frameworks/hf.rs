@@ -20,7 +20,37 @@ fn recognise(cmd: &Command) -> bool {
     cmd.has_flag(&[
         "--per_device_train_batch_size",
         "--per-device-train-batch-size",
-    ])
+    ]) || trl(cmd)
+}
+
+/// A TRL trainer script (its `sft.py`, `dpo.py`, ... recipes, or one of
+/// yours built on its configs): `TrlParser` parses every `TrainingArguments`
+/// flag, and TRL's configs (`SFTConfig`, `DPOConfig`, `GRPOConfig`, ...)
+/// default to gradient checkpointing on and `logging_steps` 10.
+fn trl(cmd: &Command) -> bool {
+    cmd.tool() == Some("trl")
+        || cmd
+            .module()
+            .is_some_and(|m| m == "trl" || m.starts_with("trl."))
+        || super::script_mentions(
+            cmd,
+            &[
+                "TrlParser",
+                "SFTConfig",
+                "DPOConfig",
+                "GRPOConfig",
+                "KTOConfig",
+                "RLOOConfig",
+                "RewardConfig",
+            ],
+        )
+}
+
+/// TRL's configs turn gradient checkpointing on unless told otherwise
+/// (`SFTConfig`, `DPOConfig`, `GRPOConfig`, ... `gradient_checkpointing = True`
+/// in TRL 1.x): absent, it is on.
+fn absent_default(cmd: &Command, k: Knob) -> Option<AbsentValue> {
+    (k == Knob::GradCheckpointing && trl(cmd)).then_some(AbsentValue::Bool(true))
 }
 
 fn layout(cmd: &Command, _: &super::Ctx) -> Option<Layout> {
@@ -57,7 +87,9 @@ fn logging(cmd: &Command, ctx: &super::Ctx) -> Option<Logging> {
     if strategy.is_some_and(|s| !s.trim_matches(['"', '\'']).eq_ignore_ascii_case("steps")) {
         return None;
     }
-    let every: f64 = text(&["--logging_steps", "--logging-steps"], "logging_steps")?
+    // TRL's configs log every 10 steps, TrainingArguments every 500.
+    let every: f64 = text(&["--logging_steps", "--logging-steps"], "logging_steps")
+        .or_else(|| trl(cmd).then(|| "10".to_string()))?
         .trim_matches(['"', '\''])
         .parse()
         .ok()?;
@@ -192,6 +224,7 @@ pub static FAMILY: Family = Family {
         ),
     ],
     accepts_added,
+    absent_default,
     layout,
     logging,
     output_hint: "--output_dir",
@@ -288,5 +321,50 @@ pub fn complete(dir: &Path) -> Result<(), NotComplete> {
         Err(_) => {
             Err("no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Value;
+
+    fn argv(s: &str) -> Command {
+        let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
+        Command::parse(&a)
+    }
+
+    #[test]
+    fn trl_scripts_checkpoint_and_log_every_10_steps_by_default() {
+        let t = tempfile::tempdir().unwrap();
+        let sft = t.path().join("sft.py");
+        std::fs::write(&sft, "from trl import SFTConfig, SFTTrainer, TrlParser\n").unwrap();
+        let plain = t.path().join("train.py");
+        std::fs::write(&plain, "from transformers import TrainingArguments\n").unwrap();
+        let gc = |script: &std::path::Path| {
+            let cmd = argv(&format!(
+                "python {} --per_device_train_batch_size 8 --output_dir o",
+                script.display()
+            ));
+            crate::frameworks::added_flags(&cmd)
+                .into_iter()
+                .find(|(k, _, _)| *k == Knob::GradCheckpointing)
+                .map(|(_, _, v)| v)
+        };
+        assert_eq!(gc(&sft), Some(Value::Bool(true)));
+        assert_eq!(gc(&plain), Some(Value::Bool(false)));
+        // TRL's recipe form, no Trainer flag on the command line: still TRL's.
+        let recipe = argv(&format!("python {} --config r.yaml", sft.display()));
+        assert!(recognise(&recipe));
+        let ctx = super::super::Ctx {
+            recipe_output_dir: None,
+            recipe_value: &|_| None,
+        };
+        assert_eq!(logging(&recipe, &ctx).map(|l| l.every), Some(10));
+        let hf = argv(&format!(
+            "python {} --per_device_train_batch_size 8",
+            plain.display()
+        ));
+        assert_eq!(logging(&hf, &ctx), None);
     }
 }

@@ -1,28 +1,137 @@
-//! PyTorch Lightning: LightningCLI (`python cli.py fit --ckpt_path X`,
-//! `--trainer.accumulate_grad_batches N`) and lightning-hydra-template
-//! (`ckpt_path=X`); checkpoints are `*.ckpt` files under the root dir.
+//! PyTorch Lightning: LightningCLI (`python cli.py fit --config c.yaml
+//! --trainer.devices 2 --data.batch_size 8 --ckpt_path X`) and
+//! lightning-hydra-template (`ckpt_path=X`); checkpoints are `*.ckpt` files.
+//!
+//! Where Lightning puts them, by its own rules (first that applies):
+//! a `ModelCheckpoint`'s `dirpath` (in the `--config` YAML's
+//! `trainer.callbacks`, or `--trainer.callbacks.dirpath` /
+//! `--model_checkpoint.dirpath` on the command line); the logger's
+//! `save_dir` (then `NAME/version_N/checkpoints` under it); else
+//! `trainer.default_root_dir` (`lightning_logs/version_N/checkpoints` under
+//! it), which defaults to the working directory. The step of a checkpoint is
+//! its file name's `step=N`, else the `global_step` the file records (see
+//! `checkpoint`), never its time.
+//!
+//! Without an outer launcher Lightning starts its ranks itself:
+//! `trainer.devices` × `trainer.num_nodes` (devices as a count, a list or a
+//! `"0,1"` string; `auto`/`-1` mean every visible GPU, one process on the CPU).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use super::{Ctx, Family};
+use super::{AbsentValue, Ctx, Env, Family};
 use crate::checkpoint::{Checkpoint, Format, Kind, Layout, ResumeHow, zip_complete};
-use crate::command::Command;
-use crate::settings::Knob;
+use crate::command::{Command, LauncherKind};
+use crate::files::Scalar;
+use crate::settings::{Knob, World};
 
-fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
-    let cli = cmd.positionals().any(|(_, a)| a == "fit") || cmd.has_flag(&["--ckpt_path"]);
+/// A LightningCLI command: a `fit` subcommand with LightningCLI's dotted
+/// flags or a config, or a script that names LightningCLI.
+fn cli(cmd: &Command) -> bool {
+    (cmd.script().is_some() || cmd.module().is_some())
+        && cmd.positionals().any(|(_, a)| a == "fit")
+        && (cmd.flags.iter().any(|f| {
+            f.name == "-c"
+                || ["--trainer.", "--model.", "--data.", "--config"]
+                    .iter()
+                    .any(|p| f.name.starts_with(p))
+        }) || cmd.has_flag(&["--ckpt_path"])
+            || super::script_mentions(cmd, &["LightningCLI"]))
+}
+
+fn recognise(cmd: &Command) -> bool {
+    cli(cmd)
+}
+
+/// The YAML files a LightningCLI command names with `--config` (each may be given).
+fn configs(cmd: &Command) -> Vec<PathBuf> {
+    cmd.flags
+        .iter()
+        .filter(|f| f.name == "--config" || f.name == "-c")
+        .filter_map(|f| f.value.as_deref())
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// A trainer setting: the command line (`--trainer.KEY`), else the config
+/// (`trainer.KEY`, or `fit.trainer.KEY` in a config given before `fit`).
+fn trainer_setting(cmd: &Command, ctx: &Ctx, key: &str) -> Option<Scalar> {
+    if let Some(v) = cmd.value(&[&format!("--trainer.{key}")]) {
+        return Some(Scalar::Str(v.to_string()));
+    }
+    (ctx.recipe_value)(&format!("trainer.{key}"))
+        .or_else(|| (ctx.recipe_value)(&format!("fit.trainer.{key}")))
+}
+
+fn text(s: Option<Scalar>) -> Option<String> {
+    match s? {
+        Scalar::Str(s) if !s.is_empty() => Some(s),
+        Scalar::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The `dirpath:` of a ModelCheckpoint in a config's callbacks (a list the
+/// config reader does not walk): the last one written.
+fn config_dirpath(file: &Path) -> Option<String> {
+    let text = crate::untrusted::read_config(file).ok()?;
+    text.lines().rev().find_map(|l| {
+        let l = l.trim_start().trim_start_matches("- ").trim_start();
+        let v = l.strip_prefix("dirpath:")?;
+        let v = v.split(" #").next()?.trim().trim_matches(['"', '\'']);
+        (!v.is_empty() && v != "null" && v != "~").then(|| v.to_string())
+    })
+}
+
+/// Where this command's checkpoints go, by Lightning's rules (see the module).
+fn checkpoint_root(cmd: &Command, ctx: &Ctx) -> PathBuf {
+    let flag_dirpath = cmd
+        .flags
+        .iter()
+        .filter(|f| f.name.ends_with(".dirpath") || f.name == "--dirpath")
+        .filter_map(|f| f.value.as_deref())
+        .next_back()
+        .map(str::to_string);
+    if let Some(d) =
+        flag_dirpath.or_else(|| configs(cmd).iter().rev().find_map(|c| config_dirpath(c)))
+    {
+        return PathBuf::from(d);
+    }
+    let logger_dir = cmd
+        .value(&[
+            "--trainer.logger.save_dir",
+            "--trainer.logger.init_args.save_dir",
+        ])
+        .map(str::to_string)
+        .or_else(|| text(trainer_setting(cmd, ctx, "logger.init_args.save_dir")))
+        .or_else(|| text(trainer_setting(cmd, ctx, "logger.save_dir")));
+    if let Some(d) = logger_dir {
+        return PathBuf::from(d);
+    }
+    // Without a logger (`logger: false`) Lightning writes `ROOT/checkpoints`.
+    let no_logger = match trainer_setting(cmd, ctx, "logger") {
+        Some(Scalar::Bool(b)) => !b,
+        Some(Scalar::Str(s)) => s.eq_ignore_ascii_case("false"),
+        _ => false,
+    };
+    match text(trainer_setting(cmd, ctx, "default_root_dir")) {
+        // `lightning_logs/version_N/checkpoints` under it (searched to depth 5).
+        Some(d) => PathBuf::from(d),
+        None if no_logger => PathBuf::from("checkpoints"),
+        None => PathBuf::from("lightning_logs"),
+    }
+}
+
+fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
+    let cli = cli(cmd) || cmd.has_flag(&["--ckpt_path"]);
     let hydra_ckpt = cmd.override_value(&["ckpt_path"]);
     if !cli && hydra_ckpt.is_none() {
         return None;
     }
-    let root = cmd
-        .value(&["--trainer.default_root_dir"])
-        .or_else(|| cmd.override_value(&["trainer.default_root_dir", "paths.log_dir"]))
-        .unwrap_or(if cli { "lightning_logs" } else { "logs" });
-    let (how, user) = if cli {
+    let (root, how, user) = if cli {
         (
+            checkpoint_root(cmd, ctx),
             ResumeHow::Flag {
                 flag: "--ckpt_path".into(),
                 equals: true,
@@ -30,7 +139,15 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
             cmd.value(&["--ckpt_path"]),
         )
     } else {
+        let root = cmd
+            .override_value(&[
+                "trainer.default_root_dir",
+                "paths.output_dir",
+                "paths.log_dir",
+            ])
+            .unwrap_or("logs");
         (
+            PathBuf::from(root),
             ResumeHow::Override {
                 key: "ckpt_path".into(),
                 value: None,
@@ -40,20 +157,108 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
     };
     Some(Layout {
         kind: Kind::Format(&CHECKPOINTS),
-        root: PathBuf::from(root),
+        root,
         how,
         user_resume: user.map(PathBuf::from),
     })
 }
 
+/// How many processes `devices` starts on one node: Some((count, exact)).
+fn devices(v: &str, cpu: bool, env: Env) -> (u64, bool, String) {
+    let v = v.trim().trim_matches(['"', '\'']);
+    if let Ok(n) = v.parse::<i64>()
+        && n > 0
+    {
+        return (n as u64, true, format!("trainer.devices {n}"));
+    }
+    // A list of device indices: `[0, 1]`, `0,1`.
+    let list = v.trim_start_matches('[').trim_end_matches(']');
+    if v.contains(',') || v.starts_with('[') {
+        let n = list.split(',').filter(|s| !s.trim().is_empty()).count() as u64;
+        return (n.max(1), true, format!("trainer.devices {v}"));
+    }
+    // `auto`, `-1`: every visible GPU, one process on the CPU.
+    if cpu {
+        return (1, true, format!("trainer.devices {v} on the CPU"));
+    }
+    match super::launchers::visible_gpus(env) {
+        Some((n, why)) => (n, true, format!("trainer.devices {v}: {why}")),
+        None => (
+            1,
+            false,
+            format!(
+                "trainer.devices {v} uses every visible GPU; count unknown here (set CUDA_VISIBLE_DEVICES); assuming 1"
+            ),
+        ),
+    }
+}
+
+/// The ranks Lightning starts itself when no launcher stands before it.
+fn world(cmd: &Command, env: Env, ctx: &Ctx) -> Option<World> {
+    if !cli(cmd) {
+        return None;
+    }
+    // Under torchrun, srun, mpirun, accelerate or deepspeed Lightning joins
+    // the launcher's ranks: the launcher says the world.
+    if cmd.launchers.iter().any(|l| {
+        matches!(
+            l.kind,
+            LauncherKind::Torchrun
+                | LauncherKind::Srun
+                | LauncherKind::Mpirun
+                | LauncherKind::Accelerate
+                | LauncherKind::DeepSpeed
+        )
+    }) {
+        return None;
+    }
+    let accel = text(trainer_setting(cmd, ctx, "accelerator")).unwrap_or_default();
+    let dev = text(trainer_setting(cmd, ctx, "devices"));
+    let cpu = accel == "cpu";
+    // Lightning's default is `devices: auto`.
+    let (per_node, exact, source) = devices(dev.as_deref().unwrap_or("auto"), cpu, env);
+    let nodes: u64 = text(trainer_setting(cmd, ctx, "num_nodes"))
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1);
+    Some(World {
+        size: per_node.saturating_mul(nodes),
+        source: format!("Lightning starts its ranks: {source} × trainer.num_nodes {nodes}"),
+        uncertain: !exact,
+    })
+}
+
 pub static FAMILY: Family = Family {
     name: "lightning",
+    recognise,
     flags: &[
         (
             Knob::GradAccum,
             &[
                 "--accumulate_grad_batches",
                 "--trainer.accumulate_grad_batches",
+            ],
+        ),
+        // A LightningDataModule's sequence length, in the spellings data modules use.
+        (
+            Knob::SeqLen,
+            &[
+                "--data.seq_len",
+                "--data.max_seq_len",
+                "--data.seq_length",
+                "--data.max_seq_length",
+                "--data.sequence_length",
+                "--data.max_length",
+                "--data.block_size",
+                "--data.context_length",
+                "--data.init_args.seq_len",
+                "--data.init_args.max_seq_len",
+                "--data.init_args.seq_length",
+                "--data.init_args.max_seq_length",
+                "--data.init_args.sequence_length",
+                "--data.init_args.max_length",
+                "--data.init_args.block_size",
+                "--data.init_args.context_length",
             ],
         ),
         // A LightningDataModule's (and LitGPT's data modules') workers.
@@ -72,8 +277,61 @@ pub static FAMILY: Family = Family {
             ],
         ),
     ],
+    // A LightningDataModule's batch is its DataLoader's, per process under
+    // Lightning's DDP: the micro-batch, in LightningCLI commands only (a
+    // `data.batch_size` elsewhere may be global).
+    own_flags: &[(
+        Knob::MicroBatch,
+        &[
+            "--data.batch_size",
+            "--data.init_args.batch_size",
+            "--data.train_batch_size",
+            "--data.init_args.train_batch_size",
+        ],
+    )],
+    own_file_keys: &[(
+        Knob::MicroBatch,
+        &[
+            "data.batch_size",
+            "data.init_args.batch_size",
+            "data.train_batch_size",
+            "data.init_args.train_batch_size",
+            "fit.data.batch_size",
+            "fit.data.init_args.batch_size",
+        ],
+    )],
     file_keys: &[
-        (Knob::GradAccum, &["accumulate_grad_batches"]),
+        (
+            Knob::GradAccum,
+            &[
+                "trainer.accumulate_grad_batches",
+                "fit.trainer.accumulate_grad_batches",
+                "accumulate_grad_batches",
+            ],
+        ),
+        (
+            Knob::SeqLen,
+            &[
+                "data.seq_len",
+                "data.max_seq_len",
+                "data.seq_length",
+                "data.max_seq_length",
+                "data.sequence_length",
+                "data.max_length",
+                "data.block_size",
+                "data.context_length",
+                "data.init_args.seq_len",
+                "data.init_args.max_seq_len",
+                "data.init_args.seq_length",
+                "data.init_args.max_seq_length",
+                "data.init_args.sequence_length",
+                "data.init_args.max_length",
+                "data.init_args.block_size",
+                "data.init_args.context_length",
+                "fit.data.seq_len",
+                "fit.data.init_args.seq_len",
+            ],
+        ),
         (
             Knob::DataloaderWorkers,
             &["data.num_workers", "data.init_args.num_workers"],
@@ -83,8 +341,19 @@ pub static FAMILY: Family = Family {
             &["data.val_batch_size", "data.eval_batch_size"],
         ),
     ],
+    // LightningCLI takes every Trainer argument as `--trainer.NAME`.
+    added_flags: &[(
+        Knob::GradAccum,
+        "--trainer.accumulate_grad_batches",
+        AbsentValue::Int(1),
+    )],
+    accepts_added: |cmd, _| cli(cmd),
+    // LightningCLI's `--config` / `-c` YAML (several may be given).
+    config_flags: &["--config", "-c"],
     layout,
-    output_hint: "--ckpt_path, ckpt_path=",
+    world,
+    counting: Some(crate::progress::Counting::Batches { accum: 1 }),
+    output_hint: "--ckpt_path, ckpt_path=, ModelCheckpoint dirpath, --trainer.default_root_dir",
     ..Family::NONE
 };
 
@@ -105,9 +374,12 @@ pub static CHECKPOINTS: Format = Format {
     },
 };
 
-/// Every `*.ckpt` under `root` (depth ≤ 5), newest first, `last.ckpt` before its peers.
+/// Every `*.ckpt` under `root` (depth ≤ 5), the latest step first (the
+/// `step=N` of Lightning's file name, else the `global_step` the file
+/// records), `last.ckpt` before its peers at the same step; files whose step
+/// cannot be told come after, newest first. The step is never the file's time.
 fn candidates(root: &Path) -> Vec<Checkpoint> {
-    let mut files: Vec<(SystemTime, bool, PathBuf)> = Vec::new();
+    let mut files: Vec<(u64, bool, SystemTime, PathBuf)> = Vec::new();
     let mut stack = vec![(root.to_path_buf(), 0)];
     while let Some((d, depth)) = stack.pop() {
         for e in fs::read_dir(&d).into_iter().flatten().flatten() {
@@ -116,22 +388,152 @@ fn candidates(root: &Path) -> Vec<Checkpoint> {
             if md.is_dir() && depth < 5 {
                 stack.push((p, depth + 1));
             } else if md.is_file() && p.extension().is_some_and(|x| x == "ckpt") {
-                let last = p
+                let stem = p
                     .file_stem()
-                    .is_some_and(|s| s.to_string_lossy().starts_with("last"));
-                files.push((md.modified().unwrap_or(SystemTime::UNIX_EPOCH), last, p));
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let last = stem.starts_with("last");
+                let step = name_step(&stem)
+                    .or_else(|| crate::torch_save::top_level_int(&p, "global_step"))
+                    .unwrap_or(0);
+                let t = md.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                files.push((step, last, t, p));
             }
         }
     }
-    files.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
-    files
+    files.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(b.2.cmp(&a.2)));
+    // A file whose step cannot be told (cut off mid-write, a name without
+    // one) is tried first when it is newer than every file with a step, last
+    // otherwise: its check then says why it is passed over.
+    let newest_known = files.iter().filter(|f| f.0 > 0).map(|f| f.2).max();
+    let (mut unknown, known): (Vec<_>, Vec<_>) = files.into_iter().partition(|f| f.0 == 0);
+    unknown.sort_by_key(|f| std::cmp::Reverse(f.2));
+    let (newer, older): (Vec<_>, Vec<_>) = unknown
         .into_iter()
-        .map(|(t, _, p)| Checkpoint {
-            step: t
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            path: p,
-        })
+        .partition(|f| newest_known.is_none_or(|t| f.2 > t));
+    newer
+        .into_iter()
+        .chain(known)
+        .chain(older)
+        .map(|(step, _, _, path)| Checkpoint { path, step })
         .collect()
+}
+
+/// The `step=N` of a Lightning checkpoint's name (`epoch=0-step=40`,
+/// `model-step=40-val_loss=0.2`, `step40`), if it says one.
+fn name_step(stem: &str) -> Option<u64> {
+    let at = stem.find("step")?;
+    let rest = stem[at + 4..].trim_start_matches(['=', '_']);
+    let digits: &str = &rest[..rest.bytes().take_while(u8::is_ascii_digit).count()];
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Command {
+        let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
+        Command::parse(&a)
+    }
+
+    fn none(_: &str) -> Option<Scalar> {
+        None
+    }
+
+    fn ctx<'a>(f: &'a dyn Fn(&str) -> Option<Scalar>) -> Ctx<'a> {
+        Ctx {
+            recipe_output_dir: None,
+            recipe_value: f,
+        }
+    }
+
+    #[test]
+    fn lightnings_own_launcher_says_the_world() {
+        let no_env = |_: &str| None;
+        let w = |s: &str, f: &dyn Fn(&str) -> Option<Scalar>| world(&argv(s), &no_env, &ctx(f));
+        let a = w(
+            "python cli.py fit --trainer.accelerator cpu --trainer.devices 2",
+            &none,
+        )
+        .unwrap();
+        assert_eq!((a.size, a.uncertain), (2, false), "{}", a.source);
+        let b = w(
+            "python cli.py fit --trainer.devices 4 --trainer.num_nodes 2",
+            &none,
+        )
+        .unwrap();
+        assert_eq!(b.size, 8);
+        let c = w("python cli.py fit --trainer.devices [0,1,2]", &none).unwrap();
+        assert_eq!(c.size, 3);
+        // In the config.
+        let cfg = |k: &str| match k {
+            "trainer.devices" => Some(Scalar::Int(2)),
+            "trainer.accelerator" => Some(Scalar::Str("cpu".into())),
+            _ => None,
+        };
+        let d = w("python cli.py fit --config c.yaml", &cfg).unwrap();
+        assert_eq!(d.size, 2);
+        // `auto` on a GPU machine: every visible GPU.
+        let four = |k: &str| (k == "CUDA_VISIBLE_DEVICES").then(|| "0,1,2,3".into());
+        let e = world(
+            &argv("python cli.py fit --trainer.devices auto"),
+            &four,
+            &ctx(&none),
+        )
+        .unwrap();
+        assert_eq!((e.size, e.uncertain), (4, false));
+        let f = w("python cli.py fit --trainer.devices auto", &none).unwrap();
+        assert!(f.uncertain, "{}", f.source);
+        // Under an outer launcher, the launcher says it.
+        assert!(
+            w(
+                "torchrun --nproc_per_node 2 cli.py fit --trainer.devices 2",
+                &none
+            )
+            .is_none()
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_folder_follows_lightnings_rules() {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = t.path().join("c.yaml");
+        std::fs::write(
+            &cfg,
+            "trainer:\n  default_root_dir: runs\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n      init_args:\n        dirpath: \"ckpts/x\"  # here\n        every_n_train_steps: 2\n",
+        )
+        .unwrap();
+        let root =
+            |s: &str, f: &dyn Fn(&str) -> Option<Scalar>| layout(&argv(s), &ctx(f)).map(|l| l.root);
+        let c = format!("python cli.py fit --config {}", cfg.display());
+        assert_eq!(root(&c, &none), Some(PathBuf::from("ckpts/x")));
+        let short = format!("python -m proj.cli fit -c {}", cfg.display());
+        assert_eq!(root(&short, &none), Some(PathBuf::from("ckpts/x")));
+        assert_eq!(
+            root(&format!("{c} --trainer.callbacks.dirpath=other"), &none),
+            Some(PathBuf::from("other"))
+        );
+        let dflt = |k: &str| (k == "trainer.default_root_dir").then(|| Scalar::Str("runs".into()));
+        assert_eq!(
+            root("python cli.py fit --trainer.max_steps 4", &dflt),
+            Some(PathBuf::from("runs"))
+        );
+        assert_eq!(
+            root("python cli.py fit --trainer.default_root_dir r2", &dflt),
+            Some(PathBuf::from("r2"))
+        );
+        assert_eq!(
+            root("python cli.py fit --trainer.max_steps 4", &none),
+            Some(PathBuf::from("lightning_logs"))
+        );
+        assert_eq!(
+            root("python cli.py fit --trainer.logger false", &none),
+            Some(PathBuf::from("checkpoints"))
+        );
+        assert_eq!(
+            root("python train.py ckpt_path=x.ckpt paths.output_dir=o", &none),
+            Some(PathBuf::from("o"))
+        );
+    }
 }

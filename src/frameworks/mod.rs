@@ -182,6 +182,10 @@ pub struct Family {
     /// Whether this command's program takes one of `added_flags` (default:
     /// all of them).
     pub accepts_added: fn(&Command, &str) -> bool,
+    /// The program's own value for an absent knob, where it differs from
+    /// `added_flags`' default (TRL's configs turn gradient checkpointing on):
+    /// the settings, the policy and the memory model all start from it.
+    pub absent_default: fn(&Command, Knob) -> Option<AbsentValue>,
     /// Config files other than training recipes.
     pub file_kinds: &'static [FileKind],
     /// Keys a training recipe may hold inline for this family's settings
@@ -202,6 +206,8 @@ pub struct Family {
     /// How often it prints a log line for a step that names no step (the
     /// Hugging Face Trainer's log dicts), when the command says.
     pub logging: fn(&Command, &Ctx) -> Option<crate::progress::Logging>,
+    /// What the step numbers its output prints count, when not the steps done.
+    pub counting: Option<crate::progress::Counting>,
 }
 
 impl Family {
@@ -220,6 +226,7 @@ impl Family {
         dotted_flags: false,
         added_flags: &[],
         accepts_added: |_, _| true,
+        absent_default: |_, _| None,
         file_kinds: &[],
         inline_keys: &[],
         inline_when: None,
@@ -229,6 +236,7 @@ impl Family {
         world: |_, _, _| None,
         accum_covers_world: |_| false,
         logging: |_, _| None,
+        counting: None,
     };
 }
 
@@ -377,8 +385,14 @@ pub fn added_flags(cmd: &Command) -> Vec<(Knob, &'static str, Value)> {
                 .iter()
                 .filter(move |(_, flag, _)| (f.accepts_added)(cmd, flag))
         })
-        .map(|(k, flag, v)| (*k, *flag, v.value()))
+        .map(|(k, flag, v)| (*k, *flag, absent_default(cmd, *k).unwrap_or(*v).value()))
         .collect()
+}
+
+/// The command's program's own value for knob `k` when the command does not
+/// set it, where a recognised family knows one that differs from the usual.
+pub fn absent_default(cmd: &Command, k: Knob) -> Option<AbsentValue> {
+    recognised(cmd).find_map(|f| (f.absent_default)(cmd, k))
 }
 
 /// The most of a script read to look for words in it.
@@ -440,6 +454,12 @@ pub fn accum_covers_world(cmd: &Command) -> bool {
 /// step (see `progress`): the first family that knows.
 pub fn logging(cmd: &Command, ctx: &Ctx) -> Option<crate::progress::Logging> {
     FAMILIES.iter().find_map(|f| (f.logging)(cmd, ctx))
+}
+
+/// What the step numbers the command's trainer prints count: the first
+/// recognised family that says, else the steps done.
+pub fn counting(cmd: &Command) -> crate::progress::Counting {
+    recognised(cmd).find_map(|f| f.counting).unwrap_or_default()
 }
 
 /// "--a, --b, key:, ..." — the spellings oomguard looks for, for notes.

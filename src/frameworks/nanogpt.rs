@@ -62,6 +62,7 @@ pub static FAMILY: Family = Family {
     layout,
     output_hint: "--out_dir",
     accum_covers_world: recognise,
+    counting: Some(crate::progress::Counting::IterIndex),
     ..Family::NONE
 };
 
@@ -82,10 +83,9 @@ pub static CHECKPOINTS: Format = Format {
 fn candidates(root: &Path) -> Vec<Checkpoint> {
     let ckpt = root.join("ckpt.pt");
     if ckpt.exists() {
-        vec![Checkpoint {
-            path: ckpt,
-            step: 0,
-        }]
+        // train.py saves at the top of iteration `iter_num`: that many are done.
+        let step = crate::torch_save::top_level_int(&ckpt, "iter_num").unwrap_or(0);
+        vec![Checkpoint { path: ckpt, step }]
     } else {
         Vec::new()
     }

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use super::{Ctx, Env, Family, launchers};
+use super::{AbsentValue, Ctx, Env, Family, launchers};
 use crate::checkpoint::{Kind, Layout, ResumeHow};
 use crate::command::Command;
 use crate::settings::{Knob, World};
@@ -17,6 +17,40 @@ fn axolotl(cmd: &Command) -> bool {
 
 fn llamafactory(cmd: &Command) -> bool {
     matches!(cmd.tool(), Some("llamafactory-cli" | "lmf"))
+}
+
+/// LLaMA-Factory turns gradient checkpointing on unless its recipe (or a
+/// `key=value` override) says `disable_gradient_checkpointing: true`.
+fn llamafactory_checkpointing_off(cmd: &Command) -> bool {
+    let yes = |v: &str| {
+        matches!(
+            v.trim()
+                .trim_matches(['"', '\''])
+                .to_ascii_lowercase()
+                .as_str(),
+            "true" | "1" | "yes"
+        )
+    };
+    if let Some(v) = cmd.override_value(&["disable_gradient_checkpointing"]) {
+        return yes(v);
+    }
+    cmd.positionals()
+        .filter(|(_, a)| a.ends_with(".yaml") || a.ends_with(".yml") || a.ends_with(".json"))
+        .filter_map(|(_, a)| crate::untrusted::read_config(std::path::Path::new(a)).ok())
+        .any(|text| {
+            text.lines().any(|l| {
+                let l = l
+                    .split('#')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .trim_matches(['"', ',']);
+                l.strip_prefix("disable_gradient_checkpointing")
+                    .map(|r| r.trim_start_matches(['"', ' ']))
+                    .and_then(|r| r.strip_prefix(':'))
+                    .is_some_and(yes)
+            })
+        })
 }
 
 fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
@@ -114,8 +148,62 @@ pub static FAMILY: Family = Family {
         ),
     ],
     config_flags: &["--config"],
+    // LLaMA-Factory's gradient checkpointing is on by default (its switch is
+    // `disable_gradient_checkpointing`): bound as on, so that it is never
+    // offered as a fix and the memory model counts it. Nothing is ever added
+    // for it (a step only turns checkpointing on).
+    added_flags: &[(
+        Knob::GradCheckpointing,
+        "gradient_checkpointing",
+        AbsentValue::Bool(true),
+    )],
+    accepts_added: |cmd, flag| {
+        flag != "gradient_checkpointing"
+            || (llamafactory(cmd) && !llamafactory_checkpointing_off(cmd))
+    },
     layout,
     world,
     output_hint: "a recipe's output_dir:",
     ..Family::NONE
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Value;
+
+    fn argv(s: &str) -> Command {
+        let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
+        Command::parse(&a)
+    }
+
+    fn checkpointing(cmd: &Command) -> Option<Value> {
+        crate::frameworks::added_flags(cmd)
+            .into_iter()
+            .find(|(k, _, _)| *k == Knob::GradCheckpointing)
+            .map(|(_, _, v)| v)
+    }
+
+    #[test]
+    fn llamafactory_checkpoints_by_default_unless_its_recipe_disables_it() {
+        let t = tempfile::tempdir().unwrap();
+        let on = t.path().join("sft.yaml");
+        std::fs::write(&on, "per_device_train_batch_size: 8\noutput_dir: out\n").unwrap();
+        let off = t.path().join("off.yaml");
+        std::fs::write(
+            &off,
+            "per_device_train_batch_size: 8\ndisable_gradient_checkpointing: true  # speed\n",
+        )
+        .unwrap();
+        let cmd = |f: &std::path::Path| argv(&format!("llamafactory-cli train {}", f.display()));
+        assert_eq!(checkpointing(&cmd(&on)), Some(Value::Bool(true)));
+        assert_eq!(checkpointing(&cmd(&off)), None);
+        let overridden = argv(&format!(
+            "llamafactory-cli train {} disable_gradient_checkpointing=true",
+            on.display()
+        ));
+        assert_eq!(checkpointing(&overridden), None);
+        // Not LLaMA-Factory's: nothing is assumed.
+        assert_eq!(checkpointing(&argv("axolotl train cfg.yml")), None);
+    }
+}

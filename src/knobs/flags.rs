@@ -213,6 +213,11 @@ pub fn discover(
                 }
             }
         };
+        if knob == Knob::GradCheckpointing && default == Value::Bool(true) {
+            notes.push(format!(
+                "{knob}: on by the program's own default though the command does not set it (TRL's configs, LLaMA-Factory): never offered as a fix, and counted in the memory estimate"
+            ));
+        }
         e.insert(Bound {
             value: default,
             binding: Binding::AddFlag { flag },

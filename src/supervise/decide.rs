@@ -403,8 +403,14 @@ impl<'c> Run<'c> {
     /// checkpoint it saved when that is later (a lower bound: it went on
     /// after saving). `None`: it cannot be told.
     pub(super) fn reached(&self, log: Option<&Path>, started: SystemTime) -> Option<Reached> {
-        let printed =
-            log.and_then(|l| progress::read(l, self.cfg.target.logging, self.started_from()));
+        let counting = self
+            .cfg
+            .target
+            .counting
+            .at_accum(self.now.settings.int(knobs::Knob::GradAccum));
+        let printed = log.and_then(|l| {
+            progress::read(l, self.cfg.target.logging, self.started_from(), counting)
+        });
         // A checkpoint beyond what the output shows is not this attempt's.
         let res = self
             .now

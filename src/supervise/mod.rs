@@ -493,7 +493,16 @@ impl<'c> Run<'c> {
                 .filter(|s| s.state == SetbackState::Behind)
                 .and_then(|s| s.step)
                 .map(|step| {
-                    progress::StepWatch::new(step, self.started_from(), cfg.target.logging)
+                    let counting = cfg
+                        .target
+                        .counting
+                        .at_accum(self.now.settings.int(crate::knobs::Knob::GradAccum));
+                    progress::StepWatch::new(
+                        step,
+                        self.started_from(),
+                        cfg.target.logging,
+                        counting,
+                    )
                 }),
             stop_when: self.live.job.clone().map(|job| {
                 let seen = std::sync::Mutex::new(None::<std::time::Instant>);

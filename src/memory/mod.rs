@@ -3,25 +3,41 @@
 //! and the choice of the fastest settings the policy allows that fit.
 //!
 //! Theory of operation: the model states (weights, gradients, optimizer) follow
-//! from the parameter count, the optimizer and the ZeRO stage exactly as in the
-//! ZeRO paper (mixed-precision Adam: 2Ψ + 2Ψ + 12Ψ bytes, sharded over the
-//! world size by stage, removed from the GPU by offload). Activations follow
-//! from the architecture (hidden size, layers, MLP width, vocabulary) per
-//! sample per token, the one term that is hard to know ahead: an OOM's numbers
-//! calibrate it. PyTorch names only the one allocation that failed, so an OOM
-//! says the run needed at least `total - free + tried`; the activation term is
-//! scaled up until the failed settings are predicted not to fit, and each further
-//! OOM of a prediction scales it up again, so a failed prediction is never
-//! made twice.
+//! from the parameter count, the weights' dtype, the optimizer, PEFT and the
+//! sharding (ZeRO's stage as a knob, FSDP read from the command) as in the ZeRO
+//! paper. Activations follow from the architecture ([`arch`]: hidden size,
+//! heads, MLP, vocabulary, experts) per sample per token, the term that is
+//! hard to know ahead. Everything is read from the run's own facts
+//! ([`facts`]); an architecture the model does not know is said, and the
+//! policy's ladder decides. An OOM's numbers calibrate the model
+//! ([`calibrate`]): the batch-independent states and the batch-dependent
+//! activations apart. [`fit`] is the start below the given settings that
+//! `--fit` asks for, and the one-line prediction without it.
+//!
+//! Modules: [`arch`] (config.json), [`dtype`], [`optim`], [`peft`], [`shard`]
+//! (FSDP), [`facts`] (reading them), [`calibrate`], [`fit`].
+
+pub mod arch;
+pub mod calibrate;
+pub mod dtype;
+pub mod facts;
+pub mod fit;
+pub mod optim;
+pub mod peft;
+pub mod shard;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+pub use calibrate::Calibrated;
+pub use optim::Optimizer;
+
 use crate::command::Command;
-use crate::detect::OomNumbers;
 use crate::knobs::{Knob, Offload, Settings, Value};
+use arch::Arch;
+use shard::Fsdp;
 
 pub const GIB: f64 = (1u64 << 30) as f64;
 /// The CUDA context and NCCL buffers: about 500 MiB per process.
@@ -32,6 +48,10 @@ pub const CONTEXT_BYTES: f64 = 500.0 * (1u64 << 20) as f64;
 pub const UNSEEN_DEFICIT: f64 = 1.25;
 /// A candidate fits when it is predicted to leave this share of the GPU free.
 pub const MARGIN: f64 = 0.05;
+/// A candidate predicted over the GPU by no more than this share is within the
+/// model's error: when nothing with the sequence as given fits, the one that
+/// needs least is tried if it is this near, before a shorter sequence.
+pub const NEAR: f64 = 0.05;
 /// An OOM after at least this many good steps of the attempt is a spike (a
 /// long batch, an evaluation, a save), not a steady overflow.
 pub const SPIKE_STEPS: u64 = 10;
@@ -45,115 +65,166 @@ pub const SPIKE_DEFICIT: f64 = 1.15;
 pub const FAILED: f64 = 1.5;
 pub const SPIKE_FAILED: f64 = 1.1;
 
-/// How the optimizer keeps its states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Optimizer {
-    /// fp16/bf16 weights and gradients, fp32 master weights, Adam m and v: 16 bytes/parameter.
-    MixedAdam,
-    /// bitsandbytes 8-bit Adam: fp32 master weights and 1-byte m and v.
-    Adam8bit,
-    /// bf16 weights, gradients and Adam states, no master weights: 8 bytes/parameter.
-    Bf16Adam,
-}
-
-impl Optimizer {
-    /// Bytes per trainable parameter: (weights, gradients, optimizer states).
-    pub fn bytes(self) -> (f64, f64, f64) {
-        match self {
-            Optimizer::MixedAdam => (2.0, 2.0, 12.0),
-            Optimizer::Adam8bit => (2.0, 2.0, 6.0),
-            Optimizer::Bf16Adam => (2.0, 2.0, 4.0),
-        }
-    }
-}
-
-/// What the model is, as read from its config.
+/// What the model is, as read from its config and the run's facts.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelSpec {
     /// Where it was read: a config.json path, or `--knob params=N`.
     pub source: String,
+    /// The architecture's family (`model_type`: llama, gpt_neox, mixtral, ...).
+    pub family: String,
     pub params: f64,
+    /// Parameters a token passes through (a Mixture-of-Experts' top-k).
+    pub active_params: f64,
     pub hidden: f64,
     pub layers: f64,
+    /// The MLP width a token passes through.
     pub intermediate: f64,
     pub vocab: f64,
+    /// Activation bytes per layer per token, 16-bit count (see [`arch`]).
+    pub act_per_layer_token: f64,
     /// Trainable share of the parameters (LoRA adapters: about 1%).
     pub trainable: f64,
-    /// Bytes per frozen weight (2; QLoRA 4-bit: 0.5).
+    /// Bytes per trainable weight: 4 for fp32 weights (a Trainer's `--bf16`
+    /// autocasts over them), 2 for weights loaded in bf16/fp16.
+    pub weight_bytes: f64,
+    /// Bytes per frozen weight (LoRA's base: its dtype; QLoRA 4-bit: 0.55).
     pub frozen_bytes: f64,
     pub optimizer: Optimizer,
+    /// FSDP, when the command shards with it (ZeRO is a knob).
+    pub fsdp: Option<Fsdp>,
+    /// What was read and where (`weights bf16 (--torch_dtype bfloat16)`).
+    pub facts: Vec<String>,
 }
 
 impl ModelSpec {
-    /// From a Hugging Face `config.json`'s text.
-    pub fn from_config_json(source: &str, text: &str) -> Option<ModelSpec> {
-        let v: serde_json::Value = serde_json::from_str(text).ok()?;
-        let v = v.get("text_config").filter(|t| t.is_object()).unwrap_or(&v);
-        let num = |keys: &[&str]| {
-            keys.iter()
-                .find_map(|k| v.get(*k).and_then(|x| x.as_f64()))
-                .filter(|x| *x > 0.0)
-        };
-        let hidden = num(&["hidden_size", "n_embd", "d_model", "dim"])?;
-        let layers = num(&["num_hidden_layers", "n_layer", "num_layers", "n_layers"])?;
-        let vocab = num(&["vocab_size"]).unwrap_or(32000.0);
-        let intermediate =
-            num(&["intermediate_size", "n_inner", "ffn_dim", "d_ff"]).unwrap_or(4.0 * hidden);
-        let gated =
-            intermediate < 4.0 * hidden * 0.99 || v.get("hidden_act").is_some_and(|a| a == "silu");
-        let heads = num(&["num_attention_heads", "n_head"]).unwrap_or(hidden / 128.0);
-        let kv = num(&["num_key_value_heads"]).unwrap_or(heads);
-        let head_dim = hidden / heads.max(1.0);
-        // Attention: q and o are h×h, k and v h×(kv·head_dim); MLP: 3 (gated) or 2 matrices.
-        let attn = 2.0 * hidden * hidden + 2.0 * hidden * kv * head_dim;
-        let mlp = if gated { 3.0 } else { 2.0 } * hidden * intermediate;
-        let tied = v
-            .get("tie_word_embeddings")
-            .and_then(|t| t.as_bool())
-            .unwrap_or(false);
-        let embed = vocab * hidden * if tied { 1.0 } else { 2.0 };
-        let params = layers * (attn + mlp) + embed;
-        Some(ModelSpec {
-            source: source.to_string(),
-            params,
-            hidden,
-            layers,
-            intermediate,
-            vocab,
+    fn of_arch(source: String, a: &Arch) -> ModelSpec {
+        ModelSpec {
+            source,
+            family: a.family.clone(),
+            params: a.params,
+            active_params: a.active_params,
+            hidden: a.hidden,
+            layers: a.layers,
+            intermediate: a.intermediate,
+            vocab: a.vocab,
+            act_per_layer_token: a.act_per_layer_token,
             trainable: 1.0,
+            weight_bytes: 4.0,
             frozen_bytes: 2.0,
-            optimizer: Optimizer::MixedAdam,
-        })
+            optimizer: Optimizer::AdamW,
+            fsdp: None,
+            facts: Vec::new(),
+        }
+    }
+
+    /// From a Hugging Face `config.json`'s text: `None` when it is not one or
+    /// its architecture is not one the model knows (see [`arch`]).
+    #[cfg(test)]
+    pub fn from_config_json(source: &str, text: &str) -> Option<ModelSpec> {
+        let a = Arch::from_config_json(text)?.ok()?;
+        Some(ModelSpec::of_arch(source.to_string(), &a))
     }
 
     /// From a parameter count alone (`--knob params=7e9`): a Llama-shaped
     /// architecture of that size.
     pub fn from_params(params: f64) -> ModelSpec {
-        // Llama's shape: 12·h² per layer with about h/128 layers.
-        let hidden = ((params * 128.0 / 12.0).cbrt() / 128.0).round().max(1.0) * 128.0;
-        let layers = (params / (12.0 * hidden * hidden)).round().max(1.0);
-        ModelSpec {
-            source: format!("--knob params={params:e}"),
-            params,
-            hidden,
-            layers,
-            intermediate: 8.0 / 3.0 * hidden,
-            vocab: 32000.0,
-            trainable: 1.0,
-            frozen_bytes: 2.0,
-            optimizer: Optimizer::MixedAdam,
+        ModelSpec::of_arch(format!("--knob params={params:e}"), &Arch::llama_of(params))
+    }
+
+    /// The facts of the run applied: dtype, optimizer, PEFT, FSDP.
+    pub fn with_facts(mut self, a: &Arch, f: &facts::Facts) -> ModelSpec {
+        if let Some((d, said)) = &f.dtype {
+            self.weight_bytes = d.bytes().max(2.0);
+            self.frozen_bytes = d.bytes();
+            self.facts.push(format!("weights {} ({said})", d.name()));
+        }
+        if let Some((o, said)) = &f.optimizer {
+            self.optimizer = *o;
+            self.facts.push(format!("optimizer {} ({said})", o.name()));
+        }
+        if let Some(p) = &f.peft {
+            let lora = a.lora_params(p.rank, &p.targets);
+            self.trainable = (lora / self.params).clamp(1e-6, 1.0);
+            // PEFT keeps the adapters in fp32; the base stays in the weights' dtype.
+            self.frozen_bytes = self.weight_bytes.min(if f.dtype.is_some() {
+                self.frozen_bytes
+            } else {
+                4.0
+            });
+            self.weight_bytes = 4.0;
+            self.facts.push(format!(
+                "LoRA r={} on {:.2}% of the parameters ({})",
+                p.rank,
+                self.trainable * 100.0,
+                p.source
+            ));
+            if let Some((q, said)) = &f.quant {
+                self.frozen_bytes = q.bytes();
+                self.facts.push(format!("base {} ({said})", q.name()));
+            }
+        }
+        if let Some(fs) = &f.fsdp {
+            self.facts.push(format!(
+                "FSDP {}{} ({})",
+                if fs.stage >= 3 {
+                    "full shard"
+                } else {
+                    "shard_grad_op"
+                },
+                if fs.offload { " with CPU offload" } else { "" },
+                fs.source
+            ));
+            self.fsdp = Some(fs.clone());
+        }
+        if self.params > self.active_params * 1.05 {
+            self.facts.push(format!(
+                "Mixture-of-Experts: {:.1}B parameters, {:.1}B active per token",
+                self.params / 1e9,
+                self.active_params / 1e9
+            ));
+        }
+        self
+    }
+
+    /// Activations' precision factor: a Trainer's `--bf16` over fp32 weights
+    /// keeps the residual stream, norms and activation functions in fp32
+    /// ([`AMP_FACTOR`], measured); weights held in 16 bits keep 16-bit tensors
+    /// ([`HALF_FACTOR`]).
+    fn act_factor(&self) -> f64 {
+        let compute = if self.trainable >= 0.5 {
+            self.weight_bytes
+        } else {
+            self.frozen_bytes
+        };
+        if compute >= 4.0 {
+            AMP_FACTOR
+        } else {
+            HALF_FACTOR
         }
     }
 }
 
+/// What [`find_model`] found.
+pub enum Found {
+    Model(ModelSpec),
+    /// A config.json of an architecture the model does not know: the sentence
+    /// that says so.
+    Unknown(String),
+    Nothing,
+}
+
 /// Where the command's model config is: a local `--model_name_or_path`
-/// folder, a hub name in the Hugging Face cache, or a recipe's `base_model`.
-pub fn find_model(
-    cmd: &Command,
-    recipe_values: &[String],
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Option<ModelSpec> {
+/// folder, a hub name in the Hugging Face cache, or a recipe's `base_model`;
+/// `files` are the config files the command names (read for the recipe's
+/// model and the run's facts: dtype, optimizer, PEFT, FSDP).
+pub fn find_model(cmd: &Command, files: &[String], env: &dyn Fn(&str) -> Option<String>) -> Found {
+    let mut texts: Vec<(String, String)> =
+        files.iter().filter_map(|f| facts::read_file(f)).collect();
+    texts.extend(
+        facts::side_files(cmd, env)
+            .iter()
+            .filter_map(|f| facts::read_file(f)),
+    );
     let mut names: Vec<String> = cmd
         .value(&[
             "--model_name_or_path",
@@ -161,68 +232,55 @@ pub fn find_model(
             "--model",
             "--base_model",
             "--model.model_name",
+            "--pretrained_model_name_or_path",
         ])
         .map(str::to_string)
         .into_iter()
         .collect();
-    names.extend(recipe_values.iter().cloned());
-    let mut spec = names.iter().find_map(|n| config_for(n, env))?;
-    // The common variants, from the command's own words.
-    let words = cmd.args.join(" ").to_ascii_lowercase();
-    if words.contains("adamw_8bit")
-        || words.contains("adamw_bnb_8bit")
-        || words.contains("paged_adamw_8bit")
-    {
-        spec.optimizer = Optimizer::Adam8bit;
-    }
-    if words.contains("pure_bf16") {
-        spec.optimizer = Optimizer::Bf16Adam;
-    }
-    if words.contains("--use_peft") || words.contains("lora") {
-        spec.trainable = 0.01;
-    }
-    if words.contains("load_in_4bit") || words.contains("qlora") {
-        spec.trainable = 0.01;
-        spec.frozen_bytes = 0.5;
-    }
-    Some(spec)
-}
-
-/// The models a recipe names (`base_model:`, `model_name_or_path:`), read from
-/// the config files the command names.
-pub fn recipe_models<'a>(files: impl Iterator<Item = &'a str>) -> Vec<String> {
-    let mut out = Vec::new();
-    for f in files {
-        let Ok(text) = crate::untrusted::read_config(Path::new(f)) else {
-            continue;
-        };
-        for line in text.lines() {
-            let line = line.trim();
-            for key in [
-                "base_model",
-                "model_name_or_path",
-                "pretrained_model_name_or_path",
-            ] {
-                if let Some(rest) = line
-                    .strip_prefix(key)
-                    .and_then(|r| r.trim_start().strip_prefix(':'))
-                {
-                    let v = rest.trim().trim_matches(['"', '\'']);
-                    if !v.is_empty() {
-                        out.push(v.to_string());
-                    }
-                }
+    for (name, text) in &texts {
+        for p in facts::text_pairs(text, name) {
+            if matches!(
+                p.key.as_str(),
+                "base_model" | "model_name_or_path" | "pretrained_model_name_or_path"
+            ) {
+                names.push(p.value);
             }
         }
     }
-    out
+    let mut unknown = None;
+    for n in &names {
+        match config_for(n, env) {
+            Some((src, Ok(a))) => {
+                let f = facts::read(cmd, &texts);
+                return Found::Model(ModelSpec::of_arch(src, &a).with_facts(&a, &f));
+            }
+            Some((src, Err(u))) => {
+                unknown.get_or_insert(format!(
+                    "memory model: {src} is a '{}' model, an architecture the memory model does not know ({}): decisions follow the policy's ladder (--knob params=N takes it as Llama-shaped)",
+                    u.what,
+                    arch::known()
+                ));
+            }
+            None => {}
+        }
+    }
+    match unknown {
+        Some(u) => Found::Unknown(u),
+        None => Found::Nothing,
+    }
 }
 
+type Config = (String, Result<Arch, arch::Unknown>);
+
 /// The `config.json` of a local folder or of a hub name in the HF cache.
-fn config_for(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<ModelSpec> {
+fn config_for(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<Config> {
+    let parse = |p: &Path| -> Option<Config> {
+        let t = crate::untrusted::read_config(p).ok()?;
+        Some((p.display().to_string(), Arch::from_config_json(&t)?))
+    };
     let local = Path::new(name).join("config.json");
-    if let Ok(t) = crate::untrusted::read_config(&local) {
-        return ModelSpec::from_config_json(&local.display().to_string(), &t);
+    if local.is_file() {
+        return parse(&local);
     }
     let (org, model) = name.split_once('/')?;
     let hub = env("HF_HOME")
@@ -236,11 +294,9 @@ fn config_for(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<ModelS
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     dirs.sort();
-    dirs.iter().rev().find_map(|d| {
-        let p = d.join("config.json");
-        let t = crate::untrusted::read_config(&p).ok()?;
-        ModelSpec::from_config_json(&p.display().to_string(), &t)
-    })
+    dirs.iter()
+        .rev()
+        .find_map(|d| parse(&d.join("config.json")))
 }
 
 /// One per-GPU estimate, in bytes.
@@ -259,10 +315,24 @@ impl Estimate {
     }
 }
 
+/// Bytes per trainable parameter (weights, gradients, optimizer states): the
+/// ZeRO paper's 2 + 2 + 12 for mixed-precision Adam under DeepSpeed (fp32
+/// master weights and states), else the weights' own dtype for all three
+/// (a Trainer's `--bf16` over fp32 weights: 4 + 4 + 8; weights loaded in bf16:
+/// 2 + 2 + 4, Adam's states in the parameters' dtype).
+pub fn per_param(opt: Optimizer, weight_bytes: f64, deepspeed: bool) -> (f64, f64, f64) {
+    if deepspeed {
+        (2.0, 2.0, 4.0 + opt.state_bytes(4.0))
+    } else {
+        (weight_bytes, weight_bytes, opt.state_bytes(weight_bytes))
+    }
+}
+
 /// Per-GPU bytes of weights, gradients and optimizer states (the ZeRO paper's
-/// model states) for `params` trainable parameters at `stage` over `world` ranks.
+/// model states) for `params` trainable parameters of `bytes` per parameter
+/// (see [`per_param`]) at `stage` over `world` ranks.
 pub fn model_states(
-    opt: Optimizer,
+    bytes: (f64, f64, f64),
     params: f64,
     stage: u64,
     world: u64,
@@ -270,27 +340,24 @@ pub fn model_states(
     offload_param: bool,
 ) -> (f64, f64, f64) {
     let n = world.max(1) as f64;
-    let (w, g, o) = opt.bytes();
+    let (w, g, o) = bytes;
     let shard = |s: u64| if stage >= s { n } else { 1.0 };
     let weights = if offload_param {
         0.0
     } else {
         w * params / shard(3)
     };
-    let grads = g * params / shard(2);
+    let grads = if offload_param && stage >= 3 {
+        0.0
+    } else {
+        g * params / shard(2)
+    };
     let optim = if offload_opt {
         0.0
     } else {
         o * params / shard(1)
     };
     (weights, grads, optim)
-}
-
-/// Activation bytes per layer per token: Korthikanti et al.'s bf16 count with
-/// flash attention (no s² term), 16·h for attention and norms and 4.5·I for the
-/// MLP, times [`AMP_FACTOR`].
-fn act_per_layer_token(m: &ModelSpec) -> f64 {
-    AMP_FACTOR * (16.0 * m.hidden + 4.5 * m.intermediate)
 }
 
 /// Measured, not derived: a Hugging Face Trainer run with `--bf16` keeps fp32 weights
@@ -300,6 +367,10 @@ fn act_per_layer_token(m: &ModelSpec) -> f64 {
 /// 1.95× the bf16 count per layer and 13.2 bytes per vocabulary entry per token
 /// (`examples/gpu_checks.sh`, `tests/real/gpu_estimate_check.py`).
 const AMP_FACTOR: f64 = 1.9;
+
+/// Weights held in 16 bits: the tensors are 16-bit, the count's own figure,
+/// plus a little for the fp32 norms' statistics. Not measured on a GPU yet.
+const HALF_FACTOR: f64 = 1.15;
 
 /// The logits' bytes per vocabulary entry per token at the loss: bf16 logits (2),
 /// their fp32 copy (4), the log-softmax (4) and its gradient (4).
@@ -314,6 +385,7 @@ struct View {
     off_opt: bool,
     off_param: bool,
     world: u64,
+    deepspeed: bool,
 }
 
 fn view(s: &Settings, default_seq: u64) -> View {
@@ -331,6 +403,7 @@ fn view(s: &Settings, default_seq: u64) -> View {
         off_opt: off(Knob::OffloadOptimizer),
         off_param: off(Knob::OffloadParam),
         world: s.world_size.max(1),
+        deepspeed: s.knobs.contains_key(&Knob::ZeroStage),
     }
 }
 
@@ -339,27 +412,35 @@ pub const DEFAULT_SEQ: u64 = 2048;
 
 /// Estimate per GPU for settings `s`; `calib` scales the activation term.
 pub fn estimate(m: &ModelSpec, s: &Settings, calib: f64) -> Estimate {
-    let v = view(s, DEFAULT_SEQ);
+    estimate_scaled(m, s, calib, 1.0)
+}
+
+/// [`estimate`] with the batch-independent model states scaled by `states`
+/// (calibration: see [`calibrate`]).
+pub fn estimate_scaled(m: &ModelSpec, s: &Settings, calib: f64, states: f64) -> Estimate {
+    let mut v = view(s, DEFAULT_SEQ);
+    // FSDP shards as the ZeRO stage it matches, over its degree.
+    let mut n = v.world;
+    if let Some(f) = m.fsdp.as_ref().filter(|f| f.stage > v.stage) {
+        v.stage = f.stage;
+        n = f.degree.map_or(n, |d| d.min(n));
+        v.off_opt |= f.offload;
+        v.off_param |= f.offload;
+    }
     let trainable = m.params * m.trainable;
-    let (mut w, g, o) = model_states(
-        m.optimizer,
-        trainable,
-        v.stage,
-        v.world,
-        v.off_opt,
-        v.off_param,
-    );
-    // Frozen weights (LoRA's base model) are sharded only by ZeRO-3.
+    let bytes = per_param(m.optimizer, m.weight_bytes, v.deepspeed);
+    let (mut w, g, o) = model_states(bytes, trainable, v.stage, n, v.off_opt, v.off_param);
+    // Frozen weights (LoRA's base model) are sharded only at stage 3.
     let frozen = m.params - trainable;
     if frozen > 0.0 && !v.off_param {
-        w += frozen * m.frozen_bytes / if v.stage >= 3 { v.world as f64 } else { 1.0 };
+        w += frozen * m.frozen_bytes / if v.stage >= 3 { n as f64 } else { 1.0 };
     }
     if v.off_param {
         // Two layers' weights gathered at a time.
         w = 2.0 * 2.0 * m.params / m.layers.max(1.0);
     }
     let tokens = v.micro * v.seq;
-    let per_layer = act_per_layer_token(m) * tokens;
+    let per_layer = m.act_factor() * m.act_per_layer_token * tokens;
     let layers = if v.gc {
         // Each layer's input is kept; one layer's activations are recomputed at a time.
         2.0 * m.hidden * tokens * m.layers + per_layer
@@ -367,9 +448,9 @@ pub fn estimate(m: &ModelSpec, s: &Settings, calib: f64) -> Estimate {
         per_layer * m.layers
     };
     Estimate {
-        weights: w,
-        gradients: g,
-        optimizer: o,
+        weights: w * states,
+        gradients: g * states,
+        optimizer: o * states,
         // Only the layers' term is calibrated: the logits' size is exact.
         activations: layers * calib + logits_bytes(m, s),
         context: CONTEXT_BYTES,
@@ -409,123 +490,6 @@ pub fn throughput(s: &Settings, default_seq: u64) -> f64 {
     t
 }
 
-/// What an OOM says the attempt needed at least, in bytes: everything in use on
-/// the GPU plus the allocation that failed (`total - free + tried`), or `None`
-/// when the message lacks the numbers.
-pub fn needed_at_least(o: &OomNumbers) -> Option<f64> {
-    let tried = o.tried_to_allocate_bytes? as f64;
-    if o.allowed_bytes.is_some() {
-        // Under a per-process cap the GPU's free memory says nothing of this
-        // process: what its allocator held, plus the allocation, plus the context.
-        return o.allocated_bytes.map(|a| {
-            a as f64 + o.reserved_unallocated_bytes.unwrap_or(0) as f64 + CONTEXT_BYTES + tried
-        });
-    }
-    match (o.total_bytes, o.free_bytes) {
-        (Some(t), Some(f)) => Some(t as f64 - f as f64 + tried),
-        _ => o.allocated_bytes.map(|a| {
-            a as f64 + o.reserved_unallocated_bytes.unwrap_or(0) as f64 + CONTEXT_BYTES + tried
-        }),
-    }
-}
-
-/// The memory this process may use, by an OOM message: the GPU's total, or under a
-/// per-process cap (`"4.00 GiB allowed;"`) the cap plus the CUDA context it leaves out.
-pub fn effective_total(o: &OomNumbers) -> Option<f64> {
-    match (o.allowed_bytes, o.total_bytes) {
-        (Some(a), Some(t)) => Some((a as f64 + CONTEXT_BYTES).min(t as f64)),
-        (Some(a), None) => Some(a as f64 + CONTEXT_BYTES),
-        (None, t) => t.map(|t| t as f64),
-    }
-}
-
-/// The model with what the run showed: the GPU's size and the activation scale.
-#[derive(Debug, Clone, Serialize)]
-pub struct Calibrated {
-    pub model: ModelSpec,
-    /// Bytes of the GPU (from an OOM message, NVML or `--gpu-memory`).
-    pub gpu_total: Option<f64>,
-    /// Multiplies the activation term; 1.0 until an OOM says otherwise.
-    pub scale: f64,
-    /// Settings that OOMed: never predicted to fit again.
-    #[serde(skip)]
-    pub failed: Vec<Settings>,
-}
-
-impl Calibrated {
-    pub fn new(model: ModelSpec, gpu_total: Option<f64>) -> Calibrated {
-        Calibrated {
-            model,
-            gpu_total,
-            scale: 1.0,
-            failed: Vec::new(),
-        }
-    }
-
-    pub fn estimate(&self, s: &Settings) -> Estimate {
-        estimate(&self.model, s, self.scale)
-    }
-
-    /// The most a candidate may be predicted to use.
-    pub fn budget(&self) -> Option<f64> {
-        self.gpu_total.map(|t| t * (1.0 - MARGIN))
-    }
-
-    /// Fits the whole GPU, without the margin, and never failed.
-    pub fn fits_whole_gpu(&self, s: &Settings) -> bool {
-        self.gpu_total
-            .is_some_and(|t| self.estimate(s).total() <= t && !self.failed.contains(s))
-    }
-
-    pub fn fits(&self, s: &Settings) -> Option<bool> {
-        let b = self.budget()?;
-        Some(self.estimate(s).total() <= b && !self.failed.contains(s))
-    }
-
-    /// Learn from an OOM of settings `s` after `steps_done` good steps of the
-    /// attempt: the activation term grows until `s` needs more than the GPU and
-    /// more than the OOM showed, times an allowance for the part of the
-    /// deficit no message shows; a prediction that failed is scaled up further
-    /// each time it fails again.
-    ///
-    /// The rule for the step reached: an OOM before [`SPIKE_STEPS`] good steps
-    /// (or with the step unknown) is a steady overflow: every step needs more
-    /// than the GPU, by an unknown amount — the allowance is a quarter
-    /// ([`UNSEEN_DEFICIT`]) and a failed prediction half again ([`FAILED`]).
-    /// After [`SPIKE_STEPS`] or more, the steps before it fit: the run needs the
-    /// OOM's figure only at its peak (the model's activations are those of the
-    /// longest sequence, the peak's), so the term is scaled only to that figure,
-    /// with 15% ([`SPIKE_DEFICIT`]) for the unseen rest and 10% ([`SPIKE_FAILED`])
-    /// for a failed prediction. The failed settings are never predicted to fit
-    /// again either way.
-    pub fn learn(&mut self, s: &Settings, oom: Option<&OomNumbers>, steps_done: Option<u64>) {
-        let spike = steps_done.is_some_and(|n| n >= SPIKE_STEPS);
-        if let Some(t) = oom.and_then(effective_total) {
-            self.gpu_total = Some(t);
-        }
-        let predicted_fit = self.fits(s) == Some(true);
-        self.failed.push(s.clone());
-        let e = self.estimate(s);
-        let logits = logits_bytes(&self.model, s);
-        let fixed = e.total() - e.activations + logits;
-        let act = (e.activations - logits).max(1.0);
-        let mut need = oom.and_then(needed_at_least).unwrap_or(0.0);
-        if let Some(t) = self.gpu_total {
-            // It did not fit: it needed more than the whole GPU (PyTorch names
-            // only the one allocation that failed, not the whole deficit).
-            need = need.max(t * 1.02);
-        }
-        if need > e.total() {
-            self.scale *= (need - fixed).max(act) / act;
-        }
-        // The deficit is only known from below: allow for the rest of it.
-        self.scale *= if spike { SPIKE_DEFICIT } else { UNSEEN_DEFICIT };
-        if predicted_fit {
-            self.scale *= if spike { SPIKE_FAILED } else { FAILED };
-        }
-    }
-}
-
 /// One candidate of `estimate`: settings, what they would use, whether they fit.
 #[derive(Debug, Clone, Serialize)]
 pub struct Candidate {
@@ -536,6 +500,9 @@ pub struct Candidate {
     /// Predicted to fit the whole GPU, without the margin (never a failed one).
     #[serde(skip)]
     pub fits_without_margin: bool,
+    /// Predicted within the model's error of the whole GPU ([`NEAR`]), never a failed one.
+    #[serde(skip)]
+    pub near: bool,
     /// The steps that lead here from the settings as given.
     pub steps: Vec<crate::policy::StepKind>,
 }
@@ -564,6 +531,7 @@ pub fn candidates(
                 throughput: throughput(&next, DEFAULT_SEQ),
                 fits: cal.fits(&next),
                 fits_without_margin: cal.fits_whole_gpu(&next),
+                near: cal.near(&next),
                 settings: next,
                 steps: p,
             });
@@ -601,14 +569,18 @@ pub fn pick<'a>(cands: &'a [Candidate], start: &Settings) -> Option<&'a Candidat
     };
     // Results first, before the margin: when nothing with the sequence as given
     // fits with the margin, the one predicted to need least, if it fits the GPU
-    // without it, comes before a shorter sequence.
-    let tight = || {
+    // without it — or is within the model's error of it — comes before a
+    // shorter sequence.
+    let least = |ok: fn(&Candidate) -> bool| {
         cands
             .iter()
-            .filter(|c| c.settings.int(Knob::SeqLen) == seq0 && c.fits_without_margin)
+            .filter(|c| c.settings.int(Knob::SeqLen) == seq0 && ok(c))
             .min_by(|a, b| a.estimate.total().total_cmp(&b.estimate.total()))
     };
-    best(true).or_else(tight).or_else(|| best(false))
+    best(true)
+        .or_else(|| least(|c| c.fits_without_margin))
+        .or_else(|| least(|c| c.near))
+        .or_else(|| best(false))
 }
 
 /// Bytes as GiB with two decimals.
@@ -656,6 +628,11 @@ pub fn next_from_model(
             "the fastest of {n_fit} settings that fit with a {:.0}% margin",
             MARGIN * 100.0
         )
+    } else if !best.fits_without_margin {
+        format!(
+            "nothing with the sequence as given is predicted to fit: the one that needs least, within the model's {:.0}% error of the GPU, before a shorter sequence",
+            NEAR * 100.0
+        )
     } else {
         format!(
             "none with the sequence as given fits with the {:.0}% margin: the one that needs least, which fits the GPU, before a shorter sequence",
@@ -679,6 +656,8 @@ pub fn next_from_model(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::detect::OomNumbers;
+    use calibrate::{effective_total, needed_at_least};
     use std::collections::BTreeMap;
 
     fn settings(micro: u64, accum: u64, seq: u64, gc: bool, stage: u64, world: u64) -> Settings {
@@ -702,6 +681,7 @@ mod tests {
     #[test]
     fn model_states_match_deepspeeds_per_stage_formulas() {
         let psi = 7.5e9;
+        let mixed = per_param(Optimizer::AdamW, 4.0, true);
         for nd in [1u64, 2, 8, 64] {
             let n = nd as f64;
             let expected = [
@@ -711,8 +691,7 @@ mod tests {
                 16.0 * psi / n,
             ];
             for (stage, want) in expected.iter().enumerate() {
-                let (w, g, o) =
-                    model_states(Optimizer::MixedAdam, psi, stage as u64, nd, false, false);
+                let (w, g, o) = model_states(mixed, psi, stage as u64, nd, false, false);
                 let got = w + g + o;
                 assert!(
                     (got - want).abs() < 1.0,
@@ -721,25 +700,29 @@ mod tests {
             }
         }
         // The paper's example: 7.5B parameters on 64 GPUs at stage 3 is 1.9 GB.
-        let (w, g, o) = model_states(Optimizer::MixedAdam, psi, 3, 64, false, false);
+        let (w, g, o) = model_states(mixed, psi, 3, 64, false, false);
         assert!(((w + g + o) / 1e9 - 1.875).abs() < 0.01);
         // Offload removes the optimizer (and at stage 3 the parameters) from the GPU.
-        let (_, _, o) = model_states(Optimizer::MixedAdam, psi, 2, 8, true, false);
+        let (_, _, o) = model_states(mixed, psi, 2, 8, true, false);
         assert_eq!(o, 0.0);
-        // Variants: 8-bit Adam 10 bytes, bf16 without master weights 8 bytes.
-        let t = |opt| {
-            let (w, g, o) = model_states(opt, 1.0, 0, 1, false, false);
+        // Variants: a Trainer's --bf16 over fp32 weights 16 bytes (4 + 4 + 8), 8-bit
+        // Adam 10, weights loaded in bf16 8 (Adam's states in bf16), SGD 12.
+        let t = |opt, wb, ds| {
+            let (w, g, o) = model_states(per_param(opt, wb, ds), 1.0, 0, 1, false, false);
             w + g + o
         };
-        assert_eq!(t(Optimizer::Adam8bit), 10.0);
-        assert_eq!(t(Optimizer::Bf16Adam), 8.0);
+        assert_eq!(t(Optimizer::AdamW, 4.0, false), 16.0);
+        assert_eq!(t(Optimizer::Adam8bit, 4.0, false), 10.0);
+        assert_eq!(t(Optimizer::Adam8bit, 4.0, true), 10.0);
+        assert_eq!(t(Optimizer::AdamW, 2.0, false), 8.0);
+        assert_eq!(t(Optimizer::Sgd, 4.0, false), 12.0);
     }
 
     #[test]
     fn a_llama_config_gives_its_parameter_count() {
         // Llama-2-7B: 6.74B parameters.
         let cfg = r#"{"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 11008,
-            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "hidden_act": "silu"}"#;
+            "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "hidden_act": "silu", "model_type": "llama"}"#;
         let m = ModelSpec::from_config_json("x", cfg).unwrap();
         assert!((m.params / 1e9 - 6.74).abs() < 0.05, "{}", m.params);
         // Checkpointing keeps much less activation memory.
@@ -755,7 +738,7 @@ mod tests {
     #[test]
     fn an_oom_after_many_good_steps_is_a_spike_and_calibrates_less() {
         let cfg = r#"{"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 11008,
-            "num_attention_heads": 32, "vocab_size": 32000, "hidden_act": "silu"}"#;
+            "num_attention_heads": 32, "vocab_size": 32000, "hidden_act": "silu", "model_type": "llama"}"#;
         let m = ModelSpec::from_config_json("x", cfg).unwrap();
         // Predicted at 63 GiB of 80; the OOM says more than 80.
         let s = settings(8, 2, 512, false, 2, 4);

@@ -1,0 +1,766 @@
+//! What the run will hold, read from the run's own facts: the command's flags
+//! and overrides and the content of the config files it names (recipes,
+//! `--fsdp_config`, accelerate's `--config_file`) — keys and their values,
+//! never a file's name. A recipe called `qlora-free.yml` says nothing; its
+//! `adapter: lora` line does.
+//!
+//! Read here: the weights' dtype (`--torch_dtype`, `--dtype`, a recipe's
+//! `torch_dtype:`/`dtype:`, `model_kwargs`, axolotl's `bf16: full` and
+//! `bf16: true`, LLaMA-Factory's `pure_bf16`, torchtune's bf16 default), the
+//! optimizer, PEFT (`adapter:`, `finetuning_type:`, `--use_peft`, `lora_r`,
+//! target modules, `load_in_4bit`, `quantization_bit`, torchtune's `lora_*`
+//! components) and FSDP (see [`super::shard`]).
+
+use std::path::Path;
+
+use super::dtype::Dtype;
+use super::optim::Optimizer;
+use super::peft::{Peft, Targets, default_targets};
+use super::shard::Fsdp;
+use crate::command::Command;
+
+/// One key and its value, with where it was read.
+#[derive(Debug, Clone)]
+pub struct Pair {
+    /// Dotted path, lower case (`model_kwargs.torch_dtype`, `fsdp_config.fsdp_offload_params`).
+    pub key: String,
+    pub value: String,
+    /// `--torch_dtype` or `train.yml`.
+    pub from: String,
+}
+
+impl Pair {
+    fn last(&self) -> &str {
+        self.key.rsplit('.').next().unwrap_or(&self.key)
+    }
+    fn said(&self) -> String {
+        if self.from.starts_with("--") {
+            format!("{} {}", self.from, self.value)
+        } else {
+            format!("{}: {} in {}", self.key, self.value, self.from)
+        }
+    }
+}
+
+/// The facts read, each with where it was read.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub dtype: Option<(Dtype, String)>,
+    pub optimizer: Option<(Optimizer, String)>,
+    pub peft: Option<Peft>,
+    /// How the frozen base of a PEFT run is held (4-bit, 8-bit), when quantized.
+    pub quant: Option<(Dtype, String)>,
+    pub fsdp: Option<Fsdp>,
+}
+
+fn truthy(v: &str) -> bool {
+    matches!(
+        v.trim()
+            .trim_matches(['"', '\''])
+            .to_ascii_lowercase()
+            .as_str(),
+        "true" | "1" | "yes" | "on"
+    )
+}
+
+/// Every key and value of the command: flags (without dashes), overrides.
+pub fn command_pairs(cmd: &Command) -> Vec<Pair> {
+    let mut out = Vec::new();
+    for f in &cmd.flags {
+        let key = f
+            .name
+            .trim_start_matches('-')
+            .replace('-', "_")
+            .to_ascii_lowercase();
+        let mut value = f.value.clone().unwrap_or_else(|| "true".into());
+        // Lists after a flag (`--lora_target_modules q_proj v_proj`).
+        if matches!(
+            key.as_str(),
+            "lora_target_modules" | "target_modules" | "lora_target" | "fsdp"
+        ) {
+            let mut i = f.index + if f.value.is_some() { 2 } else { 1 };
+            while let Some(a) = cmd.args.get(i).filter(|a| !a.starts_with('-')) {
+                if matches!(f.form, crate::command::FlagForm::Equals) {
+                    break;
+                }
+                value.push(' ');
+                value.push_str(a);
+                i += 1;
+            }
+        }
+        out.push(Pair {
+            key,
+            value,
+            from: f.name.clone(),
+        });
+    }
+    for o in &cmd.overrides {
+        out.push(Pair {
+            key: o.key.to_ascii_lowercase(),
+            value: o.value.clone(),
+            from: format!("{}{}", o.prefix, o.key),
+        });
+    }
+    out
+}
+
+/// Every key and value of a config file's text: JSON, TOML or YAML, told by
+/// the content. Lists give one pair per item.
+pub fn text_pairs(text: &str, from: &str) -> Vec<Pair> {
+    let mut out = Vec::new();
+    let t = text.trim_start();
+    if t.starts_with('{') {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(t) {
+            json_pairs(&v, String::new(), from, &mut out);
+        }
+        return out;
+    }
+    let toml_like = text.lines().any(|l| {
+        let l = l.trim();
+        l.starts_with('[') && l.ends_with(']') && !l.contains(',') && l.len() > 2
+    });
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut section = String::new();
+    for raw in text.lines() {
+        let line = strip_comment(raw);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let indent = line.len() - line.trim_start().len();
+        let c = line.trim();
+        if toml_like {
+            if c.starts_with('[') && c.ends_with(']') {
+                section = c.trim_matches(['[', ']']).to_ascii_lowercase();
+                continue;
+            }
+            if let Some((k, v)) = c.split_once('=') {
+                let k = k.trim().trim_matches('"').to_ascii_lowercase();
+                let key = if section.is_empty() {
+                    k
+                } else {
+                    format!("{section}.{k}")
+                };
+                push_value(&mut out, key, v.trim(), from);
+            }
+            continue;
+        }
+        while stack.last().is_some_and(|(i, _)| *i > indent) {
+            stack.pop();
+        }
+        let path = |stack: &[(usize, String)]| {
+            stack
+                .iter()
+                .map(|(_, k)| k.as_str())
+                .collect::<Vec<_>>()
+                .join(".")
+        };
+        if let Some(item) = c.strip_prefix("- ").or_else(|| (c == "-").then_some("")) {
+            // A list item belongs to the last key at this indentation or less.
+            while stack.last().is_some_and(|(i, _)| *i > indent) {
+                stack.pop();
+            }
+            let base = path(&stack);
+            match item.split_once(": ") {
+                Some((k, v)) => push_value(&mut out, join(&base, k), v, from),
+                None => push_value(&mut out, base, item, from),
+            }
+            continue;
+        }
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        let (k, v) = match c.split_once(": ") {
+            Some((k, v)) => (k, v.trim()),
+            None => match c.strip_suffix(':') {
+                Some(k) => (k, ""),
+                None => continue,
+            },
+        };
+        let k = k.trim().trim_matches(['"', '\'']).to_ascii_lowercase();
+        if v.is_empty() || v == "|" || v == ">" {
+            stack.push((indent, k));
+        } else if v.starts_with('{') {
+            // An inline map: `model_kwargs: {torch_dtype: bfloat16}`.
+            let base = join(&path(&stack), &k);
+            for part in v.trim_matches(['{', '}']).split(',') {
+                if let Some((ik, iv)) = part.split_once(':') {
+                    push_value(&mut out, join(&base, ik.trim()), iv.trim(), from);
+                }
+            }
+        } else {
+            push_value(&mut out, join(&path(&stack), &k), v, from);
+        }
+    }
+    out
+}
+
+fn join(base: &str, k: &str) -> String {
+    let k = k.trim().trim_matches(['"', '\'']).to_ascii_lowercase();
+    if base.is_empty() {
+        k
+    } else {
+        format!("{base}.{k}")
+    }
+}
+
+fn strip_comment(l: &str) -> &str {
+    if l.trim_start().starts_with('#') {
+        return "";
+    }
+    match l.find(" #") {
+        Some(i) => &l[..i],
+        None => l,
+    }
+}
+
+/// A scalar, or each item of an inline list `[a, b]`.
+fn push_value(out: &mut Vec<Pair>, key: String, v: &str, from: &str) {
+    let v = v.trim();
+    let items: Vec<&str> = if v.starts_with('[') && v.ends_with(']') {
+        v.trim_matches(['[', ']']).split(',').collect()
+    } else {
+        vec![v]
+    };
+    for i in items {
+        let i = i.trim().trim_matches(['"', '\'']);
+        if !i.is_empty() {
+            out.push(Pair {
+                key: key.clone(),
+                value: i.to_string(),
+                from: from.to_string(),
+            });
+        }
+    }
+}
+
+fn json_pairs(v: &serde_json::Value, path: String, from: &str, out: &mut Vec<Pair>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                json_pairs(v, join(&path, k), from, out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for v in a {
+                json_pairs(v, path.clone(), from, out);
+            }
+        }
+        serde_json::Value::String(s) => push_value(out, path, s, from),
+        other => push_value(out, path, &other.to_string(), from),
+    }
+}
+
+/// The config files a command points at beyond its recipe: `--fsdp_config`,
+/// accelerate's `--config_file` (or its default config under `accelerate launch`).
+pub fn side_files(cmd: &Command, env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut out: Vec<String> = ["--fsdp_config", "--config_file", "--deepspeed_config_file"]
+        .iter()
+        .filter_map(|f| cmd.value(&[f]))
+        .filter(|v| !v.trim_start().starts_with('{'))
+        .map(str::to_string)
+        .collect();
+    let accelerate = cmd
+        .args
+        .iter()
+        .take(cmd.args_start().max(1))
+        .any(|a| crate::command::base_name(a) == "accelerate");
+    if accelerate && cmd.value(&["--config_file"]).is_none() {
+        let home =
+            env("HF_HOME").or_else(|| env("HOME").map(|h| format!("{h}/.cache/huggingface")));
+        if let Some(h) = home {
+            out.push(format!("{h}/accelerate/default_config.yaml"));
+        }
+    }
+    out
+}
+
+/// Read the facts from the command and the texts of its config files
+/// (`(shown name, text)`).
+pub fn read(cmd: &Command, files: &[(String, String)]) -> Facts {
+    let mut pairs = command_pairs(cmd);
+    // A JSON given inline to --fsdp_config.
+    if let Some(v) = cmd
+        .value(&["--fsdp_config"])
+        .filter(|v| v.trim_start().starts_with('{'))
+    {
+        pairs.extend(text_pairs(v, "--fsdp_config"));
+    }
+    for (name, text) in files {
+        pairs.extend(text_pairs(text, name));
+    }
+    from_pairs(cmd, &pairs)
+}
+
+/// Read a config file the command names; unreadable files give no pairs.
+pub fn read_file(path: &str) -> Option<(String, String)> {
+    let text = crate::untrusted::read_config(Path::new(path)).ok()?;
+    let shown = Path::new(path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.to_string());
+    Some((shown, text))
+}
+
+fn from_pairs(cmd: &Command, pairs: &[Pair]) -> Facts {
+    let mut f = Facts::default();
+    let last = |keys: &[&str]| pairs.iter().rev().find(|p| keys.contains(&p.last()));
+    let all = |keys: &[&str]| {
+        pairs
+            .iter()
+            .filter(|p| keys.contains(&p.last()))
+            .collect::<Vec<_>>()
+    };
+    let words = cmd.args.join(" ").to_ascii_lowercase();
+    // torchtune trains in bf16 without fp32 master weights unless told otherwise.
+    let torchtune = cmd
+        .args
+        .iter()
+        .take(cmd.args_start().max(1) + 1)
+        .any(|a| crate::command::base_name(a) == "tune");
+
+    // The weights' dtype.
+    if let Some(p) =
+        last(&["torch_dtype", "dtype", "model_dtype"]).filter(|p| Dtype::parse(&p.value).is_some())
+    {
+        f.dtype = Dtype::parse(&p.value).map(|d| (d, p.said()));
+    }
+    if f.dtype.is_none() {
+        if let Some(p) = last(&["bf16"]).filter(|p| p.value.eq_ignore_ascii_case("full")) {
+            f.dtype = Some((Dtype::Bf16, p.said()));
+        } else if let Some(p) = last(&["pure_bf16"]).filter(|p| truthy(&p.value)) {
+            f.dtype = Some((Dtype::Bf16, p.said()));
+        } else if let Some(p) = last(&["bf16"]).filter(|p| {
+            // axolotl loads the weights in bf16 when `bf16: true` (or auto).
+            !p.from.starts_with("--")
+                && (truthy(&p.value) || p.value == "auto")
+                && pairs
+                    .iter()
+                    .any(|q| q.from == p.from && q.key == "base_model")
+        }) {
+            f.dtype = Some((Dtype::Bf16, p.said()));
+        } else if torchtune {
+            f.dtype = Some((Dtype::Bf16, "torchtune's default dtype: bf16".into()));
+        }
+    }
+
+    // The optimizer.
+    if let Some((o, p)) = pairs.iter().rev().find_map(|p| {
+        let k = p.last();
+        let is_opt = matches!(
+            k,
+            "optim" | "optimizer" | "optimizer_type" | "optimizer_name"
+        ) || (k == "_component_" && p.key.contains("optimizer"))
+            || (k == "name" && p.key.contains("optimizer"));
+        is_opt.then(|| Optimizer::parse(&p.value).map(|o| (o, p)))?
+    }) {
+        f.optimizer = Some((o, p.said()));
+    }
+
+    // PEFT.
+    let lora_word = |v: &str| {
+        let v = v.to_ascii_lowercase();
+        v.contains("lora") || v.contains("dora")
+    };
+    let peft_said = last(&["adapter", "finetuning_type", "peft_type", "peft_method"])
+        .filter(|p| lora_word(&p.value))
+        .map(Pair::said)
+        .or_else(|| {
+            last(&["use_peft", "use_lora", "lora"])
+                .filter(|p| truthy(&p.value))
+                .map(Pair::said)
+        })
+        .or_else(|| {
+            // torchtune's model components: lora_llama3_2_1b, qlora_llama3_8b.
+            pairs
+                .iter()
+                .find(|p| {
+                    p.last() == "_component_" && p.key.starts_with("model") && lora_word(&p.value)
+                })
+                .map(Pair::said)
+        });
+    let qlora = last(&["adapter"]).is_some_and(|p| p.value.eq_ignore_ascii_case("qlora"))
+        || pairs.iter().any(|p| {
+            p.last() == "_component_" && p.key.starts_with("model") && p.value.contains("qlora")
+        });
+    if let Some(source) = peft_said {
+        let rank = last(&["lora_r", "lora_rank", "r", "rank"])
+            .and_then(|p| p.value.parse::<f64>().ok())
+            .filter(|r| *r > 0.0)
+            .unwrap_or(8.0);
+        let mut names: Vec<String> = Vec::new();
+        let mut all_linear = last(&["lora_target_linear"]).is_some_and(|p| truthy(&p.value));
+        for p in all(&[
+            "lora_target_modules",
+            "target_modules",
+            "lora_target",
+            "lora_attn_modules",
+        ]) {
+            for n in p.value.split([' ', ',']).filter(|n| !n.is_empty()) {
+                let n = n.trim_matches(['"', '\'', '[', ']']).to_ascii_lowercase();
+                if matches!(n.as_str(), "all" | "all-linear" | "all_linear") {
+                    all_linear = true;
+                } else if !n.is_empty() {
+                    names.push(n);
+                }
+            }
+        }
+        if last(&["apply_lora_to_mlp"]).is_some_and(|p| truthy(&p.value)) {
+            names.extend(["w1", "w2", "w3"].map(String::from));
+        }
+        let targets = if all_linear {
+            Targets::AllLinear
+        } else if names.is_empty() {
+            default_targets()
+        } else {
+            Targets::Named(names)
+        };
+        f.peft = Some(Peft {
+            rank,
+            targets,
+            source,
+        });
+    }
+    if f.peft.is_some() {
+        if let Some(p) = last(&["load_in_4bit"]).filter(|p| truthy(&p.value)) {
+            f.quant = Some((Dtype::Int4, p.said()));
+        } else if let Some(p) = last(&["quantization_bit"]).filter(|p| p.value.trim() == "4") {
+            f.quant = Some((Dtype::Int4, p.said()));
+        } else if qlora {
+            f.quant = Some((Dtype::Int4, "QLoRA".into()));
+        } else if let Some(p) = last(&["load_in_8bit"]).filter(|p| truthy(&p.value)) {
+            f.quant = Some((Dtype::Int8, p.said()));
+        } else if let Some(p) = last(&["quantization_bit"]).filter(|p| p.value.trim() == "8") {
+            f.quant = Some((Dtype::Int8, p.said()));
+        }
+    }
+
+    // FSDP.
+    let fsdp_offload = last(&[
+        "fsdp_offload_params",
+        "offload_params",
+        "fsdp_cpu_offload",
+        "cpu_offload",
+    ])
+    .is_some_and(|p| truthy(&p.value));
+    let hf = pairs
+        .iter()
+        .filter(|p| p.key == "fsdp")
+        .map(|p| p.value.clone())
+        .collect::<Vec<_>>();
+    let mut fsdp = if !hf.is_empty() {
+        let joined = hf.join(" ");
+        Fsdp::from_strategy(&joined, format!("fsdp: {joined}"))
+    } else {
+        None
+    };
+    if fsdp.is_none() {
+        let accel = last(&["distributed_type"])
+            .is_some_and(|p| p.value.eq_ignore_ascii_case("fsdp"))
+            || last(&["use_fsdp"]).is_some_and(|p| truthy(&p.value));
+        if accel {
+            let strategy = last(&["fsdp_sharding_strategy", "sharding_strategy"]);
+            let reshard = last(&["fsdp_reshard_after_forward", "reshard_after_forward"]);
+            fsdp = match (strategy, reshard) {
+                (Some(p), _) => Fsdp::from_strategy(&p.value, p.said()),
+                (None, Some(p)) if !truthy(&p.value) => {
+                    Fsdp::from_strategy("SHARD_GRAD_OP", p.said())
+                }
+                _ => Fsdp::from_strategy("FULL_SHARD", "accelerate FSDP".into()),
+            };
+        }
+    }
+    if fsdp.is_none()
+        && let Some(p) =
+            last(&["strategy"]).filter(|p| p.value.to_ascii_lowercase().contains("fsdp"))
+    {
+        fsdp = Fsdp::from_strategy("full_shard", p.said());
+    }
+    if fsdp.is_none() {
+        // torchtitan: FSDP over the data-parallel shard degree (-1: every rank).
+        let degree = last(&["data_parallel_shard_degree"]);
+        let titan = words.contains("torchtitan");
+        match degree {
+            Some(p) => {
+                if let Ok(d) = p.value.parse::<i64>()
+                    && (d == -1 || d > 1)
+                {
+                    fsdp = Fsdp::from_strategy("full_shard", p.said());
+                    if let Some(f) = fsdp.as_mut() {
+                        f.degree = (d > 1).then_some(d as u64);
+                    }
+                }
+            }
+            None if titan => {
+                fsdp = Fsdp::from_strategy(
+                    "full_shard",
+                    "torchtitan's default data_parallel_shard_degree -1".into(),
+                );
+            }
+            None => {}
+        }
+    }
+    if fsdp.is_none() && torchtune && words.contains("_distributed") {
+        fsdp = Fsdp::from_strategy("full_shard", "torchtune's distributed recipe (FSDP)".into());
+    }
+    if let Some(f2) = fsdp.as_mut() {
+        f2.offload |= fsdp_offload;
+    }
+    f.fsdp = fsdp;
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsString;
+
+    fn cmd(a: &[&str]) -> Command {
+        Command::parse(&a.iter().map(OsString::from).collect::<Vec<_>>())
+    }
+
+    fn facts(a: &[&str], files: &[(&str, &str)]) -> Facts {
+        let files: Vec<(String, String)> = files
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.to_string()))
+            .collect();
+        read(&cmd(a), &files)
+    }
+
+    #[test]
+    fn the_dtype_is_read_from_flags_and_recipes() {
+        let f = facts(
+            &["python", "train.py", "--torch_dtype", "bfloat16", "--bf16"],
+            &[],
+        );
+        assert_eq!(f.dtype.unwrap().0, Dtype::Bf16);
+        let f = facts(&["python", "train.py", "--bf16"], &[]);
+        assert!(
+            f.dtype.is_none(),
+            "--bf16 alone is autocast over fp32 weights"
+        );
+        let f = facts(
+            &["python", "sft.py", "c.yaml"],
+            &[("c.yaml", "model_init_kwargs:\n  torch_dtype: bfloat16\n")],
+        );
+        assert_eq!(f.dtype.unwrap().0, Dtype::Bf16);
+        let f = facts(
+            &["python", "sft.py", "c.yaml"],
+            &[("c.yaml", "model_kwargs: {torch_dtype: float16}\n")],
+        );
+        assert_eq!(f.dtype.unwrap().0, Dtype::F16);
+        let f = facts(
+            &["axolotl", "train", "a.yml"],
+            &[("a.yml", "base_model: x\nbf16: full\n")],
+        );
+        assert_eq!(f.dtype.unwrap().0, Dtype::Bf16);
+        let f = facts(
+            &[
+                "tune",
+                "run",
+                "full_finetune_single_device",
+                "--config",
+                "c.yaml",
+            ],
+            &[],
+        );
+        assert_eq!(f.dtype.unwrap().0, Dtype::Bf16);
+    }
+
+    #[test]
+    fn the_optimizer_is_read_from_flags_and_recipes() {
+        let f = facts(&["python", "train.py", "--optim", "paged_adamw_8bit"], &[]);
+        assert_eq!(f.optimizer.unwrap().0, Optimizer::Adam8bit);
+        let f = facts(
+            &["tune", "run", "x", "--config", "c.yaml"],
+            &[(
+                "c.yaml",
+                "optimizer:\n  _component_: torch.optim.SGD\n  lr: 1e-3\n",
+            )],
+        );
+        assert_eq!(f.optimizer.unwrap().0, Optimizer::Sgd);
+        let f = facts(
+            &["torchrun", "-m", "torchtitan.train"],
+            &[("t.toml", "[optimizer]\nname = \"AdamW\"\nlr = 8e-4\n")],
+        );
+        assert_eq!(f.optimizer.unwrap().0, Optimizer::AdamW);
+        let f = facts(
+            &["axolotl", "train", "a.yml"],
+            &[("a.yml", "optimizer: adamw_bnb_8bit\n")],
+        );
+        assert_eq!(f.optimizer.unwrap().0, Optimizer::Adam8bit);
+    }
+
+    /// The same axolotl recipe under any file name: LoRA from its content.
+    #[test]
+    fn peft_is_read_from_content_never_from_file_names() {
+        let recipe = "base_model: m\nadapter: lora\nlora_r: 16\nlora_target_modules:\n  - q_proj\n  - v_proj\n  - k_proj\n";
+        for name in ["my.yml", "qlora-free.yml", "full.yml"] {
+            let f = facts(&["axolotl", "train", name], &[(name, recipe)]);
+            let p = f.peft.expect(name);
+            assert_eq!(p.rank, 16.0);
+            assert_eq!(
+                p.targets,
+                Targets::Named(vec!["q_proj".into(), "v_proj".into(), "k_proj".into()])
+            );
+            assert!(f.quant.is_none(), "{name}");
+        }
+        // A full fine-tune in a file called lora.yml is a full fine-tune.
+        let f = facts(
+            &["axolotl", "train", "lora.yml"],
+            &[("lora.yml", "base_model: m\nmicro_batch_size: 2\n")],
+        );
+        assert!(f.peft.is_none());
+        let f = facts(
+            &["python", "train_lora.py", "--output_dir", "lora-out"],
+            &[],
+        );
+        assert!(f.peft.is_none(), "words in paths are not facts");
+        // QLoRA by adapter, and by load_in_4bit.
+        let f = facts(
+            &["axolotl", "train", "x.yml"],
+            &[("x.yml", "adapter: qlora\nlora_target_linear: true\n")],
+        );
+        assert_eq!(f.quant.unwrap().0, Dtype::Int4);
+        assert_eq!(f.peft.unwrap().targets, Targets::AllLinear);
+        let f = facts(
+            &[
+                "python",
+                "sft.py",
+                "--use_peft",
+                "--lora_r",
+                "32",
+                "--lora_target_modules",
+                "q_proj",
+                "v_proj",
+                "--load_in_4bit",
+            ],
+            &[],
+        );
+        let p = f.peft.unwrap();
+        assert_eq!(p.rank, 32.0);
+        assert_eq!(
+            p.targets,
+            Targets::Named(vec!["q_proj".into(), "v_proj".into()])
+        );
+        assert_eq!(f.quant.unwrap().0, Dtype::Int4);
+        // LLaMA-Factory.
+        let f = facts(
+            &["llamafactory-cli", "train", "c.yaml"],
+            &[(
+                "c.yaml",
+                "finetuning_type: lora\nlora_rank: 8\nlora_target: all\nquantization_bit: 4\n",
+            )],
+        );
+        assert_eq!(f.peft.unwrap().targets, Targets::AllLinear);
+        assert_eq!(f.quant.unwrap().0, Dtype::Int4);
+        // torchtune's LoRA components.
+        let f = facts(
+            &[
+                "tune",
+                "run",
+                "lora_finetune_single_device",
+                "--config",
+                "c.yaml",
+            ],
+            &[(
+                "c.yaml",
+                "model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_attn_modules: ['q_proj', 'v_proj', 'output_proj']\n  apply_lora_to_mlp: True\n  lora_rank: 64\n",
+            )],
+        );
+        let p = f.peft.unwrap();
+        assert_eq!(p.rank, 64.0);
+        assert!(
+            matches!(p.targets, Targets::Named(ref n) if n.len() == 6),
+            "{:?}",
+            p.targets
+        );
+    }
+
+    #[test]
+    fn fsdp_is_read_from_hf_accelerate_torchtune_and_torchtitan() {
+        let f = facts(
+            &[
+                "torchrun",
+                "--nproc_per_node=8",
+                "train.py",
+                "--fsdp",
+                "full_shard auto_wrap",
+            ],
+            &[],
+        );
+        assert_eq!(f.fsdp.unwrap().stage, 3);
+        let f = facts(
+            &[
+                "torchrun",
+                "train.py",
+                "--fsdp",
+                "full_shard",
+                "offload",
+                "auto_wrap",
+            ],
+            &[],
+        );
+        assert!(f.fsdp.unwrap().offload);
+        let f = facts(&["torchrun", "train.py", "--fsdp", "shard_grad_op"], &[]);
+        assert_eq!(f.fsdp.unwrap().stage, 2);
+        let acc = "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_offload_params: true\nnum_processes: 8\n";
+        let f = facts(
+            &[
+                "accelerate",
+                "launch",
+                "--config_file",
+                "fsdp.yaml",
+                "train.py",
+            ],
+            &[("fsdp.yaml", acc)],
+        );
+        let fs = f.fsdp.unwrap();
+        assert_eq!((fs.stage, fs.offload), (3, true));
+        let f = facts(
+            &[
+                "accelerate",
+                "launch",
+                "--use_fsdp",
+                "--fsdp_sharding_strategy",
+                "SHARD_GRAD_OP",
+                "train.py",
+            ],
+            &[],
+        );
+        assert_eq!(f.fsdp.unwrap().stage, 2);
+        let f = facts(
+            &[
+                "tune",
+                "run",
+                "--nproc_per_node",
+                "4",
+                "full_finetune_distributed",
+                "--config",
+                "c.yaml",
+            ],
+            &[("c.yaml", "fsdp_cpu_offload: True\n")],
+        );
+        assert!(f.fsdp.unwrap().offload);
+        let f = facts(
+            &[
+                "torchrun",
+                "-m",
+                "torchtitan.train",
+                "--job.config_file",
+                "t.toml",
+            ],
+            &[("t.toml", "[parallelism]\ndata_parallel_shard_degree = 4\n")],
+        );
+        assert_eq!(f.fsdp.unwrap().degree, Some(4));
+        let f = facts(&["torchrun", "train.py", "--deepspeed", "ds.json"], &[]);
+        assert!(f.fsdp.is_none());
+        let f = facts(
+            &["python", "train.py", "--fsdp_config", "fsdp.json"],
+            &[("fsdp.json", "{\"fsdp_offload_params\": true}")],
+        );
+        assert!(
+            f.fsdp.is_none(),
+            "an fsdp_config without --fsdp shards nothing"
+        );
+    }
+}
