@@ -209,7 +209,7 @@ pub(crate) fn descendants(
         if pid <= 0 || walked > 4096 || into.len() >= MAX_REMEMBERED {
             break;
         }
-        let new = into.insert(pid as u32);
+        into.insert(pid as u32);
         // Its name as the kernel's OOM-killer record writes it (`comm`), read on
         // every sample: seen first between fork and exec, it still has oomguard's.
         if names.len() < 256
@@ -217,9 +217,11 @@ pub(crate) fn descendants(
         {
             names.insert(comm.trim_end_matches('\n').to_string());
         }
-        // Its memory cgroup, which the kernel's record names too (kept across exec).
-        if new
-            && cgroups.len() < 64
+        // Its memory cgroup, which the kernel's record names too (kept across exec),
+        // read on every sample like its name: a process can move itself (or be moved:
+        // a job step's task, a systemd scope) into another cgroup after it was first
+        // seen, and the kernel then names the new one.
+        if cgroups.len() < 64
             && let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
             && let Some(cg) = crate::detect::kernel::memory_cgroup(&text)
         {
