@@ -74,6 +74,12 @@ impl Knob {
         matches!(self, Knob::ZeroStage | Knob::DataloaderWorkers)
     }
 
+    /// A knob oomguard adds itself where it applies (FSDP on several GPUs),
+    /// never one a command is expected to have: not listed as "not found".
+    pub fn only_added(self) -> bool {
+        matches!(self, Knob::Fsdp)
+    }
+
     pub fn is_bool(self) -> bool {
         matches!(self, Knob::GradCheckpointing | Knob::GatherOnSave | Knob::Fsdp)
     }
