@@ -558,7 +558,10 @@ impl StepText<'_> {
     fn switch(&self, step: &mut Step) -> Result<(), PolicyError> {
         let s = self.raw;
         if let Some(p) = &s.nvme_path {
-            if matches!(self.kind, StepKind::EnableGradCheckpointing | StepKind::FsdpFullShard) {
+            if matches!(
+                self.kind,
+                StepKind::EnableGradCheckpointing | StepKind::FsdpFullShard
+            ) {
                 return Err(self.not_for("nvme_path", p.span()));
             }
             if !p.get_ref().starts_with('/') {

@@ -81,7 +81,10 @@ impl Knob {
     }
 
     pub fn is_bool(self) -> bool {
-        matches!(self, Knob::GradCheckpointing | Knob::GatherOnSave | Knob::Fsdp)
+        matches!(
+            self,
+            Knob::GradCheckpointing | Knob::GatherOnSave | Knob::Fsdp
+        )
     }
 }
 

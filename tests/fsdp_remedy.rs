@@ -55,7 +55,9 @@ fn torchrun_hf_trainer_whose_states_overflow_one_gpu_is_planned_with_fsdp_full_s
     let out = &r.stdout;
     r.ensure(
         "the knob, in the program's own spelling",
-        out.contains("fsdp                false   absent; would add --fsdp \"full_shard auto_wrap\""),
+        out.contains(
+            "fsdp                false   absent; would add --fsdp \"full_shard auto_wrap\"",
+        ),
         "fsdp false absent; would add --fsdp \"full_shard auto_wrap\"",
         out,
     );

@@ -120,7 +120,12 @@ fn accepts_added(cmd: &Command, flag: &str) -> bool {
         // The Trainer's FSDP: only where the script parses its arguments.
         return super::script_mentions(
             cmd,
-            &["HfArgumentParser", "TrlParser", "TrainingArguments", "SFTConfig"],
+            &[
+                "HfArgumentParser",
+                "TrlParser",
+                "TrainingArguments",
+                "SFTConfig",
+            ],
         );
     }
     if flag != "--per_device_eval_batch_size" {
