@@ -48,6 +48,11 @@ if [ -n "$against" ]; then
         (cd "$wt" && CARGO_TARGET_DIR="$repo/target/against/build" cargo build --release --quiet)
         mkdir -p "$(dirname "$saved")"
         cp "$repo/target/against/build/release/oomguard" "$saved"
+        # Removed now: the `exec` below replaces this shell, and the EXIT trap with it
+        # (worktrees were left behind under $TMPDIR).
+        git -C "$repo" worktree remove --force "$wt" >/dev/null 2>&1 || true
+        rm -rf "$wt"
+        trap - EXIT
     fi
     # The old binary first: the column order is before, after.
     bins=(--bin "$short=$saved" "${bins[@]}")

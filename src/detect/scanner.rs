@@ -602,6 +602,12 @@ impl Scanner {
         if !LIFE.is_match(seg) {
             return false;
         }
+        // Only the pending OOM's process can show it went on: another's line (a rank's
+        // progress in a run of several) is not read for its step. Every way below
+        // answers false for it and changes nothing, so the cheap comparison goes first.
+        if !source_is(seg, &self.source) {
+            return false;
+        }
         let recovered = RECOVERED.is_match(seg);
         let step = if recovered {
             None

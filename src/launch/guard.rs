@@ -52,15 +52,32 @@ impl Guardian {
         })
     }
 
-    /// Tells the guardian the group is gone; it exits without killing anything.
-    pub(crate) fn release(mut self) {
+    /// Tells the guardian the group is gone; it exits without killing anything. It is
+    /// reaped on a thread of its own (returned, for a caller that must know it has
+    /// exited): the next attempt need not wait for it. A guardian started moments ago
+    /// may still be loading (tens of milliseconds on a loaded machine) when a short
+    /// attempt ends, and waiting for it here was most of the gap between an attempt's
+    /// exit and the next one's exec. Once released it can only exit: it has the byte.
+    pub(crate) fn release(mut self) -> Option<std::thread::JoinHandle<()>> {
         if let Some(pipe) = self.pipe.take() {
             let file = std::fs::File::from(pipe);
             if let Err(e) = io::Write::write_all(&mut &file, b"x") {
                 tracing::debug!("guardian pipe: {e}");
             }
         }
-        // Drop reaps it.
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return None;
+        }
+        // Drop reaps it, bounded; on this thread if no other can be started.
+        let reaper = std::thread::Builder::new().name("oomguard-reap-guardian".into());
+        // A closure that cannot be run is dropped, and with it `self`: reaped here.
+        match reaper.spawn(move || drop(self)) {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::debug!("reaping the guardian here: {e}");
+                None
+            }
+        }
     }
 }
 

@@ -13,7 +13,8 @@
 //!   first, then fed to the scanner, then to the bounded log;
 //! * the self-pipe of `Signals`, whose handlers only count signals.
 //!
-//! Only one extra thread exists, in tty mode: it forwards our stdin to the pty master.
+//! Only one extra thread exists while the loop runs, in tty mode: it forwards our stdin to
+//! the pty master. Once an attempt is over, a short-lived thread reaps its guardian.
 //!
 //! The loop keeps reading at all times, including while the group is being terminated, so a
 //! child blocked on a full pipe can always make progress and exit. The attempt ends when:
@@ -338,6 +339,7 @@ pub(crate) fn run_wired(
         child,
         pid,
         marker,
+        born: tree::start_time(pid),
         srun: slurm::is_srun(program),
         cancelled: false,
         done: false,
@@ -695,6 +697,9 @@ struct Attempt {
     child: Child,
     pid: i32,
     marker: String,
+    /// When the child started (see `tree::start_time`): its marker's carriers started
+    /// then or later. None when it could not be read: every process is looked at.
+    born: Option<u64>,
     /// The child is `srun`: its tasks are Slurm's, ended through the controller (`slurm`).
     srun: bool,
     /// `scancel` was run for this attempt's step.
@@ -715,7 +720,12 @@ impl Attempt {
             }
         }
         tree::kill_group(self.pid, Signal::KILL);
-        tree::kill_marked(&self.marker, Signal::KILL);
+        self.kill_marked(Signal::KILL);
+    }
+
+    /// Sends `sig` to every live process carrying the attempt's marker.
+    fn kill_marked(&self, sig: Signal) {
+        tree::kill_marked_born(&self.marker, self.born, sig);
     }
 
     /// Normal end: the group is gone; tell the guardian so and stop the stdin thread.
@@ -725,7 +735,8 @@ impl Attempt {
             f.stop();
         }
         if let Some(g) = self.guardian.take() {
-            g.release();
+            // Reaped on a thread of its own: the next attempt does not wait for it.
+            drop(g.release());
         }
     }
 }
@@ -1023,7 +1034,7 @@ impl LoopState {
             let pgid = attempt.pid;
             tracing::info!("{why}: terminating process group {pgid}");
             tree::kill_group(pgid, Signal::TERM);
-            tree::kill_marked(&attempt.marker, Signal::TERM);
+            attempt.kill_marked(Signal::TERM);
             self.term_at = Some(now);
             self.stop_why = Some(why);
         }
@@ -1039,7 +1050,7 @@ impl LoopState {
         let pgid = attempt.pid;
         tracing::info!("a torchrun worker died of an OOM: terminating process group {pgid}");
         tree::kill_group(pgid, Signal::TERM);
-        tree::kill_marked(&attempt.marker, Signal::TERM);
+        attempt.kill_marked(Signal::TERM);
         self.term_at = Some(now);
         self.worker_oom = true;
     }
@@ -1070,7 +1081,7 @@ impl LoopState {
                 );
                 self.hung = true;
                 tree::kill_group(pgid, Signal::TERM);
-                tree::kill_marked(&attempt.marker, Signal::TERM);
+                attempt.kill_marked(Signal::TERM);
                 self.term_at = Some(now);
             }
         } else if self.gone_at.is_none() {
@@ -1089,13 +1100,14 @@ impl LoopState {
     /// that it is gone (or that it outlived SIGKILL, which we stop waiting for).
     fn clean_up_after_exit(&mut self, attempt: &Attempt, now: Instant) {
         let pgid = attempt.pid;
-        let alive = tree::group_alive(pgid) || !tree::marked_pids(&attempt.marker).is_empty();
+        let alive = tree::group_alive(pgid)
+            || !tree::marked_pids_born(&attempt.marker, attempt.born).is_empty();
         if !alive {
             self.gone_at = Some(now);
         } else if self.term_at.is_none() {
             tracing::debug!("child exited; terminating the rest of group {pgid}");
             tree::kill_group(pgid, Signal::TERM);
-            tree::kill_marked(&attempt.marker, Signal::TERM);
+            attempt.kill_marked(Signal::TERM);
             self.term_at = Some(now);
         } else if let Some(k) = self.kill_at
             && now >= k + KILL_WAIT

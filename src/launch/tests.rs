@@ -877,9 +877,13 @@ fn a_released_guardian_kills_nothing() {
         .spawn()
         .unwrap();
     let pgid = sleeper.id() as i32;
-    guard::Guardian::start(pgid, "no-such-marker", false)
+    let reaper = guard::Guardian::start(pgid, "no-such-marker", false)
         .unwrap()
         .release();
+    // The guardian is reaped on a thread: once it is done, it has acted.
+    if let Some(r) = reaper {
+        r.join().unwrap();
+    }
     assert_eq!(
         sleeper.try_wait().unwrap(),
         None,

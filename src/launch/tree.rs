@@ -51,10 +51,28 @@ pub(crate) fn kill_pid(pid: i32, sig: Signal) {
 struct ProcInfo {
     pgrp: i32,
     zombie: bool,
+    /// When it started, in clock ticks since boot (`starttime`, field 22 of stat).
+    start: u64,
 }
 
 fn read_stat(pid: i32) -> Option<ProcInfo> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // One read into a buffer on the stack: a stat line is a few hundred bytes, and the
+    // fields read here (up to the 22nd) lie well within the first 1024; and `fs::read` of a /proc file (which says its size is 0) grows its
+    // buffer over five reads: this runs for every process of the machine, several times
+    // between an attempt's end and the next attempt's start.
+    let mut buf = [0u8; 1024];
+    let mut f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let mut len = 0;
+    // The line ends with '\n': no read for the end of file after it.
+    while len < buf.len() && !buf[..len].ends_with(b"\n") {
+        match f.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    let stat = &buf[..len];
     // "pid (comm) S ppid pgrp ..."; comm may contain spaces and parentheses: split at the
     // last ')'.
     let close = stat.iter().rposition(|&b| b == b')')?;
@@ -63,9 +81,12 @@ fn read_stat(pid: i32) -> Option<ProcInfo> {
     let state = fields.next()?;
     let _ppid = fields.next()?;
     let pgrp = fields.next()?.parse().ok()?;
+    // Fields 6 to 21, then starttime.
+    let start = fields.nth(16)?.parse().ok()?;
     Some(ProcInfo {
         pgrp,
         zombie: state == "Z" || state == "X",
+        start,
     })
 }
 
@@ -93,15 +114,14 @@ pub(crate) fn group_alive(pgid: i32) -> bool {
         .any(|p| p.pgrp == pgid && !p.zombie)
 }
 
-fn has_marker(pid: i32, needle: &[u8]) -> bool {
-    let Ok(mut f) = std::fs::File::open(format!("/proc/{pid}/environ")) else {
-        return false;
-    };
+/// Whether the environment read from `f` (`/proc/PID/environ`) holds the entry `needle`.
+/// `buf` and `carry` are the caller's, reused from one process to the next (a fresh zeroed
+/// 64 KiB buffer per process was a good part of the scan).
+fn has_marker(mut f: std::fs::File, needle: &[u8], buf: &mut [u8], carry: &mut Vec<u8>) -> bool {
+    carry.clear();
     // Bounded read: environments are small; a huge one is read in fixed chunks.
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut carry: Vec<u8> = Vec::new();
     loop {
-        let n = match f.read(&mut buf) {
+        let n = match f.read(buf) {
             Ok(0) | Err(_) => return false,
             Ok(n) => n,
         };
@@ -120,21 +140,50 @@ fn has_marker(pid: i32, needle: &[u8]) -> bool {
     }
 }
 
-/// Live (non-zombie) processes carrying the marker, other than ourselves.
-pub(crate) fn marked_pids(marker: &str) -> Vec<i32> {
+/// When process `pid` started (clock ticks since boot), if it exists.
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    read_stat(pid).map(|p| p.start)
+}
+
+/// Live (non-zombie) processes carrying the marker, other than ourselves; with `born`,
+/// only processes started at or after it (the attempt's child's start time, see
+/// [`start_time`]): only the child's descendants carry its marker,
+/// and they all started after it. Reading a process's environment waits for its memory
+/// map's lock, which a busy process (a compiler, a trainer allocating) holds for long
+/// stretches; its stat does not. On a loaded machine reading every environment was most
+/// of the time from an attempt's end to the next attempt's start.
+pub(crate) fn marked_pids_born(marker: &str, born: Option<u64>) -> Vec<i32> {
     let needle = format!("{MARKER_VAR}={marker}").into_bytes();
     let me = std::process::id() as i32;
+    let (mut buf, mut carry) = (vec![0u8; 16 * 1024], Vec::new());
     all_pids()
         .into_iter()
         .filter(|&pid| pid != me)
-        .filter(|&pid| has_marker(pid, &needle))
+        // Opening another user's (or another container's) environment is refused at
+        // once: the cheapest test first. Then its start time; then its environment.
+        .filter_map(|pid| {
+            let environ = std::fs::File::open(format!("/proc/{pid}/environ")).ok()?;
+            let young =
+                read_stat(pid).is_some_and(|p| !p.zombie && born.is_none_or(|b| p.start >= b));
+            young.then_some((pid, environ))
+        })
+        .filter_map(|(pid, environ)| {
+            has_marker(environ, &needle, &mut buf, &mut carry).then_some(pid)
+        })
+        // A process that died while being looked at is not alive.
         .filter(|&pid| read_stat(pid).is_some_and(|p| !p.zombie))
         .collect()
 }
 
 /// Sends `sig` to every live process carrying the marker; returns how many.
 pub(crate) fn kill_marked(marker: &str, sig: Signal) -> usize {
-    let pids = marked_pids(marker);
+    kill_marked_born(marker, None, sig)
+}
+
+/// [`kill_marked`], looking only at processes started at or after `born` (see
+/// [`marked_pids_born`]).
+pub(crate) fn kill_marked_born(marker: &str, born: Option<u64>, sig: Signal) -> usize {
+    let pids = marked_pids_born(marker, born);
     for &pid in &pids {
         kill_pid(pid, sig);
     }
