@@ -20,7 +20,7 @@ pub fn completions_main(shell: clap_complete::Shell) -> i32 {
 pub fn man_main() -> i32 {
     let mut buf = Vec::new();
     if let Err(e) = clap_mangen::Man::new(Cli::command()).render(&mut buf) {
-        eprintln!("oomguard: error: cannot render the manual page: {e}");
+        crate::report::terminal::get().error(&format!("cannot render the manual page: {e}"));
         return exit::CANNOT_WRITE;
     }
     print(&buf)
@@ -33,7 +33,7 @@ fn print(bytes: &[u8]) -> i32 {
         // `| head` closed the pipe: nothing more to say.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => exit::SUCCESS,
         Err(e) => {
-            eprintln!("oomguard: error: cannot write to standard output: {e}");
+            crate::report::terminal::get().error(&format!("cannot write to standard output: {e}"));
             exit::CANNOT_WRITE
         }
     }

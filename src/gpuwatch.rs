@@ -5,6 +5,7 @@
 //! Everything here degrades to nothing without NVML: the loop then behaves as
 //! if no GPU feature was asked for (and says so once, when one was).
 
+use crate::report::terminal;
 use std::ffi::OsString;
 use std::time::Duration;
 
@@ -143,7 +144,7 @@ impl GpuWatch {
             Ok(p) => Some(p),
             Err(e) => {
                 if opts.requested() {
-                    eprintln!("oomguard: {e}");
+                    terminal::get().say(&e.to_string());
                 } else {
                     tracing::info!("{e}");
                 }
@@ -168,7 +169,7 @@ impl GpuWatch {
         let all = match w.probe.as_mut().map(|p| p.gpus()) {
             Some(Ok(all)) => all,
             Some(Err(e)) => {
-                eprintln!("oomguard: warning: NVML: {e}; GPU features off for this run");
+                terminal::get().warn(&format!("NVML: {e}; GPU features off for this run"));
                 w.probe = None;
                 Vec::new()
             }
@@ -212,8 +213,8 @@ impl GpuWatch {
         if w.opts.wait_for == Some(WaitFor::Auto) {
             w.auto_bytes = gpu::peaks::default_path().and_then(|p| gpu::peaks::recorded(&p, argv));
             if w.auto_bytes.is_none() && w.probe.is_some() {
-                eprintln!(
-                    "oomguard: --wait-for-memory auto: no successful run of this command recorded yet; not waiting"
+                terminal::get().say(
+                    "--wait-for-memory auto: no successful run of this command recorded yet; not waiting",
                 );
             }
         }
@@ -231,7 +232,7 @@ impl GpuWatch {
             match gpu::wait_released(p.as_mut(), &self.gpus, &self.marker, &pids, RELEASE_TIMEOUT) {
                 Ok(d) => release_wait_s = Some(d.as_secs_f64()),
                 Err(e) => {
-                    eprintln!("oomguard: warning: {e}; launching anyway");
+                    terminal::get().warn(&format!("{e}; launching anyway"));
                     release_wait_timed_out = Some(e.to_string());
                 }
             }
@@ -243,7 +244,7 @@ impl GpuWatch {
         };
         let (mut memory_wait_s, mut memory_wait_timed_out) = (None, None);
         if let Some(bytes) = want {
-            let mut say = |l: &str| eprintln!("{l}");
+            let mut say = |l: &str| terminal::get().say(l);
             match gpu::wait_for_free(
                 p.as_mut(),
                 &self.gpus,
@@ -254,7 +255,7 @@ impl GpuWatch {
             ) {
                 Ok(d) => memory_wait_s = Some(d.as_secs_f64()),
                 Err(e) => {
-                    eprintln!("oomguard: warning: {e}; launching anyway");
+                    terminal::get().warn(&format!("{e}; launching anyway"));
                     memory_wait_timed_out = Some(e.to_string());
                 }
             }
@@ -338,7 +339,7 @@ impl GpuWatch {
             return false;
         };
         let want = free_at_launch.saturating_sub(gpu::MIN_GROWTH);
-        let mut say = |l: &str| eprintln!("{l}");
+        let mut say = |l: &str| terminal::get().say(l);
         gpu::wait_for_free(
             p.as_mut(),
             &self.gpus,

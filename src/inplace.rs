@@ -315,7 +315,7 @@ impl InPlace {
 impl Drop for InPlace {
     fn drop(&mut self) {
         for l in self.restore() {
-            eprintln!("oomguard: {l}");
+            crate::report::terminal::get().say(&l);
         }
     }
 }
@@ -736,17 +736,17 @@ fn read_manifest(run_dir: &Path) -> Result<Option<Vec<Entry>>, String> {
 pub fn restore_main(run_dir: &Path) -> i32 {
     // A mistyped path is not "nothing to restore": say so, and where runs live.
     if !run_dir.is_dir() {
-        eprintln!(
-            "oomguard: error: no run folder at {}\n\
-             oomguard: runs live under .oomguard/runs/<time>/ in the directory the run was started \
+        let term = crate::report::terminal::get();
+        term.error(&format!("no run folder at {}", run_dir.display()));
+        term.say(
+            "runs live under .oomguard/runs/<time>/ in the directory the run was started \
              from (or where its --run-dir said): oomguard restore .oomguard/runs/<time>",
-            run_dir.display()
         );
         return crate::exit::USAGE;
     }
     // A folder someone else can write holds a record someone else can write.
     if let Err(e) = run_folder::check_private_dir(run_dir) {
-        eprintln!("oomguard: error: {e}");
+        crate::report::terminal::get().error(&e.to_string());
         return crate::exit::USAGE;
     }
     let entries = match read_manifest(run_dir) {
@@ -759,7 +759,7 @@ pub fn restore_main(run_dir: &Path) -> i32 {
             return crate::exit::SUCCESS;
         }
         Err(e) => {
-            eprintln!("oomguard: error: {e}");
+            crate::report::terminal::get().error(&e.to_string());
             return crate::exit::USAGE;
         }
     };
@@ -788,7 +788,7 @@ pub fn restore_main(run_dir: &Path) -> i32 {
     }
     left.extend(undone);
     if let Err(e) = save(run_dir, &left) {
-        eprintln!("oomguard: error: cannot update the restore record: {e}");
+        crate::report::terminal::get().error(&format!("cannot update the restore record: {e}"));
         return crate::exit::CANNOT_WRITE;
     }
     crate::exit::SUCCESS

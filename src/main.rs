@@ -137,7 +137,7 @@ fn run(args: Vec<OsString>) -> i32 {
             let signals = match launch::Signals::install() {
                 Ok(s) => s,
                 Err(e) => {
-                    eprintln!("oomguard: error: cannot install signal handlers: {e}");
+                    report::terminal::get().error(&format!("cannot install signal handlers: {e}"));
                     return exit::CANNOT_EXECUTE;
                 }
             };
@@ -160,11 +160,14 @@ fn configure(
 }
 
 fn usage_error(e: &dyn std::fmt::Display) -> i32 {
-    eprintln!("oomguard: error: {e}");
+    report::terminal::get().error(&e.to_string());
     exit::USAGE
 }
 
+/// How much oomguard says, decided once: its terminal's verbosity, and the
+/// level of its tracing (`OOMGUARD_LOG` overrides the latter).
 fn init_tracing(verbose: u8, quiet: bool) {
+    report::terminal::init(report::terminal::Verbosity::of(quiet, verbose));
     let level = match (quiet, verbose) {
         (true, _) => "error",
         (false, 0) => "warn",

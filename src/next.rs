@@ -39,10 +39,35 @@ use std::path::PathBuf;
 use crate::evidence::{Evidence, Outcome, OutcomeKind, When};
 use crate::exit;
 use crate::gpu::Tenant;
-use crate::journal::{AttemptRecord, Next};
 use crate::memory::Calibrated;
 use crate::policy::{self, Decision, Policy, Step, StepKind};
 use crate::settings::{Knob, Offload, Settings, Value};
+
+/// What followed an attempt.
+pub enum Next {
+    /// Nothing: the run ended with it.
+    Stop,
+    /// Another tenant's memory came back (or a phase's OOM is retried, or a
+    /// follower took copy 0's verdict): the same settings again, or copy 0's.
+    Retry,
+    /// The policy's step (the work the OOM cost is its `work_lost` event).
+    Decided { decision: Decision },
+}
+
+/// One attempt that ran (was launched), and what followed it: the history
+/// `next` reads. The end summary is not told from these but by the story,
+/// from the events (`report::summary`).
+pub struct AttemptRecord {
+    pub n: u32,
+    pub pid: u32,
+    pub outcome: OutcomeKind,
+    pub duration: std::time::Duration,
+    /// What its OOM showed (GPU OOMs, and host OOMs a step followed).
+    pub evidence: Option<Evidence>,
+    /// Whose memory caused the OOM, when another tenant's did.
+    pub foreign: Option<String>,
+    pub next: Next,
+}
 
 /// How many times another tenant's memory is waited for in one run before the
 /// policy shrinks the run instead.

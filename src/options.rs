@@ -34,8 +34,6 @@ pub struct Options {
     pub no_env: bool,
     pub hang_timeout: Duration,
     pub grace: Duration,
-    pub verbose: u8,
-    pub quiet: bool,
     /// `--knob KNOB=WHERE`: the user's own bindings.
     pub user: Vec<(Knob, UserBinding)>,
     /// `--knob params=N`: the model's size, for the memory model.
@@ -136,8 +134,6 @@ impl Options {
             no_env: args.no_env,
             hang_timeout: secs("hang-timeout", args.hang_timeout, 0.001)?,
             grace: secs("grace", args.grace, 0.0)?,
-            verbose: args.verbose,
-            quiet: args.quiet,
             argv: args.command,
             user,
             params,

@@ -342,7 +342,7 @@ pub fn plan_main(cfg: &RunConfig, as_json: bool) -> i32 {
     let rungs = match ladder(cfg, res.arg.as_ref()) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("oomguard: error: {e}");
+            crate::report::terminal::get().error(&e.to_string());
             return exit::USAGE;
         }
     };

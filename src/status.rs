@@ -26,6 +26,7 @@ use crate::gpu::{self, Probe, gib};
 use crate::liveness::{Liveness, Supervisor};
 use crate::progress;
 use crate::report::story::{self as read, DecisionStep, OomLine, ReadError, Story};
+use crate::report::terminal;
 use crate::run_folder::LOG_HEAD_BYTES;
 
 use crate::run_folder::RunFolder;
@@ -786,7 +787,7 @@ fn out(text: &str) -> bool {
 /// `oomguard status [--json] [--follow [--interval SECS]] [RUN_DIR]`.
 pub fn status_main(run_dir: Option<&Path>, json: bool, follow: bool, interval: f64) -> i32 {
     if !(interval.is_finite() && interval > 0.0) {
-        eprintln!("oomguard: error: --interval must be a positive number of seconds");
+        terminal::get().error("--interval must be a positive number of seconds");
         return exit::USAGE;
     }
     let dir = match run_dir {
@@ -794,7 +795,7 @@ pub fn status_main(run_dir: Option<&Path>, json: bool, follow: bool, interval: f
         None => match newest_run() {
             Ok(d) => d,
             Err(e) => {
-                eprintln!("oomguard: error: {e}");
+                terminal::get().error(&e.to_string());
                 return exit::USAGE;
             }
         },
@@ -811,10 +812,10 @@ pub fn status_main(run_dir: Option<&Path>, json: bool, follow: bool, interval: f
             // for the journal, as `tail -F` waits for its file.
             Err(e) if follow => {
                 if !waiting {
-                    eprintln!(
-                        "oomguard: {}: {e}; waiting for the run to start (Ctrl-C to stop)",
+                    terminal::get().say(&format!(
+                        "{}: {e}; waiting for the run to start (Ctrl-C to stop)",
                         dir.display()
-                    );
+                    ));
                     waiting = true;
                 }
                 std::thread::sleep(Duration::from_secs_f64(interval));
@@ -827,7 +828,7 @@ pub fn status_main(run_dir: Option<&Path>, json: bool, follow: bool, interval: f
                     }
                     ReadError::NoRun { .. } => "",
                 };
-                eprintln!("oomguard: error: {e}{advice}");
+                terminal::get().error(&format!("{e}{advice}"));
                 return exit::USAGE;
             }
         };
@@ -892,7 +893,7 @@ pub fn runs_main(json: bool) -> i32 {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => {
-            eprintln!("oomguard: error: cannot list {RUNS}: {e}");
+            terminal::get().error(&format!("cannot list {RUNS}: {e}"));
             return exit::USAGE;
         }
     };
@@ -934,7 +935,7 @@ pub fn runs_main(json: bool) -> i32 {
         return exit::SUCCESS;
     }
     if lines.is_empty() {
-        eprintln!("oomguard: no run under {RUNS} here");
+        terminal::get().say(&format!("no run under {RUNS} here"));
         return exit::SUCCESS;
     }
     let cells: Vec<[String; 5]> = lines

@@ -53,7 +53,7 @@ pub fn advice(f: &Finding) -> &'static str {
 /// alone would otherwise wait in silence, looking hung.
 pub fn stdin_hint(reads_stdin: bool, stdin_is_terminal: bool) -> Option<&'static str> {
     (reads_stdin && stdin_is_terminal).then_some(
-        "oomguard: reading a log from standard input (paste it, then Ctrl-D); or give a file: oomguard diagnose FILE",
+        "reading a log from standard input (paste it, then Ctrl-D); or give a file: oomguard diagnose FILE",
     )
 }
 
@@ -63,14 +63,17 @@ pub fn stdin_hint(reads_stdin: bool, stdin_is_terminal: bool) -> Option<&'static
 pub(super) fn classify_file(path: Option<&Path>, kernel_log: Option<&Path>, json: bool) -> i32 {
     let stdin = path.is_none_or(|p| p.as_os_str() == "-");
     if let Some(hint) = stdin_hint(stdin, std::io::stdin().is_terminal()) {
-        eprintln!("{hint}");
+        crate::report::terminal::get().say(hint);
     }
     let victims = match kernel_log.map(std::fs::read) {
         None => None,
         Some(Ok(bytes)) => Some(kernel::victims(&String::from_utf8_lossy(&bytes))),
         Some(Err(e)) => {
             let name = kernel_log.expect("a path").display();
-            eprintln!("oomguard diagnose: cannot read the kernel log {name}: {e}");
+            crate::report::terminal::get().of(
+                "diagnose",
+                &format!("cannot read the kernel log {name}: {e}"),
+            );
             return crate::exit::USAGE;
         }
     };
@@ -87,7 +90,7 @@ pub(super) fn classify_file(path: Option<&Path>, kernel_log: Option<&Path>, json
     let scanner = match reader.and_then(scan_reader) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("oomguard diagnose: cannot read {name}: {e}");
+            crate::report::terminal::get().of("diagnose", &format!("cannot read {name}: {e}"));
             return crate::exit::USAGE;
         }
     };

@@ -299,7 +299,7 @@ pub fn score_main(dirs: &[PathBuf], json: bool) -> i32 {
             crate::exit::SUCCESS
         }
         Err(e) => {
-            eprintln!("oomguard diagnose --score: cannot read {e}");
+            crate::report::terminal::get().of("diagnose --score", &format!("cannot read {e}"));
             crate::exit::USAGE
         }
     }

@@ -14,7 +14,7 @@ use crate::exit;
 pub fn gpus_main(json: bool) -> i32 {
     let cvd = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let failed = |error: String| {
-        eprintln!("oomguard: {error}");
+        crate::report::terminal::get().say(&error);
         if json {
             println!("{}", render_error_json(&error, cvd.as_deref()));
         }

@@ -248,7 +248,9 @@ fn wait_for_free_returns_when_memory_frees() {
     // A line at once, then one every 400 ms: 3 by 1 s.
     assert!((2..=4).contains(&lines.len()), "{lines:#?}");
     assert!(
-        lines[0].starts_with("oomguard: waiting for 40.0 GiB free on GPU 0: GPU 0 has 20.0 GiB free (pid 777 bob 60.0 GiB)"),
+        lines[0].starts_with(
+            "waiting for 40.0 GiB free on GPU 0: GPU 0 has 20.0 GiB free (pid 777 bob 60.0 GiB)"
+        ),
         "{}",
         lines[0]
     );

@@ -77,7 +77,7 @@ fn user_or_unknown(u: &Option<String>) -> &str {
 }
 
 /// A process outside the run holding memory on one of its GPUs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Tenant {
     pub pid: u32,
     pub user: Option<String>,
@@ -238,7 +238,7 @@ pub fn wait_for_free(
         }
         if Instant::now() >= next_status {
             out(&format!(
-                "oomguard: waiting for {} free on GPU {}: {still}; waited {} of {}",
+                "waiting for {} free on GPU {}: {still}; waited {} of {}",
                 gib(bytes),
                 list(gpus),
                 fmt_duration(waited),

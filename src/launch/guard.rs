@@ -150,7 +150,7 @@ pub fn guard_main(args: &[OsString]) -> ! {
         .and_then(|a| a.parse::<i32>().ok())
         .filter(|&p| p > 1); // never kill(-1, ..) or kill(0, ..): that would hit everything
     let Some(pgid) = pgid else {
-        eprintln!("oomguard __guard: expected a process group id > 1");
+        crate::report::terminal::get().of("__guard", "expected a process group id > 1");
         std::process::exit(2);
     };
     let marker = args.next().and_then(|a| a.to_str()).map(str::to_owned);

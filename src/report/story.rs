@@ -21,7 +21,7 @@ use std::time::SystemTime;
 use chrono::{DateTime, FixedOffset};
 use serde::{Deserialize, Serialize};
 
-use crate::events::{Event, Knobs, Listener, SameSettings, SetbackState};
+use crate::events::{Event, FileCopy, Knobs, Listener, SameSettings, SetbackState};
 use crate::evidence::{Evidence, OutcomeKind, When};
 use crate::gpu::PeakReport;
 use crate::liveness::Supervisor;
@@ -53,6 +53,9 @@ pub struct AttemptStart {
     pub global_batch: Option<u64>,
     /// The checkpoint it resumes from.
     pub resume: Option<String>,
+    /// The config files it reads changed: oomguard's copies, and the files
+    /// edited in place (a copy that is its original).
+    pub files: Vec<FileCopy>,
 }
 
 #[derive(Debug, Clone)]
@@ -121,6 +124,9 @@ impl std::fmt::Display for DecisionStep {
 pub struct Decision {
     pub attempt: u32,
     pub step: DecisionStep,
+    /// The knobs before and after it.
+    pub before: Knobs,
+    pub after: Knobs,
     pub reason: String,
     pub resume: Option<String>,
     pub resume_step: Option<u64>,
@@ -133,6 +139,8 @@ pub struct RunEnd {
     /// Attempts begun (one that could not be started counts).
     pub attempts: u32,
     pub lost_s: f64,
+    /// The settings of the last attempt.
+    pub settings: Knobs,
     /// Absent in journals written before oomguard recorded it.
     pub last_command: Option<String>,
 }
@@ -159,6 +167,11 @@ pub struct Attempt {
     /// What oomguard added that the command refused, and the knob dropped for
     /// it ("--gradient_accumulation_steps (grad_accum)"), when it did.
     pub refused: Option<String>,
+    /// Whose memory caused its OOM, when another tenant's did.
+    pub foreign: Option<String>,
+    /// The decision that replaced this attempt's, when a later attempt's
+    /// command refused a knob it changed and its OOM was decided again.
+    pub redecided: Option<Decision>,
 }
 
 /// One run: its start and what followed, in order.
@@ -282,6 +295,7 @@ impl Story {
             settings,
             global_batch,
             resume,
+            files,
             ..
         } = e
         {
@@ -292,12 +306,15 @@ impl Story {
                     settings: settings.clone(),
                     global_batch: *global_batch,
                     resume: resume.clone(),
+                    files: files.clone(),
                 },
                 oom: None,
                 end: None,
                 lost: None,
                 decision: None,
                 refused: None,
+                foreign: None,
+                redecided: None,
             });
             return;
         }
@@ -306,6 +323,7 @@ impl Story {
                 exit_code,
                 attempts,
                 lost_s,
+                settings,
                 last_command,
                 ..
             } => {
@@ -314,6 +332,7 @@ impl Story {
                     exit_code: *exit_code,
                     attempts: *attempts,
                     lost_s: *lost_s,
+                    settings: settings.clone(),
                     last_command: last_command.clone(),
                 });
                 return;
@@ -347,14 +366,23 @@ impl Story {
             }
             _ => {}
         }
-        let Some(a) = self
-            .attempts
-            .iter_mut()
-            .rev()
-            .find(|a| a.start.attempt == n)
-        else {
+        let Some(i) = self.attempts.iter().rposition(|a| a.start.attempt == n) else {
             return;
         };
+        // A decision after a refusal decides the last OOM again without the
+        // refused knob: it is that OOM's decision now.
+        if let Event::Decision { .. } = e
+            && self.attempts[i].refused.is_some()
+            && self.attempts[i].oom.is_none()
+            && let Some(p) = self.attempts[..i].iter().rposition(|a| {
+                a.decision
+                    .as_ref()
+                    .is_some_and(|d| matches!(d.step, DecisionStep::Policy(_)))
+            })
+        {
+            self.attempts[p].redecided = decision_of(e);
+        }
+        let a = &mut self.attempts[i];
         match e {
             Event::Oom {
                 attempt,
@@ -419,33 +447,25 @@ impl Story {
                     seconds_lost: *seconds_lost,
                 })
             }
-            Event::Decision {
-                attempt,
-                step,
-                reason,
-                resume,
-                resume_step,
-                ..
-            } => {
-                a.decision = Some(Decision {
-                    attempt: *attempt,
-                    step: DecisionStep::Policy(*step),
-                    reason: reason.clone(),
-                    resume: resume.clone(),
-                    resume_step: *resume_step,
-                })
-            }
+            Event::Decision { .. } | Event::RetrySameSettings(_) => a.decision = decision_of(e),
             Event::Refused { knob, added, .. } => a.refused = Some(format!("{added} ({knob})")),
-            Event::RetrySameSettings(r) => {
-                a.decision = Some(Decision {
-                    attempt: r.attempt,
-                    step: DecisionStep::Same(r.step),
-                    reason: r.reason.clone(),
-                    resume: r.resume.clone(),
-                    resume_step: None,
-                })
+            Event::ForeignOom { tenants, .. } => {
+                let tenants: Vec<crate::gpu::Tenant> =
+                    serde_json::from_value(tenants.clone()).unwrap_or_default();
+                let who: Vec<String> = tenants.iter().map(ToString::to_string).collect();
+                a.foreign = Some(who.join("; "));
             }
             _ => {}
+        }
+    }
+
+    /// The settings of the last attempt: as the run's end says, or as the
+    /// last attempt started with, or the run's first.
+    pub fn last_settings(&self) -> &Knobs {
+        match (&self.end, self.attempts.last()) {
+            (Some(e), _) if !e.settings.is_empty() => &e.settings,
+            (_, Some(a)) => &a.start.settings,
+            _ => &self.start.settings,
         }
     }
 
@@ -636,6 +656,40 @@ impl Story {
             );
         }
         Some(out)
+    }
+}
+
+/// A `decision` line as the story keeps it (`None` for any other event).
+fn decision_of(e: &Event) -> Option<Decision> {
+    match e {
+        Event::Decision {
+            attempt,
+            step,
+            before,
+            after,
+            reason,
+            resume,
+            resume_step,
+            ..
+        } => Some(Decision {
+            attempt: *attempt,
+            step: DecisionStep::Policy(*step),
+            before: before.clone(),
+            after: after.clone(),
+            reason: reason.clone(),
+            resume: resume.clone(),
+            resume_step: *resume_step,
+        }),
+        Event::RetrySameSettings(r) => Some(Decision {
+            attempt: r.attempt,
+            step: DecisionStep::Same(r.step),
+            before: r.before.clone(),
+            after: r.after.clone(),
+            reason: r.reason.clone(),
+            resume: r.resume.clone(),
+            resume_step: None,
+        }),
+        _ => None,
     }
 }
 

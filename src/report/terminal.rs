@@ -8,7 +8,7 @@
 //! the verbosity themselves.
 
 use std::io::Write;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
 use crate::events::{Event, Listener};
@@ -33,6 +33,22 @@ impl Verbosity {
             (false, _) => Verbosity::Verbose,
         }
     }
+}
+
+/// This process's terminal on stderr.
+static PROCESS: OnceLock<Terminal> = OnceLock::new();
+
+/// This process's terminal, its verbosity decided here, once (from `--quiet`
+/// and `-v`, where the subcommand has them): a later call keeps the first.
+pub fn init(verbosity: Verbosity) -> &'static Terminal {
+    let _ = PROCESS.set(Terminal::stderr(verbosity));
+    get()
+}
+
+/// This process's terminal: every `oomguard:` line on stderr is written
+/// through it. A subcommand without `--quiet`/`-v` says what a healthy run says.
+pub fn get() -> &'static Terminal {
+    PROCESS.get_or_init(|| Terminal::stderr(Verbosity::Normal))
 }
 
 /// Writes `oomguard:` lines to a sink (stderr in a run, a buffer in tests).
@@ -104,15 +120,26 @@ impl Terminal {
     pub fn block(&self, text: &str) {
         self.write(text);
     }
+
+    /// A line of a subcommand that names itself ("oomguard diagnose: ...").
+    pub fn of(&self, who: &str, msg: &str) {
+        self.write(&format!("oomguard {who}: {msg}\n"));
+    }
+
+    /// The events a user follows live: each decision (the rest of the lines
+    /// carry what only the supervisor knows, and are said where it knows it).
+    pub fn hear(&self, event: &Event) {
+        if let Event::Decision { step, reason, .. } = event {
+            self.info(&format!("decision: {step} — {reason}"));
+        }
+    }
 }
 
 impl Listener for Terminal {
     /// The events a user follows live: each decision (the rest of the lines
     /// carry what only the supervisor knows, and are said where it knows it).
     fn on(&mut self, _at: SystemTime, event: &Event) {
-        if let Event::Decision { step, reason, .. } = event {
-            self.info(&format!("decision: {step} — {reason}"));
-        }
+        self.hear(event);
     }
 }
 
@@ -199,5 +226,53 @@ mod tests {
             "{verbose}"
         );
         assert!(verbose.contains("oomguard: note: a note a user must see\n"));
+    }
+
+    /// Every `oomguard:` line on stderr is written here: no other source file
+    /// writes to stderr itself (`eprint!`, `eprintln!`, `io::stderr()`), test
+    /// code aside.
+    #[test]
+    fn no_file_but_the_terminal_writes_to_stderr() {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    out.push(p);
+                }
+            }
+        }
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        walk(&src, &mut files);
+        assert!(files.len() > 50, "{}", src.display());
+        let mut writers = Vec::new();
+        for f in &files {
+            let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+            if rel == "report/terminal.rs" || rel.ends_with("tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(f).unwrap();
+            // A file's own test module is test code.
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for (i, line) in code.lines().enumerate() {
+                let l = line.trim_start();
+                if l.starts_with("//") {
+                    continue;
+                }
+                if ["eprintln!(", "eprint!(", "io::stderr()"]
+                    .iter()
+                    .any(|w| l.contains(w))
+                {
+                    writers.push(format!("{rel}:{}: {l}", i + 1));
+                }
+            }
+        }
+        assert!(
+            writers.is_empty(),
+            "write oomguard's lines through report::terminal:\n{}",
+            writers.join("\n")
+        );
     }
 }

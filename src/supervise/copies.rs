@@ -20,7 +20,7 @@ impl<'c> Run<'c> {
     /// forgets them), so start there, as a requeued Slurm job does. Every pod
     /// reads the same file, so the pods start at the same settings.
     pub(super) fn restarted_pod(&mut self) {
-        let Some(path) = self.fitting.clone() else {
+        let Some(path) = self.live.fitting.clone() else {
             return;
         };
         if !job::in_pod(&|k| std::env::var_os(k)) || in_slurm() {
@@ -36,8 +36,10 @@ impl<'c> Run<'c> {
 
     /// A job that finished (copy 0's success): its settings are no restart's.
     pub(super) fn job_finished(&self, code: i32) {
-        let Some(path) = &self.fitting else { return };
-        let leader = self.job.as_ref().is_none_or(job::Job::leader);
+        let Some(path) = &self.live.fitting else {
+            return;
+        };
+        let leader = self.live.job.as_ref().is_none_or(job::Job::leader);
         if code == exit::SUCCESS && leader && !in_slurm() && job::in_pod(&|k| std::env::var_os(k)) {
             job::forget_fitting(path);
         }
@@ -46,21 +48,21 @@ impl<'c> Run<'c> {
     /// Start at the job's last settings (`why`: whose restart this is) and resume
     /// from the newest complete checkpoint; this new run folder names the old one.
     fn start_at_fitting(&mut self, why: &str) {
-        let Some(path) = self.fitting.clone() else {
+        let Some(path) = self.live.fitting.clone() else {
             return;
         };
         let fitting = match job::load_fitting(&path) {
             Ok(Some(f)) => f,
             Ok(None) => return,
             Err(why) => {
-                self.term.warn(&format!(
+                self.report.term.warn(&format!(
                     "{why}: the job's last settings are not used: {why}; starting at {}",
-                    self.settings
+                    self.now.settings
                 ));
                 return;
             }
         };
-        let mut next = self.settings.clone();
+        let mut next = self.now.settings.clone();
         for (name, value) in &fitting.knobs {
             if let Ok(k) = name.parse::<crate::settings::Knob>()
                 && next.knobs.contains_key(&k)
@@ -70,30 +72,30 @@ impl<'c> Run<'c> {
         }
         // oomguard keeps the global batch: settings that change it were not
         // written by oomguard, whoever wrote the file.
-        if next.global_batch() != self.settings.global_batch() {
-            self.term.warn(&format!("{why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}", path.display(),
-                self.settings
+        if next.global_batch() != self.now.settings.global_batch() {
+            self.report.term.warn(&format!("{why}: {} would change the global batch ({} → {}), which oomguard never does: not used; starting at {}", path.display(),
+                self.now.settings
                     .global_batch()
                     .map_or("unknown".into(), |g| g.to_string()),
                 next.global_batch()
                     .map_or("unknown".into(), |g| g.to_string()),
-                self.settings));
+                self.now.settings));
             return;
         }
-        self.settings = next;
-        let res = self.resumer.search_any();
-        self.resumer.resume_from(&res, res.step());
-        self.term.info(&format!(
+        self.now.settings = next;
+        let res = self.now.resumer.search_any();
+        self.now.resumer.resume_from(&res, res.step());
+        self.report.term.info(&format!(
             "{why}: starting at {} (the last settings launched, from {}); {}",
-            self.settings,
+            self.now.settings,
             fitting.run_dir.display(),
             res.because
         ));
         let note = format!("{}\n", fitting.run_dir.display());
-        if let Err(e) = crate::job::write_previous_run(&self.folder, note.as_bytes()) {
+        if let Err(e) = crate::job::write_previous_run(&self.live.folder, note.as_bytes()) {
             tracing::warn!(
                 "cannot write previous-run in {}: {e}",
-                self.folder.display()
+                self.live.folder.display()
             );
         }
     }
@@ -104,18 +106,18 @@ impl<'c> Run<'c> {
         &mut self,
         knobs: std::collections::BTreeMap<String, knobs::Value>,
     ) {
-        let before = self.settings.clone();
+        let before = self.now.settings.clone();
         for (name, value) in knobs {
             if let Ok(k) = name.parse::<crate::settings::Knob>()
-                && self.settings.knobs.contains_key(&k)
+                && self.now.settings.knobs.contains_key(&k)
             {
-                self.settings.knobs.insert(k, value);
+                self.now.settings.knobs.insert(k, value);
             }
         }
-        if self.settings != before {
-            self.term.info(&format!(
+        if self.now.settings != before {
+            self.report.term.info(&format!(
                 "starting at copy 0's settings: {} (this copy's own were {before})",
-                self.settings
+                self.now.settings
             ));
         }
     }
@@ -123,18 +125,22 @@ impl<'c> Run<'c> {
     /// The settings about to launch are the job's last (for a requeue); only
     /// copy 0 of a job writes them.
     pub(super) fn save_fitting(&self) {
-        let Some(path) = &self.fitting else { return };
-        if self.job.as_ref().is_some_and(|j| !j.leader()) {
+        let Some(path) = &self.live.fitting else {
+            return;
+        };
+        if self.live.job.as_ref().is_some_and(|j| !j.leader()) {
             return;
         }
         let f = job::Fitting {
             knobs: self
+                .now
                 .settings
                 .knobs
                 .iter()
                 .map(|(k, v)| (k.name().to_string(), v.clone()))
                 .collect(),
-            run_dir: std::path::absolute(&self.folder).unwrap_or_else(|_| self.folder.clone()),
+            run_dir: std::path::absolute(&self.live.folder)
+                .unwrap_or_else(|_| self.live.folder.clone()),
         };
         if let Err(e) = job::save_fitting(path, &f) {
             tracing::warn!("cannot keep the job's settings in {}: {e}", path.display());
@@ -158,7 +164,7 @@ impl<'c> Run<'c> {
             },
         };
         if let Err(e) = job.publish_end(n, &end) {
-            self.term.warn(&format!(
+            self.report.term.warn(&format!(
                 "could not write this copy's end in {}: {e}",
                 job.dir.display()
             ));
@@ -181,29 +187,29 @@ impl<'c> Run<'c> {
             Outcome::PeerFailure { line, .. } => format!(" ({line})"),
             _ => String::new(),
         };
-        self.term.info(&format!(
+        self.report.term.info(&format!(
             "attempt {n}: {} on copy {} of the job{why}; waiting for copy 0's decision",
             kind_word(outcome.kind()),
             job.rank
         ));
         match job.await_decision(n) {
             None => {
-                self.term.say(&format!("no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone", job.timeout,
+                self.report.term.say(&format!("no decision from copy 0 of the job within {:?} ({}); stopping with status {own} rather than deciding alone", job.timeout,
                     job.dir.display()));
                 ControlFlow::Break(own)
             }
             Some(job::Published::Stop { code }) => {
-                self.term.info(&format!(
+                self.report.term.info(&format!(
                     "copy 0 of the job stopped (status {code}); stopping"
                 ));
                 ControlFlow::Break(if code == 0 { own } else { code })
             }
             Some(job::Published::Relaunch { knobs, resume }) => {
-                let before = self.settings.clone();
+                let before = self.now.settings.clone();
                 // A knob copy 0 dropped (the command refused what oomguard added
                 // for it) is dropped here too.
-                self.settings.knobs.retain(|k, _| knobs.contains_key(k));
-                self.settings.knobs.extend(knobs);
+                self.now.settings.knobs.retain(|k, _| knobs.contains_key(k));
+                self.now.settings.knobs.extend(knobs);
                 // The checkpoint is named by its absolute path; one this copy
                 // cannot reach (another filesystem, an older copy 0's relative
                 // path) stops this copy, and with it the job, as Slurm does
@@ -212,7 +218,7 @@ impl<'c> Run<'c> {
                 if let Some(p) = &resume
                     && (!p.is_absolute() || std::fs::metadata(p).is_err())
                 {
-                    self.term.say(&format!("copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job", p.display(),
+                    self.report.term.say(&format!("copy 0 of the job decided to resume from {}, which this copy cannot use ({}); stopping this copy with status {own}, which ends the job", p.display(),
                         if p.is_absolute() {
                             "not found here: the output folder must be on a filesystem every copy shares"
                         } else {
@@ -226,12 +232,13 @@ impl<'c> Run<'c> {
                     let _ = job.publish_end(n + 1, &end);
                     return ControlFlow::Break(own);
                 }
-                self.resumer.follow(resume);
-                self.term.info(&format!(
+                self.now.resumer.follow(resume);
+                self.report.term.info(&format!(
                     "copy 0 of the job decided: {} → {}{}",
                     before,
-                    self.settings,
-                    self.resumer
+                    self.now.settings,
+                    self.now
+                        .resumer
                         .next()
                         .map(|r| format!(", resuming from {}", r.path.to_string_lossy()))
                         .unwrap_or_default()

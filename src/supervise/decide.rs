@@ -12,12 +12,12 @@ impl<'c> Run<'c> {
     pub(super) fn history(&self, n: u32, role: Role) -> next::History<'_> {
         next::History {
             n,
-            first: &self.first,
-            settings: &self.settings,
-            attempts: &self.attempts,
-            model: self.cal.as_ref(),
-            no_cpu_offload: &self.no_cpu_offload,
-            retried: &self.retried,
+            first: &self.past.first,
+            settings: &self.now.settings,
+            attempts: &self.past.attempts,
+            model: self.past.cal.as_ref(),
+            no_cpu_offload: &self.past.no_cpu_offload,
+            retried: &self.past.retried,
             role,
         }
     }
@@ -44,7 +44,7 @@ impl<'c> Run<'c> {
         self.note_reached(reached);
         let mut ev = Evidence::gpu_oom(finding, hung, reached, self.started_from());
         // Where in the run it happened: its traceback and progress.
-        ev.phase = self.phase.take();
+        ev.phase = self.past.phase.take();
         ev
     }
 
@@ -64,7 +64,11 @@ impl<'c> Run<'c> {
         let oom_after = report.oom_at.unwrap_or(report.duration);
         let flow = match verdict {
             Verdict::Follow => {
-                let job = self.job.clone().expect("a follower is a copy of a job");
+                let job = self
+                    .live
+                    .job
+                    .clone()
+                    .expect("a follower is a copy of a job");
                 return self.follow(&job, rec, &ended.outcome, report);
             }
             Verdict::Wait(_) => unreachable!("the loop gets what a wait asks for"),
@@ -85,10 +89,10 @@ impl<'c> Run<'c> {
                 match because {
                     Because::Ladder { decision, eval } => {
                         if let Some(why) = self.eval_fallback(&ev, eval) {
-                            self.term.info(&why);
+                            self.report.term.info(&why);
                         }
                         if model.is_some() {
-                            self.cal = model;
+                            self.past.cal = model;
                         }
                         rec.next = self.decide(n, &ev, decision, started, oom_after);
                     }
@@ -100,8 +104,9 @@ impl<'c> Run<'c> {
                         self.retry_same(rec, &ev, when, reason);
                     }
                     Because::OffloadUndone { undone, decision } => {
-                        self.no_cpu_offload.extend(undone);
-                        self.term
+                        self.past.no_cpu_offload.extend(undone);
+                        self.report
+                            .term
                             .info(&format!("attempt {n}: host OOM after the CPU offload"));
                         rec.next = self.decide(n, &ev, decision, started, oom_after);
                         rec.evidence = Some(ev);
@@ -110,8 +115,8 @@ impl<'c> Run<'c> {
                         ruled_out,
                         decision,
                     } => {
-                        self.no_cpu_offload.extend(ruled_out);
-                        self.term.info(&format!(
+                        self.past.no_cpu_offload.extend(ruled_out);
+                        self.report.term.info(&format!(
                             "attempt {n}: host OOM: halving the DataLoader's workers"
                         ));
                         rec.next = self.decide(n, &ev, decision, started, oom_after);
@@ -132,14 +137,15 @@ impl<'c> Run<'c> {
                                 index, decision, ..
                             } => self.redecided(n, index, decision),
                             _ => {
-                                self.term
+                                self.report
+                                    .term
                                     .info(&format!("relaunching at {without} without {added}"));
                             }
                         }
                     }
                     b => unreachable!("{b:?} is no relaunch's"),
                 }
-                self.settings = settings;
+                self.now.settings = settings;
                 ControlFlow::Continue(())
             }
         };
@@ -160,12 +166,12 @@ impl<'c> Run<'c> {
         let (n, max) = (rec.n, self.cfg.opts.max_attempts);
         match because {
             Because::Success => {
-                self.gw.record_success();
+                self.live.gw.record_success();
                 if let Some((path, key)) = &self.cfg.target.remember
                     && let Err(e) = crate::remember::record(
                         path,
                         key,
-                        &self.settings.knobs,
+                        &self.now.settings.knobs,
                         &crate::remember::redact(&self.cfg.opts.argv),
                     )
                 {
@@ -173,7 +179,8 @@ impl<'c> Run<'c> {
                 }
             }
             Because::Interrupted { signal } => {
-                self.term
+                self.report
+                    .term
                     .info(&format!("interrupted by {}; not relaunching", signal));
             }
             Because::NotAnOom => {
@@ -183,33 +190,33 @@ impl<'c> Run<'c> {
                         .or_else(|| report.scanner.error_line().map(str::to_string))
                         .map(|l| format!(": {l}"))
                         .unwrap_or_default();
-                    self.term.say(&format!("the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"));
+                    self.report.term.say(&format!("the command failed with {exit}, not an out-of-memory error{line}\noomguard: shrinking would not fix that, so oomguard stops here with the command's status {code}"));
                 }
             }
             Because::PeerFailed => {
                 if let Outcome::PeerFailure { code, line } = &ended.outcome {
                     // A copy alone (no job channel, or oomguard around one launcher): the
                     // rank that failed first is elsewhere, and its output is not here.
-                    self.term.say(&format!("the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}", report.exit));
+                    self.report.term.say(&format!("the command failed with {} because a peer of the distributed run failed: {line}\noomguard: no out-of-memory error was seen in this output (the rank that failed first printed elsewhere: another node, a per-task file), so oomguard stops here with the command's status {code}", report.exit));
                 }
             }
             Because::Absurd => {
                 if let Outcome::AbsurdRequest { finding, code } = &ended.outcome {
                     if crate::detect::sizeless_thrust_alloc(finding) {
-                        self.term.say(&format!(
+                        self.report.term.say(&format!(
                             "{}: {}\noomguard: {}; stopping with status {code}",
                             crate::detect::absurd_what(finding),
                             finding.line,
                             crate::detect::advice(finding)
                         ));
                     } else {
-                        self.term.say(&format!("the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}", finding.line));
+                        self.report.term.say(&format!("the command asked for an impossible allocation: {}\noomguard: not fixable by smaller settings — likely a bug (a corrupted size, an extension built for another GPU, an overflow); stopping with status {code}", finding.line));
                     }
                 }
             }
             Because::HostOom { undone } => {
                 if !undone.is_empty() {
-                    self.term.say(&format!("host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead", undone
+                    self.report.term.say(&format!("host (CPU) memory ran out after the CPU offload oomguard made ({}); undoing it leaves the policy no step: give its offload step nvme_path = \"/local_nvme\" to offload to NVMe instead", undone
                             .iter()
                             .map(|k| format!("{k}=cpu"))
                             .collect::<Vec<_>>()
@@ -231,10 +238,10 @@ impl<'c> Run<'c> {
                                 .into()
                         }
                     };
-                    self.term.say(&format!("host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}", self.host_oom_advice(n)));
+                    self.report.term.say(&format!("host (CPU) memory ran out{line}\noomguard: GPU settings would not fix that; {}. Stopping with status {code}", self.host_oom_advice(n)));
                 }
             }
-            Because::MaxAttempts => self.term.say(&format!(
+            Because::MaxAttempts => self.report.term.say(&format!(
                 "{n} attempts made (--max-attempts {max}); the run still does not fit"
             )),
             Because::NothingLeft { eval } => {
@@ -243,14 +250,14 @@ impl<'c> Run<'c> {
                     .as_ref()
                     .and_then(|ev| self.eval_fallback(ev, eval))
                 {
-                    self.term.info(&why);
+                    self.report.term.info(&why);
                 }
                 self.nothing_left();
             }
             ref b @ Because::PhaseStop { when, .. } => {
                 let ev = ended.evidence.clone().unwrap_or_else(Evidence::assumed);
                 let why = next::words::phase_reason(b, &ev).unwrap_or_default();
-                self.term.say(&format!("{why}; oomguard stops here"));
+                self.report.term.say(&format!("{why}; oomguard stops here"));
                 let families = &self.cfg.target.disc.families;
                 let advice = if when == When::Loading {
                     crate::frameworks::load_advice(families)
@@ -258,7 +265,7 @@ impl<'c> Run<'c> {
                     crate::frameworks::save_advice(families)
                 };
                 for a in advice {
-                    self.term.say(&format!("  {a}"));
+                    self.report.term.say(&format!("  {a}"));
                 }
             }
             Because::Refused {
@@ -268,15 +275,15 @@ impl<'c> Run<'c> {
                 then,
             } => {
                 self.say_refused(rec, &ended.outcome, knob, &added);
-                self.settings = without;
+                self.now.settings = without;
                 match then {
                     Refusal::NoStep { attempt } => {
-                        let without: Vec<&str> = self.dropped.iter().map(|k| k.name()).collect();
-                        self.term.say(&format!("without {}, the policy '{}' has no other step for the OOM of attempt {attempt}: the run still does not fit at {}", without.join(" and "),
+                        let without: Vec<&str> = self.past.dropped.iter().map(|k| k.name()).collect();
+                        self.report.term.say(&format!("without {}, the policy '{}' has no other step for the OOM of attempt {attempt}: the run still does not fit at {}", without.join(" and "),
                             self.cfg.opts.policy.name,
-                            self.settings));
+                            self.now.settings));
                     }
-                    _ => self.term.say(&format!("{n} attempts made (--max-attempts {max}); the run still does not fit at {}", self.settings)),
+                    _ => self.report.term.say(&format!("{n} attempts made (--max-attempts {max}); the run still does not fit at {}", self.now.settings)),
                 }
                 self.bind_advice();
             }
@@ -295,18 +302,18 @@ impl<'c> Run<'c> {
         added: &str,
     ) {
         let n = rec.n;
-        if !self.dropped.contains(&knob) {
-            self.dropped.push(knob);
+        if !self.past.dropped.contains(&knob) {
+            self.past.dropped.push(knob);
         }
         if let Outcome::Refused { code, line, .. } = outcome {
-            self.term.say(&format!("attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"));
+            self.report.term.say(&format!("attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"));
         }
     }
 
     /// The OOM of the attempt record `index` decided again without a refused
     /// knob: its decision is replaced, so the summary tells what was done.
     fn redecided(&mut self, n: u32, index: usize, d: Decision) {
-        let resume = self.resumer.next().map(|r| PathBuf::from(&r.path));
+        let resume = self.now.resumer.next().map(|r| PathBuf::from(&r.path));
         self.emit(Event::Decision {
             attempt: n,
             step: d.step,
@@ -316,9 +323,9 @@ impl<'c> Run<'c> {
             global_batch_after: d.after.global_batch(),
             reason: d.reason.clone(),
             resume: resume.as_deref().map(events::path),
-            resume_step: self.resumer.resumed_step(),
+            resume_step: self.now.resumer.resumed_step(),
         });
-        if let Next::Decided { decision, .. } = &mut self.attempts[index].next {
+        if let Next::Decided { decision, .. } = &mut self.past.attempts[index].next {
             *decision = d;
         }
     }
@@ -335,15 +342,16 @@ impl<'c> Run<'c> {
     ) -> bool {
         let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
         let who = who.join("; ");
-        self.term
+        self.report
+            .term
             .say(&format!("this OOM is not the run's own: {who}"));
         self.emit(Event::ForeignOom {
             attempt: rec.n,
             tenants: events::json(&tenants),
         });
         rec.foreign = Some(who);
-        if !tries_left || !self.gw.wait_for_tenant(pid) {
-            self.term.say(
+        if !tries_left || !self.live.gw.wait_for_tenant(pid) {
+            self.report.term.say(
                 "the memory did not come back in time (--wait-timeout); falling back to the policy",
             );
             return false;
@@ -356,16 +364,17 @@ impl<'c> Run<'c> {
     fn retry_foreign(&mut self, rec: &mut AttemptRecord, tenants: &[crate::gpu::Tenant]) {
         let who: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
         let who = who.join("; ");
-        let res = self.resumer.search();
+        let res = self.now.resumer.search();
         self.checkpoints_passed_over(rec.n, &res);
-        self.resumer.resume_from(&res, res.step());
-        self.term
+        self.now.resumer.resume_from(&res, res.step());
+        self.report
+            .term
             .info("memory is free again: retrying the same settings");
         self.emit(Event::RetrySameSettings(RetrySame {
             attempt: rec.n,
             step: SameSettings::RetrySameSettings,
-            before: events::knobs(&self.settings),
-            after: events::knobs(&self.settings),
+            before: events::knobs(&self.now.settings),
+            after: events::knobs(&self.now.settings),
             reason: format!("another tenant held the memory: {who}"),
             resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
         }));
@@ -386,7 +395,7 @@ impl<'c> Run<'c> {
     /// The step the attempt that ran since `started` began from: the checkpoint
     /// it resumed from, else the user's own resume argument's, else 0.
     pub(super) fn started_from(&self) -> u64 {
-        self.resumer.started_from()
+        self.now.resumer.started_from()
     }
 
     /// The step the attempt that ran since `started` reached: what its log
@@ -398,12 +407,13 @@ impl<'c> Run<'c> {
             .cfg
             .target
             .counting
-            .at_accum(self.settings.int(knobs::Knob::GradAccum));
+            .at_accum(self.now.settings.int(knobs::Knob::GradAccum));
         let printed = log.and_then(|l| {
             progress::read(l, self.cfg.target.logging, self.started_from(), counting)
         });
         // A checkpoint beyond what the output shows is not this attempt's.
         let res = self
+            .now
             .resumer
             .search_reached(printed.map(|p| self.step_bound(p)));
         let saved = res
@@ -437,14 +447,14 @@ impl<'c> Run<'c> {
     pub(super) fn note_reached(&mut self, r: Option<Reached>) {
         if let Some(r) = r {
             let b = self.step_bound(r);
-            self.resumer.note_reached(b);
+            self.now.resumer.note_reached(b);
         }
     }
 
     /// What to do about a host OOM oomguard cannot fix by itself.
     pub(super) fn host_oom_advice(&self, n: u32) -> String {
         let buffers = "reduce host-side buffers (load checkpoints with low_cpu_mem_usage or mmap, less CPU offload) or use a machine with more RAM";
-        match self.settings.int(knobs::Knob::DataloaderWorkers) {
+        match self.now.settings.int(knobs::Knob::DataloaderWorkers) {
             Some(w) if w > self.cfg.target.workers_floor && n >= self.cfg.opts.max_attempts => {
                 format!(
                     "{n} attempts made (--max-attempts {}), so the DataLoader's {w} workers are not halved again; {buffers}",
@@ -469,9 +479,9 @@ impl<'c> Run<'c> {
     /// once a run each, with the allocator set against fragmentation, from the
     /// newest checkpoint this run wrote.
     fn retry_same(&mut self, rec: &mut AttemptRecord, ev: &Evidence, when: When, reason: String) {
-        self.retried.push(when);
+        self.past.retried.push(when);
         let alloc = crate::envmerge::against_fragmentation(
-            &mut self.env_defaults,
+            &mut self.now.env_defaults,
             &crate::run_config::real_env,
         );
         let reason = format!("{reason} ({alloc})");
@@ -481,18 +491,18 @@ impl<'c> Run<'c> {
         } else {
             "a save's"
         };
-        self.term.info(&format!(
+        self.report.term.info(&format!(
             "attempt {n}: {ev}: retrying the same settings once ({alloc}); a smaller batch does not lower {peak} peak"
         ));
-        let res = self.resumer.search();
+        let res = self.now.resumer.search();
         self.checkpoints_passed_over(rec.n, &res);
-        self.resumer.resume_from(&res, res.step());
-        self.term.info(&res.because.to_string());
+        self.now.resumer.resume_from(&res, res.step());
+        self.report.term.info(&res.because.to_string());
         self.emit(Event::RetrySameSettings(RetrySame {
             attempt: rec.n,
             step: SameSettings::RetrySameSettings,
-            before: events::knobs(&self.settings),
-            after: events::knobs(&self.settings),
+            before: events::knobs(&self.now.settings),
+            after: events::knobs(&self.now.settings),
             reason,
             resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
         }));
@@ -505,27 +515,29 @@ impl<'c> Run<'c> {
     /// shell script in front of the real command, and the `plan` that shows all.
     fn nothing_left(&self) {
         let cfg = self.cfg;
-        let at = if self.settings.knobs.is_empty() {
+        let at = if self.now.settings.knobs.is_empty() {
             "as written: oomguard found no setting it can change in this command".to_string()
         } else {
-            format!("at {}", self.settings)
+            format!("at {}", self.now.settings)
         };
-        self.term.say(&format!(
+        self.report.term.say(&format!(
             "the policy '{}' has no step left; the run still does not fit {at}",
             cfg.opts.policy.name
         ));
         for na in policy::not_applicable(&cfg.opts.policy, &cfg.target.disc) {
-            self.term
+            self.report
+                .term
                 .say(&format!("  {} not applicable: {}", na.step, na.why));
         }
         for n in plan::unbound_notes(cfg) {
-            self.term.say(&format!("  {n}"));
+            self.report.term.say(&format!("  {n}"));
         }
         if let Some(s) = &cfg.target.inside.shell_script {
-            self.term
+            self.report
+                .term
                 .say(&format!("  {}", crate::inside::shell_note(s)));
         }
-        self.term.say(&format!(
+        self.report.term.say(&format!(
             "  {} shows every knob, where oomguard looked for it and the ladder",
             plan::plan_hint(&cfg.opts.argv)
         ));
@@ -555,7 +567,7 @@ impl<'c> Run<'c> {
     /// early 5.x restored train_batch_size from the checkpoint's
     /// trainer_state.json on resume).
     pub(super) fn suspect(&mut self, n: u32, ev: &Evidence) {
-        let last = self.attempts.iter().rev().find_map(|a| match &a.next {
+        let last = self.past.attempts.iter().rev().find_map(|a| match &a.next {
             Next::Decided { decision, .. } => Some((a, decision.step)),
             _ => None,
         });
@@ -564,7 +576,7 @@ impl<'c> Run<'c> {
         };
         let before = prev.evidence.as_ref().and_then(Evidence::tried_to_allocate);
         if before.is_some() && before == ev.tried_to_allocate() {
-            self.term.warn("the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)");
+            self.report.term.warn("the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)");
             self.emit(Event::Suspect {
                 attempt: n,
                 why: "same allocation size after halving the micro-batch".into(),
@@ -584,12 +596,12 @@ impl<'c> Run<'c> {
     ) -> Next {
         // The previous attempt's group is gone (launch waits for it), so a
         // checkpoint it was writing is as complete as it will ever be.
-        let res = self.resumer.search();
+        let res = self.now.resumer.search();
         self.checkpoints_passed_over(n, &res);
         let new_step = res.step();
         let loss = Loss::measure(
             ev.step_reached,
-            self.resumer.resumed_step(),
+            self.now.resumer.resumed_step(),
             new_step,
             res.chosen
                 .as_ref()
@@ -601,13 +613,13 @@ impl<'c> Run<'c> {
             attempt: n,
             step_reached: ev.step_reached.map(|r| r.step),
             step_reached_at_least: ev.step_reached.is_some_and(|r| r.at_least),
-            started_from_step: self.resumer.resumed_step(),
+            started_from_step: self.now.resumer.resumed_step(),
             resume_from_step: new_step,
             steps_lost: loss.steps,
             steps_lost_at_least: loss.at_least,
             seconds_lost: loss.seconds,
         });
-        self.resumer.resume_from(&res, new_step);
+        self.now.resumer.resume_from(&res, new_step);
         // The terminal says the decision as it hears it, before the resume.
         self.emit(Event::Decision {
             attempt: n,
@@ -620,8 +632,8 @@ impl<'c> Run<'c> {
             resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
             resume_step: new_step,
         });
-        self.term.info(&res.because.to_string());
-        self.settings = d.after.clone();
+        self.report.term.info(&res.because.to_string());
+        self.now.settings = d.after.clone();
         Next::Decided { decision: d }
     }
 
@@ -634,7 +646,8 @@ impl<'c> Run<'c> {
         let named = found.skipped.len().min(checkpoint::NAMED);
         let (first, rest) = found.skipped.split_at(named);
         for s in first {
-            self.term
+            self.report
+                .term
                 .info(&format!("skipped {}: {}", s.path.display(), s.why));
             self.emit(Event::CheckpointSkipped {
                 attempt: n,
@@ -643,7 +656,7 @@ impl<'c> Run<'c> {
             });
         }
         if !rest.is_empty() {
-            self.term.info(&format!(
+            self.report.term.info(&format!(
                 "skipped {} more checkpoints: {}",
                 rest.len(),
                 checkpoint::kinds_text(rest)
@@ -661,7 +674,7 @@ impl<'c> Run<'c> {
                 .take(checkpoint::NAMED)
                 .map(|s| s.path.display().to_string())
                 .collect();
-            self.term.info(&format!(
+            self.report.term.info(&format!(
                 "ignored {}; a relaunch resumes only from checkpoints this run wrote",
                 checkpoint::ignored_text(&found.ignored)
             ));
@@ -670,7 +683,9 @@ impl<'c> Run<'c> {
                 .iter()
                 .find(|s| s.kind == checkpoint::SkipKind::NotAnnounced)
             {
-                self.term.info(&format!("{}: {}", s.path.display(), s.why));
+                self.report
+                    .term
+                    .info(&format!("{}: {}", s.path.display(), s.why));
             }
             self.emit(Event::CheckpointsIgnored {
                 attempt: n,
@@ -683,8 +698,8 @@ impl<'c> Run<'c> {
 
     /// How to give oomguard each knob the command refused, where it accepts it.
     fn bind_advice(&self) {
-        for k in &self.dropped {
-            self.term.say(&bind_advice(*k).to_string());
+        for k in &self.past.dropped {
+            self.report.term.say(&bind_advice(*k).to_string());
         }
     }
 }

@@ -16,10 +16,15 @@
 //! exits with the command's own status; a user's signal is never followed by a
 //! relaunch.
 //!
-//! The loop's state is one [`Run`]: the settings and resume point of the next
-//! attempt, and an [`AttemptRecord`] per attempt that ran (its outcome, its
-//! evidence, and what followed it). Everything else the end of the run reports
-//! (time lost, the table, tenant retries, work lost) is read from the records.
+//! The loop's state is one [`Run`], in four parts: [`Past`], the history
+//! `next` reads (an [`AttemptRecord`] per attempt that ran: its outcome, its
+//! evidence, and what followed it); [`Report`], the listeners (terminal,
+//! journal, story) and what the run measures for them; [`Live`], the live
+//! services (GPU watch, job, in-place guard); [`Upcoming`], the settings and
+//! resume point of the next attempt. What the end of
+//! the run reports (the table, each OOM's cause, tenant retries, the work and
+//! time lost, the command to rerun) is told by the story, from the events
+//! every listener hears (`report::summary`).
 //! One attempt goes through phases, one function each: prepare (materialize,
 //! journal), launch, ended (classify, journal), after (the verdict, carried out).
 
@@ -43,15 +48,16 @@ use crate::gpu::PeakReport;
 use crate::gpuwatch::GpuWatch;
 use crate::inplace::InPlace;
 use crate::job;
-use crate::journal::{self, AttemptRecord, Journal, Next};
+use crate::journal::{self, Journal};
 use crate::knobs::{self, Settings};
 use crate::launch;
-use crate::next::{self, Because, For, Peers, Role, Verdict};
+use crate::next::{self, AttemptRecord, Because, For, Next, Peers, Role, Verdict};
 use crate::plan;
 use crate::policy::{self, Decision, StepKind};
 use crate::progress::{self, Loss, Reached};
 use crate::report::story::Story;
-use crate::report::terminal::{Terminal, Verbosity};
+use crate::report::summary::Summary;
+use crate::report::terminal::{self, Terminal};
 use crate::resume::{self, Resumer, Resumption};
 use crate::run_config::RunConfig;
 use crate::run_folder::{self, RunDirError};
@@ -60,52 +66,39 @@ use crate::run_folder::{self, RunDirError};
 /// it stops them (see `job::Job::moved_on`).
 const JOB_END_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The live services a run is handed: the GPU watch (`main` opened it), the
-/// job with its folder opened, the run folder made, and the in-place guard.
-struct Live {
-    gw: GpuWatch,
-    job: Option<job::Job>,
-    folder: PathBuf,
-    inplace: InPlace,
+/// Time lost to attempts that did not succeed.
+fn lost(attempts: &[AttemptRecord]) -> Duration {
+    attempts
+        .iter()
+        .filter(|a| a.outcome != OutcomeKind::Success)
+        .map(|a| a.duration)
+        .sum()
 }
 
-/// The run between attempts: what it was given (options and target, read
-/// only), the live services it was handed or opened (the GPU watch, the job's
-/// folder, the journal, the in-place guard), where the next attempt resumes,
-/// and the loop's state.
-struct Run<'c> {
-    cfg: &'c RunConfig,
+/// The live services a run is handed or opens: the GPU watch (`main` opened
+/// it), the job with its folder opened, the run folder made, the in-place
+/// guard, and where this run keeps what it must find again.
+struct Live {
     gw: GpuWatch,
     /// This copy's place in a job, its folder opened (see `job`).
     job: Option<job::Job>,
     /// The run folder made (the one asked for when it could not be made).
     folder: PathBuf,
-    j: Journal,
     inplace: InPlace,
-    /// The content hashes of the config files read at start, and the changes
-    /// to them already reported (path, hash now).
-    start_hashes: Vec<Option<String>>,
-    reported: Vec<(std::path::PathBuf, Option<String>)>,
     /// Where config copies go when the run folder cannot be written: a fresh
     /// private temporary folder, made once.
-    scratch: Option<std::path::PathBuf>,
-    /// The only writer of `oomguard:` lines.
-    term: Terminal,
-    /// The run's events, folded: what the end summary tells.
-    story: Story,
-    /// Added to every attempt's environment.
-    env_defaults: Vec<EnvSet>,
-    tty: bool,
-    /// The settings of the first attempt (the command as written).
-    first: Settings,
-    /// The settings of the next attempt.
-    settings: Settings,
-    /// Where the next attempt resumes from (see `resume`).
-    resumer: Resumer,
+    scratch: Option<PathBuf>,
     /// Where this Slurm or Kubernetes job keeps the settings it last launched
     /// with, for a requeue or a restarted pod (see `job::Fitting`); None outside
     /// both or without checkpoints.
     fitting: Option<PathBuf>,
+}
+
+/// The verdict side: the history `next` reads (see `history`), and what the
+/// run learnt and must not do again.
+struct Past {
+    /// The settings of the first attempt (the command as written).
+    first: Settings,
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
     attempts: Vec<AttemptRecord>,
@@ -119,17 +112,55 @@ struct Run<'c> {
     retried: Vec<crate::evidence::When>,
     /// Offloads whose CPU form ran the host out of memory: never to CPU again.
     no_cpu_offload: Vec<knobs::Knob>,
-    /// Whether "the kernel's log cannot be read" was said (it is said once a run).
-    kernel_unreadable_said: bool,
+    /// Knobs dropped because the command refused what oomguard added for them.
+    dropped: Vec<knobs::Knob>,
+}
+
+/// The report side: the listeners of the run's events (the terminal, the
+/// journal, the story that tells the end summary) and what the run measures
+/// or says once for them.
+struct Report {
+    /// The only writer of `oomguard:` lines.
+    term: &'static Terminal,
+    j: Journal,
+    /// The run's events, folded: what the end summary tells.
+    story: Story,
     /// The time lost to OOMs, stretch by stretch (the last may be open).
     setbacks: Vec<journal::Setback>,
-    /// The command line of the last attempt prepared.
-    last_command: Option<journal::LastCommand>,
+    /// The command line of the last attempt prepared (shell-quoted, with the
+    /// environment variables its knobs set in front).
+    last_command: Option<String>,
+    /// Whether "the kernel's log cannot be read" was said (it is said once a run).
+    kernel_unreadable_said: bool,
+    /// The content hashes of the config files read at start, and the changes
+    /// to them already reported (path, hash now).
+    start_hashes: Vec<Option<String>>,
+    reported: Vec<(PathBuf, Option<String>)>,
+}
+
+/// The next attempt: its settings, where it resumes, its environment.
+struct Upcoming {
+    /// The settings of the next attempt.
+    settings: Settings,
+    /// Where the next attempt resumes from (see `resume`).
+    resumer: Resumer,
+    /// Added to every attempt's environment.
+    env_defaults: Vec<EnvSet>,
+    tty: bool,
     /// What the attempt being run added to the command (see `knobs::added`): a
     /// refusal of one of them by the command's parser is oomguard's doing.
     added: Vec<(knobs::Knob, String)>,
-    /// Knobs dropped because the command refused what oomguard added for them.
-    dropped: Vec<knobs::Knob>,
+}
+
+/// The run between attempts: what it was given (options and target, read
+/// only), and four parts: the history `next` reads, the report side, the live
+/// services, and the next attempt's settings and resume point.
+struct Run<'c> {
+    cfg: &'c RunConfig,
+    past: Past,
+    report: Report,
+    live: Live,
+    now: Upcoming,
 }
 
 /// `oomguard COMMAND`: run and recover. Returns the exit code.
@@ -140,8 +171,8 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
     // The scanner's patterns are built while the first attempt starts, not at its first
     // OOM line (where the build delayed the hang timer's reaction).
     std::thread::spawn(crate::detect::warm);
-    // How much oomguard says is decided here, once.
-    let term = Terminal::stderr(Verbosity::of(cfg.opts.quiet, cfg.opts.verbose));
+    // How much oomguard says was decided once, by `main` (`--quiet`, `-v`).
+    let term = terminal::get();
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
     let rungs = match plan::ladder(cfg, None) {
@@ -206,6 +237,8 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
         job,
         folder,
         inplace,
+        scratch: None,
+        fitting: None,
     };
     let mut run = Run::start(cfg, live, rungs, term);
     run.requeued(job::restart_count(&|k| std::env::var_os(k)));
@@ -225,14 +258,8 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
 
 impl<'c> Run<'c> {
     /// `rungs`: how many attempts the policy's ladder has (1: nothing to change).
-    fn start(cfg: &'c RunConfig, live: Live, rungs: usize, term: Terminal) -> Run<'c> {
-        let Live {
-            gw,
-            job,
-            folder,
-            inplace,
-        } = live;
-        let mut j = Journal::open(folder.clone());
+    fn start(cfg: &'c RunConfig, mut live: Live, rungs: usize, term: &'static Terminal) -> Run<'c> {
+        let mut j = Journal::open(live.folder.clone());
         for w in j.take_warnings() {
             term.warn(&w);
         }
@@ -261,53 +288,55 @@ impl<'c> Run<'c> {
         for w in &cfg.target.disc.warnings {
             term.warn(w);
         }
-        start_lines(cfg, &term, rungs);
+        start_lines(cfg, term, rungs);
         let (settings, remembered) = cfg.start_settings();
         if let Some(line) = remembered {
             term.info(&line);
         }
-        let fitting = cfg.target.layout.as_ref().and_then(|l| {
+        live.fitting = cfg.target.layout.as_ref().and_then(|l| {
             let env = |k: &str| std::env::var_os(k);
-            job::fitting_path(&env, &l.root)
-                .or_else(|| job::pod_fitting_path(&cfg.target.cmd, &env, job.as_ref(), &l.root))
+            job::fitting_path(&env, &l.root).or_else(|| {
+                job::pod_fitting_path(&cfg.target.cmd, &env, live.job.as_ref(), &l.root)
+            })
         });
         Run {
             cfg,
-            gw,
-            job,
-            folder,
-            inplace,
-            start_hashes: knobs::drift::start_hashes(&cfg.target.disc),
-            reported: Vec::new(),
-            scratch: None,
-            j,
-            term,
-            story,
-            env_defaults,
-            tty,
-            settings,
-            first,
-            resumer: Resumer::new(cfg.target.layout.clone(), resume::SETTLE),
-            fitting,
-            begun: 0,
-            attempts: Vec::new(),
-            kernel_unreadable_said: false,
-            setbacks: Vec::new(),
-            last_command: None,
-            added: Vec::new(),
-            dropped: Vec::new(),
-            cal: cfg.calibrated(),
-            no_cpu_offload: Vec::new(),
-            phase: None,
-            retried: Vec::new(),
+            past: Past {
+                first,
+                begun: 0,
+                attempts: Vec::new(),
+                cal: cfg.calibrated(),
+                phase: None,
+                retried: Vec::new(),
+                no_cpu_offload: Vec::new(),
+                dropped: Vec::new(),
+            },
+            report: Report {
+                term,
+                j,
+                story,
+                setbacks: Vec::new(),
+                last_command: None,
+                kernel_unreadable_said: false,
+                start_hashes: knobs::drift::start_hashes(&cfg.target.disc),
+                reported: Vec::new(),
+            },
+            live,
+            now: Upcoming {
+                settings,
+                resumer: Resumer::new(cfg.target.layout.clone(), resume::SETTLE),
+                env_defaults,
+                tty,
+                added: Vec::new(),
+            },
         }
     }
 
     /// One attempt, from preparing it to what follows it.
     fn attempt(&mut self, signals: &launch::Signals) -> ControlFlow<i32> {
-        self.begun += 1;
-        let n = self.begun;
-        if let Some(job) = &self.job {
+        self.past.begun += 1;
+        let n = self.past.begun;
+        if let Some(job) = &self.live.job {
             if n == 1 && job.leader() {
                 job.clear_stale();
             }
@@ -315,13 +344,13 @@ impl<'c> Run<'c> {
             // wait in the rendezvous for peers that are not coming.
             // What this copy is about to launch; copy 0's settings for attempt 1
             // (remembered, requeued) are the job's: the copies start alike.
-            let me = job::Launch::new(job.copies, &self.settings);
+            let me = job::Launch::new(job.copies, &self.now.settings);
             let met = job.meet(n, Some(&me));
             // Half a job launched would wait in its rendezvous for ranks that
             // are not coming: nothing is launched, and the non-zero status
             // lets the job's own failure policy (Kubernetes, Slurm) act.
             if let Some(why) = met.disagree {
-                self.term.say(&format!(
+                self.report.term.say(&format!(
                     "the copies of this job disagree before attempt {n}: {why} ({})\noomguard: nothing was launched; stopping with status {} so that the job fails as a whole (check that every pod runs the same command and environment)",
                     job.dir.display(),
                     exit::USAGE
@@ -329,7 +358,7 @@ impl<'c> Run<'c> {
                 return ControlFlow::Break(exit::USAGE);
             }
             if !met.all {
-                self.term.warn(&format!(
+                self.report.term.warn(&format!(
                     "not every copy of the job came to attempt {n} within {:?} ({}); launching anyway",
                     job.timeout,
                     job.dir.display()
@@ -348,7 +377,7 @@ impl<'c> Run<'c> {
             Ok(r) => r,
             Err(code) => return ControlFlow::Break(code),
         };
-        self.resumer.note_announced(&report.saves);
+        self.now.resumer.note_announced(&report.saves);
         let outcome = self.ended(n, &report, peak.as_ref(), spec.log.as_deref(), started);
         let mut rec = AttemptRecord {
             n,
@@ -361,7 +390,7 @@ impl<'c> Run<'c> {
         };
         let flow = self.after(&mut rec, outcome, &report, spec.log.as_deref(), started);
         self.track_setback(&rec, &report, started, flow.is_continue());
-        self.attempts.push(rec);
+        self.past.attempts.push(rec);
         flow
     }
 
@@ -369,7 +398,7 @@ impl<'c> Run<'c> {
     /// attempt, and build what to launch. `Err`: the exit code.
     fn prepare(&mut self, n: u32) -> Result<(launch::Spec, SystemTime), i32> {
         let cfg = self.cfg;
-        let adir = self.j.attempt_dir(n);
+        let adir = self.report.j.attempt_dir(n);
         // Derived config files go in the attempt's folder; if the run folder
         // cannot be written, in a fresh private temporary one (a relaunch must
         // not depend on the journal, nor write where another user could plant
@@ -384,22 +413,25 @@ impl<'c> Run<'c> {
         let m = knobs::materialize(
             &cfg.opts.argv,
             &cfg.target.disc,
-            &self.settings,
-            self.resumer.next(),
+            &self.now.settings,
+            self.now.resumer.next(),
             &files_dir,
         )
         .map_err(|e| {
-            self.term.error(&format!("cannot prepare attempt {n}: {e}"));
+            self.report
+                .term
+                .error(&format!("cannot prepare attempt {n}: {e}"));
             exit::EXHAUSTED
         })?;
-        if let Err(e) = self.inplace.write_derived(&m.files) {
-            self.term.error(&format!(
+        if let Err(e) = self.live.inplace.write_derived(&m.files) {
+            self.report.term.error(&format!(
                 "cannot write attempt {n}'s files: {e}\noomguard: attempt {n} was not launched"
             ));
             return Err(exit::CANNOT_WRITE);
         }
-        self.added = knobs::added(&cfg.target.disc, &self.settings);
+        self.now.added = knobs::added(&cfg.target.disc, &self.now.settings);
         let env_set: Vec<(OsString, OsString)> = self
+            .now
             .env_defaults
             .iter()
             .map(|e| (OsString::from(&e.name), OsString::from(&e.value)))
@@ -409,36 +441,38 @@ impl<'c> Run<'c> {
                     .map(|(k, v)| (OsString::from(k), OsString::from(v))),
             )
             .collect();
-        let prev_pid = self.attempts.last().map(|a| a.pid);
-        let gpu = self.gw.before_attempt(n, prev_pid);
+        let prev_pid = self.past.attempts.last().map(|a| a.pid);
+        let gpu = self.live.gw.before_attempt(n, prev_pid);
         if let Some(g) = &gpu {
-            self.term
+            self.report
+                .term
                 .detail(&format!("GPUs before attempt {n}: {}", g.summary));
         }
         if n == 1 {
             // As late as possible before the launch: what is there now is not
             // this run's (the wait for GPU memory above may have been long).
-            self.resumer.take_baseline();
+            self.now.resumer.take_baseline();
         }
-        let resume = self.resumer.next().map(|r| Path::new(&r.path));
-        self.last_command = Some(last_command(&cfg.opts.argv, &m, resume));
-        let start = attempt_start(n, gpu.as_ref(), &m, &self.settings, resume);
+        let resume = self.now.resumer.next().map(|r| Path::new(&r.path));
+        self.report.last_command = Some(last_command(&m));
+        let start = attempt_start(n, gpu.as_ref(), &m, &self.now.settings, resume);
         self.emit(start);
         let started = SystemTime::now();
         if n > 1 {
-            self.term.info(&format!(
+            self.report.term.info(&format!(
                 "attempt {n}/{}: {}",
                 cfg.opts.max_attempts,
                 plan::shell_quote(&m.argv)
             ));
         } else {
-            self.term
+            self.report
+                .term
                 .detail(&format!("attempt 1: {}", plan::shell_quote(&m.argv)));
         }
         let spec = launch::Spec {
             argv: m.argv,
             env_set,
-            tty: self.tty,
+            tty: self.now.tty,
             log: adir.as_deref().map(run_folder::output_log_in),
             log_head_bytes: run_folder::LOG_HEAD_BYTES,
             log_tail_bytes: 4 << 20,
@@ -453,6 +487,7 @@ impl<'c> Run<'c> {
             // A relaunch after an OOM: when is it back at the step the failed
             // attempt died at (the time the OOM cost)?
             back_to: self
+                .report
                 .setbacks
                 .last()
                 .filter(|s| s.state == SetbackState::Behind)
@@ -461,7 +496,7 @@ impl<'c> Run<'c> {
                     let counting = cfg
                         .target
                         .counting
-                        .at_accum(self.settings.int(crate::knobs::Knob::GradAccum));
+                        .at_accum(self.now.settings.int(crate::knobs::Knob::GradAccum));
                     progress::StepWatch::new(
                         step,
                         self.started_from(),
@@ -469,7 +504,7 @@ impl<'c> Run<'c> {
                         counting,
                     )
                 }),
-            stop_when: self.job.clone().map(|job| {
+            stop_when: self.live.job.clone().map(|job| {
                 let seen = std::sync::Mutex::new(None::<std::time::Instant>);
                 launch::StopWhen(std::sync::Arc::new(move || {
                     let why = job.moved_on(n)?;
@@ -486,18 +521,18 @@ impl<'c> Run<'c> {
     /// The fresh private folder for attempt `n`'s config copies when the run
     /// folder cannot be written. `Err`: the exit code.
     fn scratch_dir(&mut self, n: u32) -> Result<std::path::PathBuf, i32> {
-        if self.scratch.is_none() {
+        if self.live.scratch.is_none() {
             match run_folder::fresh_temp_dir() {
-                Ok(d) => self.scratch = Some(d),
+                Ok(d) => self.live.scratch = Some(d),
                 Err(e) => {
-                    self.term.error(&format!(
+                    self.report.term.error(&format!(
                         "cannot prepare attempt {n}: no run folder, and no private temporary folder: {e}"
                     ));
                     return Err(exit::CANNOT_WRITE);
                 }
             }
         }
-        let dir = self.scratch.as_ref().expect("made above");
+        let dir = self.live.scratch.as_ref().expect("made above");
         Ok(dir.join(run_folder::names::attempt(n)))
     }
 
@@ -505,13 +540,13 @@ impl<'c> Run<'c> {
     /// relaunch (copies are made from the text read at start): say so, once
     /// per change, on the terminal and in the journal.
     fn config_changes(&mut self, n: u32) {
-        for d in knobs::drift::changed(&self.cfg.target.disc, &self.start_hashes) {
+        for d in knobs::drift::changed(&self.cfg.target.disc, &self.report.start_hashes) {
             let key = (d.path.clone(), d.hash.clone());
-            if self.reported.contains(&key) {
+            if self.report.reported.contains(&key) {
                 continue;
             }
-            self.reported.push(key);
-            self.term.say(&d.line(n));
+            self.report.reported.push(key);
+            self.report.term.say(&d.line(n));
             self.emit(Event::ConfigChanged {
                 attempt: n,
                 path: events::path(&d.path),
@@ -528,9 +563,9 @@ impl<'c> Run<'c> {
         spec: &launch::Spec,
         signals: &launch::Signals,
     ) -> Result<(launch::Report, Option<PeakReport>), i32> {
-        self.gw.start_sampling();
+        self.live.gw.start_sampling();
         let launched = launch::run(spec, signals);
-        let peak = self.gw.stop_sampling().cloned();
+        let peak = self.live.gw.stop_sampling().cloned();
         match launched {
             Ok(r) => Ok((r, peak)),
             Err(e) => {
@@ -539,7 +574,7 @@ impl<'c> Run<'c> {
                     launch::Error::NotExecutable { .. } => exit::CANNOT_EXECUTE,
                     launch::Error::Io(_) => exit::CANNOT_EXECUTE,
                 };
-                self.term.error(&e.to_string());
+                self.report.term.error(&e.to_string());
                 self.emit(Event::CannotExecute(events::CannotExecute {
                     attempt: n,
                     outcome: OutcomeKind::CannotExecute,
@@ -561,17 +596,17 @@ impl<'c> Run<'c> {
         started: SystemTime,
     ) -> Outcome {
         for w in &report.warnings {
-            self.term.warn(w);
+            self.report.term.warn(w);
         }
         if let Some(why) = &report.stopped {
-            self.term.info(&format!(
+            self.report.term.info(&format!(
                 "attempt {n}: {why} while this copy's ranks still ran; stopped them"
             ));
         }
         if let Some(tf) = &self.cfg.target.task_files
             && report.task_files.is_empty()
         {
-            self.term.warn(&format!(
+            self.report.term.warn(&format!(
                 "attempt {n}: no file of srun's {} was written by this step in {}; an OOM printed there could not be seen",
                 tf.patterns.join(", "),
                 tf.cwd.display()
@@ -579,13 +614,13 @@ impl<'c> Run<'c> {
         }
         if let Some(t) = &report.torchrun {
             if t.stopped_at_oom {
-                self.term.info(&format!(
+                self.report.term.info(&format!(
                     "attempt {n}: a torchrun worker died of a GPU OOM: stopped torchrun before its --max-restarts {} re-ran the same settings",
                     t.max_restarts
                 ));
             }
             if t.restarts > 0 {
-                self.term.info(&format!(
+                self.report.term.info(&format!(
                     "attempt {n}: torchrun restarted its workers {} time{} within this attempt (--max-restarts {})",
                     t.restarts,
                     if t.restarts == 1 { "" } else { "s" },
@@ -603,9 +638,9 @@ impl<'c> Run<'c> {
             outcome,
             unreadable,
             thrust_at,
-        } = evidence::classify_attempt(report, &kernel::System, &self.added, &steps_beyond);
+        } = evidence::classify_attempt(report, &kernel::System, &self.now.added, &steps_beyond);
         if let Some(step) = thrust_at {
-            self.term.info(&format!(
+            self.report.term.info(&format!(
                 "thrust's allocation failed with no size after training reached step {step}: taken for a GPU OOM (an extension built for another GPU fails at its first call, before any step)"
             ));
         }
@@ -625,18 +660,19 @@ impl<'c> Run<'c> {
             .as_deref()
             .is_some_and(|w| w.starts_with("the kernel's OOM killer killed"));
         if let Some(why) = unreadable.as_deref().filter(|_| unconfirmed) {
-            self.term
+            self.report
+                .term
                 .say(&format!("attempt {n}: killed by SIGKILL; {why}"));
         } else if let Some(why) = unreadable
-            && !std::mem::replace(&mut self.kernel_unreadable_said, true)
+            && !std::mem::replace(&mut self.report.kernel_unreadable_said, true)
         {
-            self.term.warn(&format!(
+            self.report.term.warn(&format!(
                 "cannot read the kernel's log ({why}): a process killed by SIGKILL is taken for a host OOM without checking the OOM killer's record (root, CAP_SYSLOG or kernel.dmesg_restrict=0 lets oomguard check)"
             ));
         }
         if let Some(f) = outcome.finding() {
             if let Some(file) = &report.oom_file {
-                self.term.info(&format!(
+                self.report.term.info(&format!(
                     "attempt {n}: the OOM was found in {} (srun's per-task output file)",
                     file.display()
                 ));
@@ -660,7 +696,7 @@ impl<'c> Run<'c> {
                 phase_how: seen.phase_how().map(str::to_string),
                 step_reached: seen.step_reached.map(|r| r.step),
             });
-            self.phase = seen.phase.clone();
+            self.past.phase = seen.phase.clone();
         }
         self.emit(Event::AttemptEnd {
             attempt: n,
@@ -691,7 +727,7 @@ impl<'c> Run<'c> {
         started: SystemTime,
     ) -> ControlFlow<i32> {
         let n = rec.n;
-        let job = self.job.clone();
+        let job = self.live.job.clone();
         let role = match &job {
             None => Role::Alone,
             Some(j) if j.leader() => Role::Leader,
@@ -728,7 +764,7 @@ impl<'c> Run<'c> {
                 && !std::mem::replace(&mut said, true)
                 && let Some(ev) = ended.evidence.clone()
             {
-                self.term.info(&format!("attempt {n}: {ev}"));
+                self.report.term.info(&format!("attempt {n}: {ev}"));
                 self.suspect(n, &ev);
             }
             let v = next::next(&self.history(n, role), &ended, &self.rules());
@@ -743,7 +779,7 @@ impl<'c> Run<'c> {
                     let ends = job.await_ends(n);
                     ended.peers = match ends.iter().find(|e| e.oom_line.is_some()) {
                         Some(e) => {
-                            self.term.info(&format!(
+                            self.report.term.info(&format!(
                                 "attempt {n}: copy {} of the job ran out of memory; this copy ended with {}",
                                 e.rank,
                                 kind_word(ended.outcome.kind())
@@ -759,7 +795,7 @@ impl<'c> Run<'c> {
                     };
                 }
                 Verdict::Wait(For::Tenants) => {
-                    ended.tenants = Some(self.gw.tenants(finding.as_ref()));
+                    ended.tenants = Some(self.live.gw.tenants(finding.as_ref()));
                 }
                 Verdict::Wait(For::Memory { tries_left }) => {
                     let tenants = ended.tenants.as_deref().unwrap_or_default();
@@ -778,8 +814,8 @@ impl<'c> Run<'c> {
                     because: Because::Copy0,
                 },
                 ControlFlow::Continue(()) => Verdict::Relaunch {
-                    settings: self.settings.clone(),
-                    resume: match self.resumer.next() {
+                    settings: self.now.settings.clone(),
+                    resume: match self.now.resumer.next() {
                         Some(r) => next::Resume::From(PathBuf::from(&r.path)),
                         None => next::Resume::Fresh,
                     },
@@ -790,7 +826,7 @@ impl<'c> Run<'c> {
             if let Some(published) = job::Published::of(&done)
                 && let Err(e) = job.publish_decision(n, &published)
             {
-                self.term.warn(&format!("could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting", job.dir.display()));
+                self.report.term.warn(&format!("could not publish the job's decision in {}: {e}; the other copies will stop when they stop waiting", job.dir.display()));
             }
         }
         flow
@@ -819,6 +855,7 @@ impl<'c> Run<'c> {
         let ended = started + report.duration;
         let mut closed = None;
         if let Some(s) = self
+            .report
             .setbacks
             .last_mut()
             .filter(|s| s.state == SetbackState::Behind)
@@ -843,6 +880,7 @@ impl<'c> Run<'c> {
             self.record_setback(n, &s);
         }
         let open = self
+            .report
             .setbacks
             .last()
             .is_some_and(|s| s.state == SetbackState::Behind);
@@ -857,7 +895,7 @@ impl<'c> Run<'c> {
                 seen_back: false,
             };
             self.record_setback(n, &s);
-            self.setbacks.push(s);
+            self.report.setbacks.push(s);
         }
     }
 
@@ -865,12 +903,12 @@ impl<'c> Run<'c> {
     /// terminal says), the story, the terminal.
     fn emit(&mut self, e: Event) {
         let at = SystemTime::now();
-        self.j.on(at, &e);
-        for w in self.j.take_warnings() {
-            self.term.warn(&w);
+        self.report.j.on(at, &e);
+        for w in self.report.j.take_warnings() {
+            self.report.term.warn(&w);
         }
-        self.story.on(at, &e);
-        self.term.on(at, &e);
+        self.report.story.on(at, &e);
+        self.report.term.hear(&e);
     }
 
     fn record_setback(&mut self, n: u32, s: &journal::Setback) {
@@ -888,13 +926,14 @@ impl<'c> Run<'c> {
     fn finish(mut self, code: i32) -> i32 {
         // The fallback folder of config copies (no run folder) is this run's
         // alone: gone with it (`remove_dir_all` never follows a link).
-        if let Some(d) = self.scratch.take() {
+        if let Some(d) = self.live.scratch.take() {
             let _ = std::fs::remove_dir_all(&d);
         }
-        let lost = journal::lost(&self.attempts);
+        let lost = lost(&self.past.attempts);
         // A relaunch that had not got back when the run ended.
-        let n = self.begun;
+        let n = self.past.begun;
         if let Some(s) = self
+            .report
             .setbacks
             .last_mut()
             .filter(|s| s.state == SetbackState::Behind)
@@ -912,39 +951,48 @@ impl<'c> Run<'c> {
         }
         self.emit(Event::RunEnd {
             exit_code: code,
-            attempts: self.begun,
+            attempts: self.past.begun,
             lost_s: lost.as_secs_f64(),
-            settings: events::knobs(&self.settings),
-            time_lost_s: self.setbacks.iter().map(journal::Setback::counted).sum(),
-            time_lost_complete: self.setbacks.iter().all(|s| s.state == SetbackState::Back),
-            last_command: self.last_command.as_ref().map(|c| c.line.clone()),
+            settings: events::knobs(&self.now.settings),
+            time_lost_s: self
+                .report
+                .setbacks
+                .iter()
+                .map(journal::Setback::counted)
+                .sum(),
+            time_lost_complete: self
+                .report
+                .setbacks
+                .iter()
+                .all(|s| s.state == SetbackState::Back),
+            last_command: self.report.last_command.clone(),
         });
-        for l in self.inplace.restore() {
-            self.term.say(&l);
+        for l in self.live.inplace.restore() {
+            self.report.term.say(&l);
         }
-        let path = self.j.path();
-        let end = journal::End {
-            first: &self.first,
-            last: &self.settings,
-            attempts: &self.attempts,
-            story: &self.story,
+        let path = self.report.j.path();
+        let summary = Summary {
+            story: &self.report.story,
             journal: path.as_deref(),
             decided_by: self
+                .live
                 .job
                 .as_ref()
                 .filter(|j| !j.leader())
                 .map(|_| "copy 0 of the job"),
-            last_command: self.last_command.as_ref(),
         };
-        self.term.block(&end.summary());
-        if let Some(p) = self.gw.peak_summary() {
-            self.term
+        self.report.term.block(&summary.text());
+        if let Some(p) = self.live.gw.peak_summary() {
+            self.report
+                .term
                 .say(&format!("GPU memory of the last attempt: {p}"));
         }
-        if let Some(line) =
-            progress::save_interval_advice(&end.losses(), self.cfg.target.layout.as_ref(), lost)
-        {
-            self.term.block(&line);
+        if let Some(line) = progress::save_interval_advice(
+            &self.report.story.losses(),
+            self.cfg.target.layout.as_ref(),
+            lost,
+        ) {
+            self.report.term.block(&line);
         }
         code
     }
@@ -979,13 +1027,8 @@ fn attempt_start(
 
 /// The command line attempt `m` runs, for the summary: shell-quoted, with the
 /// environment variables its knobs set (and the user's environment does not
-/// already hold) in front, the config copies it reads, the files edited in
-/// place, and the checkpoint it resumes from.
-fn last_command(
-    user: &[OsString],
-    m: &knobs::Materialized,
-    resume: Option<&Path>,
-) -> journal::LastCommand {
+/// already hold) in front.
+fn last_command(m: &knobs::Materialized) -> String {
     let env: Vec<String> = m
         .env
         .iter()
@@ -996,24 +1039,7 @@ fn last_command(
     if !line.is_empty() {
         line.push(' ');
     }
-    line += &plan::shell_quote(&m.argv);
-    journal::LastCommand {
-        changed: !env.is_empty() || m.argv != user || !m.files.is_empty(),
-        line,
-        copies: m
-            .files
-            .iter()
-            .filter(|f| !f.in_place)
-            .map(|f| (f.original.clone(), f.dest.clone()))
-            .collect(),
-        in_place: m
-            .files
-            .iter()
-            .filter(|f| f.in_place)
-            .map(|f| f.dest.clone())
-            .collect(),
-        resume: resume.map(|p| p.display().to_string()),
-    }
+    line + &plan::shell_quote(&m.argv)
 }
 
 /// What a user must know before a night's run, at the default verbosity: what
