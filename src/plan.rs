@@ -105,7 +105,7 @@ pub fn changeable(cfg: &RunConfig) -> String {
         .collect();
     let missing: Vec<&str> = Knob::ALL
         .iter()
-        .filter(|k| !cfg.target.disc.knobs.contains_key(k))
+        .filter(|k| !cfg.target.disc.knobs.contains_key(k) && !k.only_added())
         .map(|k| k.name())
         .collect();
     let can = if found.is_empty() {
@@ -604,6 +604,7 @@ impl Plan<'_> {
                     b.value.to_string(),
                     b.describe()
                 ),
+                None if k.only_added() => Ok(()),
                 None => writeln!(o, "  {:w$}  {:<6}  not found", k.name(), "-"),
             };
         }

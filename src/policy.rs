@@ -52,6 +52,9 @@ pub enum StepKind {
     /// 16-bit weights on one rank (`gather_on_save` true → false). oomguard
     /// takes it itself; a policy cannot list it.
     NoGatherOnSave,
+    /// On several GPUs without DeepSpeed or FSDP: shard the parameters,
+    /// gradients and optimizer state with FSDP full-shard (`fsdp` false → true).
+    FsdpFullShard,
 }
 
 impl StepKind {
@@ -66,6 +69,7 @@ impl StepKind {
             StepKind::HalveDataloaderWorkers => "halve_dataloader_workers",
             StepKind::HalveEvalBatch => "halve_eval_batch",
             StepKind::NoGatherOnSave => "no_gather_on_save",
+            StepKind::FsdpFullShard => "fsdp_full_shard",
         }
     }
 }
@@ -319,6 +323,7 @@ impl PolicyText<'_> {
             StepKind::ShortenSeq => at.shorten_seq(&mut step)?,
             StepKind::RaiseZeroStage => at.raise_zero_stage(&mut step)?,
             StepKind::EnableGradCheckpointing
+            | StepKind::FsdpFullShard
             | StepKind::OffloadOptimizer
             | StepKind::OffloadParam => at.switch(&mut step)?,
             StepKind::HalveDataloaderWorkers => {
@@ -553,7 +558,10 @@ impl StepText<'_> {
     fn switch(&self, step: &mut Step) -> Result<(), PolicyError> {
         let s = self.raw;
         if let Some(p) = &s.nvme_path {
-            if self.kind == StepKind::EnableGradCheckpointing {
+            if matches!(
+                self.kind,
+                StepKind::EnableGradCheckpointing | StepKind::FsdpFullShard
+            ) {
                 return Err(self.not_for("nvme_path", p.span()));
             }
             if !p.get_ref().starts_with('/') {
@@ -657,6 +665,9 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
                     None => "grad_checkpointing is not bound (--knob grad_checkpointing=FLAG)".into(),
                 })
             }
+            StepKind::FsdpFullShard if !disc.knobs.contains_key(&Knob::Fsdp) => Some(
+                "FSDP is added only to a Hugging Face Trainer script on several GPUs whose command sets no DeepSpeed or FSDP".into(),
+            ),
             StepKind::ShortenSeq if !disc.knobs.contains_key(&Knob::SeqLen) => {
                 Some("seq_len is not bound (--knob seq_len=FLAG)".into())
             }
@@ -694,6 +705,7 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
         StepKind::RaiseZeroStage => raise_zero_stage(step, cur),
         StepKind::OffloadOptimizer => offload_optimizer(step, cur),
         StepKind::OffloadParam => offload_param(step, cur),
+        StepKind::FsdpFullShard => fsdp_full_shard(cur),
         // Rejected when the policy is read.
         StepKind::HalveDataloaderWorkers | StepKind::HalveEvalBatch | StepKind::NoGatherOnSave => {
             None
@@ -794,6 +806,23 @@ fn shorten_seq(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
 }
 
 /// Raise the ZeRO stage by one useful step, up to the step's highest stage.
+/// FSDP full-shard, where the command has the `fsdp` knob (bound only on
+/// several GPUs with no DeepSpeed or FSDP setting) and it is off.
+fn fsdp_full_shard(cur: &Settings) -> Option<(Settings, String)> {
+    if cur.bool(Knob::Fsdp) != Some(false) || cur.world_size <= 1 {
+        return None;
+    }
+    let mut next = cur.clone();
+    next.knobs.insert(Knob::Fsdp, Value::Bool(true));
+    Some((
+        next,
+        format!(
+            "FSDP full-shard over {} GPUs (parameters, gradients and optimizer state sharded; the updates are the same)",
+            cur.world_size
+        ),
+    ))
+}
+
 fn raise_zero_stage(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let stage = cur.int(Knob::ZeroStage)?;

@@ -30,10 +30,15 @@ pub enum Knob {
     /// `zero3_save_16bit_model`): turned off after an OOM while saving; never
     /// changes the training.
     GatherOnSave,
+    /// Whether the Hugging Face Trainer shards the model with FSDP
+    /// (`--fsdp "full_shard auto_wrap"`): added by oomguard, false → true, to a
+    /// run on several GPUs with no DeepSpeed or FSDP setting; the updates are
+    /// the same (full-shard gathers the weights for each layer's step).
+    Fsdp,
 }
 
 impl Knob {
-    pub const ALL: [Knob; 10] = [
+    pub const ALL: [Knob; 11] = [
         Knob::MicroBatch,
         Knob::GradAccum,
         Knob::SeqLen,
@@ -44,6 +49,7 @@ impl Knob {
         Knob::DataloaderWorkers,
         Knob::EvalBatch,
         Knob::GatherOnSave,
+        Knob::Fsdp,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +64,7 @@ impl Knob {
             Knob::DataloaderWorkers => "dataloader_workers",
             Knob::EvalBatch => "eval_batch",
             Knob::GatherOnSave => "gather_on_save",
+            Knob::Fsdp => "fsdp",
         }
     }
 
@@ -67,8 +74,17 @@ impl Knob {
         matches!(self, Knob::ZeroStage | Knob::DataloaderWorkers)
     }
 
+    /// A knob oomguard adds itself where it applies (FSDP on several GPUs),
+    /// never one a command is expected to have: not listed as "not found".
+    pub fn only_added(self) -> bool {
+        matches!(self, Knob::Fsdp)
+    }
+
     pub fn is_bool(self) -> bool {
-        matches!(self, Knob::GradCheckpointing | Knob::GatherOnSave)
+        matches!(
+            self,
+            Knob::GradCheckpointing | Knob::GatherOnSave | Knob::Fsdp
+        )
     }
 }
 

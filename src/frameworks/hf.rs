@@ -116,6 +116,18 @@ fn logging(cmd: &Command, ctx: &super::Ctx) -> Option<Logging> {
 /// (`HfArgumentParser`, TRL's `TrlParser`) or names the flag itself: a plain
 /// argparse script that spells the Trainer's training batch would refuse it.
 fn accepts_added(cmd: &Command, flag: &str) -> bool {
+    if flag == "--fsdp" {
+        // The Trainer's FSDP: only where the script parses its arguments.
+        return super::script_mentions(
+            cmd,
+            &[
+                "HfArgumentParser",
+                "TrlParser",
+                "TrainingArguments",
+                "SFTConfig",
+            ],
+        );
+    }
     if flag != "--per_device_eval_batch_size" {
         return true;
     }
@@ -222,6 +234,9 @@ pub static FAMILY: Family = Family {
             "--per_device_eval_batch_size",
             AbsentValue::Int(8),
         ),
+        // FSDP full-shard, added only on several GPUs with no DeepSpeed or
+        // FSDP setting (see `knobs::flags::discover`).
+        (Knob::Fsdp, "--fsdp", AbsentValue::Bool(false)),
     ],
     accepts_added,
     absent_default,

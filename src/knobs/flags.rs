@@ -93,6 +93,28 @@ fn bind_flag(
     }))
 }
 
+/// Sharding the command sets itself (DeepSpeed, FSDP, an accelerate config
+/// that may hold either): FSDP is never added to it.
+fn shards_already(cmd: &Command) -> bool {
+    cmd.flags.iter().any(|o| {
+        matches!(
+            o.name.as_str(),
+            "--deepspeed"
+                | "--deepspeed_config"
+                | "--deepspeed_config_file"
+                | "--fsdp"
+                | "--fsdp_config"
+                | "--use_fsdp"
+                | "--use_deepspeed"
+                | "--config_file"
+                | "--zero_stage"
+        )
+    })
+}
+
+/// The value `--fsdp` takes when oomguard adds it.
+pub const FSDP_FULL_SHARD: &str = "full_shard auto_wrap";
+
 fn default_for(knob: Knob) -> Option<Value> {
     match knob {
         Knob::GradAccum => Some(Value::Int(1)),
@@ -194,6 +216,9 @@ pub fn discover(
         let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(knob) else {
             continue;
         };
+        if knob == Knob::Fsdp && (world.size <= 1 || shards_already(cmd)) {
+            continue;
+        }
         let flag = match &script {
             None => flag.to_string(),
             Some((name, opts)) => {
@@ -213,6 +238,12 @@ pub fn discover(
                 }
             }
         };
+        if knob == Knob::Fsdp {
+            notes.push(format!(
+                "{knob}: {} GPUs and no DeepSpeed or FSDP setting in the command: where the memory model says sharding fits and keeps the most throughput, oomguard adds {flag} \"{FSDP_FULL_SHARD}\" (parameters, gradients and optimizer state sharded over the GPUs; the updates are the same)",
+                world.size
+            ));
+        }
         if knob == Knob::GradCheckpointing && default == Value::Bool(true) {
             notes.push(format!(
                 "{knob}: on by the program's own default though the command does not set it (TRL's configs, LLaMA-Factory): never offered as a fix, and counted in the memory estimate"
@@ -533,6 +564,10 @@ pub(super) fn apply_binding(
         }
         Binding::AddFlag { flag } => {
             match new {
+                Value::Bool(true) if flag == "--fsdp" => {
+                    append.push(flag.into());
+                    append.push(FSDP_FULL_SHARD.into());
+                }
                 Value::Bool(true) => append.push(flag.into()),
                 Value::Bool(false) => append.push(format!("{flag}=False").into()),
                 Value::Int(n) => {

@@ -61,6 +61,9 @@ impl fmt::Display for Binding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Binding::Flag { flag, .. } => write!(f, "flag {flag}"),
+            Binding::AddFlag { flag } if flag == "--fsdp" => {
+                write!(f, "absent; would add --fsdp \"{}\"", flags::FSDP_FULL_SHARD)
+            }
             Binding::AddFlag { flag } => write!(f, "absent; would add {flag}"),
             Binding::Env { var, present: true } => write!(f, "env {var}"),
             Binding::Env {

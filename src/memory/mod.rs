@@ -399,7 +399,12 @@ fn view(s: &Settings, default_seq: u64) -> View {
         micro: s.int(Knob::MicroBatch).unwrap_or(1) as f64,
         seq: s.int(Knob::SeqLen).unwrap_or(default_seq) as f64,
         gc: s.bool(Knob::GradCheckpointing).unwrap_or(false),
-        stage: s.int(Knob::ZeroStage).unwrap_or(0),
+        // FSDP full-shard shards as ZeRO-3 does.
+        stage: if s.bool(Knob::Fsdp) == Some(true) {
+            3
+        } else {
+            s.int(Knob::ZeroStage).unwrap_or(0)
+        },
         off_opt: off(Knob::OffloadOptimizer),
         off_param: off(Knob::OffloadParam),
         world: s.world_size.max(1),

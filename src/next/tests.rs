@@ -265,6 +265,19 @@ fn one_row_per_rule() {
             Value::Offload(Offload::None),
         ))
     };
+    // Eight GPUs, no DeepSpeed or FSDP in the command (the fsdp knob bound,
+    // off), and a model whose states alone overflow one GPU.
+    let unsharded = {
+        let mut m = with(s.clone(), Knob::Fsdp, Value::Bool(false));
+        m.world_size = 8;
+        Case {
+            model: Some(Calibrated::new(
+                ModelSpec::from_params(13e9),
+                Some(80.0 * GIB),
+            )),
+            ..Case::at(m)
+        }
+    };
     // A CPU offload oomguard made (the command as written had none).
     let offloaded = {
         let mut first = with(s.clone(), Knob::ZeroStage, Value::Int(2));
@@ -422,6 +435,12 @@ fn one_row_per_rule() {
             &modelled,
             gpu_oom(gpu(Some(crate::memory::SPIKE_STEPS), None), false),
             "relaunch ladder: micro_batch 8→4 grad_accum 2→4",
+        ),
+        (
+            "GPU OOM on several GPUs, no sharding, states over one GPU: FSDP full-shard",
+            &unsharded,
+            gpu_oom(gpu(Some(3), None), false),
+            "relaunch ladder: micro_batch 8→2 grad_accum 2→8 fsdp false→true",
         ),
         (
             "eval OOM: halve the evaluation batch",

@@ -333,6 +333,7 @@ fn step_of(k: Knob) -> Option<StepKind> {
         Knob::DataloaderWorkers => StepKind::HalveDataloaderWorkers,
         Knob::EvalBatch => StepKind::HalveEvalBatch,
         Knob::GatherOnSave => StepKind::NoGatherOnSave,
+        Knob::Fsdp => StepKind::FsdpFullShard,
     })
 }
 
