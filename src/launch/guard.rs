@@ -188,9 +188,18 @@ pub fn guard_main(args: &[OsString]) -> ! {
             // Before srun dies: its tasks run on the nodes, out of our reach.
             super::slurm::cancel_step_of(pgid as u32);
         }
-        super::tree::kill_group(pgid, crate::signal::Signal::KILL);
-        if let Some(marker) = marker {
-            super::tree::kill_marked(&marker, crate::signal::Signal::KILL);
+        // One pass can miss a process forked while it scanned (a worker that calls
+        // setsid and forks again, at the moment oomguard died): passes repeat until one
+        // finds nothing alive, for 2 s at most.
+        for _ in 0..100 {
+            super::tree::kill_group(pgid, crate::signal::Signal::KILL);
+            let marked = marker.as_deref().map_or(0, |m| {
+                super::tree::kill_marked(m, crate::signal::Signal::KILL)
+            });
+            if marked == 0 && !super::tree::group_alive(pgid) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
     std::process::exit(0);
