@@ -946,14 +946,15 @@ pub fn next_rung(policy: &Policy, cur: &Settings, evidence: &Evidence) -> Option
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn oom() -> Evidence {
         Evidence::cuda_oom(None)
     }
 
-    fn settings(micro: u64, accum: u64, seq: Option<u64>, gc: bool) -> Settings {
+    /// Settings of a test: micro-batch, accumulation, sequence, checkpointing; 2 GPUs.
+    pub(crate) fn settings(micro: u64, accum: u64, seq: Option<u64>, gc: bool) -> Settings {
         let mut knobs = BTreeMap::new();
         knobs.insert(Knob::MicroBatch, Value::Int(micro));
         knobs.insert(Knob::GradAccum, Value::Int(accum));

@@ -1,29 +1,14 @@
 //! The verdict's rules, table-first: one row per rule (see the table at the top
 //! of `next.rs`), then the rules' own finer tests.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::*;
 use crate::detect::phase::{Phase, Seen};
 use crate::detect::{self, OomNumbers};
 use crate::memory::{Calibrated, GIB, ModelSpec};
+use crate::policy::tests::settings;
 use crate::progress::Reached;
-
-fn settings(micro: u64, accum: u64, seq: Option<u64>, gc: bool) -> Settings {
-    let mut knobs = BTreeMap::new();
-    knobs.insert(Knob::MicroBatch, Value::Int(micro));
-    knobs.insert(Knob::GradAccum, Value::Int(accum));
-    if let Some(s) = seq {
-        knobs.insert(Knob::SeqLen, Value::Int(s));
-    }
-    knobs.insert(Knob::GradCheckpointing, Value::Bool(gc));
-    Settings {
-        knobs,
-        world_size: 2,
-        accum_covers_world: false,
-    }
-}
 
 fn with(mut s: Settings, k: Knob, v: Value) -> Settings {
     s.knobs.insert(k, v);

@@ -310,10 +310,15 @@ impl<'c> Run<'c> {
         }
     }
 
-    /// The OOM of the attempt record `index` decided again without a refused
-    /// knob: its decision is replaced, so the summary tells what was done.
-    fn redecided(&mut self, n: u32, index: usize, d: Decision) {
-        let resume = self.now.resumer.next().map(|r| PathBuf::from(&r.path));
+    /// Journal (and say, through the terminal) decision `d` after attempt `n`, resuming
+    /// from `resume` at `resume_step`.
+    fn emit_decision(
+        &mut self,
+        n: u32,
+        d: &Decision,
+        resume: Option<&Path>,
+        resume_step: Option<u64>,
+    ) {
         self.emit(Event::Decision {
             attempt: n,
             step: d.step,
@@ -322,9 +327,17 @@ impl<'c> Run<'c> {
             global_batch_before: d.before.global_batch(),
             global_batch_after: d.after.global_batch(),
             reason: d.reason.clone(),
-            resume: resume.as_deref().map(events::path),
-            resume_step: self.now.resumer.resumed_step(),
+            resume: resume.map(events::path),
+            resume_step,
         });
+    }
+
+    /// The OOM of the attempt record `index` decided again without a refused
+    /// knob: its decision is replaced, so the summary tells what was done.
+    fn redecided(&mut self, n: u32, index: usize, d: Decision) {
+        let resume = self.now.resumer.next().map(|r| PathBuf::from(&r.path));
+        let step = self.now.resumer.resumed_step();
+        self.emit_decision(n, &d, resume.as_deref(), step);
         if let Next::Decided { decision, .. } = &mut self.past.attempts[index].next {
             *decision = d;
         }
@@ -621,17 +634,8 @@ impl<'c> Run<'c> {
         });
         self.now.resumer.resume_from(&res, new_step);
         // The terminal says the decision as it hears it, before the resume.
-        self.emit(Event::Decision {
-            attempt: n,
-            step: d.step,
-            before: events::knobs(&d.before),
-            after: events::knobs(&d.after),
-            global_batch_before: d.before.global_batch(),
-            global_batch_after: d.after.global_batch(),
-            reason: d.reason.clone(),
-            resume: res.chosen.as_ref().map(|c| events::path(&c.path)),
-            resume_step: new_step,
-        });
+        let resume = res.chosen.as_ref().map(|c| c.path.as_path());
+        self.emit_decision(n, &d, resume, new_step);
         self.report.term.info(&res.because.to_string());
         self.now.settings = d.after.clone();
         Next::Decided { decision: d }
