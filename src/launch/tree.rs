@@ -51,9 +51,15 @@ pub(crate) fn kill_pid(pid: i32, sig: Signal) {
 struct ProcInfo {
     pgrp: i32,
     zombie: bool,
+    /// It is exiting (`PF_EXITING` in field 9 of stat): once its memory map is
+    /// released its environment reads empty, though it is not yet a zombie.
+    exiting: bool,
     /// When it started, in clock ticks since boot (`starttime`, field 22 of stat).
     start: u64,
 }
+
+/// The kernel's `PF_EXITING` process flag (include/linux/sched.h).
+const PF_EXITING: u64 = 0x4;
 
 fn read_stat(pid: i32) -> Option<ProcInfo> {
     // One read into a buffer on the stack: a stat line is a few hundred bytes, and the
@@ -72,7 +78,11 @@ fn read_stat(pid: i32) -> Option<ProcInfo> {
             Err(_) => return None,
         }
     }
-    let stat = &buf[..len];
+    parse_stat(&buf[..len])
+}
+
+/// The fields of one /proc/PID/stat line that [`ProcInfo`] keeps.
+fn parse_stat(stat: &[u8]) -> Option<ProcInfo> {
     // "pid (comm) S ppid pgrp ..."; comm may contain spaces and parentheses: split at the
     // last ')'.
     let close = stat.iter().rposition(|&b| b == b')')?;
@@ -81,11 +91,14 @@ fn read_stat(pid: i32) -> Option<ProcInfo> {
     let state = fields.next()?;
     let _ppid = fields.next()?;
     let pgrp = fields.next()?.parse().ok()?;
-    // Fields 6 to 21, then starttime.
-    let start = fields.nth(16)?.parse().ok()?;
+    // Fields 6 to 8, then flags.
+    let flags: u64 = fields.nth(3)?.parse().ok()?;
+    // Fields 10 to 21, then starttime.
+    let start = fields.nth(12)?.parse().ok()?;
     Some(ProcInfo {
         pgrp,
         zombie: state == "Z" || state == "X",
+        exiting: flags & PF_EXITING != 0,
         start,
     })
 }
@@ -163,12 +176,16 @@ pub(crate) fn marked_pids_born(marker: &str, born: Option<u64>) -> Vec<i32> {
         // once: the cheapest test first. Then its start time; then its environment.
         .filter_map(|pid| {
             let environ = std::fs::File::open(format!("/proc/{pid}/environ")).ok()?;
-            let young =
-                read_stat(pid).is_some_and(|p| !p.zombie && born.is_none_or(|b| p.start >= b));
-            young.then_some((pid, environ))
+            let stat = read_stat(pid)?;
+            let young = !stat.zombie && born.is_none_or(|b| stat.start >= b);
+            young.then_some((pid, environ, stat.exiting))
         })
-        .filter_map(|(pid, environ)| {
-            has_marker(environ, &needle, &mut buf, &mut carry).then_some(pid)
+        // A process that is exiting has released its environment before it becomes a
+        // zombie: one born after the attempt started may be the attempt's, and counts as
+        // alive until it is a zombie (for the few milliseconds that takes). Not counting it
+        // said "gone" while a worker was still closing its files (its GPU memory included).
+        .filter_map(|(pid, environ, exiting)| {
+            (exiting || has_marker(environ, &needle, &mut buf, &mut carry)).then_some(pid)
         })
         // A process that died while being looked at is not alive.
         .filter(|&pid| read_stat(pid).is_some_and(|p| !p.zombie))
@@ -242,4 +259,33 @@ pub(crate) fn descendants(
 #[cfg(test)]
 pub(crate) fn pid_alive(pid: i32) -> bool {
     read_stat(pid).is_some_and(|p| !p.zombie)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_give_group_state_exiting_and_start() {
+        // A worker named with spaces and parentheses, exiting (flags 0x404444), not yet a
+        // zombie: counted as possibly the attempt's until it is one.
+        let line = b"4242 (pt_main (x) y) R 1 4200 4200 0 -1 4211780 90 0 0 0 5 1 0 0 20 0 \
+                     1 0 987654 0 0 18446744073709551615\n";
+        let p = parse_stat(line).unwrap();
+        assert_eq!(
+            (p.pgrp, p.zombie, p.exiting, p.start),
+            (4200, false, true, 987654)
+        );
+        let line = b"7 (sleep) S 1 7 7 0 -1 4194304 90 0 0 0 5 1 0 0 20 0 1 0 12 0 0\n";
+        let p = parse_stat(line).unwrap();
+        assert_eq!(
+            (p.pgrp, p.zombie, p.exiting, p.start),
+            (7, false, false, 12)
+        );
+        let line = b"8 (python3) Z 1 8 8 0 -1 4227084 90 0 0 0 5 1 0 0 20 0 1 0 13 0 0\n";
+        assert!(parse_stat(line).unwrap().zombie);
+        // This process: not exiting, started.
+        let me = read_stat(std::process::id() as i32).unwrap();
+        assert!(!me.zombie && !me.exiting && me.start > 0);
+    }
 }
