@@ -250,7 +250,7 @@ impl Log {
         if self.file.is_none() {
             return;
         }
-        let kept = self.written_head + self.ring.len() as u64;
+        let kept = self.written_head + self.ring.len();
         let omitted = self.total - kept;
         if omitted > 0 {
             let marker = format!("\n[oomguard: {omitted} bytes omitted]\n");
