@@ -304,6 +304,30 @@ impl GpuWatch {
         }
     }
 
+    /// The last attempt's peak on its fullest GPU, for remembering what fit:
+    /// the run's own processes, or where NVML shows none of them (a container
+    /// whose processes NVML cannot see) the whole GPU's use, never less than
+    /// the run's. `None` when nothing was measured.
+    pub fn last_peak(&self) -> Option<crate::remember::Peak> {
+        self.peak
+            .as_ref()?
+            .per_gpu
+            .iter()
+            .map(|g| crate::remember::Peak {
+                bytes: if g.run_peak_bytes > 0 {
+                    g.run_peak_bytes
+                } else {
+                    g.device_peak_bytes
+                },
+                total_bytes: g.total_bytes,
+            })
+            .filter(|p| p.bytes > 0 && p.total_bytes > 0)
+            .max_by(|a, b| {
+                let share = |p: &crate::remember::Peak| p.bytes as f64 / p.total_bytes as f64;
+                share(a).total_cmp(&share(b))
+            })
+    }
+
     /// Processes outside the run that grew since launch and may have caused this OOM.
     pub fn tenants(&mut self, finding: Option<&Finding>) -> Vec<Tenant> {
         let (Some(pf), Some(peak)) = (&self.preflight, &self.peak) else {

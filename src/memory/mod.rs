@@ -19,6 +19,7 @@
 
 pub mod arch;
 pub mod calibrate;
+pub mod climb;
 pub mod dtype;
 pub mod facts;
 pub mod fit;
