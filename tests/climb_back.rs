@@ -10,7 +10,7 @@
 //! (`OOMGUARD_FAKE_GPUS`) showing the run's process on a 64 GiB GPU.
 
 mod common;
-use common::{Run, events, repo, spawn_env};
+use common::{Run, Running, events, repo, spawn_env};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -94,6 +94,20 @@ impl Bench {
     /// `oomguard [extra] CMD` with the run folder `name`; `gpus`: the fake
     /// timeline; `hold`: seconds the trainer holds its memory after training.
     fn run(&self, name: &str, extra: &[&str], gpus: &Path, hold: &str) -> Run {
+        self.spawn(name, extra, gpus, hold, "state", &[])
+            .wait(LIMIT)
+    }
+
+    /// As [`Bench::run`], not waited for, remembering in `state`, with `env` too.
+    fn spawn(
+        &self,
+        name: &str,
+        extra: &[&str],
+        gpus: &Path,
+        hold: &str,
+        state: &str,
+        env: &[(&str, &str)],
+    ) -> Running {
         let run_dir = self.dir.join(name);
         let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         args.extend(["--run-dir".into(), run_dir.display().to_string()]);
@@ -102,11 +116,11 @@ impl Bench {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (results, state, cache) = (
             self.results(name).display().to_string(),
-            self.dir.join("state").display().to_string(),
+            self.dir.join(state).display().to_string(),
             self.dir.join("cache").display().to_string(),
         );
         let gpus = gpus.display().to_string();
-        let envs = [
+        let mut envs = vec![
             ("SIM_GPU_GIB", "64"),
             ("SIM_SPIKE_STEPS", "12"),
             ("SIM_HOLD_S", hold),
@@ -115,7 +129,8 @@ impl Bench {
             ("XDG_CACHE_HOME", cache.as_str()),
             ("OOMGUARD_FAKE_GPUS", gpus.as_str()),
         ];
-        spawn_env(&self.dir, &args, &envs).wait(LIMIT)
+        envs.extend_from_slice(env);
+        spawn_env(&self.dir, &args, &envs)
     }
 
     /// The micro-batch of each attempt, and whether it ran out of memory,
@@ -155,7 +170,11 @@ impl Bench {
         let journal = r.journal(&self.dir.join("run1"));
         let ends = events(&journal, "attempt_end");
         let last = ends.last().expect("attempt_end events");
-        r.check("the last attempt succeeded", "success", last["outcome"].as_str().unwrap());
+        r.check(
+            "the last attempt succeeded",
+            "success",
+            last["outcome"].as_str().unwrap(),
+        );
         let peak = &last["gpu_peak"]["per_gpu"][0];
         r.check(
             "the journal's peak of the attempt that fit, GiB",
@@ -337,4 +356,95 @@ fn a_peak_that_leaves_no_room_starts_at_the_remembered_settings() {
         "no climbing-back line",
         &r.stderr,
     );
+}
+
+/// Two copies of one Slurm job (one per task, on one machine here): copy 0
+/// remembers 8 × 6 with room to spare, copy 1's node remembers nothing. Both
+/// start at copy 0's climbed-back settings, not at copy 1's own.
+#[test]
+fn the_copies_of_a_job_all_start_from_copy_0s_climbed_back_settings() {
+    let t = tempfile::tempdir().unwrap();
+    let mut b = Bench::new(t.path());
+    let out = t.path().join("out");
+    b.cmd
+        .extend(["--output_dir".to_string(), out.display().to_string()]);
+    let gpus = timeline(t.path(), "gpus1.json", Some(44.16));
+    let idle = timeline(t.path(), "idle.json", None);
+    let job = |round: &str, gpus: &Path, hold: &str| -> Vec<(String, Run)> {
+        let copies: Vec<(String, Running)> = ["0", "1"]
+            .iter()
+            .map(|rank| {
+                let name = format!("job{round}-{rank}");
+                let env = [
+                    ("SLURM_PROCID", *rank),
+                    ("SLURM_NTASKS", "2"),
+                    ("SLURM_JOB_ID", round),
+                    ("SLURM_STEP_ID", "0"),
+                    ("OOMGUARD_JOB_TIMEOUT", "30"),
+                ];
+                let state = format!("state{rank}");
+                (name.clone(), b.spawn(&name, &[], gpus, hold, &state, &env))
+            })
+            .collect();
+        copies
+            .into_iter()
+            .map(|(n, r)| (n, r.wait(LIMIT)))
+            .collect()
+    };
+    // The first job: a spike at 16, carried at 8 by copy 0's one decision.
+    for (name, r) in job("71", &gpus, "6") {
+        r.check("a first job that finishes", Some(0), r.code);
+        r.check(
+            "the first job: 16 ran out, 8 fit",
+            vec![(16, true), (8, false)],
+            b.attempts(&name),
+        );
+    }
+    // Copy 1's node measured another peak (no room at 8), then forgets what fit.
+    let fits1 = t.path().join("state1/oomguard/fits.json");
+    let text = std::fs::read_to_string(&fits1).expect("copy 1 remembered what fit");
+    let mut v: Value = serde_json::from_str(&text).unwrap();
+    for (_, e) in v["fits"].as_object_mut().unwrap().iter_mut() {
+        e["peak"]["bytes"] = Value::from(58u64 << 30);
+    }
+    std::fs::write(&fits1, serde_json::to_string(&v).unwrap()).unwrap();
+    for (round, forget) in [("72", false), ("73", true)] {
+        if forget {
+            std::fs::remove_file(&fits1).unwrap();
+        }
+        let copies = job(round, &idle, "0");
+        for (name, r) in &copies {
+            r.check(
+                "both copies start at copy 0's climbed-back micro-batch",
+                vec![(12, false)],
+                b.attempts(name),
+            );
+        }
+        let follow = &copies[1].1;
+        follow.ensure(
+            "copy 1 starts at copy 0's settings, not at its own record",
+            !follow.stderr.contains("climbing back")
+                && !follow
+                    .stderr
+                    .contains("starting from the settings that fit"),
+            "no line about copy 1's own record",
+            &follow.stderr,
+        );
+        if round == "72" {
+            let lead = &copies[0].1;
+            lead.ensure(
+                "copy 0 says it climbs back",
+                lead.stderr
+                    .contains("climbing back: micro_batch 12 × grad_accum 4"),
+                "climbing back: micro_batch 12 × grad_accum 4",
+                &lead.stderr,
+            );
+            follow.ensure(
+                "copy 1 says it starts at copy 0's settings",
+                follow.stderr.contains("starting at copy 0's settings"),
+                "starting at copy 0's settings",
+                &follow.stderr,
+            );
+        }
+    }
 }
