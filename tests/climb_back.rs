@@ -223,6 +223,26 @@ fn the_next_run_climbs_back_to_the_largest_settings_the_peak_leaves_room_for() {
     b.shrunk_for_a_spike(44.16);
 
     let idle = timeline(t.path(), "idle.json", None);
+    let plan = |what: &str| {
+        let mut args = vec!["plan".to_string()];
+        args.extend(b.cmd.iter().cloned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let state = t.path().join("state").display().to_string();
+        let idle_s = idle.display().to_string();
+        let envs = [
+            ("XDG_STATE_HOME", state.as_str()),
+            ("OOMGUARD_FAKE_GPUS", idle_s.as_str()),
+        ];
+        let p = spawn_env(t.path(), &args, &envs).wait(LIMIT);
+        p.ensure(
+            "plan shows the start a run would take",
+            p.stdout.contains(what),
+            what,
+            &p.stdout,
+        );
+    };
+    plan("start:        climbing back: micro_batch 12 × grad_accum 4, global batch 48 kept");
+
     let r = b.run("run2", &[], &idle, "0");
     r.check("run 2 finishes", Some(0), r.code);
     r.check(
@@ -262,26 +282,10 @@ fn the_next_run_climbs_back_to_the_largest_settings_the_peak_leaves_room_for() {
         micro,
     );
 
-    // plan shows the same start, as a run would take it.
-    let mut args = vec!["plan".to_string()];
-    args.extend(b.cmd.iter().cloned());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let state = t.path().join("state").display().to_string();
-    let idle_s = idle.display().to_string();
-    let envs = [
-        ("XDG_STATE_HOME", state.as_str()),
-        ("OOMGUARD_FAKE_GPUS", idle_s.as_str()),
-    ];
     // Run 2 fit at 12 (no peak measured: the idle GPU): the next start is 12,
     // remembered, and 16 — which failed in run 1 — is never climbed to.
-    let p = spawn_env(t.path(), &args, &envs).wait(LIMIT);
-    p.ensure(
-        "plan starts where the last run fit",
-        p.stdout
-            .contains("start:        starting from the settings that fit the last run")
-            && p.stdout.contains("micro_batch=12"),
-        "start: ... micro_batch=12",
-        &p.stdout,
+    plan(
+        "start:        starting from the settings that fit the last run of this command on these GPUs (micro_batch=12 grad_accum=4)",
     );
 
     let r = b.run("run3", &["--fresh"], &idle, "0");
