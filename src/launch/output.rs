@@ -399,7 +399,26 @@ pub(crate) fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
 
 #[cfg(test)]
 mod ring_tests {
-    use super::Ring;
+    use super::{Log, Ring};
+
+    #[test]
+    fn where_no_nameless_file_can_be_made_the_tail_is_kept_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l");
+        let data: Vec<u8> = (0..5_000u32).map(|i| (i % 251) as u8).collect();
+        let mut log = Log::open(&path, 100, 300);
+        log.dir = Some(dir.path().join("gone"));
+        for c in data.chunks(77) {
+            log.feed(c);
+        }
+        assert!(matches!(log.ring, super::Tail::Memory(_)));
+        log.finish();
+        assert!(log.warning.is_none());
+        let mut want = data[..100].to_vec();
+        want.extend_from_slice(b"\n[oomguard: 4600 bytes omitted]\n");
+        want.extend_from_slice(&data[5_000 - 300..]);
+        assert!(std::fs::read(&path).unwrap() == want);
+    }
 
     #[test]
     fn keeps_the_last_cap_bytes_in_order_for_any_chunking() {
