@@ -9,7 +9,7 @@
 #                                 #   cargo test --all-targets -- --include-ignored
 #   tests/run.sh -- --nocapture   # arguments before `--` go to cargo test, those after it to
 #                                 #   the test binaries: cargo test --all-targets -- --include-ignored --nocapture
-#   tests/run.sh --setup-only     # only make sure the venv exists; print its python
+#   tests/run.sh --setup-only     # only make sure the venvs exist; print the first one's python
 #
 # tests/slurm.rs's tests are #[ignore]d too: they need the Slurm test cluster that this
 # script starts (tests/slurm/start.sh; root, Debian's Slurm packages).
@@ -70,12 +70,44 @@ else
 fi
 exec 9>&-
 
+# LLaMA-Factory's venv (tests/real_trainers.rs runs `llamafactory-cli train`): a second one,
+# because no llamafactory release on PyPI fits the pins above (see the file's comment).
+# Keyed and cached the same way; first time about 3 minutes and 6 GB (its own torch).
+req_lf="tests/real/requirements-llamafactory.txt"
+key_lf="$( { cat "$req_lf"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
+venv_lf="${OOMGUARD_VENV_LLAMAFACTORY:-$HOME/.cache/oomguard/venv-llamafactory-$key_lf}"
+marker_lf="$venv_lf/.oomguard-install-complete"
+exec 9>"$venv_lf.lock"
+if command -v flock >/dev/null && ! flock -n 9; then
+    say "another run is installing into $venv_lf: waiting"
+    flock 9
+fi
+if [[ -f "$marker_lf" && "$(cat "$marker_lf")" == "$key_lf" ]]; then
+    say "reusing venv $venv_lf"
+else
+    if [[ -e "$venv_lf" ]]; then
+        say "venv $venv_lf is incomplete or stale: removing it"
+        rm -rf "$venv_lf"
+    fi
+    say "creating venv $venv_lf (LLaMA-Factory) with $python ($pyver)"
+    "$python" -m venv "$venv_lf"
+    start=$SECONDS
+    "$venv_lf/bin/python" -m pip install --disable-pip-version-check -q -r "$req_lf"
+    "$venv_lf/bin/llamafactory-cli" version >&2
+    echo "$key_lf" >"$marker_lf"
+    say "venv ready in $((SECONDS - start))s"
+fi
+exec 9>&-
+
 export OOMGUARD_REAL_PYTHON="$venv/bin/python"
+export OOMGUARD_REAL_LLAMAFACTORY="$venv_lf/bin/llamafactory-cli"
 if [[ $setup_only == 1 ]]; then
+    say "OOMGUARD_REAL_LLAMAFACTORY=$OOMGUARD_REAL_LLAMAFACTORY"
     echo "$OOMGUARD_REAL_PYTHON"
     exit 0
 fi
 say "OOMGUARD_REAL_PYTHON=$OOMGUARD_REAL_PYTHON"
+say "OOMGUARD_REAL_LLAMAFACTORY=$OOMGUARD_REAL_LLAMAFACTORY"
 
 # Split the arguments at the first `--`: cargo's before it, the test binaries' after it.
 cargo_args=()
