@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The one test command: sets up the Python venv for the real-client tier (cached),
 # then runs every Rust test with it, including the real-client tests in
-# tests/real_clients.rs and tests/real_trainers.rs (Lightning, nanoGPT, TRL), which are
+# tests/real_clients.rs, tests/real_trainers.rs (Lightning, nanoGPT, TRL), tests/real_lightning.rs
+# and tests/real_llamafactory.rs (LLaMA-Factory, in a second venv of its own), which are
 # #[ignore]d so that plain `cargo test` (no venv)
 # reports them as ignored instead of passing them unrun.
 #
-#   tests/run.sh                  # venv (first time ~3 minutes, ~6 GB), then
+#   tests/run.sh                  # venvs (first time ~3 + ~7 minutes, ~12 GB), then
 #                                 #   cargo test --all-targets -- --include-ignored
 #   tests/run.sh -- --nocapture   # arguments before `--` go to cargo test, those after it to
 #                                 #   the test binaries: cargo test --all-targets -- --include-ignored --nocapture
@@ -17,7 +18,8 @@
 # ~100 s and 1 GiB in a debug build; gpu::tests::measure_sampling_cost): they are skipped
 # here and run by name (see their doc comments).
 # Environment: OOMGUARD_VENV=DIR overrides the venv location (default
-# $HOME/.cache/oomguard/venv-<hash of requirements + python version>);
+# $HOME/.cache/oomguard/venv-<hash of requirements + python version>), OOMGUARD_VENV_LLAMAFACTORY=DIR
+# LLaMA-Factory's (default $HOME/.cache/oomguard/venv-llamafactory-<hash>);
 # PYTHON=python3.X picks the interpreter the venv is made from.
 set -euo pipefail
 
