@@ -33,7 +33,7 @@ fn llamafactory_cli() -> PathBuf {
     p
 }
 
-/// A tiny Llama (random weights, one layer), a character tokenizer, and 64 alpaca
+/// A tiny Llama (random weights, 4 layers: enough for checkpointing to save memory), a character tokenizer, and 64 alpaca
 /// examples registered in `data/dataset_info.json`, made in `dir` with the venv's own
 /// transformers (no downloads).
 fn workdir(python: &Path, dir: &Path) {
@@ -51,7 +51,7 @@ for c in sorted(set(text + 'say')): vocab.setdefault(c, len(vocab))
 tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token='<unk>'))
 tok.pre_tokenizer = pre_tokenizers.Split('', 'isolated')
 PreTrainedTokenizerFast(tokenizer_object=tok, pad_token='<pad>', bos_token='<s>', eos_token='</s>', unk_token='<unk>').save_pretrained('model')
-cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 LlamaForCausalLM(cfg).save_pretrained('model')
 os.makedirs('data', exist_ok=True)
 json.dump([{'instruction': 'say the fox', 'input': '', 'output': text}] * 64, open('data/tiny.json', 'w'))
@@ -212,6 +212,42 @@ fn llamafactory_recipe_resumes_from_its_checkpoint_with_the_global_batch_kept_an
             && !argv2.iter().any(|a| a.contains("gradient_checkpointing")),
         "no gradient_checkpointing in attempt 2's recipe copy or argv",
         (&argv2, &copy),
+    );
+
+    // The memory model counts checkpointed activations: `plan` on the same recipe
+    // estimates fewer bytes of activations than with LLaMA-Factory's switch turned off.
+    let activations = |extra: &[&str]| -> (Option<bool>, f64) {
+        let mut args = vec![
+            "plan",
+            "--json",
+            cli.to_str().unwrap(),
+            "train",
+            "recipe.yaml",
+        ];
+        args.extend_from_slice(extra);
+        let p = oomguard(t, &args, None, Duration::from_secs(60));
+        p.check("plan exit code", Some(0), p.code);
+        let v: serde_json::Value = serde_json::from_str(&p.stdout).unwrap_or_default();
+        let given = &v["estimate"]["given"];
+        (
+            given["settings"]["knobs"]["grad_checkpointing"].as_bool(),
+            given["estimate"]["activations"].as_f64().unwrap_or(0.0),
+        )
+    };
+    let (on, with) = activations(&[]);
+    let (off, without) = activations(&["disable_gradient_checkpointing=true"]);
+    run.check("plan: checkpointing on by default", Some(true), on);
+    run.ensure(
+        "plan: not on when the recipe disables it",
+        off != Some(true),
+        "grad_checkpointing not true",
+        off,
+    );
+    run.ensure(
+        "activations estimated as checkpointed",
+        with > 0.0 && with < without,
+        "fewer activation bytes with LLaMA-Factory's default than with checkpointing disabled",
+        (with, without),
     );
 
     // LLaMA-Factory's own account of the two launches.
