@@ -136,6 +136,17 @@ model:
         tail(&run.stderr, 1500),
     );
 
+    // Lightning's bar after the resume never shows step 10 (it counts restored
+    // batches too), but the relaunch finished the training: it got back.
+    let out = format!("{}{}", run.stdout, run.stderr);
+    run.ensure(
+        "the summary says the relaunch got back, at a time not shown",
+        out.contains("attempt 2 finished the training, so it got back to step 10")
+            && !out.contains("had not got back"),
+        "'attempt 2 finished the training, so it got back to step 10', not 'had not got back'",
+        tail(&run.stderr, 1500),
+    );
+
     let d = events(&j, "decision");
     run.check("decisions", 1, d.len());
     run.check("decision", Some("halve_micro_batch"), d[0]["step"].as_str());
