@@ -289,7 +289,15 @@ impl<'c> Run<'c> {
             term.warn(w);
         }
         start_lines(cfg, term, rungs);
-        let (settings, remembered) = cfg.start_settings();
+        // A follower of a job starts at copy 0's settings for attempt 1 (the
+        // first meeting gives them: remembered, climbed back, --fit), never at
+        // what this node remembers: its fits.json may differ or be absent.
+        let follower = live.job.as_ref().is_some_and(|j| !j.leader());
+        let (settings, remembered) = if follower {
+            (first.clone(), None)
+        } else {
+            cfg.start_settings()
+        };
         if let Some(line) = remembered {
             term.info(&line);
         }
