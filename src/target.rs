@@ -255,7 +255,7 @@ impl Target {
             .and_then(|(p, k)| crate::remember::recorded(p, k));
         let workers_floor = workers_floor(&opts.argv, &disc);
         let logging = knobs::logging(&cmd, &disc);
-        let counting = crate::frameworks::counting(&cmd);
+        let counting = knobs::counting(&cmd, &disc);
         Ok(Target {
             cmd,
             job,

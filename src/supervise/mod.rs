@@ -875,6 +875,8 @@ impl<'c> Run<'c> {
                 s.state = SetbackState::Unknown;
             } else if !(again && failed) {
                 (s.state, s.seconds) = (SetbackState::NotBack, Some(secs(ended)));
+                // It finished the training: back, though its output never said when.
+                s.finished = !failed;
             } else {
                 s.ooms.push(n);
                 s.step = s.step.max(reached.map(|r| r.step));
@@ -901,6 +903,7 @@ impl<'c> Run<'c> {
                 ended_in: None,
                 seconds: None,
                 seen_back: false,
+                finished: false,
             };
             self.record_setback(n, &s);
             self.report.setbacks.push(s);
