@@ -431,8 +431,24 @@ impl<'c> Run<'c> {
             .target
             .counting
             .at_accum(self.now.settings.int(knobs::Knob::GradAccum));
+        let from = self.started_from();
         let printed = log.and_then(|l| {
-            progress::read(l, self.cfg.target.logging, self.started_from(), counting)
+            let mut memo = self.past.log_reached.borrow_mut();
+            if let Some(m) = memo.as_ref()
+                && m.log == l
+                && m.from == from
+                && m.counting == counting
+            {
+                return m.reached;
+            }
+            let reached = progress::read(l, self.cfg.target.logging, from, counting);
+            *memo = Some(super::LogReached {
+                log: l.to_path_buf(),
+                from,
+                counting,
+                reached,
+            });
+            reached
         });
         // A checkpoint beyond what the output shows is not this attempt's.
         let res = self

@@ -114,6 +114,18 @@ struct Past {
     no_cpu_offload: Vec<knobs::Knob>,
     /// Knobs dropped because the command refused what oomguard added for them.
     dropped: Vec<knobs::Knob>,
+    /// The step the last ended attempt's log shows, read once: telling the end, its
+    /// evidence and its OOM each ask, and a Trainer's log is read whole (up to 12 MiB,
+    /// its log dicts counted) for it.
+    log_reached: std::cell::RefCell<Option<LogReached>>,
+}
+
+/// [`Past::log_reached`]: what was read, for which log and count.
+struct LogReached {
+    log: PathBuf,
+    from: u64,
+    counting: crate::progress::Counting,
+    reached: Option<crate::progress::Reached>,
 }
 
 /// The report side: the listeners of the run's events (the terminal, the
@@ -318,6 +330,7 @@ impl<'c> Run<'c> {
                 retried: Vec::new(),
                 no_cpu_offload: Vec::new(),
                 dropped: Vec::new(),
+                log_reached: Default::default(),
             },
             report: Report {
                 term,
