@@ -64,6 +64,11 @@ impl fmt::Display for Binding {
             Binding::AddFlag { flag } if flag == "--fsdp" => {
                 write!(f, "absent; would add --fsdp \"{}\"", flags::FSDP_FULL_SHARD)
             }
+            Binding::AddFlag { flag } if flag == flags::ACCELERATE_FSDP => write!(
+                f,
+                "absent; would add {} before the script",
+                crate::frameworks::accelerate::FSDP_FLAGS.join(" ")
+            ),
             Binding::AddFlag { flag } => write!(f, "absent; would add {flag}"),
             Binding::Env { var, present: true } => write!(f, "env {var}"),
             Binding::Env {
@@ -533,6 +538,17 @@ pub fn materialize(
             continue; // unchanged: leave the user's text exactly as written
         }
         for b in std::iter::once(&bound.binding).chain(&bound.mirrors) {
+            // accelerate's FSDP flags are the launcher's: before the script.
+            if matches!(b, Binding::AddFlag { flag } if flag == flags::ACCELERATE_FSDP) {
+                if new.as_bool() == Some(true) {
+                    let script = Command::parse(argv).args_start().saturating_sub(1);
+                    // Inserted after `script - 1`, one by one: the last pushed lands first.
+                    for f in crate::frameworks::accelerate::FSDP_FLAGS.iter().rev() {
+                        inserts.push((script.saturating_sub(1), (*f).into()));
+                    }
+                }
+                continue;
+            }
             if flags::apply_binding(argv, &mut out, &mut append, &mut env, b, new) {
                 continue;
             }
