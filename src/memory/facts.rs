@@ -667,7 +667,7 @@ pub fn settle_dtype(
             (None, Some(d)) => (
                 Dtype::F32,
                 format!(
-                    "from_pretrained's fp32 default of transformers 4 assumed (the installed transformers was not found; transformers 5 loads config.json's {})",
+                    "from_pretrained's default before transformers 5, assumed: no transformers found where the command runs; transformers 5 loads config.json's {}",
                     d.name()
                 ),
             ),
@@ -1007,7 +1007,7 @@ mod tests {
         assert_eq!(settle(&hf, &[], bf, Some(4)).0, Dtype::F32);
         let (d, said) = settle(&hf, &[], bf, None);
         assert_eq!(d, Dtype::F32);
-        assert!(said.contains("not found"), "{said}");
+        assert!(said.contains("no transformers found"), "{said}");
         assert_eq!(settle(&hf, &[], None, Some(5)).0, Dtype::F32);
         // A flag wins over config.json.
         let flag = ["python", "t.py", "--torch_dtype", "float32"];
