@@ -270,20 +270,31 @@ pub struct RunArgs {
 /// (std panics), nor can a deadline (`Instant + Duration`) far short of that.
 pub const MAX_SECONDS: f64 = 31_536_000.0;
 
+/// Why a duration flag's value was refused; clap prints it after
+/// "invalid value '…' for '--grace <SECS>':".
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum SecondsError {
+    #[error("{0:?} is not a number of seconds")]
+    NotANumber(String),
+    /// Negative, infinite or NaN.
+    #[error("{0} is not a number of seconds (0 or more)")]
+    NotZeroOrMore(String),
+    #[error("{0} seconds is more than the largest allowed, {MAX_SECONDS} (a year)")]
+    TooLarge(String),
+}
+
 /// A number of seconds for `--hang-timeout`, `--grace` and `--wait-timeout`: finite,
 /// not negative, at most [`MAX_SECONDS`]. A bad value is a usage error (exit 2).
-fn seconds(s: &str) -> Result<f64, String> {
+fn seconds(s: &str) -> Result<f64, SecondsError> {
     let v: f64 = s
         .trim()
         .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+        .map_err(|_| SecondsError::NotANumber(s.to_string()))?;
     if !v.is_finite() || v < 0.0 {
-        return Err(format!("{s} is not a number of seconds (0 or more)"));
+        return Err(SecondsError::NotZeroOrMore(s.to_string()));
     }
     if v > MAX_SECONDS {
-        return Err(format!(
-            "{s} seconds is more than the largest allowed, {MAX_SECONDS} (a year)"
-        ));
+        return Err(SecondsError::TooLarge(s.to_string()));
     }
     Ok(v)
 }

@@ -32,13 +32,40 @@ pub struct GpuOptions {
     pub pick: Option<usize>,
 }
 
+/// A GPU option's value was refused: a usage error (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum GpuOptionError {
+    #[error("--wait-for-memory {0}: expected a number of GiB (e.g. 40) or auto")]
+    WaitForMemory(String),
+    #[error(
+        "--gpus {0}: expected auto:N, e.g. --gpus auto:2 for the two GPUs with the most free memory"
+    )]
+    Gpus(String),
+    /// 0 (or less) would print the status in a busy loop.
+    #[error("--wait-status-every {0}: expected a positive number of seconds")]
+    StatusEvery(f64),
+    #[error("--wait-timeout {0}: expected seconds")]
+    WaitTimeout(f64),
+}
+
+/// `--gpus auto:N` cannot be honoured: a usage error (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum PickError {
+    #[error(
+        "--gpus auto:{wanted} needs NVML to see the GPUs' free memory, and it is not available here"
+    )]
+    NoNvml { wanted: usize },
+    #[error("--gpus auto:{wanted}: only {visible} GPU(s) visible")]
+    TooFew { wanted: usize, visible: usize },
+}
+
 impl GpuOptions {
     pub fn parse(
         wait_for: Option<&str>,
         wait_timeout: f64,
         status_every: f64,
         gpus: Option<&str>,
-    ) -> Result<GpuOptions, String> {
+    ) -> Result<GpuOptions, GpuOptionError> {
         let wait_for = match wait_for {
             None => None,
             Some("auto") => Some(WaitFor::Auto),
@@ -46,11 +73,7 @@ impl GpuOptions {
                 Ok(g) if g.is_finite() && g > 0.0 => {
                     Some(WaitFor::Bytes((g * (1u64 << 30) as f64) as u64))
                 }
-                _ => {
-                    return Err(format!(
-                        "--wait-for-memory {v}: expected a number of GiB (e.g. 40) or auto"
-                    ));
-                }
+                _ => return Err(GpuOptionError::WaitForMemory(v.to_string())),
             },
         };
         let pick = match gpus {
@@ -60,21 +83,15 @@ impl GpuOptions {
                 .and_then(|n| n.parse::<usize>().ok())
             {
                 Some(n) if n > 0 => Some(n),
-                _ => {
-                    return Err(format!(
-                        "--gpus {v}: expected auto:N, e.g. --gpus auto:2 for the two GPUs with the most free memory"
-                    ));
-                }
+                _ => return Err(GpuOptionError::Gpus(v.to_string())),
             },
         };
         // 0 (or less) would print the status in a busy loop.
         if !(status_every.is_finite() && status_every > 0.0) {
-            return Err(format!(
-                "--wait-status-every {status_every}: expected a positive number of seconds"
-            ));
+            return Err(GpuOptionError::StatusEvery(status_every));
         }
         if !(wait_timeout.is_finite() && wait_timeout >= 0.0) {
-            return Err(format!("--wait-timeout {wait_timeout}: expected seconds"));
+            return Err(GpuOptionError::WaitTimeout(wait_timeout));
         }
         Ok(GpuOptions {
             wait_for,
@@ -139,7 +156,7 @@ pub struct GpuWatch {
 impl GpuWatch {
     /// Open the probe and choose the GPUs. Fails (a usage error) only when the
     /// user asked for `--gpus auto:N` and it cannot be honoured.
-    pub fn open(opts: GpuOptions, argv: &[OsString]) -> Result<GpuWatch, String> {
+    pub fn open(opts: GpuOptions, argv: &[OsString]) -> Result<GpuWatch, PickError> {
         let probe = match gpu::try_open_probe() {
             Ok(p) => Some(p),
             Err(e) => {
@@ -178,9 +195,7 @@ impl GpuWatch {
         let visible = gpu::visible(&all, cvd.as_deref());
         if let Some(n) = w.opts.pick {
             if w.probe.is_none() {
-                return Err(format!(
-                    "--gpus auto:{n} needs NVML to see the GPUs' free memory, and it is not available here"
-                ));
+                return Err(PickError::NoNvml { wanted: n });
             }
             let candidates: Vec<_> = all
                 .iter()
@@ -189,10 +204,10 @@ impl GpuWatch {
                 .collect();
             let picked = gpu::pick(&candidates, n);
             if picked.len() < n {
-                return Err(format!(
-                    "--gpus auto:{n}: only {} GPU(s) visible",
-                    candidates.len()
-                ));
+                return Err(PickError::TooFew {
+                    wanted: n,
+                    visible: candidates.len(),
+                });
             }
             w.cuda_visible = Some(gpu::cuda_visible_value(&picked));
             w.gpus = picked;

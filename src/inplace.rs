@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::journal::{create_private_dir, write_private};
-use crate::run_folder::{self, RunFolder, sha256};
+use crate::run_folder::{self, RunDirError, RunFolder, sha256};
 
 /// The version of `restore.json` this oomguard writes and trusts.
 const MANIFEST_VERSION: u32 = 2;
@@ -84,7 +84,7 @@ pub enum InPlaceError {
     #[error(
         "the run folder cannot be written ({0}); --edit-in-place keeps the originals there, so nothing is edited: give a writable --run-dir"
     )]
-    NoRunFolder(String),
+    NoRunFolder(#[source] RunDirError),
     #[error(
         "{} was changed since oomguard last wrote it (by you or another program): it is not overwritten; the relaunch cannot use new settings there",
         path.display()
@@ -103,6 +103,17 @@ pub enum InPlaceError {
     Unfinished { path: PathBuf, dir: PathBuf },
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
+}
+
+/// An attempt's changed files could not all be written: the attempt is not
+/// launched.
+#[derive(Debug, thiserror::Error)]
+pub enum DerivedError {
+    #[error("{0} (edit in place)")]
+    InPlace(#[source] InPlaceError),
+    /// A copy in the attempt's folder, or that folder.
+    #[error("{}: {source}", path.display())]
+    Copy { path: PathBuf, source: io::Error },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> InPlaceError + '_ {
@@ -180,11 +191,11 @@ impl InPlace {
     /// (`files`: (path, text read at start)) can be written, and lock each for
     /// this run. `run_dir`: the run folder, `Err` with why it cannot be written.
     pub fn prepare(
-        run_dir: Result<&Path, String>,
+        run_dir: Result<PathBuf, RunDirError>,
         files: &[(&Path, &str)],
     ) -> Result<InPlace, InPlaceError> {
         let dir = match (run_dir, files.is_empty()) {
-            (Ok(d), _) => d.to_path_buf(),
+            (Ok(d), _) => d,
             (Err(_), true) => PathBuf::new(),
             (Err(why), false) => return Err(InPlaceError::NoRunFolder(why)),
         };
@@ -278,18 +289,21 @@ impl InPlace {
 
     /// Write an attempt's changed config copies, readable by the user only
     /// (and, with --edit-in-place, the edited originals, kept and restored).
-    pub fn write_derived(&mut self, files: &[crate::knobs::Derived]) -> Result<(), String> {
+    pub fn write_derived(&mut self, files: &[crate::knobs::Derived]) -> Result<(), DerivedError> {
+        let copy = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| DerivedError::Copy { path, source }
+        };
         for f in files {
             if f.in_place {
                 self.write(&f.dest, &f.text)
-                    .map_err(|e| format!("{e} (edit in place)"))?;
+                    .map_err(DerivedError::InPlace)?;
                 continue;
             }
             if let Some(parent) = f.dest.parent() {
-                create_private_dir(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+                create_private_dir(parent).map_err(copy(parent))?;
             }
-            write_private(&f.dest, f.text.as_bytes())
-                .map_err(|e| format!("{}: {e}", f.dest.display()))?;
+            write_private(&f.dest, f.text.as_bytes()).map_err(copy(&f.dest))?;
         }
         Ok(())
     }
@@ -669,9 +683,48 @@ fn restore_one(run_dir: &Path, e: &Entry) -> (String, bool) {
     }
 }
 
+/// Why a run folder's `restore.json` is not used: `oomguard restore` says
+/// it; a run starting or `status` skip the folder.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    /// Not a regular file, too large, another user's, or writable by others.
+    #[error(
+        "{} is not a file of yours that only you can write: it is not trusted",
+        path.display()
+    )]
+    Untrusted { path: PathBuf },
+    /// Older versions wrote a list, without the hashes of what they wrote.
+    #[error(
+        "{} is not a restore record of this oomguard version (it has the form an older oomguard wrote, without the content hashes that tell its own edits): nothing restored; the originals are in {}",
+        path.display(), originals.display()
+    )]
+    Older { path: PathBuf, originals: PathBuf },
+    #[error(
+        "{} is not a restore record of this oomguard version ({source}): nothing restored; the originals are in {}",
+        path.display(), originals.display()
+    )]
+    NotARecord {
+        path: PathBuf,
+        originals: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error(
+        "{} has version {found}, this oomguard reads version {MANIFEST_VERSION}",
+        path.display()
+    )]
+    Version { path: PathBuf, found: u32 },
+    #[error(
+        "{} names a relative path ({}): it is not trusted",
+        path.display(), named.display()
+    )]
+    RelativePath { path: PathBuf, named: PathBuf },
+}
+
 /// Read and check `restore.json` of `run_dir`: a regular file of the user's,
 /// writable by nobody else, of this version, naming absolute paths.
-fn read_manifest(run_dir: &Path) -> Result<Option<Vec<Entry>>, String> {
+fn read_manifest(run_dir: &Path) -> Result<Option<Vec<Entry>>, RecordError> {
     let path = manifest(run_dir);
     // Without blocking (a FIFO planted at the name) and only a regular file,
     // with a size cap: a run folder may be another run's, read by `status`.
@@ -679,55 +732,52 @@ fn read_manifest(run_dir: &Path) -> Result<Option<Vec<Entry>>, String> {
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(&path);
+    let read_err = |source| RecordError::Read {
+        path: path.clone(),
+        source,
+    };
     let (text, m) = match opened.and_then(|f| Ok((f.metadata()?, f))) {
         Ok((m, f)) if m.is_file() && m.len() <= READ_CAP => {
             let mut buf = Vec::new();
-            f.take(READ_CAP)
-                .read_to_end(&mut buf)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            f.take(READ_CAP).read_to_end(&mut buf).map_err(read_err)?;
             (buf, m)
         }
         Ok((m, _)) => (Vec::new(), m),
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Err(e) => return Err(read_err(e)),
     };
     if !m.is_file()
         || m.len() > READ_CAP
         || m.uid() != nix::unistd::geteuid().as_raw()
         || m.mode() & 0o022 != 0
     {
-        return Err(format!(
-            "{} is not a file of yours that only you can write: it is not trusted",
-            path.display()
-        ));
+        return Err(RecordError::Untrusted { path });
     }
-    let parsed: Manifest = serde_json::from_slice(&text).map_err(|e| {
-        // Older versions wrote a list, without the hashes of what they wrote.
-        let why = match serde_json::from_slice::<serde_json::Value>(&text) {
-            Ok(serde_json::Value::Array(_)) => {
-                "it has the form an older oomguard wrote, without the content hashes that tell its own edits".to_string()
-            }
-            _ => e.to_string(),
-        };
-        format!(
-            "{} is not a restore record of this oomguard version ({why}): nothing restored; the originals are in {}",
-            path.display(),
-            RunFolder::at(run_dir).originals().display()
-        )
-    })?;
+    let parsed: Manifest = match serde_json::from_slice(&text) {
+        Ok(p) => p,
+        Err(source) => {
+            let originals = RunFolder::at(run_dir).originals();
+            return Err(match serde_json::from_slice::<serde_json::Value>(&text) {
+                Ok(serde_json::Value::Array(_)) => RecordError::Older { path, originals },
+                _ => RecordError::NotARecord {
+                    path,
+                    originals,
+                    source,
+                },
+            });
+        }
+    };
     if parsed.oomguard_restore != MANIFEST_VERSION {
-        return Err(format!(
-            "{} has version {}, this oomguard reads version {MANIFEST_VERSION}",
-            path.display(),
-            parsed.oomguard_restore
-        ));
+        return Err(RecordError::Version {
+            path,
+            found: parsed.oomguard_restore,
+        });
     }
     if let Some(e) = parsed.files.iter().find(|e| !e.original.is_absolute()) {
-        return Err(format!(
-            "{} names a relative path ({}): it is not trusted",
-            path.display(),
-            e.original.display()
-        ));
+        return Err(RecordError::RelativePath {
+            path,
+            named: e.original.clone(),
+        });
     }
     Ok(Some(parsed.files))
 }

@@ -966,9 +966,9 @@ pub fn restart_count(env: &dyn Fn(&str) -> Option<OsString>) -> u32 {
 }
 
 /// The folder of `path`, opened as a job's folder is ([`Job::open`]).
-fn fitting_dir(path: &Path) -> Result<(PathBuf, std::os::fd::OwnedFd), String> {
+fn fitting_dir(path: &Path) -> Result<(PathBuf, std::os::fd::OwnedFd), crate::run_folder::Unsafe> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let fd = open_job_dir(dir).map_err(|e| e.to_string())?;
+    let fd = open_job_dir(dir)?;
     use std::os::fd::AsRawFd;
     Ok((
         PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
@@ -989,36 +989,74 @@ pub fn save_fitting(path: &Path, f: &Fitting) -> std::io::Result<()> {
     )
 }
 
+/// Why the job's last settings (`fitting.json`) are not used.
+#[derive(Debug, thiserror::Error)]
+pub enum FittingError {
+    /// Its folder is not the user's own and private.
+    #[error(transparent)]
+    Folder(#[from] run_folder::Unsafe),
+    /// A link, not a regular file, another user's, too large, or unreadable.
+    /// `at`: the name it was opened by (through the folder's descriptor),
+    /// shown as `path`.
+    #[error("{}", shown(source, at, path))]
+    Unreadable {
+        path: PathBuf,
+        at: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} is open to others (mode {mode:o}); oomguard writes it 0600",
+        path.display()
+    )]
+    OpenToOthers { path: PathBuf, mode: u32 },
+    #[error("{} is not a fitting ({source})", path.display())]
+    NotAFitting {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+/// `e`'s message with the name the file was opened by replaced by the one the
+/// user knows.
+fn shown(e: &std::io::Error, at: &Path, path: &Path) -> String {
+    e.to_string()
+        .replace(&at.display().to_string(), &path.display().to_string())
+}
+
 /// The job's last settings, when there are some: `Err` says why the file is
 /// not used (its folder or the file is not the user's own and private, a
 /// link, not a regular file, too large, not a fitting).
-pub fn load_fitting(path: &Path) -> Result<Option<Fitting>, String> {
+pub fn load_fitting(path: &Path) -> Result<Option<Fitting>, FittingError> {
     if std::fs::symlink_metadata(path).is_err() {
         return Ok(None);
     }
     let name = path.file_name().unwrap_or_default();
     let (dir, _fd) = fitting_dir(path)?;
     let at = dir.join(name);
-    let shown = |e: std::io::Error| {
-        e.to_string()
-            .replace(&at.display().to_string(), &path.display().to_string())
+    let unreadable = |source| FittingError::Unreadable {
+        path: path.to_path_buf(),
+        at: at.clone(),
+        source,
     };
-    let (_, m) = crate::untrusted::open(&at, crate::untrusted::Expect::own()).map_err(shown)?;
+    let (_, m) =
+        crate::untrusted::open(&at, crate::untrusted::Expect::own()).map_err(unreadable)?;
     {
         use std::os::unix::fs::MetadataExt;
         if m.mode() & 0o077 != 0 {
-            return Err(format!(
-                "{} is open to others (mode {:o}); oomguard writes it 0600",
-                path.display(),
-                m.mode() & 0o7777
-            ));
+            return Err(FittingError::OpenToOthers {
+                path: path.to_path_buf(),
+                mode: m.mode() & 0o7777,
+            });
         }
     }
-    let bytes =
-        crate::untrusted::read(&at, MAX_FILE, crate::untrusted::Expect::own()).map_err(shown)?;
+    let bytes = crate::untrusted::read(&at, MAX_FILE, crate::untrusted::Expect::own())
+        .map_err(unreadable)?;
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| format!("{} is not a fitting ({e})", path.display()))
+        .map_err(|source| FittingError::NotAFitting {
+            path: path.to_path_buf(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -1138,14 +1176,14 @@ mod tests {
         let path = fitting_path(&env, t.path()).unwrap();
         assert!(path.ends_with(".oomguard-job/slurm-9/fitting.json"));
         assert_eq!(restart_count(&env), 1);
-        assert_eq!(load_fitting(&path), Ok(None));
+        assert_eq!(load_fitting(&path).unwrap(), None);
         let f = Fitting {
             knobs: BTreeMap::from([("micro_batch".to_string(), Value::Int(4))]),
             run_dir: PathBuf::from("/runs/a"),
         };
         save_fitting(&path, &f).unwrap();
         save_fitting(&path, &f).unwrap();
-        assert_eq!(load_fitting(&path), Ok(Some(f)));
+        assert_eq!(load_fitting(&path).unwrap(), Some(f));
     }
 
     #[test]

@@ -153,8 +153,7 @@ fn configure(
     args: cli::RunArgs,
 ) -> Result<(run_config::RunConfig, gpuwatch::GpuWatch), run_config::ConfigError> {
     let opts = options::Options::from_args(args)?;
-    let gpus = gpuwatch::GpuWatch::open(opts.gpu.clone(), &opts.argv)
-        .map_err(run_config::ConfigError::Gpu)?;
+    let gpus = gpuwatch::GpuWatch::open(opts.gpu.clone(), &opts.argv)?;
     let cfg = run_config::RunConfig::new(opts, &target::GpuFacts::of(&gpus))?;
     Ok((cfg, gpus))
 }

@@ -57,8 +57,11 @@ pub enum ConfigError {
     Policy(#[from] policy::PolicyError),
     #[error(transparent)]
     Knob(#[from] knobs::KnobError),
-    #[error("{0}")]
-    Gpu(String),
+    #[error(transparent)]
+    GpuOption(#[from] crate::gpuwatch::GpuOptionError),
+    /// `--gpus auto:N` cannot be honoured on this machine.
+    #[error(transparent)]
+    Gpu(#[from] crate::gpuwatch::PickError),
     /// `oomguard sbatch ...`: nothing would be supervised.
     #[error(
         "sbatch returns as soon as the job is submitted, so oomguard would supervise nothing: put oomguard in front of the srun line inside the batch script instead (`oomguard srun python3 train.py ...`; docs/clusters.md)"
@@ -124,8 +127,7 @@ impl Options {
             args.wait_timeout,
             args.wait_status_every,
             args.gpus.as_deref(),
-        )
-        .map_err(ConfigError::Gpu)?;
+        )?;
         Ok(Options {
             max_attempts: args.max_attempts.unwrap_or(policy.max_attempts),
             policy,

@@ -754,15 +754,21 @@ pub fn run_folders(runs: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(dirs)
 }
 
+/// No run folder with a journal under [`RUNS`] here: `status` needs one named.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no run under {RUNS} in {}; give the run folder: oomguard status RUN_DIR",
+    cwd.display()
+)]
+struct NoRun {
+    /// The current folder (`.` when it cannot be had).
+    cwd: PathBuf,
+}
+
 /// The newest run folder here that has a journal.
-fn newest_run() -> Result<PathBuf, String> {
-    let none = || {
-        format!(
-            "no run under {RUNS} in {}; give the run folder: oomguard status RUN_DIR",
-            std::env::current_dir()
-                .map(|d| d.display().to_string())
-                .unwrap_or_else(|_| ".".into())
-        )
+fn newest_run() -> Result<PathBuf, NoRun> {
+    let none = || NoRun {
+        cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
     };
     let dirs = run_folders(Path::new(RUNS)).map_err(|_| none())?;
     dirs.into_iter()

@@ -91,38 +91,55 @@ pub struct FakeProbe {
     frames: Vec<(f64, Result<Vec<GpuState>, String>)>,
 }
 
+/// Why a timeline cannot be used: one line for the user, after
+/// `OOMGUARD_FAKE_GPUS=<path>: ` (see [`super::Unavailable`]).
+#[derive(Debug, thiserror::Error)]
+pub enum TimelineError {
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("bad TOML timeline: {0}")]
+    Toml(#[source] toml::de::Error),
+    #[error("bad JSON timeline: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("no snapshots")]
+    NoSnapshots,
+    /// A snapshot's `at_s` is below the one before it (or NaN).
+    #[error("at_s {at_s} comes after at_s {last}")]
+    OutOfOrder { at_s: f64, last: f64 },
+}
+
 fn bytes(gib: f64) -> u64 {
     (gib * GIB).round() as u64
 }
 
 impl FakeProbe {
     /// Reads a timeline file; the error is one line for the user.
-    pub fn open(path: &Path) -> Result<FakeProbe, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
+    pub fn open(path: &Path) -> Result<FakeProbe, TimelineError> {
+        let text = std::fs::read_to_string(path).map_err(TimelineError::Read)?;
         let toml = path.extension().is_some_and(|e| e == "toml");
         Self::parse(&text, toml)
     }
 
     /// Parses a timeline (TOML when `toml`, else JSON); the clock starts now.
-    pub fn parse(text: &str, toml: bool) -> Result<FakeProbe, String> {
+    pub fn parse(text: &str, toml: bool) -> Result<FakeProbe, TimelineError> {
         let timeline: Timeline = if toml {
-            toml::from_str(text).map_err(|e| format!("bad TOML timeline: {e}"))?
+            toml::from_str(text).map_err(TimelineError::Toml)?
         } else {
-            serde_json::from_str(text).map_err(|e| format!("bad JSON timeline: {e}"))?
+            serde_json::from_str(text).map_err(TimelineError::Json)?
         };
         Self::from_timeline(timeline)
     }
 
-    pub fn from_timeline(t: Timeline) -> Result<FakeProbe, String> {
+    pub fn from_timeline(t: Timeline) -> Result<FakeProbe, TimelineError> {
         if t.snapshots.is_empty() {
-            return Err("no snapshots".into());
+            return Err(TimelineError::NoSnapshots);
         }
         let mut frames = Vec::new();
         let mut last = f64::NEG_INFINITY;
         let me = super::run_marker();
         for s in t.snapshots {
             if s.at_s.is_nan() || s.at_s < last {
-                return Err(format!("at_s {} comes after at_s {last}", s.at_s));
+                return Err(TimelineError::OutOfOrder { at_s: s.at_s, last });
             }
             last = s.at_s;
             let frame = match s.error {

@@ -128,7 +128,11 @@ pub enum Unavailable {
     #[error("NVML not available ({0}): GPU features off")]
     Nvml(String),
     #[error("{FAKE_VAR}={path}: {reason}: GPU features off")]
-    Fake { path: String, reason: String },
+    Fake {
+        path: String,
+        #[source]
+        reason: fake::TimelineError,
+    },
 }
 
 /// Opens the fake named by `OOMGUARD_FAKE_GPUS` when set, else NVML; says why not otherwise.

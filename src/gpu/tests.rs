@@ -173,13 +173,14 @@ fn fake_rejects_bad_timelines_with_one_line() {
         (r#"{"snapshots":[{"at_s":0,"gpus":[{}]}]}"#, "total_gib"),
         ("not json", "bad JSON"),
     ] {
-        let e = FakeProbe::parse(text, false).err().expect(text);
+        let e = FakeProbe::parse(text, false).err().expect(text).to_string();
         assert!(e.contains(want), "{text}: {e}");
         assert!(!e.contains('\n'), "one line: {e}");
     }
     let e = FakeProbe::open(std::path::Path::new("/nonexistent/t.json"))
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
     assert!(e.starts_with("cannot read"), "{e}");
 }
 

@@ -1,10 +1,10 @@
 //! Where the child's bytes go: our stdout/stderr (live, byte-exact), then the bounded log.
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
 /// Size of the one read buffer: bounds oomguard's memory whatever the child prints.
 pub(crate) const READ_BUF: usize = 64 * 1024;
@@ -85,18 +85,92 @@ impl Write for RawOut {
 }
 
 /// The bounded copy of the output: the first `head` bytes go to the file as they come; the
-/// last `tail` bytes are kept in a ring buffer and written at the end, after a marker saying
-/// how many bytes were left out. Write errors turn into one warning and stop the log; they
-/// never stop supervision.
+/// last `tail` bytes are kept in a ring and written at the end, after a marker saying
+/// how many bytes were left out. The ring is a nameless file beside the log (`O_TMPFILE`:
+/// it vanishes with oomguard, whatever ends it), so a chatty run's 4 MiB tail is not held
+/// in oomguard's memory; where the filesystem cannot make one, a buffer in memory. Write
+/// errors turn into one warning and stop the log; they never stop supervision.
 pub(crate) struct Log {
     file: Option<File>,
     head: u64,
     tail: usize,
     written_head: u64,
-    ring: Ring,
+    ring: Tail,
     total: u64,
     pub(crate) warning: Option<String>,
     path_shown: String,
+    /// Where the ring's file is made: the log's folder.
+    dir: Option<PathBuf>,
+}
+
+/// Where the log's tail is kept until the end.
+enum Tail {
+    /// No byte past the head yet.
+    Unused,
+    Disk(DiskRing),
+    Memory(Ring),
+}
+
+impl Tail {
+    fn len(&self) -> u64 {
+        match self {
+            Tail::Unused => 0,
+            Tail::Disk(d) => d.filled,
+            Tail::Memory(r) => r.len() as u64,
+        }
+    }
+}
+
+/// The last `cap` bytes seen, in a file: the same ring as [`Ring`], written with `pwrite`.
+struct DiskRing {
+    file: File,
+    /// Next write position once full.
+    pos: u64,
+    filled: u64,
+}
+
+impl DiskRing {
+    /// A nameless file in `dir`, readable and writable by us only.
+    fn create(dir: &Path) -> io::Result<DiskRing> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_TMPFILE)
+            .open(dir)?;
+        Ok(DiskRing {
+            file,
+            pos: 0,
+            filled: 0,
+        })
+    }
+
+    fn push(&mut self, chunk: &[u8], cap: u64) -> io::Result<()> {
+        let chunk = &chunk[chunk.len().saturating_sub(cap as usize)..];
+        let first = chunk.len().min((cap - self.pos) as usize);
+        self.file.write_all_at(&chunk[..first], self.pos)?;
+        self.file.write_all_at(&chunk[first..], 0)?;
+        self.pos = (self.pos + chunk.len() as u64) % cap;
+        self.filled = (self.filled + chunk.len() as u64).min(cap);
+        Ok(())
+    }
+
+    /// Appends the bytes kept, oldest first, to `out` (at its position), copied by the
+    /// kernel (`copy_file_range`): they never pass through oomguard's memory.
+    fn copy_to(&mut self, out: &mut File, cap: u64) -> io::Result<()> {
+        let parts = if self.filled < cap {
+            [(0, self.filled), (0, 0)]
+        } else {
+            [(self.pos, cap - self.pos), (0, self.pos)]
+        };
+        for (from, len) in parts {
+            if len > 0 {
+                self.file.seek(SeekFrom::Start(from))?;
+                io::copy(&mut (&self.file).take(len), out)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Log {
@@ -127,10 +201,11 @@ impl Log {
             head,
             tail: usize::try_from(tail).unwrap_or(usize::MAX),
             written_head: 0,
-            ring: Ring::default(),
+            ring: Tail::Unused,
             total: 0,
             warning,
             path_shown,
+            dir: path.parent().map(Path::to_path_buf),
         }
     }
 
@@ -149,7 +224,25 @@ impl Log {
         if self.tail == 0 || chunk.is_empty() {
             return;
         }
-        self.ring.push(chunk, self.tail);
+        if let Tail::Unused = self.ring {
+            let dir = self.dir.as_deref().unwrap_or(Path::new("."));
+            self.ring = match DiskRing::create(dir) {
+                Ok(d) => Tail::Disk(d),
+                Err(e) => {
+                    tracing::debug!("log tail kept in memory ({e})");
+                    Tail::Memory(Ring::default())
+                }
+            };
+        }
+        match &mut self.ring {
+            Tail::Disk(d) => {
+                if let Err(e) = d.push(chunk, self.tail as u64) {
+                    self.fail(e);
+                }
+            }
+            Tail::Memory(r) => r.push(chunk, self.tail),
+            Tail::Unused => {}
+        }
     }
 
     /// Writes the tail (with the omitted marker when bytes were dropped) and closes the file.
@@ -157,16 +250,27 @@ impl Log {
         if self.file.is_none() {
             return;
         }
-        let kept = self.written_head + self.ring.len() as u64;
+        let kept = self.written_head + self.ring.len();
         let omitted = self.total - kept;
         if omitted > 0 {
             let marker = format!("\n[oomguard: {omitted} bytes omitted]\n");
             self.write_file(marker.as_bytes());
         }
-        let ring = std::mem::take(&mut self.ring);
-        let (a, b) = ring.as_slices();
-        self.write_file(a);
-        self.write_file(b);
+        match std::mem::replace(&mut self.ring, Tail::Unused) {
+            Tail::Memory(ring) => {
+                let (a, b) = ring.as_slices();
+                self.write_file(a);
+                self.write_file(b);
+            }
+            Tail::Disk(mut d) => {
+                if let Some(f) = self.file.as_mut()
+                    && let Err(e) = d.copy_to(f, self.tail as u64)
+                {
+                    self.fail(e);
+                }
+            }
+            Tail::Unused => {}
+        }
         // Flushed to the disk on a thread of its own: the next attempt must not wait for
         // the disk (an fsync on a busy machine took 30 ms of the gap between an attempt's
         // exit and the next one's exec). What the log holds is already visible to readers
@@ -196,7 +300,7 @@ impl Log {
 
     fn fail(&mut self, e: io::Error) {
         self.file = None;
-        self.ring = Ring::default();
+        self.ring = Tail::Unused;
         if self.warning.is_none() {
             self.warning = Some(format!("could not write log {}: {e}", self.path_shown));
         }
@@ -295,7 +399,26 @@ pub(crate) fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
 
 #[cfg(test)]
 mod ring_tests {
-    use super::Ring;
+    use super::{Log, Ring};
+
+    #[test]
+    fn where_no_nameless_file_can_be_made_the_tail_is_kept_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l");
+        let data: Vec<u8> = (0..5_000u32).map(|i| (i % 251) as u8).collect();
+        let mut log = Log::open(&path, 100, 300);
+        log.dir = Some(dir.path().join("gone"));
+        for c in data.chunks(77) {
+            log.feed(c);
+        }
+        assert!(matches!(log.ring, super::Tail::Memory(_)));
+        log.finish();
+        assert!(log.warning.is_none());
+        let mut want = data[..100].to_vec();
+        want.extend_from_slice(b"\n[oomguard: 4600 bytes omitted]\n");
+        want.extend_from_slice(&data[5_000 - 300..]);
+        assert!(std::fs::read(&path).unwrap() == want);
+    }
 
     #[test]
     fn keeps_the_last_cap_bytes_in_order_for_any_chunking() {

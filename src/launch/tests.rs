@@ -648,7 +648,20 @@ fn log_bounds_hold_for_any_chunking() {
         );
         want.extend_from_slice(&data[10_000 - 567..]);
         assert!(std::fs::read(&path).unwrap() == want, "chunk size {chunk}");
+        // The ring was a nameless file: nothing but the log is left in the folder.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["l"]);
     }
+    // Fewer bytes past the head than the tail keeps: all of them, in order, no marker.
+    let mut log = output::Log::open(&path, 1234, 20_000);
+    for c in data.chunks(999) {
+        log.feed(c);
+    }
+    log.finish();
+    assert!(std::fs::read(&path).unwrap() == data);
 }
 
 #[test]

@@ -54,9 +54,9 @@ impl<'c> Run<'c> {
         let fitting = match job::load_fitting(&path) {
             Ok(Some(f)) => f,
             Ok(None) => return,
-            Err(why) => {
+            Err(e) => {
                 self.report.term.warn(&format!(
-                    "{why}: the job's last settings are not used: {why}; starting at {}",
+                    "{why}: the job's last settings are not used: {e}; starting at {}",
                     self.now.settings
                 ));
                 return;

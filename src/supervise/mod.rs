@@ -204,7 +204,7 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
             return exit::USAGE;
         }
         // The journal warns and the run goes on without one.
-        Err(e @ RunDirError::Unwritable { .. }) => Err(e.to_string()),
+        Err(e @ RunDirError::Unwritable { .. }) => Err(e),
     };
     let folder = run_dir
         .as_ref()
@@ -216,7 +216,7 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
         .into_iter()
         .map(|(_, path, text)| (path, text))
         .collect();
-    let inplace = match InPlace::prepare(run_dir.as_deref().map_err(Clone::clone), &files) {
+    let inplace = match InPlace::prepare(run_dir, &files) {
         Ok(g) => g,
         Err(e) => {
             term.error(&e.to_string());
