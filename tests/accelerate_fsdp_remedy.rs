@@ -98,6 +98,25 @@ fn accelerate_launch_on_two_gpus_is_planned_with_accelerates_fsdp_flags() {
     );
 }
 
+/// accelerate takes one distributed type at a time: `--use_fsdp` replaces
+/// the user's `--multi_gpu` instead of standing beside it (which accelerate
+/// refuses).
+#[test]
+fn accelerates_fsdp_takes_the_place_of_multi_gpu() {
+    let t = tempfile::tempdir().unwrap();
+    setup(t.path(), SCRIPT);
+    let r = plan(t.path(), &["--multi_gpu", "--num_processes", "2"]);
+    let want = format!(
+        "argv: accelerate launch {FLAGS} --num_processes 2 train.py --model_name_or_path m --per_device_train_batch_size 1 --gradient_accumulation_steps 8 --output_dir out"
+    );
+    r.ensure(
+        "--multi_gpu replaced by accelerate's FSDP flags",
+        r.stdout.contains(&want),
+        &want,
+        &r.stdout,
+    );
+}
+
 #[test]
 fn one_process_a_sharding_config_or_a_script_without_accelerator_never_gets_fsdp() {
     let t = tempfile::tempdir().unwrap();

@@ -108,6 +108,10 @@ fn shards_already(cmd: &Command) -> bool {
                 | "--use_deepspeed"
                 | "--config_file"
                 | "--zero_stage"
+                // accelerate's other distributed types, which --use_fsdp cannot join.
+                | "--cpu"
+                | "--tpu"
+                | "--use_megatron_lm"
         )
     })
 }
@@ -251,9 +255,14 @@ pub fn discover(
         };
         if accelerate_fsdp {
             notes.push(format!(
-                "{knob}: {} GPUs under accelerate launch and no DeepSpeed or FSDP setting in the command: where the memory model says sharding fits and keeps the most throughput, oomguard adds accelerate's {} before the script (parameters, gradients and optimizer state sharded over the GPUs; the updates are the same)",
+                "{knob}: {} GPUs under accelerate launch and no DeepSpeed or FSDP setting in the command: where the memory model says sharding fits and keeps the most throughput, oomguard adds accelerate's {} before the script{} (parameters, gradients and optimizer state sharded over the GPUs; the updates are the same)",
                 world.size,
-                frameworks::accelerate::FSDP_FLAGS.join(" ")
+                frameworks::accelerate::FSDP_FLAGS.join(" "),
+                if cmd.flags.iter().any(|o| o.name == "--multi_gpu") {
+                    ", in place of --multi_gpu (accelerate takes one distributed type at a time)"
+                } else {
+                    ""
+                }
             ));
         } else if knob == Knob::Fsdp {
             notes.push(format!(

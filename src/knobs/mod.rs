@@ -541,10 +541,26 @@ pub fn materialize(
             // accelerate's FSDP flags are the launcher's: before the script.
             if matches!(b, Binding::AddFlag { flag } if flag == flags::ACCELERATE_FSDP) {
                 if new.as_bool() == Some(true) {
-                    let script = Command::parse(argv).args_start().saturating_sub(1);
-                    // Inserted after `script - 1`, one by one: the last pushed lands first.
-                    for f in crate::frameworks::accelerate::FSDP_FLAGS.iter().rev() {
-                        inserts.push((script.saturating_sub(1), (*f).into()));
+                    let cmd = Command::parse(argv);
+                    let script = cmd.args_start().saturating_sub(1);
+                    let fsdp = crate::frameworks::accelerate::FSDP_FLAGS;
+                    // accelerate refuses `--multi_gpu` beside `--use_fsdp` (one
+                    // distributed type at a time): FSDP takes its place.
+                    let multi = cmd
+                        .flags
+                        .iter()
+                        .find(|o| o.name == "--multi_gpu" && o.index < script)
+                        .map(|o| o.index);
+                    let (at, rest) = match multi {
+                        Some(i) => {
+                            out[i] = fsdp[0].into();
+                            (i, &fsdp[1..])
+                        }
+                        None => (script.saturating_sub(1), fsdp),
+                    };
+                    // Inserted after `at`, one by one: the last pushed lands first.
+                    for f in rest.iter().rev() {
+                        inserts.push((at, (*f).into()));
                     }
                 }
                 continue;
