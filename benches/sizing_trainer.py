@@ -29,6 +29,9 @@ steps see typical batches, SIM_TYPICAL (0.6) of --max_seq_length long, and step
 K+1 the longest one. A run whose typical batch does not fit dies at step 1 (a
 steady overflow); one whose longest batch alone does not fit dies after K good
 steps ("step N/M" lines printed), of the longest batch's OOM (a spike).
+
+SIM_HOLD_S=S keeps a run that trained for S seconds after its last step (its
+memory held, as while saving), so that a sampler of the GPUs sees it.
 """
 
 import argparse
@@ -321,6 +324,10 @@ def main():
         sys.exit(1)
     for step in range(good + 1, max(a.max_steps, good + 1) + 1):
         print(f"step {step}/{a.max_steps} loss 1.0", flush=True)
+    hold = float(os.environ.get("SIM_HOLD_S", "0"))
+    if hold > 0:
+        import time
+        time.sleep(hold)
 
 
 def fmt(n):

@@ -129,6 +129,10 @@ pub struct BeforeAttempt {
 
 /// How long to wait for the previous attempt's processes to release GPU memory.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The fewest good samples of an attempt whose peak is remembered with the
+/// settings that fit (see [`GpuWatch::last_peak`]).
+const PEAK_SAMPLES: u64 = 3;
 /// Same-settings retries after OOMs caused by another tenant, before the policy applies anyway.
 pub const TENANT_RETRIES: u32 = 3;
 
@@ -317,6 +321,34 @@ impl GpuWatch {
         if let Err(e) = gpu::peaks::record(&path, &self.argv, peak) {
             tracing::warn!("cannot record the peak in {}: {e}", path.display());
         }
+    }
+
+    /// The last attempt's peak on its fullest GPU, for remembering what fit:
+    /// the run's own processes, or where NVML shows none of them (a container
+    /// whose processes NVML cannot see) the whole GPU's use, never less than
+    /// the run's. `None` when nothing was measured, or too little to have
+    /// seen the peak (fewer than [`PEAK_SAMPLES`] samples: an attempt of a
+    /// second or two, sampled before its memory grew).
+    pub fn last_peak(&self) -> Option<crate::remember::Peak> {
+        let r = self.peak.as_ref()?;
+        if r.samples.saturating_sub(r.errors) < PEAK_SAMPLES {
+            return None;
+        }
+        r.per_gpu
+            .iter()
+            .map(|g| crate::remember::Peak {
+                bytes: if g.run_peak_bytes > 0 {
+                    g.run_peak_bytes
+                } else {
+                    g.device_peak_bytes
+                },
+                total_bytes: g.total_bytes,
+            })
+            .filter(|p| p.bytes > 0 && p.total_bytes > 0)
+            .max_by(|a, b| {
+                let share = |p: &crate::remember::Peak| p.bytes as f64 / p.total_bytes as f64;
+                share(a).total_cmp(&share(b))
+            })
     }
 
     /// Processes outside the run that grew since launch and may have caused this OOM.

@@ -34,13 +34,18 @@ pub struct Setback {
     /// Still `behind` in the journal, but the running (or killed) attempt's log
     /// already shows the step: back, at a time only its end would journal.
     pub seen_back: bool,
+    /// `not_back`, but the attempt that ended it finished the training: it did
+    /// get back, at a time its output never showed (Lightning's bar after a
+    /// resume). Its seconds (to the run's end) bound nothing: not counted.
+    pub finished: bool,
 }
 
 impl Setback {
     /// The seconds counted into the one figure (back, or a lower bound).
     pub fn counted(&self) -> f64 {
         match self.state {
-            SetbackState::Back | SetbackState::NotBack => self.seconds.unwrap_or(0.0),
+            SetbackState::Back => self.seconds.unwrap_or(0.0),
+            SetbackState::NotBack if !self.finished => self.seconds.unwrap_or(0.0),
             _ => 0.0,
         }
     }
@@ -63,7 +68,8 @@ pub fn time_lost_text(setbacks: &[Setback], going: bool) -> Option<String> {
         })
         .sum();
     let measured = setbacks.iter().any(|s| {
-        matches!(s.state, SetbackState::Back | SetbackState::NotBack)
+        s.state == SetbackState::Back
+            || (s.state == SetbackState::NotBack && !s.finished)
             || (s.state == SetbackState::Behind && s.seconds.is_some() && !s.seen_back)
     });
     let exact = setbacks.iter().all(|s| s.state == SetbackState::Back);
@@ -117,6 +123,14 @@ pub fn time_lost_text(setbacks: &[Setback], going: bool) -> Option<String> {
                     who(&s.ooms)
                 )
             }
+            SetbackState::NotBack if s.finished => {
+                out += &format!(
+                    "; {} finished the training, so it got back to step {}, at a time its output did not show",
+                    s.ended_in
+                        .map_or("the relaunch".to_string(), |n| format!("attempt {n}")),
+                    s.step.map_or("?".into(), |n| n.to_string()),
+                )
+            }
             SetbackState::NotBack | SetbackState::Behind => {
                 out += &format!(
                     "; {} had not got back to step {} when the run ended ({} after the OOM in {})",
@@ -154,6 +168,7 @@ mod tests {
             ended_in: Some(3),
             seconds,
             seen_back: false,
+            finished: false,
         };
         use SetbackState::*;
         assert_eq!(time_lost_text(&[], false), None);
@@ -184,6 +199,17 @@ mod tests {
                 .ends_with(
                     "attempt 3 is not back at step 6 yet (4.0 s since the OOM in attempt 1)"
                 )
+        );
+        // A relaunch that finished the training without its output showing the
+        // step: back, at an unknown time; its seconds (to the end) are no bound.
+        let finished = Setback {
+            finished: true,
+            ..s(vec![1], Some(10), NotBack, Some(12.0))
+        };
+        assert_eq!(finished.counted(), 0.0);
+        assert_eq!(
+            time_lost_text(std::slice::from_ref(&finished), false).unwrap(),
+            "the time from the OOM back to the step it died at is unknown; attempt 3 finished the training, so it got back to step 10, at a time its output did not show"
         );
     }
 }

@@ -1066,6 +1066,11 @@ impl EstimateReport {
             "the settings as given"
         } else if cfg.opts.fit && cfg.target.remembered.is_none() {
             "the settings --fit starts at"
+        } else if remembered
+            .as_deref()
+            .is_some_and(|l| l.starts_with("climbing back"))
+        {
+            "the settings the run climbs back to"
         } else {
             "the settings that fit last time"
         };

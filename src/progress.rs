@@ -47,9 +47,10 @@ static LOG_DICT: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r#"\{\s*['"]loss['"]\s*:[^{}\n]{0,4096}\}"#).expect("valid regex"));
 
 /// Lightning's bars: tqdm's `Epoch 0:  30%|###  | 3/10 [` and rich's
-/// `Epoch 0/-2 ━━━━━ 6/6 0:00:00`: the epoch, and the batches of it done.
+/// `Epoch 0/-2 ━━━━━ 6/6 0:00:00`: the epoch, the batches of it done, and the
+/// epoch's batches (`?` when the loader has no length).
 static LIGHTNING_BAR: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?-u:\b)Epoch (\d{1,9})(?:/-?\d{1,9})?:?[^\r\n]{0,400}?[ |](\d{1,12})/(?:-?\d{1,12}|\?)(?: \[| \d)")
+    Regex::new(r"(?-u:\b)Epoch (\d{1,9})(?:/-?\d{1,9})?:?[^\r\n]{0,400}?[ |](\d{1,12})/(-?\d{1,12}|\?)(?: \[| \d)")
         .expect("valid regex")
 });
 
@@ -64,19 +65,25 @@ pub enum Counting {
     /// nanoGPT: `iter N:` is printed after iteration N's update (N + 1 done,
     /// counting from 0), `step N:` (its evaluation) before it (N done).
     IterIndex,
-    /// Lightning: its bar counts the epoch's batches, `accum` to a step (read
-    /// only in the first epoch of an attempt that started from step 0: after
-    /// a resume the bar also counts the batches restored, at another
-    /// accumulation).
-    Batches { accum: u64 },
+    /// Lightning: its bar counts the epoch's batches, `accum` to a step, and
+    /// an epoch ends with a step (its last batches step the optimizer even
+    /// short of `accum`): epoch E, batch N of M is E × ⌈M / accum⌉ + ⌊N / accum⌋
+    /// steps done. Read only in an attempt that started from step 0 (after a
+    /// resume the bar also counts the batches restored, at another
+    /// accumulation); past the first epoch only when the bar's total is the
+    /// epoch's batches (`epoch_total`: Lightning shows the steps left instead
+    /// when they are fewer, with `max_steps` set and `max_epochs` not) and
+    /// the bar says it.
+    Batches { accum: u64, epoch_total: bool },
 }
 
 impl Counting {
     /// This counting for an attempt whose accumulation is `accum`.
     pub fn at_accum(self, accum: Option<u64>) -> Counting {
         match self {
-            Counting::Batches { .. } => Counting::Batches {
+            Counting::Batches { epoch_total, .. } => Counting::Batches {
                 accum: accum.unwrap_or(1).max(1),
+                epoch_total,
             },
             c => c,
         }
@@ -92,7 +99,7 @@ pub fn last_step_counted(buf: &[u8], counting: Counting, from: u64) -> Option<u6
     match counting {
         Counting::Done => last_step(buf),
         Counting::IterIndex => last_match(buf).map(|(n, iter)| if iter { n + 1 } else { n }),
-        Counting::Batches { accum } => {
+        Counting::Batches { accum, epoch_total } => {
             let m = LIGHTNING_BAR.captures_iter(buf).last();
             let bar = m.and_then(|c| {
                 let num = |i: usize| {
@@ -101,10 +108,23 @@ pub fn last_step_counted(buf: &[u8], counting: Counting, from: u64) -> Option<u6
                         .parse::<u64>()
                         .ok()
                 };
-                Some((num(1)?, num(2)?))
+                Some((num(1)?, num(2)?, num(3).filter(|m| *m > 0)))
             });
+            let accum = accum.max(1);
             match bar {
-                Some((0, batches)) if from == 0 => Some(batches / accum.max(1)),
+                Some(_) if from != 0 => None,
+                Some((0, batches, _)) => Some(batches / accum),
+                Some((epoch, batches, Some(per_epoch))) if epoch_total => {
+                    let steps_per_epoch = per_epoch.div_ceil(accum);
+                    let this_epoch = if batches >= per_epoch {
+                        steps_per_epoch
+                    } else {
+                        batches / accum
+                    };
+                    epoch
+                        .checked_mul(steps_per_epoch)
+                        .and_then(|s| s.checked_add(this_epoch))
+                }
                 Some(_) => None,
                 // No Lightning bar: a `step N` line the program prints.
                 None => last_step(buf),
@@ -656,14 +676,41 @@ mod tests {
         );
         // Lightning: the bar counts batches; two make a step at accumulation 2.
         let rich = "Epoch 0/-2 \u{2501}\u{2501}\u{2501} 6/6 0:00:00 \u{2022} 0:00:00 8.51it/s v_num: 0.000\n";
-        let b = Counting::Batches { accum: 1 }.at_accum(Some(2));
+        let b = Counting::Batches {
+            accum: 1,
+            epoch_total: true,
+        }
+        .at_accum(Some(2));
         assert_eq!(last_step_counted(rich.as_bytes(), b, 0), Some(3));
         let tqdm = b"\rEpoch 0:  30%|###       | 3/10 [00:01<00:03,  2.10it/s, v_num=0]\rEpoch 0:  40%|####      | 4/10 [00:01<00:03,  2.10it/s, v_num=0]";
         assert_eq!(last_step_counted(tqdm, b, 0), Some(2));
-        // After a resume, or past the first epoch, the bar does not say the step.
+        // After a resume the bar does not say the step.
         assert_eq!(last_step_counted(tqdm, b, 2), None);
+        // Past the first epoch: each epoch of 10 batches at accumulation 2 is 5
+        // steps; at accumulation 3 it is 4 (its last batch steps alone).
+        let epoch3 = b"Epoch 3:  40%|####      | 4/10 [00:01<00:03]";
+        assert_eq!(last_step_counted(epoch3, b, 0), Some(3 * 5 + 2));
+        let b3 = Counting::Batches {
+            accum: 1,
+            epoch_total: true,
+        }
+        .at_accum(Some(3));
+        assert_eq!(last_step_counted(epoch3, b3, 0), Some(3 * 4 + 1));
+        let done = b"Epoch 1: 100%|##########| 10/10 [00:01<00:00]";
+        assert_eq!(last_step_counted(done, b3, 0), Some(8));
+        let rich2 = "Epoch 2/-2 \u{2501}\u{2501}\u{2501} 6/10 0:00:00 \u{2022} 0:00:00 8.51it/s\n";
+        assert_eq!(last_step_counted(rich2.as_bytes(), b3, 0), Some(10));
+        // A total that may be the steps left (max_steps without max_epochs):
+        // 6/6 in epoch 2 is 6 batches of an epoch of 6 or more.
+        let capped = Counting::Batches {
+            accum: 3,
+            epoch_total: false,
+        };
+        assert_eq!(last_step_counted(rich2.as_bytes(), capped, 0), None);
+        assert_eq!(last_step_counted(tqdm, capped, 0), Some(1));
+        // A loader without a length: past the first epoch the step is unknown.
         assert_eq!(
-            last_step_counted(b"Epoch 3:  40%|####      | 4/10 [00:01<00:03]", b, 0),
+            last_step_counted(b"Epoch 3: | 4/? [00:01<00:03]", b, 0),
             None
         );
     }

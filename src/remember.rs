@@ -7,6 +7,12 @@
 //! `~/.local/state/oomguard/fits.json`), written to a temporary file and
 //! renamed. Without NVML nothing is remembered: the same command on another
 //! GPU must not start from settings sized for this one.
+//!
+//! With the settings, the entry keeps what NVML measured of the run's last
+//! attempt (its peak on the fullest GPU and that GPU's memory) and the
+//! settings that ran out of GPU memory in this command's runs: the next run
+//! climbs back from settings shrunk for a spike when the peak leaves room
+//! (`memory::climb`), never to settings that failed.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -31,6 +37,35 @@ struct Entry {
     recorded_at: String,
     #[serde(default)]
     command: String,
+    /// What NVML measured of the attempt that ran to the end (absent in
+    /// records written before oomguard kept it, or without a measurement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    peak: Option<Peak>,
+    /// Settings that ran out of GPU memory in this command's runs on these
+    /// GPUs (the last [`MAX_FAILED`]): never climbed back to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    failed: Vec<BTreeMap<Knob, Value>>,
+}
+
+/// At most this many failed settings are kept per command.
+const MAX_FAILED: usize = 16;
+
+/// The peak of a run's last attempt on its fullest GPU, as NVML measured it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Peak {
+    /// The most the run held on that GPU at one sample (the whole GPU's use
+    /// where NVML does not show the run's processes: never less).
+    pub bytes: u64,
+    /// That GPU's memory.
+    pub total_bytes: u64,
+}
+
+/// What is remembered of the last run of a command that fit.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Remembered {
+    pub knobs: BTreeMap<Knob, Value>,
+    pub peak: Option<Peak>,
+    pub failed: Vec<BTreeMap<Knob, Value>>,
 }
 
 /// Where the record lives; `None` when neither `XDG_STATE_HOME` nor `HOME` is set.
@@ -191,26 +226,42 @@ pub fn redact(argv: &[OsString]) -> String {
     crate::plan::shell_quote(&out.iter().map(OsString::from).collect::<Vec<_>>())
 }
 
-/// The knob values that fit last time, if recorded.
-pub fn recorded(path: &Path, key: &str) -> Option<BTreeMap<Knob, Value>> {
-    load(path).fits.get(key).map(|e| e.knobs.clone())
+/// What fit last time, if recorded.
+pub fn recorded(path: &Path, key: &str) -> Option<Remembered> {
+    load(path).fits.get(key).map(|e| Remembered {
+        knobs: e.knobs.clone(),
+        peak: e.peak,
+        failed: e.failed.clone(),
+    })
 }
 
-/// Record the knob values of a run that fit (`command`: the command line,
-/// redacted, for a person reading the file).
-pub fn record(
-    path: &Path,
-    key: &str,
-    knobs: &BTreeMap<Knob, Value>,
-    command: &str,
-) -> std::io::Result<()> {
+/// Record what fit in a run that finished: its last settings, their measured
+/// peak, and the settings that ran out of memory in it (added to those of the
+/// command's earlier runs). `command`: the command line, redacted, for a
+/// person reading the file.
+pub fn record(path: &Path, key: &str, fit: &Remembered, command: &str) -> std::io::Result<()> {
     update_state(path, |f: &mut File| {
+        let mut failed = f
+            .fits
+            .get(key)
+            .map(|e| e.failed.clone())
+            .unwrap_or_default();
+        for s in &fit.failed {
+            failed.retain(|x| x != s);
+            failed.push(s.clone());
+        }
+        // Settings that fit now are no failure of this command's any more.
+        failed.retain(|x| *x != fit.knobs);
+        let drop = failed.len().saturating_sub(MAX_FAILED);
+        failed.drain(..drop);
         f.fits.insert(
             key.to_string(),
             Entry {
-                knobs: knobs.clone(),
+                knobs: fit.knobs.clone(),
                 recorded_at: chrono::Utc::now().to_rfc3339(),
                 command: command.to_string(),
+                peak: fit.peak,
+                failed,
             },
         );
         while f.fits.len() > MAX_ENTRIES {
@@ -230,6 +281,52 @@ pub fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn knobs(micro: u64, accum: u64) -> BTreeMap<Knob, Value> {
+        [
+            (Knob::MicroBatch, Value::Int(micro)),
+            (Knob::GradAccum, Value::Int(accum)),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    /// The peak and the failed settings are kept with the settings; the
+    /// failures of the command's runs add up, a record without them (an older
+    /// oomguard's) reads as none.
+    #[test]
+    fn the_peak_and_the_failed_settings_are_kept_and_failures_add_up() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("fits.json");
+        let peak = Peak {
+            bytes: 44 << 30,
+            total_bytes: 64 << 30,
+        };
+        let first = Remembered {
+            knobs: knobs(8, 6),
+            peak: Some(peak),
+            failed: vec![knobs(16, 3)],
+        };
+        record(&path, "k", &first, "cmd").unwrap();
+        assert_eq!(recorded(&path, "k"), Some(first));
+        // The next run fit at 12 without an OOM: 16 stays a failure.
+        let second = Remembered {
+            knobs: knobs(12, 4),
+            peak: None,
+            failed: vec![],
+        };
+        record(&path, "k", &second, "cmd").unwrap();
+        let got = recorded(&path, "k").unwrap();
+        assert_eq!((got.peak, got.failed), (None, vec![knobs(16, 3)]));
+        // An entry written before peaks were kept.
+        std::fs::write(
+            &path,
+            r#"{"fits":{"k":{"knobs":{"micro_batch":4},"recorded_at":"x"}}}"#,
+        )
+        .unwrap();
+        let old = recorded(&path, "k").unwrap();
+        assert_eq!((old.peak, old.failed.len()), (None, 0));
+    }
 
     #[test]
     fn secrets_in_a_command_line_are_redacted() {

@@ -81,22 +81,44 @@ impl RunConfig {
         }
     }
 
-    /// The remembered half of [`RunConfig::start_settings`].
+    /// The remembered half of [`RunConfig::start_settings`]: the settings
+    /// that fit last time, or — when they were shrunk from the command's own
+    /// and their measured peak leaves room — the largest between the two that
+    /// the memory model, calibrated to that peak, predicts to fit
+    /// (`memory::climb`).
     fn remembered_start(&self) -> (knobs::Settings, Option<String>) {
         let first = self.target.disc.settings();
-        let Some(knobs) = &self.target.remembered else {
+        let Some(rem) = &self.target.remembered else {
             return (first, None);
         };
-        let mut s = first.clone();
-        for (k, v) in knobs {
-            if !s.knobs.contains_key(k) {
-                return (first, None);
-            }
-            s.knobs.insert(*k, v.clone());
-        }
+        let Some(s) = applied(&first, &rem.knobs) else {
+            return (first, None);
+        };
         if s == first || s.global_batch() != first.global_batch() {
             return (first, None);
         }
+        let climbed = match (self.calibrated(), rem.peak) {
+            (Some(cal), Some(p)) if self.opts.policy.memory_model => {
+                let failed: Vec<knobs::Settings> = rem
+                    .failed
+                    .iter()
+                    .filter_map(|f| applied(&first, f))
+                    .collect();
+                // `--gpu-memory` (a GPU shared with others, MIG) caps the GPU's.
+                let total = p.total_bytes as f64;
+                let m = memory::climb::Measured {
+                    peak: p.bytes as f64,
+                    total: self.opts.gpu_memory.map_or(total, |g| g.min(total)),
+                };
+                Some(memory::climb::climb(&first, &s, &failed, m, &cal))
+            }
+            _ => None,
+        };
+        let why_not = match climbed {
+            Some(Ok(c)) => return (c.settings, Some(c.line)),
+            Some(Err(why)) => format!("; {why}"),
+            None => String::new(),
+        };
         let changed: Vec<String> = s
             .knobs
             .iter()
@@ -104,7 +126,7 @@ impl RunConfig {
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
         let line = format!(
-            "starting from the settings that fit the last run of this command on these GPUs ({}); --fresh starts as written",
+            "starting from the settings that fit the last run of this command on these GPUs ({}){why_not}; --fresh starts as written",
             changed.join(" ")
         );
         (s, Some(line))
@@ -122,4 +144,20 @@ impl RunConfig {
     pub fn attempt_dir(&self, n: usize) -> PathBuf {
         crate::run_folder::RunFolder::at(&self.opts.run_dir).attempt(n as u32)
     }
+}
+
+/// `first` with the remembered knob values, `None` when one of them is no
+/// longer bound in the command.
+fn applied(
+    first: &knobs::Settings,
+    remembered: &std::collections::BTreeMap<knobs::Knob, knobs::Value>,
+) -> Option<knobs::Settings> {
+    let mut s = first.clone();
+    for (k, v) in remembered {
+        if !s.knobs.contains_key(k) {
+            return None;
+        }
+        s.knobs.insert(*k, v.clone());
+    }
+    Some(s)
 }

@@ -9,14 +9,13 @@
 //! given ([`Env`], [`GpuFacts`]): the live GPU watch is opened by the
 //! subcommand's entry, and a test inspects a command without NVML.
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::checkpoint;
 use crate::command::{Command, LauncherKind};
 use crate::gpuwatch::GpuWatch;
-use crate::knobs::{self, Discovery, Knob, Value};
+use crate::knobs::{self, Discovery};
 use crate::memory;
 use crate::options::{ConfigError, Options};
 
@@ -62,8 +61,9 @@ pub struct Target {
     /// Where the settings that fit are remembered for this command on these GPUs
     /// (the file and the key); `None` without NVML or a state folder.
     pub remember: Option<(PathBuf, String)>,
-    /// The knob values that fit the last run of this command (`None` with `--fresh`).
-    pub remembered: Option<BTreeMap<Knob, Value>>,
+    /// What fit the last run of this command: its knob values, their measured
+    /// peak, the settings that failed (`None` with `--fresh`).
+    pub remembered: Option<crate::remember::Remembered>,
     /// `--gpu-memory GIB`, else the smallest of the run's GPUs from NVML, in bytes.
     pub gpu_memory: Option<f64>,
     /// This copy's place when the run is supervised by several (see `job`): the
@@ -255,7 +255,7 @@ impl Target {
             .and_then(|(p, k)| crate::remember::recorded(p, k));
         let workers_floor = workers_floor(&opts.argv, &disc);
         let logging = knobs::logging(&cmd, &disc);
-        let counting = crate::frameworks::counting(&cmd);
+        let counting = knobs::counting(&cmd, &disc);
         Ok(Target {
             cmd,
             job,
@@ -280,6 +280,7 @@ impl Target {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::knobs::Knob;
     use clap::Parser;
     use std::path::Path;
 

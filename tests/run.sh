@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The one test command: sets up the Python venv for the real-client tier (cached),
 # then runs every Rust test with it, including the real-client tests in
-# tests/real_clients.rs and tests/real_trainers.rs (Lightning, nanoGPT, TRL), which are
+# tests/real_clients.rs, tests/real_trainers.rs (Lightning, nanoGPT, TRL), tests/real_lightning.rs
+# and tests/real_llamafactory.rs (LLaMA-Factory, in a second venv of its own), which are
 # #[ignore]d so that plain `cargo test` (no venv)
 # reports them as ignored instead of passing them unrun.
 #
-#   tests/run.sh                  # venv (first time ~3 minutes, ~6 GB), then
+#   tests/run.sh                  # venvs (first time ~3 + ~7 minutes, ~12 GB), then
 #                                 #   cargo test --all-targets -- --include-ignored
 #   tests/run.sh -- --nocapture   # arguments before `--` go to cargo test, those after it to
 #                                 #   the test binaries: cargo test --all-targets -- --include-ignored --nocapture
-#   tests/run.sh --setup-only     # only make sure the venv exists; print its python
+#   tests/run.sh --setup-only     # only make sure the venvs exist; print the first one's python
 #
 # tests/slurm.rs's tests are #[ignore]d too: they need the Slurm test cluster that this
 # script starts (tests/slurm/start.sh; root, Debian's Slurm packages).
@@ -17,7 +18,8 @@
 # ~100 s and 1 GiB in a debug build; gpu::tests::measure_sampling_cost): they are skipped
 # here and run by name (see their doc comments).
 # Environment: OOMGUARD_VENV=DIR overrides the venv location (default
-# $HOME/.cache/oomguard/venv-<hash of requirements + python version>);
+# $HOME/.cache/oomguard/venv-<hash of requirements + python version>), OOMGUARD_VENV_LLAMAFACTORY=DIR
+# LLaMA-Factory's (default $HOME/.cache/oomguard/venv-llamafactory-<hash>);
 # PYTHON=python3.X picks the interpreter the venv is made from.
 set -euo pipefail
 
@@ -70,12 +72,44 @@ else
 fi
 exec 9>&-
 
+# LLaMA-Factory's venv (tests/real_trainers.rs runs `llamafactory-cli train`): a second one,
+# because no llamafactory release on PyPI fits the pins above (see the file's comment).
+# Keyed and cached the same way; first time about 3 minutes and 6 GB (its own torch).
+req_lf="tests/real/requirements-llamafactory.txt"
+key_lf="$( { cat "$req_lf"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
+venv_lf="${OOMGUARD_VENV_LLAMAFACTORY:-$HOME/.cache/oomguard/venv-llamafactory-$key_lf}"
+marker_lf="$venv_lf/.oomguard-install-complete"
+exec 9>"$venv_lf.lock"
+if command -v flock >/dev/null && ! flock -n 9; then
+    say "another run is installing into $venv_lf: waiting"
+    flock 9
+fi
+if [[ -f "$marker_lf" && "$(cat "$marker_lf")" == "$key_lf" ]]; then
+    say "reusing venv $venv_lf"
+else
+    if [[ -e "$venv_lf" ]]; then
+        say "venv $venv_lf is incomplete or stale: removing it"
+        rm -rf "$venv_lf"
+    fi
+    say "creating venv $venv_lf (LLaMA-Factory) with $python ($pyver)"
+    "$python" -m venv "$venv_lf"
+    start=$SECONDS
+    "$venv_lf/bin/python" -m pip install --disable-pip-version-check -q -r "$req_lf"
+    "$venv_lf/bin/llamafactory-cli" version >&2
+    echo "$key_lf" >"$marker_lf"
+    say "venv ready in $((SECONDS - start))s"
+fi
+exec 9>&-
+
 export OOMGUARD_REAL_PYTHON="$venv/bin/python"
+export OOMGUARD_REAL_LLAMAFACTORY="$venv_lf/bin/llamafactory-cli"
 if [[ $setup_only == 1 ]]; then
+    say "OOMGUARD_REAL_LLAMAFACTORY=$OOMGUARD_REAL_LLAMAFACTORY"
     echo "$OOMGUARD_REAL_PYTHON"
     exit 0
 fi
 say "OOMGUARD_REAL_PYTHON=$OOMGUARD_REAL_PYTHON"
+say "OOMGUARD_REAL_LLAMAFACTORY=$OOMGUARD_REAL_LLAMAFACTORY"
 
 # Split the arguments at the first `--`: cargo's before it, the test binaries' after it.
 cargo_args=()

@@ -160,7 +160,7 @@ pub(super) static RECOVERED: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
 /// the line (after launcher prefixes), then `:` or the end.
 pub(super) static EXCEPTION_START: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Failure|OutOfResources|Interrupt)(?::\s|:$|$)",
+        r"^(?:[A-Za-z_][A-Za-z0-9_]*\.)*[A-Za-z_][A-Za-z0-9_]*(?:Error|Exception|Failure|OutOfResources|Interrupt)(?::\s|:$|$)",
     )
     .expect("exception start pattern")
 });
@@ -193,7 +193,7 @@ const GPU_OOM_SRC: &str = r"
         # PyTorch's words, also as pasted with a word changed or put in ('CUDA: out of
         # memory', 'cuda Out Of Memory', 'CUDA ran out of memory', 'CUDA error. out of GPU
         # memory'): the device, at most two short words, 'out of', at most one, 'memory'.
-        (?-u:\b)(?i:CUDA|HIP|XPU|NPU)(?-u:\b)\W{1,3}(?:[A-Za-z]{1,10}\W{1,3}){0,2}?(?i:out\ of)\ (?:(?i:GPU|device|VRAM)\ )?(?i:memory)
+        (?-u:\b)(?i:CUDA|HIP|XPU|NPU)(?-u:\b)[^A-Za-z0-9_]{1,3}(?:[A-Za-z]{1,10}[^A-Za-z0-9_]{1,3}){0,2}?(?i:out\ of)\ (?:(?i:GPU|device|VRAM)\ )?(?i:memory)
         | (?-u:\b)MPS\ backend\ out\ of\ memory
         | (?-u:\b)(?:CUDA|HIP)\ error:\ out\ of\ memory
         | cuda\ runtime\ error\ \(2\)\ :\ out\ of\ memory
@@ -208,15 +208,15 @@ const GPU_OOM_SRC: &str = r"
         # device'), also cut short; a bare OutOfMemoryError: but not java.lang's.
         | (?-u:\b)torch\.(?:cuda\.|xpu\.)?OutOfMem
         | (?:^|[^.A-Za-z0-9_])OutOfMemoryError:
-        | Allocation\ on\ device\ \d*\ ?would\ exceed\ allowed\ memory
+        | Allocation\ on\ device\ [0-9]*\ ?would\ exceed\ allowed\ memory
         # An extension's CUDA_CHECK: 'Error out of memory at line 88 in file ops.cu'
         # (bitsandbytes), 'CUDA error 2 at x.cu:12'.
-        | (?i:error)\W{0,3}out\ of\ memory\ (?:at|in)\ (?:line|file)
+        | (?i:error)[^A-Za-z0-9_]{0,3}out\ of\ memory\ (?:at|in)\ (?:line|file)
         # CUDA's error 2 (cudaErrorMemoryAllocation) in a CUDA check's own words, any
         # library's: 'CUDA error 2', 'cuda runtime error: 2', spconv's 'cuda execution
         # failed with error 2', tensorview's 'cuda failed with error 2 out of memory'.
         # Another code in the same words (error 3, 98, 700) is not an allocation failure.
-        | (?i:cuda)(?:\ [A-Za-z_]{1,20}){0,3}?\ (?i:failed\ with\ error|error)\s*(?:code\s*)?[:=\#(]?\s*2(?-u:\b)(?:[^.\d]|$)
+        | (?i:cuda)(?:\ [A-Za-z_]{1,20}){0,3}?\ (?i:failed\ with\ error|error)\s*(?:code\s*)?[:=\#(]?\s*2(?-u:\b)(?:[^.0-9]|$)
         # Intel: Level Zero's out-of-device-memory, through SYCL's old PI and new UR.
         | (?:UR_RESULT|ZE_RESULT)_ERROR_OUT_OF_DEVICE_MEMORY
         | PI_ERROR_OUT_OF_RESOURCES
@@ -307,7 +307,7 @@ pub(super) static HOST_OOM: LazyLock<Regex> =
 /// also glued to text in another script (`报错：triton...OutOfResources: ...`).
 pub(super) static EXCEPTION_LINE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r#"(?:^|[\s`'"\]\)>|*:]|[^\x00-\x7F])((?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Failure|OutOfResources))(?::(?:\s|$)|$)"#,
+        r#"(?:^|[\s`'"\]\)>|*:]|[^\x00-\x7F])((?:[A-Za-z_][A-Za-z0-9_]*\.)*(?:[A-Z][A-Za-z0-9_]*)?(?:Error|Exception|Failure|OutOfResources))(?::(?:\s|$)|$)"#,
     )
     .expect("exception pattern")
 });
@@ -406,7 +406,7 @@ pub(super) fn source_of(seg: &[u8]) -> String {
 /// Prefixes added by launchers, stripped from the decisive line.
 pub(super) static PREFIX: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"^(?:\s*(?:\[(?:rank|default)\d+\]:|\[\d+,\d+\]<std(?:out|err)>:|\([A-Za-z_]\w* pid=\d+\)|SUBPROCESS:))+\s*",
+        r"^(?:\s*(?:\[(?:rank|default)[0-9]+\]:|\[[0-9]+,[0-9]+\]<std(?:out|err)>:|\([A-Za-z_][A-Za-z0-9_]* pid=[0-9]+\)|SUBPROCESS:))+\s*",
     )
     .expect("prefix pattern")
 });

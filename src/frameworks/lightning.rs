@@ -228,6 +228,16 @@ fn world(cmd: &Command, env: Env, ctx: &Ctx) -> Option<World> {
     })
 }
 
+/// Whether Lightning's progress bar shows each epoch's batches as its total:
+/// not when it ends the run at `trainer.max_steps` with no `max_epochs` (then
+/// the total is the smaller of the epoch's batches and the steps left).
+pub fn bar_total_is_the_epoch(cmd: &Command, ctx: &Ctx) -> bool {
+    let int = |key: &str| text(trainer_setting(cmd, ctx, key)).and_then(|v| v.parse::<i64>().ok());
+    let capped_by_steps = int("max_steps").is_some_and(|s| s > 0);
+    let epochs_set = int("max_epochs").is_some_and(|e| e != -1);
+    epochs_set || !capped_by_steps
+}
+
 pub static FAMILY: Family = Family {
     name: "lightning",
     recognise,
@@ -352,7 +362,12 @@ pub static FAMILY: Family = Family {
     config_flags: &["--config", "-c"],
     layout,
     world,
-    counting: Some(crate::progress::Counting::Batches { accum: 1 }),
+    // Whether the bar's total is the epoch's batches is told by `epoch_total`
+    // (see `frameworks::counting_in`); not known here.
+    counting: Some(crate::progress::Counting::Batches {
+        accum: 1,
+        epoch_total: false,
+    }),
     output_hint: "--ckpt_path, ckpt_path=, ModelCheckpoint dirpath, --trainer.default_root_dir",
     ..Family::NONE
 };
@@ -493,6 +508,33 @@ mod tests {
             )
             .is_none()
         );
+    }
+
+    #[test]
+    fn the_bar_total_is_the_epoch_unless_max_steps_alone_ends_the_run() {
+        let total =
+            |s: &str, f: &dyn Fn(&str) -> Option<Scalar>| bar_total_is_the_epoch(&argv(s), &ctx(f));
+        assert!(total("python cli.py fit", &none));
+        assert!(total("python cli.py fit --trainer.max_epochs 3", &none));
+        assert!(!total("python cli.py fit --trainer.max_steps 100", &none));
+        assert!(total(
+            "python cli.py fit --trainer.max_steps 100 --trainer.max_epochs 5",
+            &none
+        ));
+        assert!(!total(
+            "python cli.py fit --trainer.max_steps 100 --trainer.max_epochs -1",
+            &none
+        ));
+        // In the config.
+        let cfg = |k: &str| match k {
+            "trainer.max_steps" => Some(Scalar::Int(14)),
+            _ => None,
+        };
+        assert!(!total("python cli.py fit --config c.yaml", &cfg));
+        assert!(total(
+            "python cli.py fit --config c.yaml --trainer.max_epochs 4",
+            &cfg
+        ));
     }
 
     #[test]

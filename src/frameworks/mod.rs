@@ -462,6 +462,18 @@ pub fn counting(cmd: &Command) -> crate::progress::Counting {
     recognised(cmd).find_map(|f| f.counting).unwrap_or_default()
 }
 
+/// [`counting`], with what the command's config files say about it (whether
+/// Lightning's bar total is each epoch's batches).
+pub fn counting_in(cmd: &Command, ctx: &Ctx) -> crate::progress::Counting {
+    match counting(cmd) {
+        crate::progress::Counting::Batches { accum, .. } => crate::progress::Counting::Batches {
+            accum,
+            epoch_total: lightning::bar_total_is_the_epoch(cmd, ctx),
+        },
+        c => c,
+    }
+}
+
 /// "--a, --b, key:, ..." — the spellings oomguard looks for, for notes.
 pub fn looked_for(knob: Knob) -> String {
     let mut items: Vec<String> = Vec::new();

@@ -756,6 +756,23 @@ pub fn logging(cmd: &Command, disc: &Discovery) -> Option<crate::progress::Loggi
     frameworks::logging(cmd, &ctx)
 }
 
+/// What the step numbers the command's trainer prints count, with its config
+/// files read (see `frameworks::counting_in`).
+pub fn counting(cmd: &Command, disc: &Discovery) -> crate::progress::Counting {
+    let recipe_value = |key: &str| {
+        disc.config
+            .files
+            .iter()
+            .filter(|f| f.role.is_recipe())
+            .find_map(|f| f.doc.get(key).ok().flatten())
+    };
+    let ctx = frameworks::Ctx {
+        recipe_output_dir: None,
+        recipe_value: &recipe_value,
+    };
+    frameworks::counting_in(cmd, &ctx)
+}
+
 /// A knob to add as `{prefix}{key}=N` when it changes: (knob, its current value, key, prefix).
 type AddedOverride = (Knob, Value, String, String);
 

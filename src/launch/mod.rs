@@ -455,7 +455,9 @@ fn output_streams(
         spawn::Wiring::Pty(pty) => {
             drop(pty.slave); // only the child holds the slave now: EOF when it is done
             master = Some(pty.master.try_clone()?);
-            streams.push(StreamFd::new(pty.master, detect::Stream::Out));
+            let mut master = StreamFd::new(pty.master, detect::Stream::Out);
+            master.pty = true;
+            streams.push(master);
         }
     }
     for s in &streams {
@@ -483,6 +485,9 @@ struct StreamFd {
     fd: OwnedFd,
     kind: detect::Stream,
     open: bool,
+    /// A pty master: a read returns at most one line-discipline buffer (4 KiB) however
+    /// much is waiting, so a short read does not mean it is empty.
+    pty: bool,
 }
 
 impl StreamFd {
@@ -491,6 +496,7 @@ impl StreamFd {
             fd,
             kind,
             open: true,
+            pty: false,
         }
     }
 }
@@ -1180,17 +1186,23 @@ fn read_output(
             continue;
         }
         // Drain what is there (bounded, so the other stream and signals
-        // get their turn): fewer polls per byte.
-        for _ in 0..8 {
-            match output::read_some(s.fd.as_raw_fd(), buf) {
+        // get their turn): fewer polls per byte. A pty's 4 KiB reads are gathered into
+        // the buffer and passed on as one chunk: one write to our output, one scan,
+        // where there were sixteen.
+        let mut filled = 0;
+        for _ in 0..if s.pty { 64 } else { 8 } {
+            match output::read_some(s.fd.as_raw_fd(), &mut buf[filled..]) {
                 Ok(Some(0)) => {
                     s.open = false;
                     eof = true;
                     break;
                 }
                 Ok(Some(n)) => {
-                    w.dispatch(s.kind, &buf[..n]);
-                    if n < buf.len() {
+                    filled += n;
+                    if filled == buf.len() {
+                        w.dispatch(s.kind, &buf[..filled]);
+                        filled = 0;
+                    } else if !s.pty {
                         break; // the pipe is empty for now
                     }
                 }
@@ -1201,6 +1213,9 @@ fn read_output(
                     break;
                 }
             }
+        }
+        if filled > 0 {
+            w.dispatch(s.kind, &buf[..filled]);
         }
     }
     eof

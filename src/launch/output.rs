@@ -112,21 +112,28 @@ enum Tail {
 }
 
 impl Tail {
-    fn len(&self) -> u64 {
+    fn len(&self, cap: u64) -> u64 {
         match self {
             Tail::Unused => 0,
-            Tail::Disk(d) => d.filled,
+            Tail::Disk(d) => d.len(cap),
             Tail::Memory(r) => r.len() as u64,
         }
     }
 }
 
 /// The last `cap` bytes seen, in a file: the same ring as [`Ring`], written with `pwrite`.
+/// Chunks are gathered into one write of this size: through a pty the command's output comes
+/// in reads of a few KiB, and a `pwrite` each was a measurable share of oomguard's CPU.
+const STAGE: usize = 64 * 1024;
+
 struct DiskRing {
     file: File,
     /// Next write position once full.
     pos: u64,
+    /// Bytes written to the file (at most the ring's size).
     filled: u64,
+    /// Bytes not yet written (less than [`STAGE`]).
+    stage: Vec<u8>,
 }
 
 impl DiskRing {
@@ -142,10 +149,38 @@ impl DiskRing {
             file,
             pos: 0,
             filled: 0,
+            stage: Vec::new(),
         })
     }
 
+    /// The bytes kept, written or not.
+    fn len(&self, cap: u64) -> u64 {
+        (self.filled + self.stage.len() as u64).min(cap)
+    }
+
     fn push(&mut self, chunk: &[u8], cap: u64) -> io::Result<()> {
+        if self.stage.len() + chunk.len() > STAGE {
+            self.flush(cap)?;
+        }
+        if chunk.len() >= STAGE {
+            return self.write(chunk, cap);
+        }
+        if self.stage.capacity() == 0 {
+            self.stage.reserve_exact(STAGE);
+        }
+        self.stage.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    fn flush(&mut self, cap: u64) -> io::Result<()> {
+        let stage = std::mem::take(&mut self.stage);
+        let written = self.write(&stage, cap);
+        self.stage = stage;
+        self.stage.clear();
+        written
+    }
+
+    fn write(&mut self, chunk: &[u8], cap: u64) -> io::Result<()> {
         let chunk = &chunk[chunk.len().saturating_sub(cap as usize)..];
         let first = chunk.len().min((cap - self.pos) as usize);
         self.file.write_all_at(&chunk[..first], self.pos)?;
@@ -158,6 +193,7 @@ impl DiskRing {
     /// Appends the bytes kept, oldest first, to `out` (at its position), copied by the
     /// kernel (`copy_file_range`): they never pass through oomguard's memory.
     fn copy_to(&mut self, out: &mut File, cap: u64) -> io::Result<()> {
+        self.flush(cap)?;
         let parts = if self.filled < cap {
             [(0, self.filled), (0, 0)]
         } else {
@@ -250,7 +286,7 @@ impl Log {
         if self.file.is_none() {
             return;
         }
-        let kept = self.written_head + self.ring.len();
+        let kept = self.written_head + self.ring.len(self.tail as u64);
         let omitted = self.total - kept;
         if omitted > 0 {
             let marker = format!("\n[oomguard: {omitted} bytes omitted]\n");

@@ -14,11 +14,15 @@
 //! activations apart. [`fit`] is the start below the given settings that
 //! `--fit` asks for, and the one-line prediction without it.
 //!
+//! [`climb`] is the start of a run whose last run was shrunk and fit: from the
+//! peak NVML measured of it, back up to the largest settings predicted to fit.
+//!
 //! Modules: [`arch`] (config.json), [`dtype`], [`optim`], [`peft`], [`shard`]
-//! (FSDP), [`facts`] (reading them), [`calibrate`], [`fit`].
+//! (FSDP), [`facts`] (reading them), [`calibrate`], [`fit`], [`climb`].
 
 pub mod arch;
 pub mod calibrate;
+pub mod climb;
 pub mod dtype;
 pub mod facts;
 pub mod fit;

@@ -560,6 +560,14 @@ impl Story {
                     seen_back: open
                         && last.is_some_and(|a| a.end.is_none())
                         && t.back_to_step.zip(live_step).is_some_and(|(s, r)| r >= s),
+                    // Ended by an attempt that finished the training (see `Setback`).
+                    finished: t.state == SetbackState::NotBack
+                        && self.attempts.iter().any(|a| {
+                            a.start.attempt == t.attempt
+                                && a.end
+                                    .as_ref()
+                                    .is_some_and(|e| e.outcome == OutcomeKind::Success)
+                        }),
                 })
             })
             .collect()
@@ -575,8 +583,9 @@ impl Story {
         going: bool,
     ) -> TimeLostNow {
         let setbacks = self.setbacks(until, live_step);
-        let counted =
-            |s: &&crate::journal::Setback| s.state != SetbackState::Unknown && !s.seen_back;
+        let counted = |s: &&crate::journal::Setback| {
+            s.state != SetbackState::Unknown && !s.seen_back && !s.finished
+        };
         let measured = setbacks.iter().any(|s| counted(&s));
         TimeLostNow {
             seconds: measured.then(|| {

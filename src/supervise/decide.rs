@@ -167,11 +167,21 @@ impl<'c> Run<'c> {
         match because {
             Because::Success => {
                 self.live.gw.record_success();
+                let fit = crate::remember::Remembered {
+                    knobs: self.now.settings.knobs.clone(),
+                    peak: self.live.gw.last_peak(),
+                    failed: self
+                        .past
+                        .cal
+                        .as_ref()
+                        .map(|c| c.failed.iter().map(|s| s.knobs.clone()).collect())
+                        .unwrap_or_default(),
+                };
                 if let Some((path, key)) = &self.cfg.target.remember
                     && let Err(e) = crate::remember::record(
                         path,
                         key,
-                        &self.now.settings.knobs,
+                        &fit,
                         &crate::remember::redact(&self.cfg.opts.argv),
                     )
                 {

@@ -289,7 +289,15 @@ impl<'c> Run<'c> {
             term.warn(w);
         }
         start_lines(cfg, term, rungs);
-        let (settings, remembered) = cfg.start_settings();
+        // A follower of a job starts at copy 0's settings for attempt 1 (the
+        // first meeting gives them: remembered, climbed back, --fit), never at
+        // what this node remembers: its fits.json may differ or be absent.
+        let follower = live.job.as_ref().is_some_and(|j| !j.leader());
+        let (settings, remembered) = if follower {
+            (first.clone(), None)
+        } else {
+            cfg.start_settings()
+        };
         if let Some(line) = remembered {
             term.info(&line);
         }
@@ -878,6 +886,8 @@ impl<'c> Run<'c> {
                 s.state = SetbackState::Unknown;
             } else if !(again && failed) {
                 (s.state, s.seconds) = (SetbackState::NotBack, Some(secs(ended)));
+                // It finished the training: back, though its output never said when.
+                s.finished = !failed;
             } else {
                 s.ooms.push(n);
                 s.step = s.step.max(reached.map(|r| r.step));
@@ -904,6 +914,7 @@ impl<'c> Run<'c> {
                 ended_in: None,
                 seconds: None,
                 seen_back: false,
+                finished: false,
             };
             self.record_setback(n, &s);
             self.report.setbacks.push(s);

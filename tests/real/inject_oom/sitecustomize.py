@@ -1,6 +1,6 @@
 """Raises a real torch.OutOfMemoryError inside a third-party training program that
 nobody here wrote (nanoGPT's train.py in tests/real/third_party/nanogpt, TRL's sft.py
-from the installed trl), without editing its files.
+from the installed trl, LLaMA-Factory's `llamafactory-cli train`), without editing its files.
 
 Python imports `sitecustomize` from PYTHONPATH at start-up; this one waits for the
 program to import its `model` module and wraps `GPT.forward`: in training mode, once
@@ -11,10 +11,12 @@ the forward raises the error PyTorch's caching allocator raises, with its messag
 the one allocation that failed and the memory in use. Everything else — the loop,
 the checkpoint, the resume, the output — is the program's own.
 
-For a Hugging Face Trainer program (TRL's recipes), OOMGUARD_TEST_OOM_AT_STEP wraps
+For a Hugging Face Trainer program (TRL's recipes, LLaMA-Factory), OOMGUARD_TEST_OOM_AT_STEP wraps
 `transformers.Trainer.training_step` instead: once the Trainer's global_step reaches it,
 while `per_device_train_batch_size * max_length` (the program's own parsed arguments)
-is above OOMGUARD_TEST_BUDGET, the training step raises the same error.
+is above OOMGUARD_TEST_BUDGET, the training step raises the same error. Where the
+arguments hold no max_length (LLaMA-Factory keeps its `cutoff_len` in its data
+arguments), the micro-batch alone is held to the budget.
 """
 import importlib.abc
 import importlib.machinery
@@ -63,7 +65,7 @@ def patch_trainer(module):
     step = trainer.training_step
 
     def guarded(self, *args, **kwargs):
-        tokens = self.args.per_device_train_batch_size * (getattr(self.args, "max_length", None) or 0)
+        tokens = self.args.per_device_train_batch_size * (getattr(self.args, "max_length", None) or 1)
         if self.state.global_step >= int(OOM_AT_STEP) and tokens > BUDGET:
             raise torch.OutOfMemoryError(oom_message(tokens))
         return step(self, *args, **kwargs)
