@@ -95,6 +95,9 @@ pub struct Calibrated {
     /// later two-point solve takes, the OOM's figure being a lower bound.
     #[serde(skip)]
     slope_floor: f64,
+    /// The measured point the last OOM was solved with, said in its decision.
+    #[serde(skip)]
+    pub two_points: Option<String>,
 }
 
 /// One settings' estimate in the calibration's terms: the model states
@@ -117,6 +120,7 @@ impl Calibrated {
             failed: Vec::new(),
             measured: Vec::new(),
             slope_floor: 1.0,
+            two_points: None,
         }
     }
 
@@ -158,12 +162,12 @@ impl Calibrated {
     /// makes a second point (same batch, or a solution out of bounds).
     fn learn_two_points(&mut self, s: &Settings, need: f64) -> bool {
         let t1 = self.terms(s);
-        let Some((t2, peak)) = self
+        let Some((t2, peak, at)) = self
             .measured
             .iter()
             .rev()
-            .map(|(m, p)| (self.terms(m), *p))
-            .find(|(t2, _)| {
+            .map(|(m, p)| (self.terms(m), *p, m))
+            .find(|(t2, _, _)| {
                 // Points whose activations differ by under a tenth tell the
                 // two terms apart too poorly.
                 t2.layers > 0.0 && (t1.layers / t2.layers - 1.0).abs() > 0.1 && t2.states > 0.0
@@ -192,6 +196,16 @@ impl Calibrated {
         self.scale = a;
         self.state_scale = c;
         self.slope_floor = a;
+        self.two_points = Some(format!(
+            "solved on two points, this OOM and the peak measured at {} ({}): model states ×{c:.2}, activations ×{a:.2}",
+            at.knobs
+                .iter()
+                .filter(|(k, v)| s.knobs.get(k) != Some(v))
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            super::gib(peak)
+        ));
         true
     }
 
@@ -246,6 +260,7 @@ impl Calibrated {
         }
         let predicted_fit = self.fits(s) == Some(true);
         self.failed.push(s.clone());
+        self.two_points = None;
         // A measured peak at another batch: two points, the terms apart.
         if let Some(need) = oom.and_then(needed_at_least) {
             let need = need.max(self.gpu_total.map_or(0.0, |t| t * 1.02));

@@ -659,9 +659,13 @@ pub fn next_from_model(
         before: cur.clone(),
         after: best.settings.clone(),
         reason: format!(
-            "{evidence}{spike}: {}{gb}; the memory model ({}) predicts {} of {} per GPU, {why}",
+            "{evidence}{spike}: {}{gb}; the memory model ({}{}) predicts {} of {} per GPU, {why}",
             changed.join(", "),
             cal.model.source,
+            cal.two_points
+                .as_deref()
+                .map(|t| format!(", {t}"))
+                .unwrap_or_default(),
             gib(best.estimate.total()),
             gib(cal.gpu_total.unwrap_or(0.0)),
         ),

@@ -844,11 +844,19 @@ fn a_measured_peak_and_an_oom_calibrate_the_states_not_the_activations() {
     let Verdict::Relaunch {
         settings: picked,
         model: Some(after),
+        because: Because::Ladder { decision, .. },
         ..
     } = v
     else {
         panic!("{v:?}")
     };
+    assert!(
+        decision.reason.contains(
+            "solved on two points, this OOM and the peak measured at micro_batch 2, grad_accum 8"
+        ),
+        "{}",
+        decision.reason
+    );
     assert!(
         (after.scale - 1.0).abs() < 1e-6,
         "activations moved: {}",

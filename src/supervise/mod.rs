@@ -313,7 +313,7 @@ impl<'c> Run<'c> {
                 first,
                 begun: 0,
                 attempts: Vec::new(),
-                cal: cfg.calibrated(),
+                cal: cfg.calibrated_for_run(),
                 phase: None,
                 retried: Vec::new(),
                 no_cpu_offload: Vec::new(),
