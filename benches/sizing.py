@@ -7,7 +7,8 @@ A scenario generator draws runs that OOM as given and have a fix that keeps the
 results: model families (Llama with MHA or GQA, Mistral, Qwen2, Gemma,
 GPT-NeoX, GPT-2, GPT-J, Falcon, Phi, Mixtral, Qwen-MoE) of 0.35-7B parameters,
 GPUs of 24/40/80 GiB, world sizes 1-8, DeepSpeed ZeRO, FSDP full_shard or plain
-DDP, bf16 weights, 8-bit Adam, LoRA and QLoRA. Each is run through the real
+DDP, bf16 weights (`--torch_dtype bfloat16`, or config.json's bf16 with
+`--torch_dtype auto`), 8-bit Adam, LoRA and QLoRA. Each is run through the real
 oomguard binary around benches/sizing_trainer.py (an allocator-faithful
 simulated trainer with its own cost accounting and two hidden factors, on the
 activations and on the model states, that oomguard is never told; its OOM
@@ -196,6 +197,10 @@ def scenarios(rng, n, spikes=0, families=True):
         sc = {"cfg": cfg, "s0": s0, "gpu": gpu, "factor": rng.uniform(0.8, 1.3),
               "state_factor": rng.uniform(1.0, 1.1) if families else 1.0,
               "flags": draw_flags(rng, world, ds, families)}
+        if sc["flags"].get("torch_dtype") == "bfloat16" and rng.random() < 0.5:
+            # The checkpoint's own dtype: config.json says bf16, the command `--torch_dtype auto`.
+            sc["flags"]["torch_dtype"] = "auto"
+            cfg["torch_dtype"] = "bfloat16"
         if not families:
             sc["factor"] = rng.uniform(0.8, 1.5)
         if fits(sc, s0):

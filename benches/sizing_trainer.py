@@ -167,6 +167,9 @@ def allocations(a, cfg, ds, world, seq=None):
         off_opt = off_par = True
     n = world
     dtype = (getattr(a, "torch_dtype", None) or "float32").replace("torch.", "")
+    if dtype == "auto":
+        # from_pretrained(dtype="auto"): config.json's own dtype.
+        dtype = (cfg.get("dtype") or cfg.get("torch_dtype") or "float32").replace("torch.", "")
     wb = {"bfloat16": 2, "float16": 2, "bf16": 2}.get(dtype, 4)
     optim = (getattr(a, "optim", None) or "adamw_torch").lower()
     lora = getattr(a, "use_peft", False)

@@ -666,7 +666,7 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
                 })
             }
             StepKind::FsdpFullShard if !disc.knobs.contains_key(&Knob::Fsdp) => Some(
-                "FSDP is added only to a Hugging Face Trainer script on several GPUs whose command sets no DeepSpeed or FSDP".into(),
+                "FSDP is added only to a Hugging Face Trainer script on several GPUs, or to a script that goes through accelerate (an Accelerator or a Trainer) under `accelerate launch` on several GPUs, whose command sets no DeepSpeed or FSDP".into(),
             ),
             StepKind::ShortenSeq if !disc.knobs.contains_key(&Knob::SeqLen) => {
                 Some("seq_len is not bound (--knob seq_len=FLAG)".into())

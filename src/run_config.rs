@@ -132,6 +132,21 @@ impl RunConfig {
         (s, Some(line))
     }
 
+    /// The memory model the run decides with: not yet calibrated, with the
+    /// peak NVML measured of the last run of this command (at the settings
+    /// that fit it) as a measured point — the second point when an OOM comes
+    /// at other settings (`memory::calibrate`).
+    pub fn calibrated_for_run(&self) -> Option<memory::Calibrated> {
+        let mut cal = self.calibrated()?;
+        if let Some(rem) = &self.target.remembered
+            && let Some(p) = rem.peak
+            && let Some(s) = applied(&self.target.disc.settings(), &rem.knobs)
+        {
+            cal.learn_peak(&s, p.bytes as f64);
+        }
+        Some(cal)
+    }
+
     /// The memory model for this run, not yet calibrated (`None` without a model).
     pub fn calibrated(&self) -> Option<memory::Calibrated> {
         self.target

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{Env, Family, FileKind, KeySpec};
+use super::{AbsentValue, Env, Family, FileKind, KeySpec};
 use crate::command::{Command, LauncherKind};
 use crate::files::{Doc, Scalar};
 use crate::settings::Knob;
@@ -59,6 +59,42 @@ fn recognise(cmd: &Command) -> bool {
     cmd.launcher(LauncherKind::Accelerate).is_some()
 }
 
+/// accelerate's own FSDP flags, as oomguard adds them before the script
+/// (`accelerate launch --help` of accelerate 1.x: `--use_fsdp`, FSDP1's
+/// `--fsdp_sharding_strategy` — the default `--fsdp_version 1` — and a
+/// transformer-layer wrap, which takes the model's `_no_split_modules`, as the
+/// Trainer's `--fsdp "full_shard auto_wrap"` does; without a wrap policy the
+/// whole model would be one unit, gathered whole in every forward).
+pub const FSDP_FLAGS: &[&str] = &[
+    "--use_fsdp",
+    "--fsdp_sharding_strategy",
+    "FULL_SHARD",
+    "--fsdp_auto_wrap_policy",
+    "TRANSFORMER_BASED_WRAP",
+];
+
+/// FSDP is added where the script goes through accelerate (an `Accelerator`,
+/// or a Trainer, which builds one): the flags set its environment.
+fn accepts_added(cmd: &Command, flag: &str) -> bool {
+    flag != "--use_fsdp"
+        || super::script_mentions(
+            cmd,
+            &["Accelerator", "Trainer(", "SFTTrainer", "TrainingArguments"],
+        )
+}
+
+/// Whether accelerate's default config (used when the command names none)
+/// sets a distributed type that shards or is not plain data parallel.
+pub fn default_config_shards(env: Env) -> bool {
+    let Some(p) = default_config_in(env) else {
+        return false;
+    };
+    let Ok(doc) = Doc::load(&p) else {
+        return false;
+    };
+    matches!(doc.get("distributed_type"), Ok(Some(Scalar::Str(s))) if matches!(s.as_str(), "FSDP" | "DEEPSPEED" | "MEGATRON_LM"))
+}
+
 pub static FAMILY: Family = Family {
     name: "accelerate",
     recognise,
@@ -72,6 +108,10 @@ pub static FAMILY: Family = Family {
             &["--offload_param_device", "--offload-param-device"],
         ),
     ],
+    // FSDP full-shard through accelerate's own flags, added only on several
+    // GPUs with no DeepSpeed or FSDP setting (see `knobs::flags::discover`).
+    added_flags: &[(Knob::Fsdp, "--use_fsdp", AbsentValue::Bool(false))],
+    accepts_added,
     file_kinds: &[FileKind {
         label: "accelerate config",
         when: recognise,

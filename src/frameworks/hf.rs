@@ -117,16 +117,20 @@ fn logging(cmd: &Command, ctx: &super::Ctx) -> Option<Logging> {
 /// argparse script that spells the Trainer's training batch would refuse it.
 fn accepts_added(cmd: &Command, flag: &str) -> bool {
     if flag == "--fsdp" {
-        // The Trainer's FSDP: only where the script parses its arguments.
-        return super::script_mentions(
-            cmd,
-            &[
-                "HfArgumentParser",
-                "TrlParser",
-                "TrainingArguments",
-                "SFTConfig",
-            ],
-        );
+        // The Trainer's FSDP: only where the script parses its arguments, and
+        // not under `accelerate launch`, whose own FSDP flags are added instead.
+        return cmd
+            .launcher(crate::command::LauncherKind::Accelerate)
+            .is_none()
+            && super::script_mentions(
+                cmd,
+                &[
+                    "HfArgumentParser",
+                    "TrlParser",
+                    "TrainingArguments",
+                    "SFTConfig",
+                ],
+            );
     }
     if flag != "--per_device_eval_batch_size" {
         return true;

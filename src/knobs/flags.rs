@@ -108,12 +108,20 @@ fn shards_already(cmd: &Command) -> bool {
                 | "--use_deepspeed"
                 | "--config_file"
                 | "--zero_stage"
+                // accelerate's other distributed types, which --use_fsdp cannot join.
+                | "--cpu"
+                | "--tpu"
+                | "--use_megatron_lm"
         )
     })
 }
 
 /// The value `--fsdp` takes when oomguard adds it.
 pub const FSDP_FULL_SHARD: &str = "full_shard auto_wrap";
+
+/// The added flag that stands for accelerate's FSDP flags
+/// ([`frameworks::accelerate::FSDP_FLAGS`]), added before the script.
+pub const ACCELERATE_FSDP: &str = "--use_fsdp";
 
 fn default_for(knob: Knob) -> Option<Value> {
     match knob {
@@ -160,7 +168,8 @@ pub fn discover(
     // A family whose commands take missing knobs as flags (the Hugging Face
     // Trainer's): those spellings are the script's own.
     let added = frameworks::added_flags(cmd);
-    let hf_style = !added.is_empty();
+    // FSDP alone (accelerate's launcher flags) says nothing of the script's spellings.
+    let hf_style = added.iter().any(|(k, _, _)| *k != Knob::Fsdp);
 
     // 3. A global batch next to a micro-batch: accumulation is derived from it.
     if !knobs.contains_key(&Knob::GradAccum) && knobs.contains_key(&Knob::MicroBatch) {
@@ -219,7 +228,13 @@ pub fn discover(
         if knob == Knob::Fsdp && (world.size <= 1 || shards_already(cmd)) {
             continue;
         }
+        let accelerate_fsdp = flag == ACCELERATE_FSDP;
+        if accelerate_fsdp && frameworks::accelerate::default_config_shards(env) {
+            continue;
+        }
         let flag = match &script {
+            // accelerate's FSDP flags are the launcher's, not the script's.
+            _ if accelerate_fsdp => flag.to_string(),
             None => flag.to_string(),
             Some((name, opts)) => {
                 let spellings = std::iter::once(flag.to_string())
@@ -238,7 +253,18 @@ pub fn discover(
                 }
             }
         };
-        if knob == Knob::Fsdp {
+        if accelerate_fsdp {
+            notes.push(format!(
+                "{knob}: {} GPUs under accelerate launch and no DeepSpeed or FSDP setting in the command: where the memory model says sharding fits and keeps the most throughput, oomguard adds accelerate's {} before the script{} (parameters, gradients and optimizer state sharded over the GPUs; the updates are the same)",
+                world.size,
+                frameworks::accelerate::FSDP_FLAGS.join(" "),
+                if cmd.flags.iter().any(|o| o.name == "--multi_gpu") {
+                    ", in place of --multi_gpu (accelerate takes one distributed type at a time)"
+                } else {
+                    ""
+                }
+            ));
+        } else if knob == Knob::Fsdp {
             notes.push(format!(
                 "{knob}: {} GPUs and no DeepSpeed or FSDP setting in the command: where the memory model says sharding fits and keeps the most throughput, oomguard adds {flag} \"{FSDP_FULL_SHARD}\" (parameters, gradients and optimizer state sharded over the GPUs; the updates are the same)",
                 world.size

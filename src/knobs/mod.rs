@@ -64,6 +64,11 @@ impl fmt::Display for Binding {
             Binding::AddFlag { flag } if flag == "--fsdp" => {
                 write!(f, "absent; would add --fsdp \"{}\"", flags::FSDP_FULL_SHARD)
             }
+            Binding::AddFlag { flag } if flag == flags::ACCELERATE_FSDP => write!(
+                f,
+                "absent; would add {} before the script",
+                crate::frameworks::accelerate::FSDP_FLAGS.join(" ")
+            ),
             Binding::AddFlag { flag } => write!(f, "absent; would add {flag}"),
             Binding::Env { var, present: true } => write!(f, "env {var}"),
             Binding::Env {
@@ -533,6 +538,33 @@ pub fn materialize(
             continue; // unchanged: leave the user's text exactly as written
         }
         for b in std::iter::once(&bound.binding).chain(&bound.mirrors) {
+            // accelerate's FSDP flags are the launcher's: before the script.
+            if matches!(b, Binding::AddFlag { flag } if flag == flags::ACCELERATE_FSDP) {
+                if new.as_bool() == Some(true) {
+                    let cmd = Command::parse(argv);
+                    let script = cmd.args_start().saturating_sub(1);
+                    let fsdp = crate::frameworks::accelerate::FSDP_FLAGS;
+                    // accelerate refuses `--multi_gpu` beside `--use_fsdp` (one
+                    // distributed type at a time): FSDP takes its place.
+                    let multi = cmd
+                        .flags
+                        .iter()
+                        .find(|o| o.name == "--multi_gpu" && o.index < script)
+                        .map(|o| o.index);
+                    let (at, rest) = match multi {
+                        Some(i) => {
+                            out[i] = fsdp[0].into();
+                            (i, &fsdp[1..])
+                        }
+                        None => (script.saturating_sub(1), fsdp),
+                    };
+                    // Inserted after `at`, one by one: the last pushed lands first.
+                    for f in rest.iter().rev() {
+                        inserts.push((at, (*f).into()));
+                    }
+                }
+                continue;
+            }
             if flags::apply_binding(argv, &mut out, &mut append, &mut env, b, new) {
                 continue;
             }

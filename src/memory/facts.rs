@@ -51,6 +51,31 @@ pub struct Facts {
     /// How the frozen base of a PEFT run is held (4-bit, 8-bit), when quantized.
     pub quant: Option<(Dtype, String)>,
     pub fsdp: Option<Fsdp>,
+    /// `--torch_dtype auto` (or a recipe's `dtype: auto`), as said: the
+    /// checkpoint's own dtype (config.json's), settled by [`settle_dtype`].
+    pub dtype_auto: Option<String>,
+    /// Who loads the weights: what dtype they take when none is given.
+    pub loader: Loader,
+}
+
+/// Who calls `from_pretrained`, and so the dtype it loads the weights in when
+/// the run names none (see [`settle_dtype`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Loader {
+    /// A script calling `from_pretrained` itself (HF Trainer, `run_clm.py`):
+    /// transformers 5 loads config.json's dtype (`dtype="auto"` is its
+    /// default), transformers 4 loads fp32.
+    #[default]
+    FromPretrained,
+    /// TRL's scripts and `SFTTrainer`: fp32 unless `--dtype` / `model_init_kwargs`.
+    Trl,
+    /// axolotl: bf16 or fp16 when the recipe says so, else fp32.
+    Axolotl,
+    /// LLaMA-Factory: the compute dtype (config.json's bf16, else fp16), with
+    /// a full fine-tune's trainable parameters upcast to fp32.
+    LlamaFactory,
+    /// torchtune: bf16 (read as a fact already).
+    Torchtune,
 }
 
 fn truthy(v: &str) -> bool {
@@ -318,13 +343,46 @@ fn from_pairs(cmd: &Command, pairs: &[Pair]) -> Facts {
         .take(cmd.args_start().max(1) + 1)
         .any(|a| crate::command::base_name(a) == "tune");
 
-    // The weights' dtype.
-    if let Some(p) =
-        last(&["torch_dtype", "dtype", "model_dtype"]).filter(|p| Dtype::parse(&p.value).is_some())
+    let program = cmd.args.first().map(|a| crate::command::base_name(a));
+    f.loader = if torchtune {
+        Loader::Torchtune
+    } else if program == Some("llamafactory-cli")
+        || (last(&["finetuning_type", "stage"]).is_some_and(|p| !p.from.starts_with("--"))
+            && pairs.iter().any(|p| p.key == "template"))
     {
-        f.dtype = Dtype::parse(&p.value).map(|d| (d, p.said()));
+        Loader::LlamaFactory
+    } else if cmd
+        .args
+        .iter()
+        .take(cmd.args_start().max(1))
+        .any(|a| crate::command::base_name(a) == "axolotl" || a.starts_with("axolotl."))
+        || pairs
+            .iter()
+            .any(|p| p.key == "base_model" && !p.from.starts_with("--"))
+    {
+        Loader::Axolotl
+    } else if cmd
+        .args
+        .iter()
+        .take(cmd.args_start().max(1))
+        .any(|a| crate::command::base_name(a) == "trl" || a.starts_with("trl."))
+    {
+        Loader::Trl
+    } else {
+        Loader::FromPretrained
+    };
+
+    // The weights' dtype.
+    if let Some(p) = last(&["torch_dtype", "dtype", "model_dtype"]) {
+        match Dtype::parse(&p.value) {
+            Some(d) => f.dtype = Some((d, p.said())),
+            None if p.value.trim().trim_matches(['"', '\'']) == "auto" => {
+                f.dtype_auto = Some(p.said())
+            }
+            None => {}
+        }
     }
-    if f.dtype.is_none() {
+    if f.dtype.is_none() && f.dtype_auto.is_none() {
         if let Some(p) = last(&["bf16"]).filter(|p| p.value.eq_ignore_ascii_case("full")) {
             f.dtype = Some((Dtype::Bf16, p.said()));
         } else if let Some(p) = last(&["pure_bf16"]).filter(|p| truthy(&p.value)) {
@@ -338,6 +396,11 @@ fn from_pairs(cmd: &Command, pairs: &[Pair]) -> Facts {
                     .any(|q| q.from == p.from && q.key == "base_model")
         }) {
             f.dtype = Some((Dtype::Bf16, p.said()));
+        } else if let Some(p) = last(&["fp16"]).filter(|p| {
+            // axolotl loads the weights in fp16 when `fp16: true`.
+            !p.from.starts_with("--") && truthy(&p.value) && f.loader == Loader::Axolotl
+        }) {
+            f.dtype = Some((Dtype::F16, p.said()));
         } else if torchtune {
             f.dtype = Some((Dtype::Bf16, "torchtune's default dtype: bf16".into()));
         }
@@ -507,6 +570,150 @@ fn from_pairs(cmd: &Command, pairs: &[Pair]) -> Facts {
     }
     f.fsdp = fsdp;
     f
+}
+
+/// config.json's dtype (`torch_dtype`, or `dtype` in newer transformers):
+/// what `from_pretrained(dtype="auto")` loads. `None` when it names none.
+pub fn config_dtype(config_text: &str) -> Option<Dtype> {
+    let root: serde_json::Value = serde_json::from_str(config_text).ok()?;
+    let v = root
+        .get("text_config")
+        .filter(|t| t.get("torch_dtype").is_some() || t.get("dtype").is_some())
+        .unwrap_or(&root);
+    ["dtype", "torch_dtype"]
+        .iter()
+        .find_map(|k| v.get(*k).and_then(|d| d.as_str()).and_then(Dtype::parse))
+}
+
+/// The dtype the weights are loaded in when the run names none, or names
+/// `auto`: config.json's (`config`, read at `config_src`) where the loader
+/// takes it, else the loader's own default. `transformers` is the major
+/// version installed where the command runs (`None`: not found). Always
+/// leaves `f.dtype` set, with where it came from, once a config is known.
+pub fn settle_dtype(
+    f: &mut Facts,
+    config: Option<Dtype>,
+    config_src: &str,
+    transformers: Option<u32>,
+) {
+    if f.dtype.is_some() {
+        return;
+    }
+    let cfg_said = |d: Dtype| format!("config.json's dtype {} ({config_src})", d.name());
+    if let Some(said) = &f.dtype_auto {
+        f.dtype = Some(match config {
+            Some(d) => (d, format!("{said}: {}", cfg_said(d))),
+            None => (
+                Dtype::F32,
+                format!("{said}: config.json names no dtype, fp32 assumed"),
+            ),
+        });
+        return;
+    }
+    f.dtype = Some(match f.loader {
+        Loader::Trl => (
+            Dtype::F32,
+            "TRL loads fp32 unless --dtype or model_init_kwargs says otherwise".into(),
+        ),
+        Loader::Axolotl => (
+            Dtype::F32,
+            "axolotl loads fp32 without bf16:/fp16: in the recipe".into(),
+        ),
+        Loader::LlamaFactory => {
+            if f.peft.is_some() {
+                // The compute dtype: bf16 where config.json says bf16, else fp16
+                // (on a GPU with bf16, bf16 only where the checkpoint is).
+                let d = if config == Some(Dtype::Bf16) {
+                    Dtype::Bf16
+                } else {
+                    Dtype::F16
+                };
+                (
+                    d,
+                    format!(
+                        "LLaMA-Factory's compute dtype, from config.json's {} ({config_src})",
+                        config.map_or("none", Dtype::name)
+                    ),
+                )
+            } else {
+                (
+                    Dtype::F32,
+                    "LLaMA-Factory upcasts a full fine-tune's trainable parameters to fp32 (pure_bf16: true keeps bf16)".into(),
+                )
+            }
+        }
+        Loader::Torchtune => (Dtype::Bf16, "torchtune's default dtype: bf16".into()),
+        Loader::FromPretrained => match (transformers, config) {
+            (_, None) | (_, Some(Dtype::F32)) => (
+                Dtype::F32,
+                format!(
+                    "from_pretrained's default: config.json names {} ({config_src})",
+                    config.map_or("no dtype", |_| "fp32")
+                ),
+            ),
+            (Some(v), Some(d)) if v >= 5 => (
+                d,
+                format!(
+                    "transformers {v}'s from_pretrained loads config.json's dtype ({config_src})"
+                ),
+            ),
+            (Some(v), Some(d)) => (
+                Dtype::F32,
+                format!(
+                    "transformers {v}'s from_pretrained default, not config.json's {} (--torch_dtype auto takes it)",
+                    d.name()
+                ),
+            ),
+            (None, Some(d)) => (
+                Dtype::F32,
+                format!(
+                    "from_pretrained's default before transformers 5, assumed: no transformers found where the command runs; transformers 5 loads config.json's {}",
+                    d.name()
+                ),
+            ),
+        },
+    });
+}
+
+/// The major version of transformers installed where the command runs: the
+/// environment of its program (`python`, `torchrun`, `accelerate`, ... found
+/// on PATH), its `lib/python*/site-packages/transformers-X.Y.Z.dist-info`.
+pub fn transformers_major(cmd: &Command, env: &dyn Fn(&str) -> Option<String>) -> Option<u32> {
+    let prog = cmd.args.first()?;
+    let path = if prog.contains('/') {
+        std::path::PathBuf::from(prog)
+    } else {
+        let p = env("PATH")?;
+        std::env::split_paths(&p)
+            .map(|d| d.join(prog))
+            .find(|p| p.is_file())?
+    };
+    // bin/python → the environment's prefix (a venv's python is a link: its
+    // own folder's parent, not the link's target's).
+    let prefix = path.parent()?.parent()?;
+    for lib in ["lib", "lib64"] {
+        let Ok(rd) = std::fs::read_dir(prefix.join(lib)) else {
+            continue;
+        };
+        let mut dirs: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+        dirs.sort();
+        for d in dirs {
+            let Ok(sp) = std::fs::read_dir(d.join("site-packages")) else {
+                continue;
+            };
+            for e in sp.flatten() {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                if let Some(v) = n
+                    .strip_prefix("transformers-")
+                    .and_then(|r| r.strip_suffix(".dist-info"))
+                {
+                    return v.split('.').next()?.parse().ok();
+                }
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -762,5 +969,114 @@ mod tests {
             f.fsdp.is_none(),
             "an fsdp_config without --fsdp shards nothing"
         );
+    }
+    /// The dtype the weights load in when the run names none or says `auto`:
+    /// config.json's where the loader takes it, the loader's default elsewhere,
+    /// always said with where it came from.
+    #[test]
+    fn the_dtype_without_a_flag_follows_the_loader_and_config_json() {
+        let cfg = r#"{"model_type": "llama", "torch_dtype": "bfloat16"}"#;
+        assert_eq!(config_dtype(cfg), Some(Dtype::Bf16));
+        assert_eq!(config_dtype(r#"{"dtype": "float16"}"#), Some(Dtype::F16));
+        assert_eq!(config_dtype(r#"{"hidden_size": 8}"#), None);
+        let settle = |a: &[&str], files: &[(&str, &str)], c, v| {
+            let mut f = facts(a, files);
+            settle_dtype(&mut f, c, "m/config.json", v);
+            let (d, said) = f.dtype.unwrap();
+            (d, said)
+        };
+        let bf = Some(Dtype::Bf16);
+        let hf = [
+            "torchrun",
+            "train.py",
+            "--model_name_or_path",
+            "m",
+            "--bf16",
+        ];
+        // --torch_dtype auto: config.json's, whatever the version.
+        let auto = ["python", "run_clm.py", "--torch_dtype", "auto"];
+        let (d, said) = settle(&auto, &[], bf, Some(4));
+        assert_eq!(d, Dtype::Bf16);
+        assert!(
+            said.contains("--torch_dtype auto") && said.contains("config.json"),
+            "{said}"
+        );
+        assert_eq!(settle(&auto, &[], None, Some(5)).0, Dtype::F32);
+        // No flag: transformers 5 loads config.json's dtype, 4 fp32, unknown: fp32, said.
+        assert_eq!(settle(&hf, &[], bf, Some(5)).0, Dtype::Bf16);
+        assert_eq!(settle(&hf, &[], bf, Some(4)).0, Dtype::F32);
+        let (d, said) = settle(&hf, &[], bf, None);
+        assert_eq!(d, Dtype::F32);
+        assert!(said.contains("no transformers found"), "{said}");
+        assert_eq!(settle(&hf, &[], None, Some(5)).0, Dtype::F32);
+        // A flag wins over config.json.
+        let flag = ["python", "t.py", "--torch_dtype", "float32"];
+        assert_eq!(settle(&flag, &[], bf, Some(5)).0, Dtype::F32);
+        // TRL: fp32 unless --dtype, whatever config.json says.
+        assert_eq!(
+            settle(
+                &["trl", "sft", "--model_name_or_path", "m"],
+                &[],
+                bf,
+                Some(5)
+            )
+            .0,
+            Dtype::F32
+        );
+        assert_eq!(
+            settle(&["trl", "sft", "--dtype", "auto"], &[], bf, Some(5)).0,
+            Dtype::Bf16
+        );
+        // axolotl: its recipe's bf16/fp16, else fp32.
+        let ax = ("a.yml", "base_model: m\nadapter: lora\n");
+        assert_eq!(
+            settle(&["axolotl", "train", "a.yml"], &[ax], bf, Some(5)).0,
+            Dtype::F32
+        );
+        let ax16 = ("a.yml", "base_model: m\nfp16: true\n");
+        assert_eq!(
+            settle(&["axolotl", "train", "a.yml"], &[ax16], bf, Some(5)).0,
+            Dtype::F16
+        );
+        // LLaMA-Factory: LoRA's base in the compute dtype, a full fine-tune fp32.
+        let lf = (
+            "c.yaml",
+            "model_name_or_path: m\nstage: sft\nfinetuning_type: lora\ntemplate: llama3\n",
+        );
+        assert_eq!(
+            settle(&["llamafactory-cli", "train", "c.yaml"], &[lf], bf, Some(5)).0,
+            Dtype::Bf16
+        );
+        let lf_full = (
+            "c.yaml",
+            "model_name_or_path: m\nstage: sft\nfinetuning_type: full\ntemplate: llama3\n",
+        );
+        assert_eq!(
+            settle(
+                &["llamafactory-cli", "train", "c.yaml"],
+                &[lf_full],
+                bf,
+                Some(5)
+            )
+            .0,
+            Dtype::F32
+        );
+    }
+
+    /// The installed transformers' major version, from the program's environment.
+    #[test]
+    fn the_transformers_version_is_read_from_the_programs_environment() {
+        let d = tempfile::tempdir().unwrap();
+        let bin = d.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("torchrun"), "#!/bin/sh\n").unwrap();
+        let sp = d.path().join("lib/python3.12/site-packages");
+        std::fs::create_dir_all(sp.join("transformers-5.23.0.dist-info")).unwrap();
+        let path = bin.display().to_string();
+        let env = move |k: &str| (k == "PATH").then(|| path.clone());
+        let c = cmd(&["torchrun", "train.py"]);
+        assert_eq!(transformers_major(&c, &env), Some(5));
+        let c = cmd(&["nothere-xyz", "train.py"]);
+        assert_eq!(transformers_major(&c, &env), None);
     }
 }

@@ -254,11 +254,12 @@ pub fn find_model(cmd: &Command, files: &[String], env: &dyn Fn(&str) -> Option<
     let mut unknown = None;
     for n in &names {
         match config_for(n, env) {
-            Some((src, Ok(a))) => {
-                let f = facts::read(cmd, &texts);
+            Some((src, Ok(a), cfg_dtype)) => {
+                let mut f = facts::read(cmd, &texts);
+                facts::settle_dtype(&mut f, cfg_dtype, &src, facts::transformers_major(cmd, env));
                 return Found::Model(ModelSpec::of_arch(src, &a).with_facts(&a, &f));
             }
-            Some((src, Err(u))) => {
+            Some((src, Err(u), _)) => {
                 unknown.get_or_insert(format!(
                     "memory model: {src} is a '{}' model, an architecture the memory model does not know ({}): decisions follow the policy's ladder (--knob params=N takes it as Llama-shaped)",
                     u.what,
@@ -274,13 +275,18 @@ pub fn find_model(cmd: &Command, files: &[String], env: &dyn Fn(&str) -> Option<
     }
 }
 
-type Config = (String, Result<Arch, arch::Unknown>);
+/// Where it was read, the architecture, and config.json's own dtype.
+type Config = (String, Result<Arch, arch::Unknown>, Option<dtype::Dtype>);
 
 /// The `config.json` of a local folder or of a hub name in the HF cache.
 fn config_for(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<Config> {
     let parse = |p: &Path| -> Option<Config> {
         let t = crate::untrusted::read_config(p).ok()?;
-        Some((p.display().to_string(), Arch::from_config_json(&t)?))
+        Some((
+            p.display().to_string(),
+            Arch::from_config_json(&t)?,
+            facts::config_dtype(&t),
+        ))
     };
     let local = Path::new(name).join("config.json");
     if local.is_file() {
@@ -653,9 +659,13 @@ pub fn next_from_model(
         before: cur.clone(),
         after: best.settings.clone(),
         reason: format!(
-            "{evidence}{spike}: {}{gb}; the memory model ({}) predicts {} of {} per GPU, {why}",
+            "{evidence}{spike}: {}{gb}; the memory model ({}{}) predicts {} of {} per GPU, {why}",
             changed.join(", "),
             cal.model.source,
+            cal.two_points
+                .as_deref()
+                .map(|t| format!(", {t}"))
+                .unwrap_or_default(),
             gib(best.estimate.total()),
             gib(cal.gpu_total.unwrap_or(0.0)),
         ),

@@ -807,3 +807,72 @@ fn the_decision_per_phase() {
     );
     assert_eq!(Evidence::cuda_oom(None).when(), None);
 }
+
+/// The OOM's decision uses a measured peak at another batch as a second
+/// point: states that the model under-counts move the constant, the
+/// activations stay as the architecture gives them, and the pick fits the
+/// hidden truth.
+#[test]
+fn a_measured_peak_and_an_oom_calibrate_the_states_not_the_activations() {
+    let s8 = with(
+        with(
+            settings(8, 2, Some(2048), false),
+            Knob::ZeroStage,
+            Value::Int(0),
+        ),
+        Knob::OffloadOptimizer,
+        Value::Offload(Offload::None),
+    );
+    let mut s2 = s8.clone();
+    s2.knobs.insert(Knob::MicroBatch, Value::Int(2));
+    s2.knobs.insert(Knob::GradAccum, Value::Int(8));
+    let m = ModelSpec::from_params(1.6e9);
+    // The hidden truth: the model's states times `cs`, chosen so that
+    // micro-batch 8 needs the OOM's 80 - 1 + 4 GiB.
+    let at = |s: &Settings, cs: f64| crate::memory::estimate_scaled(&m, s, 1.0, cs).total();
+    let states = at(&s8, 1.0) - at(&s8, 0.0);
+    let cs = 1.0 + (83.0 * GIB - at(&s8, 1.0)) / states;
+    assert!(
+        (1.05..1.6).contains(&cs),
+        "the case needs a states error: {cs}"
+    );
+    let mut cal = Calibrated::new(m.clone(), Some(80.0 * GIB));
+    cal.learn_peak(&s2, at(&s2, cs));
+    let mut c = Case::at(s8.clone());
+    c.model = Some(cal);
+    let v = c.next(&gpu_oom(gpu(Some(0), None), false));
+    let Verdict::Relaunch {
+        settings: picked,
+        model: Some(after),
+        because: Because::Ladder { decision, .. },
+        ..
+    } = v
+    else {
+        panic!("{v:?}")
+    };
+    assert!(
+        decision.reason.contains(
+            "solved on two points, this OOM and the peak measured at micro_batch 2, grad_accum 8"
+        ),
+        "{}",
+        decision.reason
+    );
+    assert!(
+        (after.scale - 1.0).abs() < 1e-6,
+        "activations moved: {}",
+        after.scale
+    );
+    assert!(
+        (after.state_scale - cs).abs() < 1e-6,
+        "{} vs {cs}",
+        after.state_scale
+    );
+    assert!(
+        at(&picked, cs) <= 80.0 * GIB,
+        "{picked:?} does not fit the truth"
+    );
+    assert!(
+        picked.int(Knob::MicroBatch) > Some(2),
+        "{picked:?}: needlessly small"
+    );
+}

@@ -325,7 +325,7 @@ impl<'c> Run<'c> {
                 first,
                 begun: 0,
                 attempts: Vec::new(),
-                cal: cfg.calibrated(),
+                cal: cfg.calibrated_for_run(),
                 phase: None,
                 retried: Vec::new(),
                 no_cpu_offload: Vec::new(),
@@ -400,6 +400,17 @@ impl<'c> Run<'c> {
         };
         self.now.resumer.note_announced(&report.saves);
         let outcome = self.ended(n, &report, peak.as_ref(), spec.log.as_deref(), started);
+        // The peak of an attempt that ran without a GPU OOM is a measured point
+        // for the memory model (its next OOM solves two points); an OOM's own
+        // peak is only the GPU's size.
+        if !matches!(outcome, Outcome::GpuOom { .. })
+            && let (Some(cal), Some(b)) = (
+                self.past.cal.as_mut(),
+                peak.as_ref().and_then(PeakReport::run_peak),
+            )
+        {
+            cal.learn_peak(&self.now.settings, b as f64);
+        }
         let mut rec = AttemptRecord {
             n,
             pid: report.pid,
