@@ -362,7 +362,28 @@ fn workers_in_their_own_session_are_killed_too() {
     assert_eq!(r.exit, Exit::Code(0));
     let pids = read_pids(&file);
     assert_eq!(pids.len(), 5, "{pids:?}");
-    assert_eq!(alive(&pids), Vec::<i32>::new());
+    // On failure, say what each process of the tree was then.
+    let left = alive(&pids);
+    let seen: Vec<String> = pids
+        .iter()
+        .map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+            let marked = String::from_utf8_lossy(&env).contains(tree::MARKER_VAR);
+            format!(
+                "{p}: environ {} bytes, marked {marked}, stat {stat}",
+                env.len()
+            )
+        })
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<i32>::new(),
+        "after {:?}, warnings {:?}:\n{}",
+        r.duration,
+        r.warnings,
+        seen.join("\n")
+    );
 }
 
 #[test]
