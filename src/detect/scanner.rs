@@ -908,27 +908,6 @@ pub fn warm() {
     // The patterns of the modules the scanner calls (progress, the kernel's lines), and
     // the lazy DFAs' first states, through a log that takes every path once.
     classify_log(WARM_LOG.as_bytes());
-    // And those an attempt's end reads its log with (when in the run its OOM came, the
-    // step it reached): built at its end, they were milliseconds of the gap between an
-    // attempt's exit and the next one's exec.
-    let oom_line = WARM_LOG
-        .lines()
-        .find(|l| l.contains("OutOfMemoryError"))
-        .unwrap_or_default();
-    crate::detect::phase::classify(WARM_LOG, oom_line);
-    crate::progress::last_step_counted(
-        WARM_LOG.as_bytes(),
-        crate::progress::Counting::default(),
-        0,
-    );
-    crate::progress::logged_step(
-        b"{'loss': 2.0, 'epoch': 0.1}",
-        crate::progress::Logging {
-            every: 1,
-            first_step: false,
-        },
-        0,
-    );
 }
 
 /// A log that takes the scanner through each kind of line once (see [`warm`]).
