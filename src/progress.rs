@@ -43,8 +43,21 @@ static RATE: LazyLock<Regex> = LazyLock::new(|| {
 
 /// The Hugging Face Trainer's log dict of a training step: `loss` is its first key
 /// (`{'eval_loss': ...}` and the end's `{'train_runtime': ...}` are not steps).
+/// At most [`MAX_LOG_DICT`] bytes: a bounded repetition in the pattern (`{0,4096}`) made
+/// its automaton 14 MiB, built in the middle of a run; the bound is checked on the match.
 static LOG_DICT: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r#"\{\s*['"]loss['"]\s*:[^{}\n]{0,4096}\}"#).expect("valid regex"));
+    LazyLock::new(|| Regex::new(r#"\{\s*['"]loss['"]\s*:[^{}\n]*\}"#).expect("valid regex"));
+
+/// The longest log dict counted (a longer brace-delimited line is something else).
+const MAX_LOG_DICT: usize = 4096;
+
+/// The log dicts of `text`, in order.
+fn log_dicts(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+    LOG_DICT
+        .find_iter(text)
+        .map(|m| m.as_bytes())
+        .filter(|m| m.len() <= MAX_LOG_DICT)
+}
 
 /// Lightning's bars: tqdm's `Epoch 0:  30%|###  | 3/10 [` and rich's
 /// `Epoch 0/-2 ━━━━━ 6/6 0:00:00`: the epoch, the batches of it done, and the
@@ -303,7 +316,7 @@ pub fn logged_step(text: &[u8], logging: Logging, from: u64) -> Option<Reached> 
     }
     // Every local rank 0 of a multi-node run prints the same dict for a step
     // (one oomguard around srun sees them all): each distinct dict counts once.
-    let dicts: HashSet<&[u8]> = LOG_DICT.find_iter(text).map(|m| m.as_bytes()).collect();
+    let dicts: HashSet<&[u8]> = log_dicts(text).collect();
     let n = dicts.len() as u64;
     (n > 0).then(|| Reached {
         step: logging.nth_step(n, from),
@@ -364,9 +377,9 @@ impl StepWatch {
         if last_step_counted(&text, self.counting, self.from).is_some_and(|s| s >= self.step) {
             self.back = true;
         } else if let Some(l) = self.logging {
-            for m in LOG_DICT.find_iter(&text) {
+            for m in log_dicts(&text) {
                 if self.dicts.len() < 1 << 20 {
-                    self.dicts.insert(m.as_bytes().to_vec());
+                    self.dicts.insert(m.to_vec());
                 }
             }
             let n = self.dicts.len() as u64;
@@ -619,6 +632,20 @@ mod tests {
     /// transformers 4 printed the floats as they are; TRL adds keys; several local
     /// ranks 0 (one oomguard around srun) print the same dict once each; an
     /// evaluation's dict and the end's summary are not steps.
+    #[test]
+    fn a_brace_line_longer_than_a_log_dict_is_not_one() {
+        let every = Logging {
+            every: 1,
+            first_step: false,
+        };
+        let long = format!("{{'loss': 1.0, 'x': '{}'}}\n", "y".repeat(MAX_LOG_DICT));
+        let text = format!("{{'loss': 2.0, 'epoch': 0.1}}\n{long}{{'loss': 1.9, 'epoch': 0.2}}\n");
+        assert_eq!(
+            logged_step(text.as_bytes(), every, 0).map(|r| r.step),
+            Some(2)
+        );
+    }
+
     #[test]
     fn log_dicts_of_other_versions_ranks_and_intervals() {
         let v4 = b"{'loss': 2.3125, 'grad_norm': 1.0441, 'learning_rate': 4.9e-05, 'epoch': 0.02}\n\

@@ -92,9 +92,13 @@ static OOM_KILL: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"oom-kill:constraint=(\w+).*?,task=(.{0,64}?),pid=(\d+)").expect("oom-kill pattern")
 });
 
-/// "task_memcg=/job/step_0," (the victim's memory cgroup).
+/// "task_memcg=/job/step_0," (the victim's memory cgroup), its first [`MAX_MEMCG`]
+/// characters kept. (Bounded in the pattern, `{1,4096}`, its automaton was 8 MB.)
 static TASK_MEMCG: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"[,:]task_memcg=([^,\s]{1,4096})").expect("memcg pattern"));
+    LazyLock::new(|| Regex::new(r"[,:]task_memcg=([^,\s]+)").expect("memcg pattern"));
+
+/// The most of a memory cgroup's name kept from a kernel record.
+const MAX_MEMCG: usize = 4096;
 
 /// A time stamp at the start of a line: dmesg's and journalctl's "[ 5219.962437]",
 /// or /dev/kmsg's "6,1234,5219962437,-;".
@@ -117,7 +121,9 @@ pub fn victim_in(line: &str) -> Option<Victim> {
             pid: c[3].parse().ok()?,
             name: c[2].to_string(),
             constraint: Some(c[1].to_string()),
-            memcg: TASK_MEMCG.captures(line).map(|m| m[1].to_string()),
+            memcg: TASK_MEMCG
+                .captures(line)
+                .map(|m| m[1].chars().take(MAX_MEMCG).collect()),
             at_ms,
             ..Victim::default()
         });
