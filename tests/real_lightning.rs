@@ -11,19 +11,9 @@ mod common;
 use common::*;
 
 use serde_json::Value;
-use std::path::Path;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(540);
-
-/// The report lines the program's rank 0 appended (one JSON object a launch, and its end).
-fn report(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
 
 /// Two ranks started by Lightning (`devices: 2`, `strategy: ddp`, `num_nodes: 1`, all in
 /// the config), 10 batches of 4 a rank each epoch at accumulation 3: 4 steps an epoch

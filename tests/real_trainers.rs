@@ -42,15 +42,6 @@ fn run_start(run: &Run, j: &[Value]) -> Value {
     s[0].clone()
 }
 
-/// The report lines a test program appended (one JSON object a line).
-fn report(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 fn lightning_config(dir: &Path, body: &str) -> PathBuf {
     let cfg = dir.join("cfg.yaml");
     std::fs::write(&cfg, body).unwrap();

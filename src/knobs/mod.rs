@@ -742,6 +742,11 @@ pub fn layout(
 /// How often the command's trainer prints its per-step log dicts (see
 /// `progress`), from its flags and the recipes it names.
 pub fn logging(cmd: &Command, disc: &Discovery) -> Option<crate::progress::Logging> {
+    with_recipes(disc, |ctx| frameworks::logging(cmd, ctx))
+}
+
+/// `f` given the values of the recipes `disc` read (no output folder).
+fn with_recipes<R>(disc: &Discovery, f: impl FnOnce(&frameworks::Ctx<'_>) -> R) -> R {
     let recipe_value = |key: &str| {
         disc.config
             .files
@@ -749,28 +754,16 @@ pub fn logging(cmd: &Command, disc: &Discovery) -> Option<crate::progress::Loggi
             .filter(|f| f.role.is_recipe())
             .find_map(|f| f.doc.get(key).ok().flatten())
     };
-    let ctx = frameworks::Ctx {
+    f(&frameworks::Ctx {
         recipe_output_dir: None,
         recipe_value: &recipe_value,
-    };
-    frameworks::logging(cmd, &ctx)
+    })
 }
 
 /// What the step numbers the command's trainer prints count, with its config
 /// files read (see `frameworks::counting_in`).
 pub fn counting(cmd: &Command, disc: &Discovery) -> crate::progress::Counting {
-    let recipe_value = |key: &str| {
-        disc.config
-            .files
-            .iter()
-            .filter(|f| f.role.is_recipe())
-            .find_map(|f| f.doc.get(key).ok().flatten())
-    };
-    let ctx = frameworks::Ctx {
-        recipe_output_dir: None,
-        recipe_value: &recipe_value,
-    };
-    frameworks::counting_in(cmd, &ctx)
+    with_recipes(disc, |ctx| frameworks::counting_in(cmd, ctx))
 }
 
 /// A knob to add as `{prefix}{key}=N` when it changes: (knob, its current value, key, prefix).

@@ -391,3 +391,12 @@ pub fn flag_value(argv: &[String], flag: &str) -> Option<String> {
         }
     })
 }
+
+/// The report lines a test program appended (one JSON object a line; others skipped).
+pub fn report(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
