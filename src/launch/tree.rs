@@ -175,21 +175,40 @@ pub(crate) fn marked_pids_born(marker: &str, born: Option<u64>) -> Vec<i32> {
         // Opening another user's (or another container's) environment is refused at
         // once: the cheapest test first. Then its start time; then its environment.
         .filter_map(|pid| {
-            let environ = std::fs::File::open(format!("/proc/{pid}/environ")).ok()?;
+            let environ = match std::fs::File::open(format!("/proc/{pid}/environ")) {
+                Ok(f) => Some(f),
+                // A process that is exiting has released its memory, environment
+                // included, before it becomes a zombie: opening its environment then
+                // fails with ESRCH (for a few milliseconds, longer for a big process on a
+                // busy machine). One of ours born after the attempt started may be the
+                // attempt's, and counts as alive until it is a zombie. Not counting it
+                // said "gone" while a worker was still closing its files (its GPU memory
+                // included): the launch tests caught one alive after the run returned.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) && ours(pid) => None,
+                Err(_) => return None,
+            };
             let stat = read_stat(pid)?;
             let young = !stat.zombie && born.is_none_or(|b| stat.start >= b);
-            young.then_some((pid, environ, stat.exiting))
+            (young && (environ.is_some() || stat.exiting)).then_some((pid, environ, stat.exiting))
         })
-        // A process that is exiting has released its environment before it becomes a
-        // zombie: one born after the attempt started may be the attempt's, and counts as
-        // alive until it is a zombie (for the few milliseconds that takes). Not counting it
-        // said "gone" while a worker was still closing its files (its GPU memory included).
         .filter_map(|(pid, environ, exiting)| {
-            (exiting || has_marker(environ, &needle, &mut buf, &mut carry)).then_some(pid)
+            let marked = match environ {
+                Some(f) => has_marker(f, &needle, &mut buf, &mut carry),
+                None => false,
+            };
+            (exiting || marked).then_some(pid)
         })
         // A process that died while being looked at is not alive.
         .filter(|&pid| read_stat(pid).is_some_and(|p| !p.zombie))
         .collect()
+}
+
+/// Whether process `pid` is our user's (the owner of its /proc folder).
+fn ours(pid: i32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid cannot fail.
+    let me = unsafe { libc::geteuid() };
+    std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == me)
 }
 
 /// Sends `sig` to every live process carrying the marker; returns how many.
@@ -264,6 +283,45 @@ pub(crate) fn pid_alive(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A marked process killed while it holds much memory spends milliseconds exiting
+    /// (its environment unreadable, not yet a zombie): all that time it is still the
+    /// attempt's. Three tries to see it exiting at least once.
+    #[test]
+    fn an_exiting_process_of_the_attempt_is_still_found() {
+        let marker = format!(
+            "{}.exiting.{}",
+            std::process::id(),
+            start_time(std::process::id() as i32).unwrap()
+        );
+        let mut seen_exiting = 0;
+        for _ in 0..3 {
+            let mut child = std::process::Command::new("python3")
+                .args(["-c", "b = bytearray(512 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nprint('ready', flush=True)\nimport time; time.sleep(60)"])
+                .env(MARKER_VAR, &marker)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = [0u8; 6];
+            std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut line).unwrap();
+            let pid = child.id() as i32;
+            assert_eq!(marked_pids_born(&marker, None), vec![pid]);
+            kill_pid(pid, Signal::KILL);
+            while let Some(p) = read_stat(pid).filter(|p| !p.zombie) {
+                let found = marked_pids_born(&marker, None);
+                // Read again: it may have become a zombie meanwhile.
+                if read_stat(pid).is_some_and(|p| !p.zombie) {
+                    assert_eq!(found, vec![pid], "exiting {}", p.exiting);
+                    seen_exiting += usize::from(p.exiting);
+                }
+            }
+            child.wait().unwrap();
+            if seen_exiting > 0 {
+                break;
+            }
+        }
+        assert!(seen_exiting > 0, "never saw the process exiting");
+    }
 
     #[test]
     fn stat_lines_give_group_state_exiting_and_start() {
