@@ -91,6 +91,9 @@ const PID_SAMPLE_EVERY: Duration = Duration::from_millis(250);
 const KILL_WAIT: Duration = Duration::from_secs(2);
 /// How often [`Spec::stop_when`] is asked while the command runs.
 const STOP_CHECK_EVERY: Duration = Duration::from_millis(500);
+/// After a stop at a torchrun worker's OOM, how often to look for workers it started
+/// again (a worker imports torch for a second or more before it trains).
+const RESTART_CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// Asked every [`STOP_CHECK_EVERY`] while the command runs; `Some(why)` ends the
 /// attempt as a hang does (SIGTERM to its processes, SIGKILL after the grace
@@ -847,6 +850,10 @@ struct LoopState {
     stop_why: Option<String>,
     /// The attempt was ended because a torchrun worker died of a GPU OOM.
     worker_oom: bool,
+    /// The attempt's processes when it was told to stop at a worker's OOM, and when
+    /// they were last compared with the live ones (see `check_restart_after_stop`).
+    stopped_pids: Vec<i32>,
+    restart_checked: Instant,
     stop_checked: Instant,
     /// How many of each user interrupt arrived: a second SIGINT, SIGTERM or SIGHUP
     /// kills the group at once (a first SIGTERM or SIGHUP starts the grace period).
@@ -874,6 +881,8 @@ impl LoopState {
             interrupted: None,
             stop_why: None,
             worker_oom: false,
+            stopped_pids: Vec::new(),
+            restart_checked: Instant::now(),
             stop_checked: Instant::now(),
             sigints: 0,
             sigterms: 0,
@@ -900,6 +909,9 @@ impl LoopState {
             }
             if w.spec.stop_when.is_some() && self.term_at.is_none() {
                 at(self.stop_checked + STOP_CHECK_EVERY);
+            }
+            if self.worker_oom && self.kill_at.is_none() {
+                at(self.restart_checked + RESTART_CHECK_EVERY);
             }
             if let Some(f) = &w.files {
                 at(f.next_at());
@@ -1049,16 +1061,53 @@ impl LoopState {
     /// A torchrun worker died of a GPU OOM (see [`Spec::torchrun_restarts`]): end
     /// the attempt now, as a hang is ended, before torchrun restarts the workers
     /// with the settings that just ran out of memory.
-    fn check_worker_oom(&mut self, attempt: &Attempt, w: &Watch<'_>, now: Instant) {
+    fn check_worker_oom(&mut self, attempt: &mut Attempt, w: &Watch<'_>, now: Instant) {
+        if self.worker_oom {
+            self.check_restart_after_stop(attempt, now);
+            return;
+        }
         if !w.worker_oom || self.exited.is_some() || self.term_at.is_some() {
             return;
         }
         let pgid = attempt.pid;
         tracing::info!("a torchrun worker died of an OOM: terminating process group {pgid}");
+        self.stopped_pids = tree::marked_pids_born(&attempt.marker, attempt.born);
         tree::kill_group(pgid, Signal::TERM);
-        attempt.kill_marked(Signal::TERM);
+        for &pid in &self.stopped_pids {
+            tree::kill_pid(pid, Signal::TERM);
+        }
         self.term_at = Some(now);
+        self.restart_checked = now;
         self.worker_oom = true;
+    }
+
+    /// torchrun can swallow the SIGTERM that stops it: its handler raises an exception,
+    /// and when that lands inside a `try: ... except Exception` (Python's logging, while
+    /// it writes the very "failed (exitcode: 1)" line oomguard acted on, prints
+    /// "--- Logging error ---" and goes on), torchrun restarts the workers with the
+    /// settings that ran out of memory. A process of the attempt born after the stop is
+    /// such a restart: everything of the attempt is killed at once.
+    fn check_restart_after_stop(&mut self, attempt: &mut Attempt, now: Instant) {
+        if self.exited.is_some()
+            || self.kill_at.is_some()
+            || now < self.restart_checked + RESTART_CHECK_EVERY
+        {
+            return;
+        }
+        self.restart_checked = now;
+        let new: Vec<i32> = tree::marked_pids_born(&attempt.marker, attempt.born)
+            .into_iter()
+            .filter(|p| !self.stopped_pids.contains(p))
+            .collect();
+        if !new.is_empty() {
+            let pgid = attempt.pid;
+            tracing::info!(
+                "process group {pgid} started {new:?} after it was told to stop at a worker's OOM \
+                 (its SIGTERM was swallowed): killing it"
+            );
+            attempt.kill_all();
+            self.kill_at = Some(now);
+        }
     }
 
     /// The next step towards nothing of the attempt being alive: SIGTERM on a

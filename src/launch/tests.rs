@@ -439,6 +439,41 @@ fn a_hang_after_an_oom_is_killed() {
     assert!(String::from_utf8_lossy(&err).contains("CUDA out of memory"));
 }
 
+/// A torchrun that swallows the SIGTERM oomguard sends at a worker's OOM (Python's
+/// logging catches the exception torchrun's handler raises and goes on) and restarts
+/// its workers: the restarted worker is killed as it starts, before it trains with the
+/// settings that ran out, and not after the grace period.
+#[test]
+fn a_torchrun_that_swallows_the_stop_and_restarts_is_killed_at_once() {
+    let _g = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let trained = dir.path().join("trained");
+    let script = r#"trap 'echo "--- Logging error ---" >&2' TERM
+python3 -c 'import sys; sys.stderr.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity of 79.15 GiB of which 1.06 GiB is free. Including non-PyTorch memory, this process has 78.08 GiB memory in use. Of the allocated memory 75.20 GiB is allocated by PyTorch, and 1.32 GiB is reserved by PyTorch but unallocated.\n")'
+echo "E1127 13:55:05.022000 12896 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 12918) of binary: python" >&2
+sleep 1
+python3 -c 'import sys, time; time.sleep(1.5); open(sys.argv[1], "w").write("trained")' "$0"
+exit 0"#;
+    let mut s = spec(&["sh", "-c", script, trained.to_str().unwrap()]);
+    s.torchrun_restarts = Some(2);
+    s.grace = Duration::from_secs(30);
+    let (r, out, err) = run_captured(&s);
+    let r = ok(r, &out, &err);
+    let text = String::from_utf8_lossy(&err);
+    assert!(text.contains("--- Logging error ---"), "{text}");
+    assert_eq!(r.exit, Exit::Signal(Signal::KILL), "{text}");
+    assert!(
+        r.duration < Duration::from_secs(10),
+        "killed at the restart, not after the grace period: {:?}",
+        r.duration
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(!trained.exists(), "the restarted worker trained");
+    let t = r.torchrun.expect("torchrun's restarts are counted");
+    assert!(t.stopped_at_oom);
+    assert_eq!(t.restarts, 0);
+}
+
 /// `stop_when` ends a command that would run for a minute, as soon as it answers
 /// (asked every half second), and the report says why.
 #[test]
