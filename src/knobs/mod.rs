@@ -364,18 +364,7 @@ pub fn discover(
         return Err(KnobError::NoCommand);
     }
     let mut found = config::find(cmd, env, resolve)?;
-    let recipe_value = |key: &str| {
-        found
-            .files
-            .iter()
-            .filter(|f| f.role.is_recipe())
-            .find_map(|f| f.doc.get(key).ok().flatten())
-    };
-    let ctx = frameworks::Ctx {
-        recipe_output_dir: None,
-        recipe_value: &recipe_value,
-    };
-    let world = frameworks::world(cmd, env, &ctx);
+    let world = with_recipes(&found, |ctx| frameworks::world(cmd, env, ctx));
     let user = user.to_vec();
     let user = &user[..];
     let mut d = flags::discover(cmd, user, env, world)?;
@@ -742,13 +731,13 @@ pub fn layout(
 /// How often the command's trainer prints its per-step log dicts (see
 /// `progress`), from its flags and the recipes it names.
 pub fn logging(cmd: &Command, disc: &Discovery) -> Option<crate::progress::Logging> {
-    with_recipes(disc, |ctx| frameworks::logging(cmd, ctx))
+    with_recipes(&disc.config, |ctx| frameworks::logging(cmd, ctx))
 }
 
-/// `f` given the values of the recipes `disc` read (no output folder).
-fn with_recipes<R>(disc: &Discovery, f: impl FnOnce(&frameworks::Ctx<'_>) -> R) -> R {
+/// `f` given the values of the recipes in `found` (no output folder).
+fn with_recipes<R>(found: &config::Found, f: impl FnOnce(&frameworks::Ctx<'_>) -> R) -> R {
     let recipe_value = |key: &str| {
-        disc.config
+        found
             .files
             .iter()
             .filter(|f| f.role.is_recipe())
@@ -763,7 +752,7 @@ fn with_recipes<R>(disc: &Discovery, f: impl FnOnce(&frameworks::Ctx<'_>) -> R) 
 /// What the step numbers the command's trainer prints count, with its config
 /// files read (see `frameworks::counting_in`).
 pub fn counting(cmd: &Command, disc: &Discovery) -> crate::progress::Counting {
-    with_recipes(disc, |ctx| frameworks::counting_in(cmd, ctx))
+    with_recipes(&disc.config, |ctx| frameworks::counting_in(cmd, ctx))
 }
 
 /// A knob to add as `{prefix}{key}=N` when it changes: (knob, its current value, key, prefix).

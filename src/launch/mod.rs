@@ -458,9 +458,7 @@ fn output_streams(
         spawn::Wiring::Pty(pty) => {
             drop(pty.slave); // only the child holds the slave now: EOF when it is done
             master = Some(pty.master.try_clone()?);
-            let mut master = StreamFd::new(pty.master, detect::Stream::Out);
-            master.pty = true;
-            streams.push(master);
+            streams.push(StreamFd::new(pty.master, detect::Stream::Out));
         }
     }
     for s in &streams {
@@ -488,9 +486,6 @@ struct StreamFd {
     fd: OwnedFd,
     kind: detect::Stream,
     open: bool,
-    /// A pty master: a read returns at most one line-discipline buffer (4 KiB) however
-    /// much is waiting, so a short read does not mean it is empty.
-    pty: bool,
 }
 
 impl StreamFd {
@@ -499,7 +494,6 @@ impl StreamFd {
             fd,
             kind,
             open: true,
-            pty: false,
         }
     }
 }
@@ -1235,23 +1229,17 @@ fn read_output(
             continue;
         }
         // Drain what is there (bounded, so the other stream and signals
-        // get their turn): fewer polls per byte. A pty's 4 KiB reads are gathered into
-        // the buffer and passed on as one chunk: one write to our output, one scan,
-        // where there were sixteen.
-        let mut filled = 0;
-        for _ in 0..if s.pty { 64 } else { 8 } {
-            match output::read_some(s.fd.as_raw_fd(), &mut buf[filled..]) {
+        // get their turn): fewer polls per byte.
+        for _ in 0..8 {
+            match output::read_some(s.fd.as_raw_fd(), buf) {
                 Ok(Some(0)) => {
                     s.open = false;
                     eof = true;
                     break;
                 }
                 Ok(Some(n)) => {
-                    filled += n;
-                    if filled == buf.len() {
-                        w.dispatch(s.kind, &buf[..filled]);
-                        filled = 0;
-                    } else if !s.pty {
+                    w.dispatch(s.kind, &buf[..n]);
+                    if n < buf.len() {
                         break; // the pipe is empty for now
                     }
                 }
@@ -1262,9 +1250,6 @@ fn read_output(
                     break;
                 }
             }
-        }
-        if filled > 0 {
-            w.dispatch(s.kind, &buf[..filled]);
         }
     }
     eof
