@@ -60,6 +60,10 @@ def parse_args():
     p.add_argument("--model_gib", type=float, default=2.0)
     p.add_argument("--oom_at_step", type=int, default=7,
                    help="a run that does not fit dies at the first step >= this one")
+    p.add_argument("--deepspeed", default=None,
+                   help="a DeepSpeed JSON config: its ZeRO stage shards the model's states over the "
+                        "ranks, and checkpoints hold that stage's files (global_stepN/), read back "
+                        "on resume as DeepSpeed reads them: a stage reads only its own")
     p.add_argument("--dataloader_num_workers", type=int, default=0)
     p.add_argument("--host_workers", type=int,
                    default=int(os.environ["SIM_HOST_WORKERS"]) if "SIM_HOST_WORKERS" in os.environ else None,
@@ -152,6 +156,52 @@ def training_step(args, step, need_gib):
     return 4.0 / (1 + 0.1 * step)
 
 
+def zero_stage(path):
+    """The ZeRO stage of a DeepSpeed JSON config (0 without one)."""
+    with open(path) as f:
+        return int(json.load(f).get("zero_optimization", {}).get("stage", 0))
+
+
+def model_share(stage, world):
+    """The part of the model's states (weights, gradients, Adam) one rank holds: ZeRO 1-2
+    shard the optimizer's states and gradients (about half of them), ZeRO 3 all of them."""
+    if stage is None or stage == 0:
+        return 1.0
+    if stage < 3:
+        return 0.5 + 0.5 / world
+    return 1.0 / world
+
+
+def zero_files(stage, world):
+    """The files DeepSpeed (0.19) writes in global_stepN/ at this stage."""
+    if stage == 0:
+        return ["mp_rank_00_model_states.pt"]
+    optim = [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
+    if stage < 3:
+        return ["mp_rank_00_model_states.pt"] + optim
+    return [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(world)] + optim
+
+
+def load_zero_checkpoint(ckpt, stage):
+    """What DeepSpeed's load_checkpoint reads at this stage, failing as it fails when the
+    checkpoint was written at a stage that keeps other files."""
+    with open(os.path.join(ckpt, "latest")) as f:
+        tag_dir = os.path.join(ckpt, f.read().strip())
+    r = rank()
+    if stage == 3:
+        ckpt_list = [p for p in [os.path.join(tag_dir, f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")]
+                     if os.path.exists(p)]
+        assert len(ckpt_list) > 0
+        return
+    needed = ["mp_rank_00_model_states.pt"]
+    if stage > 0:
+        needed.append(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+    for name in needed:
+        path = os.path.join(tag_dir, name)
+        if not os.path.exists(path):
+            raise FileNotFoundError(2, "No such file or directory", path)
+
+
 def write_atomic(path, data):
     """Write to a temporary name, then rename, so a reader never sees half a file."""
     tmp = path + ".tmp"
@@ -179,6 +229,12 @@ def save_checkpoint(args, step, state, need_gib=0.0):
     if args.die_while_saving_at == step:
         print(f"(simulated crash while saving checkpoint-{step})", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    if args.stage is not None:
+        tag = os.path.join(ckpt, f"global_step{step}")
+        os.makedirs(tag, exist_ok=True)
+        for name in zero_files(args.stage, args.world):
+            write_atomic(os.path.join(tag, name), b"\0" * 64)
+        write_atomic(os.path.join(ckpt, "latest"), f"global_step{step}")
     state["global_step"] = step
     write_atomic(os.path.join(ckpt, "trainer_state.json"), json.dumps(state, indent=2) + "\n")
     print(f"Saving model checkpoint to {ckpt}", flush=True)
@@ -198,12 +254,14 @@ def main():
     if args.print_signals:
         install_signal_printer()
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
+    args.world = world
+    args.stage = zero_stage(args.deepspeed) if args.deepspeed else None
     micro, accum, seq = args.per_device_train_batch_size, args.gradient_accumulation_steps, args.max_seq_length
     global_batch = micro * accum * world
     activations = micro * seq * args.gib_per_sample_token
     if args.gradient_checkpointing:
         activations *= CHECKPOINTING_FACTOR
-    need_gib = args.model_gib + activations
+    need_gib = args.model_gib * model_share(args.stage, world) + activations
 
     print(f"micro batch: {micro}  grad accum: {accum}  world size: {world}  seq len: {seq}  "
           f"grad checkpointing: {args.gradient_checkpointing}")
@@ -211,6 +269,8 @@ def main():
     print(f"memory needed: {need_gib:.2f} GiB of {args.capacity_gib:.2f} GiB", flush=True)
     if args.dataloader_num_workers:
         print(f"dataloader workers: {args.dataloader_num_workers}", flush=True)
+    if args.stage is not None:
+        print(f"ZeRO stage: {args.stage}", flush=True)
 
     # The state a checkpoint carries, in the shape of HF's trainer_state.json.
     # "oomguard_sim.segments" records which settings trained which steps.
@@ -223,6 +283,12 @@ def main():
                               "global_batch": global_batch, "segments": []}}
     start = 0
     if args.resume_from_checkpoint:
+        if args.stage is not None:
+            try:
+                load_zero_checkpoint(args.resume_from_checkpoint, args.stage)
+            except (AssertionError, OSError):
+                traceback.print_exc()
+                sys.exit(1)
         with open(os.path.join(args.resume_from_checkpoint, "trainer_state.json")) as f:
             old = json.load(f)
         start = old["global_step"]
@@ -234,7 +300,7 @@ def main():
                "world": world, "global_batch": global_batch, "seq_len": seq,
                "gradient_checkpointing": args.gradient_checkpointing,
                "dataloader_num_workers": args.dataloader_num_workers,
-               "resumed_from": args.resume_from_checkpoint}
+               "zero_stage": args.stage, "resumed_from": args.resume_from_checkpoint}
     state["oomguard_sim"]["segments"].append(segment)
     os.makedirs(args.output_dir, exist_ok=True)
 

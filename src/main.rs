@@ -30,6 +30,7 @@ mod journal;
 mod knobs;
 mod launch;
 mod liveness;
+mod loadable;
 mod memory;
 mod next;
 mod options;

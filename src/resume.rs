@@ -61,6 +61,13 @@ pub enum Because {
     /// No complete checkpoint this run wrote under `root` yet: the next
     /// attempt starts as the first did.
     NoneYet { root: PathBuf, starts: StartsAs },
+    /// The newest checkpoint cannot be loaded at the next settings (see
+    /// `loadable`): the next attempt starts from the beginning, unless the command
+    /// finds a checkpoint by itself (`starts`).
+    StartsOver {
+        why: crate::loadable::Unloadable,
+        starts: StartsAs,
+    },
 }
 
 /// How an attempt starts without a checkpoint of this run's.
@@ -113,6 +120,22 @@ impl fmt::Display for Because {
                         u.display()
                     ),
                     StartsAs::Fresh => f.write_str("start fresh, as the first attempt did"),
+                }
+            }
+            Because::StartsOver { why, starts } => {
+                write!(f, "{why}: ")?;
+                match starts {
+                    StartsAs::Fresh => f.write_str(
+                        "the next attempt starts from the beginning, and the steps this run made are trained again",
+                    ),
+                    StartsAs::Automatic => f.write_str(
+                        "the command resumes from its folder by itself and will try to load it; move this run's checkpoints out of the folder for the relaunch to start from the beginning",
+                    ),
+                    StartsAs::UserArgument(u) => write!(
+                        f,
+                        "the next attempt runs the command as written, from your resume argument {} (if it too was written before the change, it fails to load the same way)",
+                        u.display()
+                    ),
                 }
             }
         }
@@ -239,6 +262,25 @@ impl Resumer {
         if r.arg.is_some() {
             self.step = step;
         }
+    }
+
+    /// The newest checkpoint `r` chose cannot be loaded at the next settings
+    /// (`why`): the next attempt runs the command as written, from the step it
+    /// started from the first time.
+    pub fn start_over(&mut self, r: &mut Resumption, why: crate::loadable::Unloadable) {
+        let starts = match self.layout.as_ref() {
+            Some(l) if l.how == ResumeHow::Automatic => StartsAs::Automatic,
+            Some(Layout {
+                user_resume: Some(u),
+                ..
+            }) => StartsAs::UserArgument(u.clone()),
+            _ => StartsAs::Fresh,
+        };
+        r.chosen = None;
+        r.arg = None;
+        r.because = Because::StartsOver { why, starts };
+        self.next = None;
+        self.step = None;
     }
 
     /// The next attempt resumes from `path`, as copy 0 of the job decided

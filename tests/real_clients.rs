@@ -108,6 +108,121 @@ fn torchrun_ddp_oom_on_one_rank_halves_the_micro_batch_and_keeps_the_global_batc
     expect_no_survivors(&run, out.to_str().unwrap());
 }
 
+/// Real torchrun, 2 ranks of the simulated trainer under DeepSpeed ZeRO stage 2 at
+/// micro-batch 1 with gradient checkpointing on: the OOM's only step left is ZeRO 3,
+/// which cannot load the stage-2 checkpoint the run saved (DeepSpeed reads each rank's
+/// `zero_pp_rank_R_mp_rank_00_model_states.pt` at stage 3). oomguard does not resume
+/// from it: it says why, the relaunch starts from the beginning at stage 3 and
+/// finishes, and the journal names the checkpoint passed over. Resumed, the relaunch
+/// would die loading it, as the simulated trainer's loader (DeepSpeed's checks) does.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn a_zero_stage_change_does_not_resume_from_a_checkpoint_the_new_stage_cannot_load() {
+    let _turn = torchrun_turn();
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let ds = tmp.path().join("ds.json");
+    std::fs::write(
+        &ds,
+        r#"{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2}}"#,
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let sim = sim();
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "torchrun",
+        "--standalone",
+        "--nproc_per_node=2",
+        &sim,
+        "--per_device_train_batch_size",
+        "1",
+        "--gradient_accumulation_steps",
+        "4",
+        "--gradient_checkpointing",
+        "true",
+        "--deepspeed",
+        ds.to_str().unwrap(),
+        "--output_dir",
+        out.to_str().unwrap(),
+        "--max_steps",
+        "12",
+        "--save_steps",
+        "5",
+        // Rank 0 OOMs after its save of checkpoint-5 is done; rank 1 waits for it, as
+        // ranks in a collective do (the simulated ranks are not in lockstep otherwise).
+        "--oom_rank",
+        "0",
+    ];
+    // Stage 2 needs 2.32 GiB a rank, stage 3 1.82 GiB (the trainer's model).
+    let run = spawn_env(
+        &repo(),
+        &args,
+        &[("PATH", &path), ("SIM_CAPACITY_GIB", "2.1")],
+    )
+    .wait(LIMIT);
+    run.check("exit code", Some(0), run.code);
+    let ckpt5 = out.join("checkpoint-5");
+    let said = format!(
+        "oomguard: {} was written at ZeRO stage 2, and ZeRO stage 3 cannot load it (it reads each rank's zero_pp_rank_R_mp_rank_00_model_states.pt, which the checkpoint lacks): the next attempt starts from the beginning, and the steps this run made are trained again\n",
+        ckpt5.display()
+    );
+    run.ensure(
+        "why the relaunch starts over, at the default verbosity",
+        run.stderr.contains(&said),
+        &said,
+        &run.stderr,
+    );
+    let fin = run.read_json(&out.join("final.json"));
+    run.check("global batch kept", Some(8), fin["global_batch"].as_u64());
+    let attempts = fin["attempts"].as_array().cloned().unwrap_or_default();
+    run.check("one segment: trained from step 0", 1, attempts.len());
+    run.check(
+        "the relaunch trained at stage 3 from the start, resuming nothing",
+        (Some(0), Some(12), Some(3), true),
+        (
+            attempts[0]["start_step"].as_u64(),
+            attempts[0]["end_step"].as_u64(),
+            attempts[0]["zero_stage"].as_u64(),
+            attempts[0]["resumed_from"].is_null(),
+        ),
+    );
+    let j = run.journal(&run_dir);
+    let skipped = events(&j, "checkpoint_skipped");
+    run.ensure(
+        "the journal names the checkpoint and why",
+        skipped.iter().any(|e| {
+            e["path"].as_str() == ckpt5.to_str()
+                && e["why"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("ZeRO stage 3 cannot load it"))
+        }),
+        "checkpoint_skipped for checkpoint-5",
+        &skipped,
+    );
+    let steps: Vec<_> = events(&j, "decision")
+        .iter()
+        .map(|d| d["step"].clone())
+        .collect();
+    run.check("decisions", vec![Value::from("raise_zero_stage")], steps);
+    let lost: Vec<_> = events(&j, "work_lost")
+        .iter()
+        .map(|e| (e["resume_from_step"].clone(), e["steps_lost"].clone()))
+        .collect();
+    run.check(
+        "the steps redone are counted from the beginning",
+        vec![(Value::Null, Value::from(6))],
+        lost,
+    );
+    expect_no_survivors(&run, out.to_str().unwrap());
+}
+
 #[test]
 #[ignore = "needs the real-client venv: run bash tests/run.sh"]
 fn hf_trainer_oom_resumes_from_its_real_checkpoint_and_finishes() {

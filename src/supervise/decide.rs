@@ -635,8 +635,23 @@ impl<'c> Run<'c> {
     ) -> Next {
         // The previous attempt's group is gone (launch waits for it), so a
         // checkpoint it was writing is as complete as it will ever be.
-        let res = self.now.resumer.search();
+        let mut res = self.now.resumer.search();
         self.checkpoints_passed_over(n, &res);
+        // A step that changes how the trainer writes its state (the ZeRO stage,
+        // FSDP) cannot load what it wrote before: the relaunch would die loading it.
+        if let Some(why) = res
+            .chosen
+            .as_ref()
+            .and_then(|c| crate::loadable::check(&c.path, &d.before, &d.after).err())
+        {
+            self.emit(Event::CheckpointSkipped {
+                attempt: n,
+                path: events::path(&why.path),
+                why: why.to_string(),
+            });
+            self.now.resumer.start_over(&mut res, why);
+            self.past.started_over = true;
+        }
         let new_step = res.step();
         let loss = Loss::measure(
             ev.step_reached,

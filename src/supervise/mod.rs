@@ -99,6 +99,9 @@ struct Live {
 struct Past {
     /// The settings of the first attempt (the command as written).
     first: Settings,
+    /// A relaunch started over: the newest checkpoint could not be loaded at its
+    /// settings (see `loadable`).
+    started_over: bool,
     /// Attempts begun, counting one that could not be prepared or launched.
     begun: u32,
     attempts: Vec<AttemptRecord>,
@@ -322,6 +325,7 @@ impl<'c> Run<'c> {
         Run {
             cfg,
             past: Past {
+                started_over: false,
                 first,
                 begun: 0,
                 attempts: Vec::new(),
@@ -1022,11 +1026,14 @@ impl<'c> Run<'c> {
                 .term
                 .say(&format!("GPU memory of the last attempt: {p}"));
         }
+        // Steps trained again after a start over are the step's, not the save interval's.
         if let Some(line) = progress::save_interval_advice(
             &self.report.story.losses(),
             self.cfg.target.layout.as_ref(),
             lost,
-        ) {
+        )
+        .filter(|_| !self.past.started_over)
+        {
             self.report.term.block(&line);
         }
         code
