@@ -156,20 +156,29 @@ def training_step(args, step, need_gib):
     return 4.0 / (1 + 0.1 * step)
 
 
-def zero_stage(path):
-    """The ZeRO stage of a DeepSpeed JSON config (0 without one)."""
+def zero_config(path):
+    """The ZeRO stage of a DeepSpeed JSON config (0 without one), and whether it
+    offloads the optimizer's states to the CPU."""
     with open(path) as f:
-        return int(json.load(f).get("zero_optimization", {}).get("stage", 0))
+        zero = json.load(f).get("zero_optimization", {})
+    offload = zero.get("offload_optimizer", {}).get("device", "none") == "cpu"
+    return int(zero.get("stage", 0)), offload
 
 
-def model_share(stage, world):
-    """The part of the model's states (weights, gradients, Adam) one rank holds: ZeRO 1-2
-    shard the optimizer's states and gradients (about half of them), ZeRO 3 all of them."""
+OPTIMIZER_SHARE = 0.75  # Adam's fp32 master weights and moments, of the model's states
+
+
+def model_share(stage, world, offload=False):
+    """The part of the model's states (weights and gradients, Adam's) one rank holds on
+    its GPU: ZeRO 1-2 shard the optimizer's, ZeRO 3 all of them; an optimizer offloaded
+    to the CPU holds none of its part on the GPU."""
     if stage is None or stage == 0:
         return 1.0
+    rest = 1.0 - OPTIMIZER_SHARE
+    optimizer = 0.0 if offload else OPTIMIZER_SHARE / world
     if stage < 3:
-        return 0.5 + 0.5 / world
-    return 1.0 / world
+        return rest + optimizer
+    return rest / world + optimizer
 
 
 def zero_files(stage, world):
@@ -255,13 +264,13 @@ def main():
         install_signal_printer()
     world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1)))
     args.world = world
-    args.stage = zero_stage(args.deepspeed) if args.deepspeed else None
+    args.stage, args.offload = zero_config(args.deepspeed) if args.deepspeed else (None, False)
     micro, accum, seq = args.per_device_train_batch_size, args.gradient_accumulation_steps, args.max_seq_length
     global_batch = micro * accum * world
     activations = micro * seq * args.gib_per_sample_token
     if args.gradient_checkpointing:
         activations *= CHECKPOINTING_FACTOR
-    need_gib = args.model_gib * model_share(args.stage, world) + activations
+    need_gib = args.model_gib * model_share(args.stage, world, args.offload) + activations
 
     print(f"micro batch: {micro}  grad accum: {accum}  world size: {world}  seq len: {seq}  "
           f"grad checkpointing: {args.gradient_checkpointing}")
@@ -270,7 +279,7 @@ def main():
     if args.dataloader_num_workers:
         print(f"dataloader workers: {args.dataloader_num_workers}", flush=True)
     if args.stage is not None:
-        print(f"ZeRO stage: {args.stage}", flush=True)
+        print(f"ZeRO stage: {args.stage}  optimizer offloaded: {args.offload}", flush=True)
 
     # The state a checkpoint carries, in the shape of HF's trainer_state.json.
     # "oomguard_sim.segments" records which settings trained which steps.
@@ -300,7 +309,8 @@ def main():
                "world": world, "global_batch": global_batch, "seq_len": seq,
                "gradient_checkpointing": args.gradient_checkpointing,
                "dataloader_num_workers": args.dataloader_num_workers,
-               "zero_stage": args.stage, "resumed_from": args.resume_from_checkpoint}
+               "zero_stage": args.stage, "offload_optimizer": args.offload,
+               "resumed_from": args.resume_from_checkpoint}
     state["oomguard_sim"]["segments"].append(segment)
     os.makedirs(args.output_dir, exist_ok=True)
 

@@ -759,6 +759,7 @@ mod tests {
                 no_cpu_offload: &[],
                 retried: &[],
                 role,
+                resumable: None,
             };
             next(&h, &e, &rules)
         };

@@ -140,6 +140,26 @@ fn list(dir: &Path, names: &mut Vec<String>, mut subdirs: Option<&mut Vec<PathBu
     }
 }
 
+/// Whether ZeRO stage `stage` reads what was `written` (stages 1 and 2 read each
+/// other's; a checkpoint without DeepSpeed's files is not DeepSpeed's to read).
+fn stage_reads(written: Written, stage: u64) -> bool {
+    match written {
+        Written::Zero0 => stage == 0,
+        Written::Zero12 => stage == 1 || stage == 2,
+        Written::Zero3 => stage == 3,
+        Written::Plain | Written::Fsdp => true,
+    }
+}
+
+/// Whether settings `after` can load a checkpoint that was `written` so: its ZeRO
+/// stage reads it, and FSDP is not on for a checkpoint written without it.
+pub fn loads(written: Written, after: &Settings) -> bool {
+    after
+        .int(Knob::ZeroStage)
+        .is_none_or(|s| stage_reads(written, s))
+        && !(after.bool(Knob::Fsdp) == Some(true) && written == Written::Plain)
+}
+
 /// Whether the checkpoint at `path`, written at `before`, can be loaded at
 /// `after`; `Err` says why not. Only what the step changed is checked: a
 /// checkpoint the settings could load before, they load after.
@@ -154,12 +174,8 @@ pub fn check(path: &Path, before: &Settings, after: &Settings) -> Result<(), Unl
         return Ok(());
     };
     // The stage before the step, when the files agree with it.
-    let was = stage(before).filter(|&s| match written {
-        Written::Zero0 => s == 0,
-        Written::Zero12 => s == 1 || s == 2,
-        Written::Zero3 => s == 3,
-        Written::Plain | Written::Fsdp => false,
-    });
+    let deepspeed = !matches!(written, Written::Plain | Written::Fsdp);
+    let was = stage(before).filter(|&s| deepspeed && stage_reads(written, s));
     let unloadable = |at: String, reads| {
         Err(Unloadable {
             path: path.to_path_buf(),
@@ -169,23 +185,15 @@ pub fn check(path: &Path, before: &Settings, after: &Settings) -> Result<(), Unl
             reads,
         })
     };
-    if let Some(s) = stage(after).filter(|_| stage_changed) {
-        let fits = match written {
-            Written::Zero0 => s == 0,
-            Written::Zero12 => s == 1 || s == 2,
-            Written::Zero3 => s == 3,
-            Written::Plain | Written::Fsdp => true,
+    if let Some(s) = stage(after).filter(|&s| stage_changed && !stage_reads(written, s)) {
+        let reads = match s {
+            0 => "mp_rank_00_model_states.pt with the optimizer in it",
+            3 => "each rank's zero_pp_rank_R_mp_rank_00_model_states.pt",
+            _ => {
+                "mp_rank_00_model_states.pt and each rank's zero_pp_rank_R_mp_rank_00_optim_states.pt"
+            }
         };
-        if !fits {
-            let reads = match s {
-                0 => "mp_rank_00_model_states.pt with the optimizer in it",
-                3 => "each rank's zero_pp_rank_R_mp_rank_00_model_states.pt",
-                _ => {
-                    "mp_rank_00_model_states.pt and each rank's zero_pp_rank_R_mp_rank_00_optim_states.pt"
-                }
-            };
-            return unloadable(format!("ZeRO stage {s}"), reads);
-        }
+        return unloadable(format!("ZeRO stage {s}"), reads);
     }
     if fsdp_on && written == Written::Plain {
         return unloadable(

@@ -29,7 +29,7 @@
 //! | OOM while loading a checkpoint | retry once, then offload the optimizer's state, then (where the user offloads it) the parameters, then stop 75 |
 //! | OOM while saving a checkpoint | no gather on save, else retry once, then stop 75 |
 //! | OOM during evaluation | halve the evaluation batch |
-//! | GPU OOM (spike or steady) | the memory model's pick, else the policy's next step; none: stop 75 |
+//! | GPU OOM (spike or steady) | the memory model's pick, else the policy's next step, a step whose settings load the run's checkpoint first; none: stop 75 |
 //! | host OOM | undo a CPU offload oomguard made, else halve the DataLoader's workers, else stop |
 //! | rejected flag | drop the knob, decide the last OOM again without it |
 //! | absurd request, other failure, a peer's failure | stop with the command's status |
@@ -110,6 +110,10 @@ pub struct History<'a> {
     /// The phases whose OOM was already retried at the same settings.
     pub retried: &'a [When],
     pub role: Role,
+    /// How the checkpoint the next attempt would resume from was written (`None`:
+    /// none, or a format oomguard does not know): a step whose settings can load
+    /// it is taken before one that cannot (see `loadable`).
+    pub resumable: Option<crate::loadable::Written>,
 }
 
 /// How the attempt ended, and the facts gathered since.
@@ -432,12 +436,29 @@ fn gpu_oom(h: &History, e: &Ended, r: &Rules) -> Verdict {
     };
     // The memory model learns from this OOM first; what it finds nothing for,
     // the policy's ladder meets.
+    // A step whose settings can load the checkpoint the relaunch resumes from
+    // comes first: one that cannot (a ZeRO stage that reads other files, FSDP on
+    // a checkpoint written without it) throws the run's steps away. Results
+    // still come first: a shorter sequence is never taken to keep a checkpoint.
+    let keeps = |s: &Settings| {
+        h.resumable.is_none_or(|w| crate::loadable::loads(w, s))
+            && s.int(Knob::SeqLen) == h.settings.int(Knob::SeqLen)
+    };
     let mut model = h.model.filter(|_| policy.memory_model).cloned();
     let picked = model.as_mut().and_then(|m| {
         m.learn(h.settings, ev.oom.as_ref(), ev.steps_done);
-        crate::memory::next_from_model(&policy, h.settings, ev, m)
+        let d = crate::memory::next_from_model(&policy, h.settings, ev, m, &keeps)?;
+        let free = crate::memory::next_from_model(&policy, h.settings, ev, m, &|_| true);
+        Some(kept_over(d, free, h.resumable))
     });
-    match picked.or_else(|| policy::next_rung(&policy, h.settings, ev)) {
+    let laddered = || {
+        let free = policy::next_rung(&policy, h.settings, ev);
+        match policy::next_rung_where(&policy, h.settings, ev, &keeps) {
+            Some(d) => Some(kept_over(d, free, h.resumable)),
+            None => free,
+        }
+    };
+    match picked.or_else(laddered) {
         Some(decision) => Verdict::Relaunch {
             settings: decision.after.clone(),
             resume: Resume::Newest,
@@ -446,6 +467,24 @@ fn gpu_oom(h: &History, e: &Ended, r: &Rules) -> Verdict {
         },
         None => stop(exit::EXHAUSTED, Because::NothingLeft { eval }),
     }
+}
+
+/// `d`, with why where it differs from the choice `free` made without regard to
+/// the checkpoint (`written` so): that one could not have loaded it.
+fn kept_over(
+    mut d: Decision,
+    free: Option<Decision>,
+    written: Option<crate::loadable::Written>,
+) -> Decision {
+    if let (Some(f), Some(w)) = (free, written)
+        && f.after != d.after
+    {
+        d.reason.push_str(&format!(
+            " ({} was passed over: its settings could not load the checkpoint the relaunch resumes from, written {w})",
+            f.step
+        ));
+    }
+    d
 }
 
 fn phase(when: When, fix: PhaseFix, h: &History) -> Verdict {
@@ -563,7 +602,7 @@ fn refused(h: &History, r: &Rules, knob: Knob, added: &str) -> Verdict {
     let d = h
         .model
         .filter(|_| policy.memory_model)
-        .and_then(|m| crate::memory::next_from_model(&policy, &base, ev, m))
+        .and_then(|m| crate::memory::next_from_model(&policy, &base, ev, m, &|_| true))
         .or_else(|| policy::next_rung(&policy, &base, ev));
     let Some(mut decision) = d else {
         return stop(exit::EXHAUSTED, because(base, Refusal::NoStep { attempt }));

@@ -263,6 +263,7 @@ pub fn assume(cfg: &RunConfig, ended: &next::Ended, max_attempts: u32) -> Vec<Ve
             no_cpu_offload: &ruled_out,
             retried: &retried,
             role: next::Role::Alone,
+            resumable: None,
         };
         let v = next::next(&h, ended, &rules);
         let Verdict::Relaunch {

@@ -935,8 +935,19 @@ pub fn successors(policy: &Policy, cur: &Settings) -> Vec<(StepKind, Settings)> 
 /// rule that takes it is `next`'s). The reason starts with the evidence's own words
 /// ("OOM (tried to allocate 2.00 GiB on GPU 0, ...)", "assumed OOM").
 pub fn next_rung(policy: &Policy, cur: &Settings, evidence: &Evidence) -> Option<Decision> {
+    next_rung_where(policy, cur, evidence, &|_| true)
+}
+
+/// [`next_rung`], among the steps whose settings `keep` accepts.
+pub fn next_rung_where(
+    policy: &Policy,
+    cur: &Settings,
+    evidence: &Evidence,
+    keep: &dyn Fn(&Settings) -> bool,
+) -> Option<Decision> {
     policy.steps.iter().find_map(|step| {
-        apply(step, policy, cur).map(|(after, what)| Decision {
+        let (after, what) = apply(step, policy, cur).filter(|(after, _)| keep(after))?;
+        Some(Decision {
             step: step.kind,
             before: cur.clone(),
             after,

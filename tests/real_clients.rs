@@ -109,23 +109,17 @@ fn torchrun_ddp_oom_on_one_rank_halves_the_micro_batch_and_keeps_the_global_batc
 }
 
 /// Real torchrun, 2 ranks of the simulated trainer under DeepSpeed ZeRO stage 2 at
-/// micro-batch 1 with gradient checkpointing on: the OOM's only step left is ZeRO 3,
-/// which cannot load the stage-2 checkpoint the run saved (DeepSpeed reads each rank's
-/// `zero_pp_rank_R_mp_rank_00_model_states.pt` at stage 3). oomguard does not resume
-/// from it: it says why, the relaunch starts from the beginning at stage 3 and
-/// finishes, and the journal names the checkpoint passed over. Resumed, the relaunch
-/// would die loading it, as the simulated trainer's loader (DeepSpeed's checks) does.
-#[test]
-#[ignore = "needs the real-client venv: run bash tests/run.sh"]
-fn a_zero_stage_change_does_not_resume_from_a_checkpoint_the_new_stage_cannot_load() {
-    let _turn = torchrun_turn();
+/// micro-batch 1 with gradient checkpointing on, `policy` given (None: the default).
+/// The OOM comes at step 7, after checkpoint-5 was saved in stage 2's files.
+/// Stage 2 needs 2.07 GiB a rank of the 1.9; stage 3 1.82, stage 2 with the
+/// optimizer's states offloaded 1.32.
+fn zero_run(tmp: &Path, policy: Option<&str>) -> (Run, PathBuf, PathBuf) {
     let bin = venv_bin();
-    let tmp = tempfile::tempdir().unwrap();
-    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
-    let ds = tmp.path().join("ds.json");
+    let (out, run_dir) = (tmp.join("out"), tmp.join("run"));
+    let ds = tmp.join("ds.json");
     std::fs::write(
         &ds,
-        r#"{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2}}"#,
+        r#"{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}"#,
     )
     .unwrap();
     let path = format!(
@@ -134,9 +128,13 @@ fn a_zero_stage_change_does_not_resume_from_a_checkpoint_the_new_stage_cannot_lo
         std::env::var("PATH").unwrap_or_default()
     );
     let sim = sim();
-    let args = [
-        "--run-dir",
-        run_dir.to_str().unwrap(),
+    let mut args = vec!["--run-dir", run_dir.to_str().unwrap()];
+    let policy_file = tmp.join("policy.toml");
+    if let Some(p) = policy {
+        std::fs::write(&policy_file, p).unwrap();
+        args.extend(["--policy", policy_file.to_str().unwrap()]);
+    }
+    args.extend([
         "torchrun",
         "--standalone",
         "--nproc_per_node=2",
@@ -159,15 +157,75 @@ fn a_zero_stage_change_does_not_resume_from_a_checkpoint_the_new_stage_cannot_lo
         // ranks in a collective do (the simulated ranks are not in lockstep otherwise).
         "--oom_rank",
         "0",
-    ];
-    // Stage 2 needs 2.32 GiB a rank, stage 3 1.82 GiB (the trainer's model).
+    ]);
     let run = spawn_env(
         &repo(),
         &args,
-        &[("PATH", &path), ("SIM_CAPACITY_GIB", "2.1")],
+        &[("PATH", &path), ("SIM_CAPACITY_GIB", "1.9")],
     )
     .wait(LIMIT);
     run.check("exit code", Some(0), run.code);
+    (run, out, run_dir)
+}
+
+/// The ZeRO 3 step cannot load the stage-2 checkpoint the run saved (DeepSpeed reads
+/// each rank's `zero_pp_rank_R_mp_rank_00_model_states.pt` at stage 3), and offloading
+/// the optimizer's states at stage 2 can: that step is taken instead, the relaunch
+/// resumes from checkpoint-5, and the decision says why ZeRO 3 was passed over.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn a_step_that_can_load_the_runs_checkpoint_comes_before_a_zero_stage_that_cannot() {
+    let _turn = torchrun_turn();
+    let tmp = tempfile::tempdir().unwrap();
+    let (run, out, run_dir) = zero_run(tmp.path(), None);
+    let j = run.journal(&run_dir);
+    let decisions = events(&j, "decision");
+    let steps: Vec<_> = decisions.iter().map(|d| d["step"].clone()).collect();
+    run.check("decisions", vec![Value::from("offload_optimizer")], steps);
+    let said = "(raise_zero_stage was passed over: its settings could not load the checkpoint the relaunch resumes from, written at ZeRO stage 1 or 2)";
+    run.ensure(
+        "the decision says why ZeRO 3 was passed over",
+        run.stderr.contains(said),
+        said,
+        &run.stderr,
+    );
+    let fin = run.read_json(&out.join("final.json"));
+    let attempts = fin["attempts"].as_array().cloned().unwrap_or_default();
+    let seen: Vec<_> = attempts
+        .iter()
+        .map(|a| {
+            (
+                a["start_step"].as_u64(),
+                a["zero_stage"].as_u64(),
+                a["offload_optimizer"].as_bool(),
+            )
+        })
+        .collect();
+    run.check(
+        "attempt 2 resumed at step 5, stage 2 with the optimizer offloaded",
+        vec![
+            (Some(0), Some(2), Some(false)),
+            (Some(5), Some(2), Some(true)),
+        ],
+        seen,
+    );
+    run.check("global batch kept", Some(8), fin["global_batch"].as_u64());
+    expect_no_survivors(&run, out.to_str().unwrap());
+}
+
+/// With no offload step in the policy, ZeRO 3 is the only step left, and it cannot
+/// load the stage-2 checkpoint: oomguard does not resume from it, says why at the
+/// default verbosity, the relaunch starts from the beginning at stage 3 and
+/// finishes, and the journal names the checkpoint passed over. Resumed, the
+/// relaunch would die loading it, as the simulated trainer's loader (DeepSpeed's
+/// checks) does: exit 1, the night lost.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn a_zero_stage_change_does_not_resume_from_a_checkpoint_the_new_stage_cannot_load() {
+    let _turn = torchrun_turn();
+    let tmp = tempfile::tempdir().unwrap();
+    let policy = "description = \"no offload\"\n[[step]]\nkind = \"halve_micro_batch\"\nmin = 1\n[[step]]\nkind = \"enable_grad_checkpointing\"\n[[step]]\nkind = \"raise_zero_stage\"\nmax = 3\n";
+    let (run, out, run_dir) = zero_run(tmp.path(), Some(policy));
     let ckpt5 = out.join("checkpoint-5");
     let said = format!(
         "oomguard: {} was written at ZeRO stage 2, and ZeRO stage 3 cannot load it (it reads each rank's zero_pp_rank_R_mp_rank_00_model_states.pt, which the checkpoint lacks): the next attempt starts from the beginning, and the steps this run made are trained again\n",

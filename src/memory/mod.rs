@@ -613,9 +613,18 @@ pub fn next_from_model(
     cur: &Settings,
     evidence: &crate::evidence::Evidence,
     cal: &Calibrated,
+    keep: &dyn Fn(&Settings) -> bool,
 ) -> Option<crate::policy::Decision> {
     let cands = candidates(policy, cur, cal);
-    let best = pick(&cands, cur)?;
+    // The fastest that fits among those `keep` accepts, else the pick of all.
+    let kept: Vec<Candidate> = cands
+        .iter()
+        .filter(|c| keep(&c.settings))
+        .cloned()
+        .collect();
+    let best = pick(&kept, cur)
+        .filter(|c| c.fits == Some(true))
+        .or_else(|| pick(&cands, cur))?;
     let changed: Vec<String> = best
         .settings
         .knobs

@@ -108,6 +108,7 @@ struct Case {
     role: Role,
     policy: Policy,
     max_attempts: u32,
+    resumable: Option<crate::loadable::Written>,
 }
 
 impl Case {
@@ -123,6 +124,7 @@ impl Case {
             role: Role::Alone,
             policy: Policy::load("default").unwrap(),
             max_attempts: 6,
+            resumable: None,
         }
     }
 
@@ -136,6 +138,7 @@ impl Case {
             no_cpu_offload: &self.no_cpu_offload,
             retried: &self.retried,
             role: self.role,
+            resumable: self.resumable,
         };
         let r = Rules {
             policy: &self.policy,
@@ -875,4 +878,51 @@ fn a_measured_peak_and_an_oom_calibrate_the_states_not_the_activations() {
         picked.int(Knob::MicroBatch) > Some(2),
         "{picked:?}: needlessly small"
     );
+}
+
+/// With a checkpoint of the run to resume from, a step whose settings can load it
+/// comes before one that cannot: ZeRO 2 → 3 cannot read a stage-2 checkpoint, so the
+/// optimizer's offload at stage 2 is taken, and the reason says why; without a
+/// checkpoint, or with only steps that cannot load it, the ladder is as written.
+#[test]
+fn a_step_that_loads_the_runs_checkpoint_comes_before_one_that_cannot() {
+    use crate::loadable::Written;
+    let mut s = with(
+        with(
+            settings(1, 8, Some(2048), true),
+            Knob::ZeroStage,
+            Value::Int(2),
+        ),
+        Knob::OffloadOptimizer,
+        Value::Offload(Offload::None),
+    );
+    s.world_size = 2;
+    let step = |c: &Case| match c.next(&gpu_oom(gpu(Some(6), None), false)) {
+        Verdict::Relaunch {
+            because: Because::Ladder { decision, .. },
+            ..
+        } => (decision.step, decision.reason),
+        v => panic!("{}", words(&c.settings, &v)),
+    };
+    let fresh = Case::at(s.clone());
+    assert_eq!(step(&fresh).0, StepKind::RaiseZeroStage);
+    let written = |w| Case {
+        resumable: Some(w),
+        ..Case::at(s.clone())
+    };
+    let (kind, why) = step(&written(Written::Zero12));
+    assert_eq!(kind, StepKind::OffloadOptimizer);
+    assert!(
+        why.ends_with("(raise_zero_stage was passed over: its settings could not load the checkpoint the relaunch resumes from, written at ZeRO stage 1 or 2)"),
+        "{why}"
+    );
+    // A checkpoint written without DeepSpeed's files changes nothing.
+    assert_eq!(step(&written(Written::Plain)).0, StepKind::RaiseZeroStage);
+    // No step left that loads it: the ladder as written (the relaunch starts over).
+    let mut no_offload = written(Written::Zero12);
+    no_offload
+        .policy
+        .steps
+        .retain(|st| !matches!(st.kind, StepKind::OffloadOptimizer | StepKind::OffloadParam));
+    assert_eq!(step(&no_offload).0, StepKind::RaiseZeroStage);
 }

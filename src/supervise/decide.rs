@@ -19,6 +19,12 @@ impl<'c> Run<'c> {
             no_cpu_offload: &self.past.no_cpu_offload,
             retried: &self.past.retried,
             role,
+            resumable: self
+                .now
+                .resumer
+                .search_reached(None)
+                .chosen
+                .and_then(|c| crate::loadable::written(&c.path)),
         }
     }
 
