@@ -105,9 +105,9 @@ pub fn written(path: &Path) -> Option<Written> {
     if any(&|n| n.starts_with("mp_rank_") && n.ends_with("_model_states.pt")) {
         return Some(Written::Zero0);
     }
-    if any(&|n| {
-        n.starts_with("pytorch_model_fsdp") || n.starts_with("optimizer_0") || n == "optimizer.bin"
-    }) {
+    // (accelerate's own `save_state` writes `optimizer.bin` with or without FSDP:
+    // that name alone says nothing.)
+    if any(&|n| n.starts_with("pytorch_model_fsdp") || n.starts_with("optimizer_0")) {
         return Some(Written::Fsdp);
     }
     if any(&|n| n == "optimizer.pt") {
@@ -281,6 +281,16 @@ mod tests {
             (PLAIN, Some(Written::Plain)),
             (FSDP, Some(Written::Fsdp)),
             (&["trainer_state.json", "model.safetensors"][..], None),
+            // accelerate's save_state: `optimizer.bin` with or without FSDP.
+            (
+                &[
+                    "model.safetensors",
+                    "optimizer.bin",
+                    "scheduler.bin",
+                    "random_states_0.pkl",
+                ][..],
+                None,
+            ),
         ] {
             let t = ckpt(files);
             assert_eq!(written(t.path()), want, "{files:?}");
