@@ -423,6 +423,8 @@ struct ResumeJson<'a> {
     skipped: &'a [Skipped],
     /// Checkpoints a relaunch would not resume from: not this run's.
     ignored: &'a [Skipped],
+    /// How the steps that change a checkpoint's format are taken (see `loadable`).
+    format: Option<&'static str>,
     why: String,
 }
 
@@ -506,6 +508,7 @@ impl Plan<'_> {
                 skipped: &f.skipped,
                 ignored: &f.ignored,
                 why: res.because.to_string(),
+                format: format_rule(&self.settings, cfg.target.layout.is_some()),
             }),
             notes: &cfg.target.disc.notes,
             warnings: &cfg.target.disc.warnings,
@@ -653,6 +656,9 @@ impl Plan<'_> {
             }
         }
         let _ = writeln!(o, "  {}", self.res.because);
+        if let Some(rule) = format_rule(&self.settings, self.cfg.target.layout.is_some()) {
+            let _ = writeln!(o, "  {rule}");
+        }
     }
 
     /// Warnings, notes, and the steps that cannot apply.
@@ -1422,4 +1428,23 @@ pub fn estimate_main(cfg: &RunConfig, as_json: bool) -> i32 {
         print!("{o}");
     }
     exit::SUCCESS
+}
+
+/// What a run with a checkpoint layout does about the steps that change how its
+/// checkpoints are written (see `loadable`), when the command has such a knob.
+fn format_rule(s: &Settings, layout: bool) -> Option<&'static str> {
+    if !layout {
+        return None;
+    }
+    if s.int(Knob::ZeroStage).is_some() {
+        return Some(
+            "checkpoint format: a ZeRO stage loads only checkpoints written at its own stage (1 and 2 load each other's); once this run has saved one, a step that can load it comes before one that cannot (at ZeRO 2, the optimizer's offload before ZeRO 3), and a relaunch after a step that cannot starts from the beginning",
+        );
+    }
+    if s.bool(Knob::Fsdp).is_some() {
+        return Some(
+            "checkpoint format: FSDP switched on cannot load a checkpoint written without it (the Trainer then reads optimizer.bin or optimizer_0/); once this run has saved one, a relaunch that adds FSDP starts from the beginning",
+        );
+    }
+    None
 }

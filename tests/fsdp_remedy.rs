@@ -81,6 +81,81 @@ fn torchrun_hf_trainer_whose_states_overflow_one_gpu_is_planned_with_fsdp_full_s
         "start: ... fsdp false → true",
         out,
     );
+    r.ensure(
+        "the resume section says a relaunch that adds FSDP cannot load the run's checkpoints",
+        out.contains("  checkpoint format: FSDP switched on cannot load a checkpoint written without it (the Trainer then reads optimizer.bin or optimizer_0/); once this run has saved one, a relaunch that adds FSDP starts from the beginning\n"),
+        "checkpoint format: FSDP switched on cannot load ...",
+        out,
+    );
+}
+
+/// A command with a ZeRO stage and a checkpoint folder: `plan` says how the steps
+/// that change the stage treat the run's checkpoints, in text and in JSON; without
+/// a ZeRO or FSDP knob it says nothing of the kind.
+#[test]
+fn plan_says_how_a_zero_stage_change_treats_the_runs_checkpoints() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(
+        t.path().join("ds.json"),
+        r#"{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}"#,
+    )
+    .unwrap();
+    let sim = common::sim();
+    let argv = |json: bool| {
+        let mut a = vec!["plan"];
+        if json {
+            a.push("--json");
+        }
+        a.extend([
+            "--",
+            "torchrun",
+            "--nproc_per_node=2",
+            sim.as_str(),
+            "--per_device_train_batch_size",
+            "1",
+            "--deepspeed",
+            "ds.json",
+            "--output_dir",
+            "out",
+        ]);
+        a
+    };
+    let rule = "checkpoint format: a ZeRO stage loads only checkpoints written at its own stage (1 and 2 load each other's); once this run has saved one, a step that can load it comes before one that cannot (at ZeRO 2, the optimizer's offload before ZeRO 3), and a relaunch after a step that cannot starts from the beginning";
+    let text = spawn_env(t.path(), &argv(false), &[]).wait(LIMIT);
+    text.ensure(
+        "said in the resume section",
+        text.stdout.contains(&format!("\n  {rule}\n")),
+        rule,
+        &text.stdout,
+    );
+    let json = spawn_env(t.path(), &argv(true), &[]).wait(LIMIT);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap_or_default();
+    json.check(
+        "the JSON's resume.format",
+        Some(rule),
+        v["resume"]["format"].as_str(),
+    );
+    let plain = spawn_env(
+        t.path(),
+        &[
+            "plan",
+            "--",
+            "python3",
+            sim.as_str(),
+            "--per_device_train_batch_size",
+            "1",
+            "--output_dir",
+            "out",
+        ],
+        &[],
+    )
+    .wait(LIMIT);
+    plain.ensure(
+        "nothing of the kind without a ZeRO or FSDP knob",
+        plain.code == Some(0) && !plain.stdout.contains("checkpoint format:"),
+        "no checkpoint format line",
+        &plain.stdout,
+    );
 }
 
 #[test]
