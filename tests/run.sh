@@ -37,29 +37,39 @@ command -v "$python" >/dev/null || { say "error: $python not found"; exit 1; }
 pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 req_nobuild="tests/real/requirements-nobuild.txt"
 req_nodeps="tests/real/requirements-nodeps.txt"
-key="$( { cat "$req" "$req_nobuild" "$req_nodeps"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
-venv="${OOMGUARD_VENV:-$HOME/.cache/oomguard/venv-$key}"
-marker="$venv/.oomguard-install-complete"
-
-mkdir -p "$(dirname "$venv")"
-# One installer at a time per venv (two test runs started together must not both pip install).
-exec 9>"$venv.lock"
-if command -v flock >/dev/null && ! flock -n 9; then
-    say "another run is installing into $venv: waiting"
-    flock 9
-fi
-
-if [[ -f "$marker" && "$(cat "$marker")" == "$key" ]]; then
-    say "reusing venv $venv"
-else
-    if [[ -e "$venv" ]]; then
-        say "venv $venv is incomplete or stale: removing it"
-        rm -rf "$venv"
+# Makes the venv $1 with the function $3, unless the venv's marker already holds its
+# key $2 (the hash of what goes in it): then it is reused. A venv whose marker is
+# missing or stale (an install that died, other requirements) is made again. One
+# installer at a time per venv: two test runs started together must not both install.
+cached_venv() {
+    local venv="$1" key="$2" install="$3"
+    local marker="$venv/.oomguard-install-complete"
+    mkdir -p "$(dirname "$venv")"
+    exec 9>"$venv.lock"
+    if command -v flock >/dev/null && ! flock -n 9; then
+        say "another run is installing into $venv: waiting"
+        flock 9
     fi
+    if [[ -f "$marker" && "$(cat "$marker")" == "$key" ]]; then
+        say "reusing venv $venv"
+    else
+        if [[ -e "$venv" ]]; then
+            say "venv $venv is incomplete or stale: removing it"
+            rm -rf "$venv"
+        fi
+        local start=$SECONDS
+        "$install" "$venv"
+        echo "$key" >"$marker"
+        say "venv ready in $((SECONDS - start))s"
+    fi
+    exec 9>&-
+}
+
+install_real() {
+    local venv="$1"
     say "creating venv $venv with $python ($pyver)"
     "$python" -m venv "$venv"
     say "installing $req (torch from PyPI is ~3 GB: first time takes a few minutes)"
-    start=$SECONDS
     "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req"
     say "installing $req_nobuild (DeepSpeed's Python package, no compiled ops)"
     DS_BUILD_OPS=0 "$venv/bin/python" -m pip install --disable-pip-version-check -q \
@@ -67,39 +77,27 @@ else
     say "installing $req_nodeps (package files only)"
     "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -r "$req_nodeps"
     "$venv/bin/python" -c 'import torch, transformers, accelerate, deepspeed, hydra; print("torch", torch.__version__, "transformers", transformers.__version__, "deepspeed", deepspeed.__version__)' >&2
-    echo "$key" >"$marker"
-    say "venv ready in $((SECONDS - start))s"
-fi
-exec 9>&-
+}
 
-# LLaMA-Factory's venv (tests/real_trainers.rs runs `llamafactory-cli train`): a second one,
-# because no llamafactory release on PyPI fits the pins above (see the file's comment).
-# Keyed and cached the same way; first time about 3 minutes and 6 GB (its own torch).
+# LLaMA-Factory's venv (tests/real_llamafactory.rs runs `llamafactory-cli train`): a second
+# one, because no llamafactory release on PyPI fits the pins above (see the file's comment).
+# First time about 7 minutes and 6 GB (its own torch).
+install_llamafactory() {
+    local venv="$1"
+    say "creating venv $venv (LLaMA-Factory) with $python ($pyver)"
+    "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req_lf"
+    "$venv/bin/llamafactory-cli" version >&2
+}
+
+key="$( { cat "$req" "$req_nobuild" "$req_nodeps"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
+venv="${OOMGUARD_VENV:-$HOME/.cache/oomguard/venv-$key}"
+cached_venv "$venv" "$key" install_real
+
 req_lf="tests/real/requirements-llamafactory.txt"
 key_lf="$( { cat "$req_lf"; echo "python $pyver"; } | sha256sum | cut -c1-16)"
 venv_lf="${OOMGUARD_VENV_LLAMAFACTORY:-$HOME/.cache/oomguard/venv-llamafactory-$key_lf}"
-marker_lf="$venv_lf/.oomguard-install-complete"
-exec 9>"$venv_lf.lock"
-if command -v flock >/dev/null && ! flock -n 9; then
-    say "another run is installing into $venv_lf: waiting"
-    flock 9
-fi
-if [[ -f "$marker_lf" && "$(cat "$marker_lf")" == "$key_lf" ]]; then
-    say "reusing venv $venv_lf"
-else
-    if [[ -e "$venv_lf" ]]; then
-        say "venv $venv_lf is incomplete or stale: removing it"
-        rm -rf "$venv_lf"
-    fi
-    say "creating venv $venv_lf (LLaMA-Factory) with $python ($pyver)"
-    "$python" -m venv "$venv_lf"
-    start=$SECONDS
-    "$venv_lf/bin/python" -m pip install --disable-pip-version-check -q -r "$req_lf"
-    "$venv_lf/bin/llamafactory-cli" version >&2
-    echo "$key_lf" >"$marker_lf"
-    say "venv ready in $((SECONDS - start))s"
-fi
-exec 9>&-
+cached_venv "$venv_lf" "$key_lf" install_llamafactory
 
 export OOMGUARD_REAL_PYTHON="$venv/bin/python"
 export OOMGUARD_REAL_LLAMAFACTORY="$venv_lf/bin/llamafactory-cli"
