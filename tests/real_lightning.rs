@@ -76,18 +76,17 @@ model:
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&run_dir);
 
-    let start = events(&j, "run_start");
-    run.check("run_start events", 1, start.len());
+    let start = only_event(&run, &j, "run_start");
     run.check(
         "world size (devices × num_nodes in the config)",
         Some(2),
-        start[0]["world_size"].as_u64(),
+        start["world_size"].as_u64(),
     );
-    run.check("global batch", Some(24), start[0]["global_batch"].as_u64());
+    run.check("global batch", Some(24), start["global_batch"].as_u64());
     run.check(
         "accumulation from the config",
         Some(3),
-        start[0]["settings"]["grad_accum"].as_u64(),
+        start["settings"]["grad_accum"].as_u64(),
     );
 
     let starts = events(&j, "attempt_start");
@@ -99,24 +98,23 @@ model:
         flag_value(&argv_of(starts[1]), "--ckpt_path"),
     );
 
-    let w = events(&j, "work_lost");
-    run.check("work_lost events", 1, w.len());
-    run.check("resume step", Some(9), w[0]["resume_from_step"].as_u64());
+    let w = only_event(&run, &j, "work_lost");
+    run.check("resume step", Some(9), w["resume_from_step"].as_u64());
     run.check(
         "step reached (epoch 2, batch 6 of 10)",
         Some(10),
-        w[0]["step_reached"].as_u64(),
+        w["step_reached"].as_u64(),
     );
     run.check(
         "step reached exact",
         Some(false),
-        w[0]["step_reached_at_least"].as_bool(),
+        w["step_reached_at_least"].as_bool(),
     );
-    run.check("steps lost", Some(1), w[0]["steps_lost"].as_u64());
+    run.check("steps lost", Some(1), w["steps_lost"].as_u64());
     run.check(
         "steps lost exact",
         Some(false),
-        w[0]["steps_lost_at_least"].as_bool(),
+        w["steps_lost_at_least"].as_bool(),
     );
     run.ensure(
         "the summary says 1 step redone",
@@ -147,18 +145,18 @@ model:
     );
 
     // Lightning's own account of the two launches.
-    let r = report(&rep);
-    let last = r.last().cloned().unwrap_or_default();
-    run.check("final world (Lightning)", Some(2), last["world"].as_u64());
-    run.check("final micro-batch", Some(2), last["micro"].as_u64());
-    run.check("final accumulation", Some(6), last["accum"].as_u64());
-    run.check("global batch kept", Some(24), last["global_batch"].as_u64());
-    run.check(
-        "resumed from",
-        Some(ckpt9.as_str()),
-        last["ckpt_path"].as_str(),
+    check_last_launch(
+        &run,
+        &rep,
+        LastLaunch {
+            world: 2,
+            micro: 2,
+            accum: 6,
+            global_batch: 24,
+            resumed_from: &ckpt9,
+            global_step: 14,
+        },
     );
-    run.check("reached max_steps", Some(14), last["global_step"].as_u64());
 }
 
 /// `--trainer.num_nodes 2 --trainer.devices 2`, and `num_nodes` in the config: Lightning

@@ -127,9 +127,7 @@ fn llamafactory_recipe_resumes_from_its_checkpoint_with_the_global_batch_kept_an
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&run_dir);
 
-    let start = events(&j, "run_start");
-    run.check("run_start events", 1, start.len());
-    let start = start[0];
+    let start = only_event(&run, &j, "run_start");
     run.check("world size", Some(1), start["world_size"].as_u64());
     run.check("global batch", Some(8), start["global_batch"].as_u64());
     run.check(
@@ -162,9 +160,7 @@ fn llamafactory_recipe_resumes_from_its_checkpoint_with_the_global_batch_kept_an
             .any(|a| a == "resume_from_checkpoint=out/checkpoint-2"),
     );
 
-    let lost = events(&j, "work_lost");
-    run.check("work_lost events", 1, lost.len());
-    let w = lost[0];
+    let w = only_event(&run, &j, "work_lost");
     run.check("resume step", Some(2), w["resume_from_step"].as_u64());
     run.check("step reached", Some(3), w["step_reached"].as_u64());
     run.check("steps lost", Some(1), w["steps_lost"].as_u64());

@@ -15,7 +15,6 @@
 mod common;
 use common::*;
 
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -30,18 +29,6 @@ fn ddp_turn() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// The one `work_lost` event of a run with one OOM.
-fn work_lost(run: &Run, j: &[Value]) -> Value {
-    let w = events(j, "work_lost");
-    run.check("work_lost events", 1, w.len());
-    w[0].clone()
-}
-
-fn run_start(run: &Run, j: &[Value]) -> Value {
-    let s = events(j, "run_start");
-    run.check("run_start events", 1, s.len());
-    s[0].clone()
-}
-
 fn lightning_config(dir: &Path, body: &str) -> PathBuf {
     let cfg = dir.join("cfg.yaml");
     std::fs::write(&cfg, body).unwrap();
@@ -106,7 +93,7 @@ model:
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&run_dir);
 
-    let start = run_start(&run, &j);
+    let start = only_event(&run, &j, "run_start");
     run.check("world size", Some(2), start["world_size"].as_u64());
     run.check("global batch", Some(32), start["global_batch"].as_u64());
     // The data module's sequence length is a knob (the sequence step can use it).
@@ -125,7 +112,7 @@ model:
         flag_value(&argv_of(starts[1]), "--ckpt_path"),
     );
 
-    let w = work_lost(&run, &j);
+    let w = only_event(&run, &j, "work_lost");
     run.check(
         "resume step (global_step)",
         Some(2),
@@ -155,18 +142,18 @@ model:
     run.check("resume_step", Some(2), d[0]["resume_step"].as_u64());
 
     // Lightning's own account of the two launches.
-    let r = report(&rep);
-    let last = r.last().cloned().unwrap_or_default();
-    run.check("final world (Lightning)", Some(2), last["world"].as_u64());
-    run.check("final micro-batch", Some(4), last["micro"].as_u64());
-    run.check("final accumulation", Some(4), last["accum"].as_u64());
-    run.check("global batch kept", Some(32), last["global_batch"].as_u64());
-    run.check(
-        "resumed from",
-        Some(ckpt2.as_str()),
-        last["ckpt_path"].as_str(),
+    check_last_launch(
+        &run,
+        &rep,
+        LastLaunch {
+            world: 2,
+            micro: 4,
+            accum: 4,
+            global_batch: 32,
+            resumed_from: &ckpt2,
+            global_step: 6,
+        },
     );
-    run.check("reached max_steps", Some(6), last["global_step"].as_u64());
 }
 
 /// Lightning's default folders: no ModelCheckpoint dirpath, `default_root_dir` in the
@@ -218,7 +205,7 @@ model:
     let run = oomguard(&repo(), &args, None, LIMIT);
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&run_dir);
-    let start = run_start(&run, &j);
+    let start = only_event(&run, &j, "run_start");
     run.check("world size", Some(1), start["world_size"].as_u64());
     run.check(
         "seq_len from --data.seq_len",
@@ -233,7 +220,7 @@ model:
         Some(ckpt.display().to_string()),
         flag_value(&argv_of(starts[1]), "--ckpt_path"),
     );
-    let w = work_lost(&run, &j);
+    let w = only_event(&run, &j, "work_lost");
     run.check("resume step", Some(4), w["resume_from_step"].as_u64());
     run.check("step reached", Some(5), w["step_reached"].as_u64());
     run.check("steps lost", Some(1), w["steps_lost"].as_u64());
@@ -327,7 +314,7 @@ fn nanogpt_train_py_resumes_at_its_iter_num_and_counts_the_iterations_redone() {
     .wait(LIMIT);
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&run_dir);
-    let start = run_start(&run, &j);
+    let start = only_event(&run, &j, "run_start");
     run.check("world size", Some(1), start["world_size"].as_u64());
     run.check("global batch", Some(8), start["global_batch"].as_u64());
     let starts = events(&j, "attempt_start");
@@ -337,7 +324,7 @@ fn nanogpt_train_py_resumes_at_its_iter_num_and_counts_the_iterations_redone() {
         Some("resume".to_string()),
         flag_value(&argv_of(starts[1]), "--init_from"),
     );
-    let w = work_lost(&run, &j);
+    let w = only_event(&run, &j, "work_lost");
     run.check(
         "resume step (iter_num)",
         Some(4),
@@ -461,7 +448,7 @@ fn trl_sft_recipe_has_checkpointing_on_by_default_and_is_never_offered_it() {
     // the checkpointing TRL already runs with.
     run.check("exit code", Some(75), run.code);
     let j = run.journal(&run_dir);
-    let start = run_start(&run, &j);
+    let start = only_event(&run, &j, "run_start");
     run.check(
         "grad_checkpointing on (TRL's default)",
         Some(true),

@@ -392,6 +392,60 @@ pub fn flag_value(argv: &[String], flag: &str) -> Option<String> {
     })
 }
 
+/// The one `name` event of a journal (checked: exactly one).
+pub fn only_event(run: &Run, journal: &[Value], name: &str) -> Value {
+    let found = events(journal, name);
+    run.check(&format!("{name} events"), 1, found.len());
+    found[0].clone()
+}
+
+/// What a real trainer's report says of its last launch (tests/real/lightning_cli.py).
+pub struct LastLaunch<'a> {
+    pub world: u64,
+    pub micro: u64,
+    pub accum: u64,
+    pub global_batch: u64,
+    pub resumed_from: &'a str,
+    pub global_step: u64,
+}
+
+/// Checks the last line of the report at `rep` (Lightning's own account of the launches)
+/// against `want`.
+pub fn check_last_launch(run: &Run, rep: &Path, want: LastLaunch<'_>) {
+    let r = report(rep);
+    let last = r.last().cloned().unwrap_or_default();
+    run.check(
+        "final world (Lightning)",
+        Some(want.world),
+        last["world"].as_u64(),
+    );
+    run.check(
+        "final micro-batch",
+        Some(want.micro),
+        last["micro"].as_u64(),
+    );
+    run.check(
+        "final accumulation",
+        Some(want.accum),
+        last["accum"].as_u64(),
+    );
+    run.check(
+        "global batch kept",
+        Some(want.global_batch),
+        last["global_batch"].as_u64(),
+    );
+    run.check(
+        "resumed from",
+        Some(want.resumed_from),
+        last["ckpt_path"].as_str(),
+    );
+    run.check(
+        "reached max_steps",
+        Some(want.global_step),
+        last["global_step"].as_u64(),
+    );
+}
+
 /// The report lines a test program appended (one JSON object a line; others skipped).
 pub fn report(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
