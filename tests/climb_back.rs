@@ -10,7 +10,7 @@
 //! (`OOMGUARD_FAKE_GPUS`) showing the run's process on a 64 GiB GPU.
 
 mod common;
-use common::{Run, Running, events, repo, spawn_env};
+use common::{Run, Running, events, llama_1b3_model, repo, spawn_env};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,20 +19,6 @@ use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(120);
 const GIB: f64 = (1u64 << 30) as f64;
-
-/// The sizing tests' 1.3B-parameter Llama-shaped model. On the simulated
-/// trainer at sequence 1024 on 64 GiB: micro-batch 16 needs 67.6 GiB at its
-/// longest batch (48.8 at a typical one: a spike), 12 needs 55.9, 8 44.2.
-fn model(dir: &Path) -> PathBuf {
-    let m = dir.join("model");
-    std::fs::create_dir_all(&m).unwrap();
-    std::fs::write(
-        m.join("config.json"),
-        r#"{"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "hidden_act": "silu"}"#,
-    )
-    .unwrap();
-    m
-}
 
 /// A fake GPU of 64 GiB; with `run_gib`, the supervised run's process holds
 /// that much from `at_s` on (the first attempt, an OOM, has ended by then: no
@@ -65,7 +51,10 @@ struct Bench {
 
 impl Bench {
     fn new(dir: &Path) -> Bench {
-        let m = model(dir);
+        // The sizing tests' 1.3B-parameter Llama-shaped model. On the simulated
+        // trainer at sequence 1024 on 64 GiB: micro-batch 16 needs 67.6 GiB at its
+        // longest batch (48.8 at a typical one: a spike), 12 needs 55.9, 8 44.2.
+        let m = llama_1b3_model(dir);
         let cmd = [
             "python3",
             repo().join("benches/sizing_trainer.py").to_str().unwrap(),

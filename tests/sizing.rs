@@ -4,7 +4,7 @@
 //! (`benches/sizing_trainer.py`: its OOM names only the one allocation that failed).
 
 mod common;
-use common::OOMGUARD;
+use common::{OOMGUARD, llama_1b3_model};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -39,18 +39,6 @@ fn fake(name: &str) -> String {
         .into_owned()
 }
 
-/// A 1.3B-parameter Llama-shaped model folder.
-fn model(dir: &Path) -> PathBuf {
-    let m = dir.join("model");
-    std::fs::create_dir_all(&m).unwrap();
-    std::fs::write(
-        m.join("config.json"),
-        r#"{"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "hidden_act": "silu"}"#,
-    )
-    .unwrap();
-    m
-}
-
 fn trainer_args(m: &Path) -> Vec<String> {
     [
         "python3",
@@ -72,7 +60,7 @@ fn trainer_args(m: &Path) -> Vec<String> {
 #[test]
 fn estimate_shows_the_memory_of_each_candidate_and_which_fit() {
     let t = tempfile::tempdir().unwrap();
-    let m = model(t.path());
+    let m = llama_1b3_model(t.path());
     let cmd = trainer_args(&m);
     let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
 
@@ -167,7 +155,7 @@ fn estimate_shows_the_memory_of_each_candidate_and_which_fit() {
 #[test]
 fn an_oom_is_fixed_in_one_relaunch_by_the_models_pick() {
     let t = tempfile::tempdir().unwrap();
-    let m = model(t.path());
+    let m = llama_1b3_model(t.path());
     let cmd = trainer_args(&m);
     let results = t.path().join("results.jsonl");
     let envs = [
@@ -273,7 +261,7 @@ fn the_model_config_is_found_in_the_hf_cache_and_from_a_recipe() {
         .path()
         .join("hf/hub/models--acme--tiny-llama/snapshots/0123abcd");
     std::fs::create_dir_all(&snap).unwrap();
-    let m = model(t.path());
+    let m = llama_1b3_model(t.path());
     std::fs::copy(m.join("config.json"), snap.join("config.json")).unwrap();
     let hf_home = t.path().join("hf");
     let out = run(
@@ -332,7 +320,7 @@ fn the_model_config_is_found_in_the_hf_cache_and_from_a_recipe() {
 #[test]
 fn the_next_run_of_the_same_command_starts_from_what_fit_unless_fresh() {
     let t = tempfile::tempdir().unwrap();
-    let m = model(t.path());
+    let m = llama_1b3_model(t.path());
     let cmd = trainer_args(&m);
     let results = t.path().join("results.jsonl");
     let state = t.path().join("state");
@@ -390,7 +378,7 @@ fn the_next_run_of_the_same_command_starts_from_what_fit_unless_fresh() {
 #[test]
 fn a_host_oom_after_a_cpu_offload_undoes_it_and_offloads_to_nvme() {
     let t = tempfile::tempdir().unwrap();
-    let m = model(t.path());
+    let m = llama_1b3_model(t.path());
     std::fs::write(
         t.path().join("ds.json"),
         r#"{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimization": {"stage": 0, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}}}"#,
@@ -451,7 +439,7 @@ fn a_host_oom_after_a_cpu_offload_undoes_it_and_offloads_to_nvme() {
 #[test]
 fn an_oom_after_many_good_steps_is_calibrated_as_a_spike() {
     let t = tempfile::tempdir().unwrap();
-    let m = model(t.path());
+    let m = llama_1b3_model(t.path());
     let cmd = trainer_args(&m);
     let results = t.path().join("results.jsonl");
     let run_dir = t.path().join("run");

@@ -392,6 +392,19 @@ pub fn flag_value(argv: &[String], flag: &str) -> Option<String> {
     })
 }
 
+/// A 1.3B-parameter Llama-shaped model folder (its config.json) in `dir`: the sizing
+/// and climb-back tests' model.
+pub fn llama_1b3_model(dir: &Path) -> PathBuf {
+    let m = dir.join("model");
+    std::fs::create_dir_all(&m).unwrap();
+    std::fs::write(
+        m.join("config.json"),
+        r#"{"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "hidden_act": "silu"}"#,
+    )
+    .unwrap();
+    m
+}
+
 /// The one `name` event of a journal (checked: exactly one).
 pub fn only_event(run: &Run, journal: &[Value], name: &str) -> Value {
     let found = events(journal, name);
