@@ -25,6 +25,8 @@
 /// as they come; the rest reaches the file when the attempt ends (its tail).
 /// `oomguard status` reads the step from the log, live only this far.
 pub const LOG_HEAD_BYTES: u64 = 8 << 20;
+/// The last bytes of an attempt's output kept for its log, in memory until it ends.
+pub const LOG_TAIL_BYTES: u64 = 1 << 20;
 
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};

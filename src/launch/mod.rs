@@ -50,7 +50,7 @@
 //! until it returns (PR_SET_PDEATHSIG is tied to the spawning thread); it always does.
 
 mod guard;
-pub(crate) mod output;
+mod output;
 mod signals;
 mod slurm;
 mod spawn;

@@ -1,17 +1,13 @@
 //! Where the child's bytes go: our stdout/stderr (live, byte-exact), then the bounded log.
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
 
 /// Size of the one read buffer: bounds oomguard's memory whatever the child prints.
 pub(crate) const READ_BUF: usize = 64 * 1024;
-
-/// A log tail up to this long is kept in memory; a longer one in a nameless file
-/// beside the log (see `DiskRing`).
-pub(crate) const MEMORY_TAIL: usize = 1 << 20;
 
 /// One of our own output fds (1 or 2), written unbuffered. After EPIPE or another write error
 /// it is marked dead and further writes are dropped, so the child keeps being drained.
@@ -89,131 +85,20 @@ impl Write for RawOut {
 }
 
 /// The bounded copy of the output: the first `head` bytes go to the file as they come; the
-/// last `tail` bytes are kept in a ring and written at the end, after a marker saying
-/// how many bytes were left out. A tail up to [`MEMORY_TAIL`] (oomguard's: 1 MiB) is kept
-/// in memory: copying into it costs less CPU than writing every byte to a file (0.22 s
-/// against 0.26 s on 256 MiB of progress lines, benches/README.md). A longer
-/// one is a nameless file beside the log (`O_TMPFILE`: it vanishes with oomguard,
-/// whatever ends it), so it is not held in oomguard's memory; where the filesystem cannot
-/// make one, a buffer in memory. Write errors turn into one warning and stop the log;
-/// they never stop supervision.
+/// last `tail` bytes are kept in a ring in memory and written at the end, after a marker
+/// saying how many bytes were left out. (A 4 MiB ring in a nameless file beside the log
+/// kept the tail out of oomguard's memory, but writing every byte to the file was the
+/// largest pass-through cost beyond `cat`'s: benches/README.md.) Write errors turn into
+/// one warning and stop the log; they never stop supervision.
 pub(crate) struct Log {
     file: Option<File>,
     head: u64,
     tail: usize,
     written_head: u64,
-    ring: Tail,
+    ring: Ring,
     total: u64,
     pub(crate) warning: Option<String>,
     path_shown: String,
-    /// Where the ring's file is made: the log's folder.
-    dir: Option<PathBuf>,
-}
-
-/// Where the log's tail is kept until the end.
-enum Tail {
-    /// No byte past the head yet.
-    Unused,
-    Disk(DiskRing),
-    Memory(Ring),
-}
-
-impl Tail {
-    fn len(&self, cap: u64) -> u64 {
-        match self {
-            Tail::Unused => 0,
-            Tail::Disk(d) => d.len(cap),
-            Tail::Memory(r) => r.len() as u64,
-        }
-    }
-}
-
-/// The last `cap` bytes seen, in a file: the same ring as [`Ring`], written with `pwrite`.
-/// Chunks are gathered into one write of this size: through a pty the command's output comes
-/// in reads of a few KiB, and a `pwrite` each was a measurable share of oomguard's CPU.
-const STAGE: usize = 64 * 1024;
-
-struct DiskRing {
-    file: File,
-    /// Next write position once full.
-    pos: u64,
-    /// Bytes written to the file (at most the ring's size).
-    filled: u64,
-    /// Bytes not yet written (less than [`STAGE`]).
-    stage: Vec<u8>,
-}
-
-impl DiskRing {
-    /// A nameless file in `dir`, readable and writable by us only.
-    fn create(dir: &Path) -> io::Result<DiskRing> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_TMPFILE)
-            .open(dir)?;
-        Ok(DiskRing {
-            file,
-            pos: 0,
-            filled: 0,
-            stage: Vec::new(),
-        })
-    }
-
-    /// The bytes kept, written or not.
-    fn len(&self, cap: u64) -> u64 {
-        (self.filled + self.stage.len() as u64).min(cap)
-    }
-
-    fn push(&mut self, chunk: &[u8], cap: u64) -> io::Result<()> {
-        if self.stage.len() + chunk.len() > STAGE {
-            self.flush(cap)?;
-        }
-        if chunk.len() >= STAGE {
-            return self.write(chunk, cap);
-        }
-        if self.stage.capacity() == 0 {
-            self.stage.reserve_exact(STAGE);
-        }
-        self.stage.extend_from_slice(chunk);
-        Ok(())
-    }
-
-    fn flush(&mut self, cap: u64) -> io::Result<()> {
-        let stage = std::mem::take(&mut self.stage);
-        let written = self.write(&stage, cap);
-        self.stage = stage;
-        self.stage.clear();
-        written
-    }
-
-    fn write(&mut self, chunk: &[u8], cap: u64) -> io::Result<()> {
-        let chunk = &chunk[chunk.len().saturating_sub(cap as usize)..];
-        let first = chunk.len().min((cap - self.pos) as usize);
-        self.file.write_all_at(&chunk[..first], self.pos)?;
-        self.file.write_all_at(&chunk[first..], 0)?;
-        self.pos = (self.pos + chunk.len() as u64) % cap;
-        self.filled = (self.filled + chunk.len() as u64).min(cap);
-        Ok(())
-    }
-
-    /// Appends the bytes kept, oldest first, to `out` (at its position), copied by the
-    /// kernel (`copy_file_range`): they never pass through oomguard's memory.
-    fn copy_to(&mut self, out: &mut File, cap: u64) -> io::Result<()> {
-        self.flush(cap)?;
-        let parts = if self.filled < cap {
-            [(0, self.filled), (0, 0)]
-        } else {
-            [(self.pos, cap - self.pos), (0, self.pos)]
-        };
-        for (from, len) in parts {
-            if len > 0 {
-                self.file.seek(SeekFrom::Start(from))?;
-                io::copy(&mut (&self.file).take(len), out)?;
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Log {
@@ -244,11 +129,10 @@ impl Log {
             head,
             tail: usize::try_from(tail).unwrap_or(usize::MAX),
             written_head: 0,
-            ring: Tail::Unused,
+            ring: Ring::default(),
             total: 0,
             warning,
             path_shown,
-            dir: path.parent().map(Path::to_path_buf),
         }
     }
 
@@ -267,30 +151,7 @@ impl Log {
         if self.tail == 0 || chunk.is_empty() {
             return;
         }
-        if let Tail::Unused = self.ring
-            && self.tail <= MEMORY_TAIL
-        {
-            self.ring = Tail::Memory(Ring::default());
-        }
-        if let Tail::Unused = self.ring {
-            let dir = self.dir.as_deref().unwrap_or(Path::new("."));
-            self.ring = match DiskRing::create(dir) {
-                Ok(d) => Tail::Disk(d),
-                Err(e) => {
-                    tracing::debug!("log tail kept in memory ({e})");
-                    Tail::Memory(Ring::default())
-                }
-            };
-        }
-        match &mut self.ring {
-            Tail::Disk(d) => {
-                if let Err(e) = d.push(chunk, self.tail as u64) {
-                    self.fail(e);
-                }
-            }
-            Tail::Memory(r) => r.push(chunk, self.tail),
-            Tail::Unused => {}
-        }
+        self.ring.push(chunk, self.tail);
     }
 
     /// Writes the tail (with the omitted marker when bytes were dropped) and closes the file.
@@ -298,27 +159,16 @@ impl Log {
         if self.file.is_none() {
             return;
         }
-        let kept = self.written_head + self.ring.len(self.tail as u64);
+        let kept = self.written_head + self.ring.len() as u64;
         let omitted = self.total - kept;
         if omitted > 0 {
             let marker = format!("\n[oomguard: {omitted} bytes omitted]\n");
             self.write_file(marker.as_bytes());
         }
-        match std::mem::replace(&mut self.ring, Tail::Unused) {
-            Tail::Memory(ring) => {
-                let (a, b) = ring.as_slices();
-                self.write_file(a);
-                self.write_file(b);
-            }
-            Tail::Disk(mut d) => {
-                if let Some(f) = self.file.as_mut()
-                    && let Err(e) = d.copy_to(f, self.tail as u64)
-                {
-                    self.fail(e);
-                }
-            }
-            Tail::Unused => {}
-        }
+        let ring = std::mem::take(&mut self.ring);
+        let (a, b) = ring.as_slices();
+        self.write_file(a);
+        self.write_file(b);
         // Flushed to the disk on a thread of its own: the next attempt must not wait for
         // the disk (an fsync on a busy machine took 30 ms of the gap between an attempt's
         // exit and the next one's exec). What the log holds is already visible to readers
@@ -348,7 +198,7 @@ impl Log {
 
     fn fail(&mut self, e: io::Error) {
         self.file = None;
-        self.ring = Tail::Unused;
+        self.ring = Ring::default();
         if self.warning.is_none() {
             self.warning = Some(format!("could not write log {}: {e}", self.path_shown));
         }
@@ -450,16 +300,15 @@ mod ring_tests {
     use super::{Log, Ring};
 
     #[test]
-    fn where_no_nameless_file_can_be_made_the_tail_is_kept_in_memory() {
+    fn the_tail_is_kept_in_memory_and_written_after_the_marker() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l");
         let data: Vec<u8> = (0..5_000u32).map(|i| (i % 251) as u8).collect();
         let mut log = Log::open(&path, 100, 300);
-        log.dir = Some(dir.path().join("gone"));
         for c in data.chunks(77) {
             log.feed(c);
         }
-        assert!(matches!(log.ring, super::Tail::Memory(_)));
+        assert!(log.ring.len() == 300);
         log.finish();
         assert!(log.warning.is_none());
         let mut want = data[..100].to_vec();

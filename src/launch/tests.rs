@@ -704,7 +704,7 @@ fn log_bounds_hold_for_any_chunking() {
         );
         want.extend_from_slice(&data[10_000 - 567..]);
         assert!(std::fs::read(&path).unwrap() == want, "chunk size {chunk}");
-        // The ring was a nameless file: nothing but the log is left in the folder.
+        // Nothing but the log is left in the folder.
         let names: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())

@@ -511,7 +511,7 @@ impl<'c> Run<'c> {
             tty: self.now.tty,
             log: adir.as_deref().map(run_folder::output_log_in),
             log_head_bytes: run_folder::LOG_HEAD_BYTES,
-            log_tail_bytes: crate::launch::output::MEMORY_TAIL as u64,
+            log_tail_bytes: run_folder::LOG_TAIL_BYTES,
             hang_timeout: cfg.opts.hang_timeout,
             grace: cfg.opts.grace,
             task_files: cfg.target.task_files.clone(),
