@@ -8,8 +8,14 @@ use crate::evidence::When;
 use crate::next::{EvalNot, Refusal};
 
 impl<'c> Run<'c> {
-    /// The run so far, as `next` reads it (`n`: the attempt that ended).
-    pub(super) fn history(&self, n: u32, role: Role) -> next::History<'_> {
+    /// The run so far, as `next` reads it (`n`: the attempt that ended;
+    /// `resumable`: see [`Run::resumable`]).
+    pub(super) fn history(
+        &self,
+        n: u32,
+        role: Role,
+        resumable: Option<crate::loadable::Written>,
+    ) -> next::History<'_> {
         next::History {
             n,
             first: &self.past.first,
@@ -19,13 +25,15 @@ impl<'c> Run<'c> {
             no_cpu_offload: &self.past.no_cpu_offload,
             retried: &self.past.retried,
             role,
-            resumable: self
-                .now
-                .resumer
-                .search_reached(None)
-                .chosen
-                .and_then(|c| crate::loadable::written(&c.path)),
+            resumable,
         }
+    }
+
+    /// How the checkpoint the next attempt would resume from was written: read
+    /// once per attempt's end, for all of `next`'s questions about it.
+    pub(super) fn resumable(&self) -> Option<crate::loadable::Written> {
+        let res = self.now.resumer.search_reached(None);
+        crate::loadable::written(&res.chosen?.path)
     }
 
     /// What the user and the policy allow.

@@ -792,6 +792,8 @@ impl<'c> Run<'c> {
         let mut finding = outcome.finding().cloned();
         let mut ended = next::Ended::new(outcome, evidence);
         let mut said = false;
+        // Copy 0 decides; a follower takes its verdict.
+        let resumable = (role != Role::Follower).then(|| self.resumable()).flatten();
         let verdict = loop {
             let gpu_oom = matches!(ended.outcome, Outcome::GpuOom { .. })
                 || matches!(ended.peers, Peers::Oom { .. });
@@ -803,7 +805,7 @@ impl<'c> Run<'c> {
                 self.report.term.info(&format!("attempt {n}: {ev}"));
                 self.suspect(n, &ev);
             }
-            let v = next::next(&self.history(n, role), &ended, &self.rules());
+            let v = next::next(&self.history(n, role, resumable), &ended, &self.rules());
             match v {
                 Verdict::Wait(For::PeerEnds) => {
                     let Some(job) = &job else {
