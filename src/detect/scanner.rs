@@ -8,11 +8,12 @@ use regex::Regex;
 
 use super::numbers::{NUMBERS, OomNumbers, fill_missing, gpu_numbers, host_numbers};
 use super::wordings::{
-    ANSI, ANY_OOM, CONSEQUENCE, ERROR_WORDS, EXCEPTION_LINE, EXCEPTION_START, GPU_OOM,
+    ANSI, ANY_OOM, CANCEL_WORD, CONSEQUENCE, ERROR_WORDS, EXCEPTION_LINE, EXCEPTION_START, GPU_OOM,
     GPU_OOM_AMBIGUOUS, HANDLED, HOST_OOM, LAUNCHER_REPORT, LIFE, LOG_DICT_EPOCH, NEEDLES,
     OOM_ERROR_CLASS, OOM_WORDS, OTHER_ERROR_LINE, OTHER_ERROR_WORDS, PEER_FAILURE, PEER_WORDS,
-    PENDING_NEEDLES, PREFIX, QUIET, RECOVERED, Strength, THRUST_BAD_ALLOC, TRACEBACK, clean,
-    is_code, is_peer_failure, message_complete, oom_in, source_is, source_of, starts_new_record,
+    PENDING_NEEDLES, PREFIX, QUIET, RECOVERED, SCAN_LIFE, SCAN_NEEDLES, Strength, THRUST_BAD_ALLOC,
+    TRACEBACK, clean, is_code, is_peer_failure, message_complete, oom_in, source_is, source_of,
+    starts_new_record,
 };
 use super::{Finding, Kind, judge};
 use crate::progress;
@@ -149,8 +150,6 @@ pub struct Scanner {
     /// Slurm's `*** STEP 5.0 ON n1 CANCELLED AT ... ***` line (scancel, preemption,
     /// time limit), if one was seen.
     cancelled: Option<String>,
-    /// The last bytes of each stream's previous chunk, for a cancel line split across chunks.
-    cancel_carry: [Vec<u8>; STREAMS],
     /// PIDs that OOM and error lines name ("exitcode: -9 (pid: 3309)", "DataLoader
     /// worker (pid(s) 812) exited"): processes of the run, for the kernel's record.
     named_pids: BTreeSet<u32>,
@@ -163,7 +162,7 @@ pub struct Scanner {
 }
 
 static CANCELLED: LazyLock<memchr::memmem::Finder<'static>> =
-    LazyLock::new(|| memchr::memmem::Finder::new(b" CANCELLED AT "));
+    LazyLock::new(|| memchr::memmem::Finder::new(CANCEL_WORD));
 
 /// The Slurm cancel line around `at` in `bytes`, if it is one (`*** JOB|STEP ...`).
 fn cancel_line(bytes: &[u8], at: usize) -> Option<String> {
@@ -195,9 +194,6 @@ impl Scanner {
     pub fn feed(&mut self, stream: Stream, chunk: &[u8]) -> bool {
         let si = stream as usize;
         self.found_now = false;
-        if self.cancelled.is_none() {
-            self.look_for_cancel(si, chunk);
-        }
         let mut rest = chunk;
         if !self.streams[si].partial.is_empty() {
             match memchr::memchr2(b'\n', b'\r', rest) {
@@ -223,29 +219,12 @@ impl Scanner {
         std::mem::take(&mut self.found_now) && self.first.is_some()
     }
 
-    /// A Slurm cancel line in this chunk (or across its start). Cheap: one SIMD
-    /// substring search per chunk, so it runs whatever else the scanner skips.
-    fn look_for_cancel(&mut self, si: usize, chunk: &[u8]) {
-        const KEEP: usize = 256;
-        let carry = &mut self.cancel_carry[si];
-        let mut joined = std::mem::take(carry);
-        joined.extend_from_slice(&chunk[..chunk.len().min(KEEP)]);
-        let found = CANCELLED
-            .find(&joined)
-            .and_then(|at| cancel_line(&joined, at))
-            .or_else(|| {
-                CANCELLED
-                    .find_iter(chunk)
-                    .find_map(|at| cancel_line(chunk, at))
-            });
-        if found.is_some() {
-            self.cancelled = found;
-            return;
+    /// A Slurm cancel line in `seg` (one segment: the scan sets find its word, so a
+    /// segment holding it is always looked at).
+    fn look_for_cancel(&mut self, seg: &[u8]) {
+        if self.cancelled.is_none() {
+            self.cancelled = CANCELLED.find_iter(seg).find_map(|at| cancel_line(seg, at));
         }
-        let from = chunk.len().saturating_sub(KEEP);
-        joined.clear();
-        joined.extend_from_slice(&chunk[from..]);
-        *carry = joined;
     }
 
     /// Slurm's line saying the job or step was cancelled (`scancel`, preemption, a
@@ -376,13 +355,14 @@ impl Scanner {
             let (start, hit) = if self.streams[si].pending.is_some() {
                 (pos, None)
             } else {
+                // Each set holds Slurm's cancel word as well (one pass finds both).
                 let (needles, hit) = if self.first.is_none() {
-                    (&*NEEDLES, Some(true))
+                    (&*SCAN_NEEDLES, Some(true))
                 } else if self.settled() && (self.fatal || self.quiet_ahead()) {
                     // Nothing but life can change a fatal OOM now; a settled mention
                     // only becomes fatal through a traceback or an OOM exception line,
                     // which `QUIET` finds (and then the full set is back).
-                    (if self.fatal { &*LIFE } else { &*QUIET }, None)
+                    (if self.fatal { &*SCAN_LIFE } else { &*QUIET }, None)
                 } else {
                     (&*PENDING_NEEDLES, None)
                 };
@@ -391,17 +371,27 @@ impl Scanner {
                         self.lines += count_newlines(&region[pos..]);
                         return;
                     }
-                    Some(m) => (
-                        memchr::memrchr2(b'\n', b'\r', &region[pos..m.start()])
-                            .map_or(pos, |i| pos + i + 1),
-                        hit,
-                    ),
+                    Some(m) => {
+                        let start = memchr::memrchr2(b'\n', b'\r', &region[pos..m.start()])
+                            .map_or(pos, |i| pos + i + 1);
+                        let end = line_end(region, m.end());
+                        // The cancel word alone: the segment is Slurm's business, not
+                        // the scanner's, unless a word of the set is in it too.
+                        let seg = &region[start..end];
+                        if m.as_bytes() == CANCEL_WORD
+                            && !needles.find_iter(seg).any(|n| n.as_bytes() != CANCEL_WORD)
+                        {
+                            self.look_for_cancel(seg);
+                            self.lines += count_newlines(&region[pos..=end]);
+                            pos = end + 1;
+                            continue;
+                        }
+                        (start, hit)
+                    }
                 }
             };
             self.lines += count_newlines(&region[pos..start]);
-            let end = start
-                + memchr::memchr2(b'\n', b'\r', &region[start..])
-                    .expect("a region ends with a line end");
+            let end = line_end(region, start);
             let seg = &region[start..end];
             if seg.len() <= MAX_SEGMENT {
                 self.on_segment(si, seg, hit);
@@ -447,6 +437,7 @@ impl Scanner {
         if seg.is_empty() {
             return;
         }
+        self.look_for_cancel(seg);
         let line_no = self.lines + 1;
         // A sign of life clears the pending OOM (and ends a join that continues its
         // message); this segment is then looked at afresh.
@@ -847,6 +838,11 @@ impl Scanner {
     }
 }
 
+/// Where the segment that holds `at` ends in `region` (whose last byte ends a line).
+fn line_end(region: &[u8], at: usize) -> usize {
+    at + memchr::memchr2(b'\n', b'\r', &region[at..]).expect("a region ends with a line end")
+}
+
 fn count_newlines(bytes: &[u8]) -> u64 {
     memchr::memchr_iter(b'\n', bytes).count() as u64
 }
@@ -879,6 +875,8 @@ pub fn warm() {
     force!(
         NEEDLES,
         LIFE,
+        SCAN_NEEDLES,
+        SCAN_LIFE,
         PENDING_NEEDLES,
         QUIET,
         TRACEBACK,

@@ -115,19 +115,40 @@ pub(super) static LIFE: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     regex::bytes::Regex::new(&LIFE_WORDS.map(regex::escape).join("|")).expect("life pattern")
 });
 
-/// The needles and the life words: what is looked for while an OOM is pending.
+/// The word of Slurm's line saying a job or step was cancelled
+/// (`*** STEP 5.0 ON n1 CANCELLED AT 2026-01-01T00:00:00 ***`). Every set the scanner
+/// searches the output with holds it too (the `SCAN_` sets below), so one pass over each
+/// byte finds both what the scanner reads and that line.
+pub(super) const CANCEL_WORD: &[u8] = b" CANCELLED AT ";
+
+fn with_cancel_word(pattern: &str, what: &str) -> regex::bytes::Regex {
+    let cancel = regex::escape(std::str::from_utf8(CANCEL_WORD).expect("ASCII"));
+    regex::bytes::Regex::new(&format!("{pattern}|{cancel}")).expect(what)
+}
+
+/// What the scanner searches for before any OOM: [`NEEDLES`] and [`CANCEL_WORD`].
+pub(super) static SCAN_NEEDLES: LazyLock<regex::bytes::Regex> =
+    LazyLock::new(|| with_cancel_word(NEEDLES.as_str(), "needle scan pattern"));
+
+/// What the scanner searches for once a fatal OOM is settled: [`LIFE`] and [`CANCEL_WORD`].
+pub(super) static SCAN_LIFE: LazyLock<regex::bytes::Regex> =
+    LazyLock::new(|| with_cancel_word(LIFE.as_str(), "life scan pattern"));
+
+/// The needles and the life words: what is looked for while an OOM is pending (and
+/// [`CANCEL_WORD`]).
 pub(super) static PENDING_NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     let pattern = format!("{}|{}", NEEDLES.as_str(), LIFE.as_str());
-    regex::bytes::Regex::new(&pattern).expect("pending needle pattern")
+    with_cancel_word(&pattern, "pending needle pattern")
 });
 
 /// While a mention of an OOM is pending and settled: words of life, where a fatal
-/// form of it can begin (a traceback, an OOM exception line), and exception lines.
+/// form of it can begin (a traceback, an OOM exception line), and exception lines (and
+/// [`CANCEL_WORD`]).
 pub(super) static QUIET: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
     // `Error`/`Exception` (OutOfMemoryError among them): the exception line of a
     // later traceback, another error that ended the process.
     let pattern = format!("{}|Traceback|Error|Exception", LIFE.as_str());
-    regex::bytes::Regex::new(&pattern).expect("quiet needle pattern")
+    with_cancel_word(&pattern, "quiet needle pattern")
 });
 
 /// Where a Python traceback begins (a finder built once: building one per line costs

@@ -238,8 +238,8 @@ pub struct Report {
     pub saves: Vec<detect::saves::Announced>,
     /// torchrun's own restarts in this attempt (when [`Spec::torchrun_restarts`]).
     pub torchrun: Option<TorchrunRestarts>,
-    /// The last [`TAIL_BYTES`] of the output (stdout and stderr as they came): where a
-    /// parser's refusal of an argument oomguard added is read (`detect::refusal`).
+    /// The last [`TAIL_BYTES`] of the output (stdout, stderr and the tasks' output files,
+    /// as they came): where a parser's refusal of an argument oomguard added is read (`detect::refusal`).
     pub tail: Vec<u8>,
 }
 
@@ -416,7 +416,7 @@ pub(crate) fn run_wired(
         back_at: w.back_at,
         saves: std::mem::replace(&mut w.saves, detect::saves::Saves::new(Default::default()))
             .finish(),
-        tail: w.tail.to_vec(),
+        tail: w.log.last(TAIL_BYTES),
         warnings,
         torchrun,
     })
@@ -504,7 +504,8 @@ struct Watch<'a> {
     start: Instant,
     out: Sink<&'a mut dyn Write>,
     err: Sink<&'a mut dyn Write>,
-    log: Option<Log>,
+    /// The output's log, and its last bytes (see [`Report::tail`]).
+    log: Log,
     scanner: detect::Scanner,
     oom_at: Option<Duration>,
     last_output: Instant,
@@ -529,8 +530,6 @@ struct Watch<'a> {
     /// A worker died (a group failure) while a GPU OOM was pending: torchrun
     /// would now restart it with the same settings.
     worker_oom: bool,
-    /// The last output (see [`Report::tail`]).
-    tail: output::Ring,
 }
 
 impl<'a> Watch<'a> {
@@ -540,10 +539,12 @@ impl<'a> Watch<'a> {
             start,
             out: Sink::new(out),
             err: Sink::new(err),
-            log: spec
-                .log
-                .as_ref()
-                .map(|p| Log::open(p, spec.log_head_bytes, spec.log_tail_bytes)),
+            log: Log::open(
+                spec.log.as_deref(),
+                spec.log_head_bytes,
+                spec.log_tail_bytes,
+                TAIL_BYTES,
+            ),
             scanner: detect::Scanner::new(),
             oom_at: None,
             last_output: Instant::now(),
@@ -551,7 +552,6 @@ impl<'a> Watch<'a> {
             names: Default::default(),
             cgroups: Default::default(),
             pids_at: None,
-            tail: output::Ring::default(),
             files: None,
             oom_file: None,
             back: spec.back_to.clone(),
@@ -622,9 +622,7 @@ impl<'a> Watch<'a> {
                 *oom_at = None;
                 *oom_file = None;
             }
-            if let Some(log) = log.as_mut() {
-                log.feed(bytes);
-            }
+            log.feed(bytes);
             *last_output = now;
         });
     }
@@ -633,10 +631,8 @@ impl<'a> Watch<'a> {
     /// could not be written into warnings.
     fn finish(&mut self, warnings: &mut Vec<String>) {
         self.scanner.finish();
-        if let Some(log) = self.log.as_mut() {
-            log.finish();
-            warnings.extend(log.warning.take());
-        }
+        self.log.finish();
+        warnings.extend(self.log.warning.take());
         for (name, sink) in [
             ("stdout", &mut self.out.error),
             ("stderr", &mut self.err.error),
@@ -686,10 +682,7 @@ impl<'a> Watch<'a> {
         if self.spec.torchrun_restarts.is_some() {
             self.group_failures_in(kind, chunk);
         }
-        if let Some(log) = self.log.as_mut() {
-            log.feed(chunk);
-        }
-        self.tail.push(chunk, TAIL_BYTES);
+        self.log.feed(chunk);
         self.last_output = Instant::now();
     }
 }

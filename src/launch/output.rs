@@ -85,25 +85,48 @@ impl Write for RawOut {
 }
 
 /// The bounded copy of the output: the first `head` bytes go to the file as they come; the
-/// last `tail` bytes are kept in a ring in memory and written at the end, after a marker
-/// saying how many bytes were left out. (A 4 MiB ring in a nameless file beside the log
-/// kept the tail out of oomguard's memory, but writing every byte to the file was the
-/// largest pass-through cost beyond `cat`'s: benches/README.md.) Write errors turn into
-/// one warning and stop the log; they never stop supervision.
+/// last bytes are kept in a ring in memory, and the last `tail` of them are written at the
+/// end, after a marker saying how many bytes were left out. (A 4 MiB ring in a nameless
+/// file beside the log kept the tail out of oomguard's memory, but writing every byte to
+/// the file was the largest pass-through cost beyond `cat`'s: benches/README.md.) Write
+/// errors turn into one warning and stop the file; they never stop supervision.
+///
+/// The ring is also where the attempt's last output is read from ([`Log::last`]): it
+/// holds every byte from the first, whether or not there is a file, so the output is
+/// copied once, not once for the log and once more for the report.
 pub(crate) struct Log {
     file: Option<File>,
     head: u64,
     tail: usize,
     written_head: u64,
     ring: Ring,
+    /// The ring's size: the larger of `tail` and what [`Log::last`] is asked for.
+    keep: usize,
     total: u64,
     pub(crate) warning: Option<String>,
     path_shown: String,
 }
 
 impl Log {
-    pub(crate) fn open(path: &Path, head: u64, tail: u64) -> Log {
-        let path_shown = path.display().to_string();
+    /// A log written to `path` (none: the ring alone); `keep`: the most [`Log::last`]
+    /// will be asked for.
+    pub(crate) fn open(path: Option<&Path>, head: u64, tail: u64, keep: usize) -> Log {
+        let tail = usize::try_from(tail).unwrap_or(usize::MAX);
+        let mut log = Log {
+            file: None,
+            head,
+            tail,
+            written_head: 0,
+            ring: Ring::default(),
+            keep: keep.max(tail),
+            total: 0,
+            warning: None,
+            path_shown: String::new(),
+        };
+        let Some(path) = path else {
+            return log;
+        };
+        log.path_shown = path.display().to_string();
         let opened = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -120,38 +143,35 @@ impl Log {
                 }
                 Ok(f)
             });
-        let (file, warning) = match opened {
-            Ok(f) => (Some(f), None),
-            Err(e) => (None, Some(format!("could not write log {path_shown}: {e}"))),
-        };
-        Log {
-            file,
-            head,
-            tail: usize::try_from(tail).unwrap_or(usize::MAX),
-            written_head: 0,
-            ring: Ring::default(),
-            total: 0,
-            warning,
-            path_shown,
+        match opened {
+            Ok(f) => log.file = Some(f),
+            Err(e) => {
+                log.warning = Some(format!("could not write log {}: {e}", log.path_shown));
+            }
         }
+        log
     }
 
-    pub(crate) fn feed(&mut self, mut chunk: &[u8]) {
-        if self.file.is_none() {
-            return;
-        }
+    pub(crate) fn feed(&mut self, chunk: &[u8]) {
         self.total += chunk.len() as u64;
-        if self.written_head < self.head {
+        if self.file.is_some() && self.written_head < self.head {
             let n = (self.head - self.written_head).min(chunk.len() as u64) as usize;
-            let (h, rest) = chunk.split_at(n);
-            self.write_file(h);
+            self.write_file(&chunk[..n]);
             self.written_head += n as u64;
-            chunk = rest;
         }
-        if self.tail == 0 || chunk.is_empty() {
-            return;
+        self.ring.push(chunk, self.keep);
+    }
+
+    /// The last `n` bytes of the output (fewer when there were fewer, or when `n` is more
+    /// than the ring keeps).
+    pub(crate) fn last(&self, n: usize) -> Vec<u8> {
+        let (a, b) = self.ring.as_slices();
+        let skip = (a.len() + b.len()).saturating_sub(n);
+        if skip >= a.len() {
+            b[skip - a.len()..].to_vec()
+        } else {
+            [&a[skip..], b].concat()
         }
-        self.ring.push(chunk, self.tail);
     }
 
     /// Writes the tail (with the omitted marker when bytes were dropped) and closes the file.
@@ -159,16 +179,16 @@ impl Log {
         if self.file.is_none() {
             return;
         }
-        let kept = self.written_head + self.ring.len() as u64;
-        let omitted = self.total - kept;
+        // What came after the head: its last `tail` bytes are written, from the ring.
+        let after_head = self.total - self.written_head;
+        let written = after_head.min(self.tail.min(self.ring.len()) as u64);
+        let omitted = after_head - written;
         if omitted > 0 {
             let marker = format!("\n[oomguard: {omitted} bytes omitted]\n");
             self.write_file(marker.as_bytes());
         }
-        let ring = std::mem::take(&mut self.ring);
-        let (a, b) = ring.as_slices();
-        self.write_file(a);
-        self.write_file(b);
+        let tail = self.last(written as usize);
+        self.write_file(&tail);
         // Flushed to the disk on a thread of its own: the next attempt must not wait for
         // the disk (an fsync on a busy machine took 30 ms of the gap between an attempt's
         // exit and the next one's exec). What the log holds is already visible to readers
@@ -196,9 +216,9 @@ impl Log {
         }
     }
 
+    /// The file is given up; the ring goes on (the report still reads the last output).
     fn fail(&mut self, e: io::Error) {
         self.file = None;
-        self.ring = Ring::default();
         if self.warning.is_none() {
             self.warning = Some(format!("could not write log {}: {e}", self.path_shown));
         }
@@ -235,12 +255,6 @@ impl Ring {
         let second = rest.len() - first;
         self.buf[..second].copy_from_slice(&rest[first..]);
         self.pos = (self.pos + rest.len()) % cap;
-    }
-
-    /// The bytes kept, oldest first, in one buffer.
-    pub(crate) fn to_vec(&self) -> Vec<u8> {
-        let (a, b) = self.as_slices();
-        [a, b].concat()
     }
 
     /// Oldest first.
@@ -304,11 +318,13 @@ mod ring_tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("l");
         let data: Vec<u8> = (0..5_000u32).map(|i| (i % 251) as u8).collect();
-        let mut log = Log::open(&path, 100, 300);
+        let mut log = Log::open(Some(&path), 100, 300, 0);
         for c in data.chunks(77) {
             log.feed(c);
         }
         assert!(log.ring.len() == 300);
+        assert!(log.last(1000) == data[5_000 - 300..]);
+        assert!(log.last(7) == data[5_000 - 7..]);
         log.finish();
         assert!(log.warning.is_none());
         let mut want = data[..100].to_vec();

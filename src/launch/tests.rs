@@ -691,11 +691,20 @@ fn log_bounds_hold_for_any_chunking() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l");
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
-    for chunk in [1, 7, 100, 4096, 10_000] {
-        let mut log = output::Log::open(&path, 1234, 567);
+    // `keep`: what the report's tail asks the same ring for (more than the log's tail, or
+    // less); the log's file is the same either way.
+    for (chunk, keep) in [1, 7, 100, 4096, 10_000]
+        .into_iter()
+        .flat_map(|c| [(c, 0), (c, 3_000), (c, 64 << 10)])
+    {
+        let mut log = output::Log::open(Some(&path), 1234, 567, keep);
         for c in data.chunks(chunk) {
             log.feed(c);
         }
+        assert!(
+            log.last(keep) == data[10_000 - keep.min(10_000)..],
+            "keep {keep}"
+        );
         log.finish();
         assert!(log.warning.is_none());
         let mut want = data[..1234].to_vec();
@@ -712,7 +721,7 @@ fn log_bounds_hold_for_any_chunking() {
         assert_eq!(names, ["l"]);
     }
     // Fewer bytes past the head than the tail keeps: all of them, in order, no marker.
-    let mut log = output::Log::open(&path, 1234, 20_000);
+    let mut log = output::Log::open(Some(&path), 1234, 20_000, 64 << 10);
     for c in data.chunks(999) {
         log.feed(c);
     }
@@ -734,6 +743,8 @@ fn an_unwritable_log_is_a_warning_not_a_failure() {
         "{:?}",
         r.warnings
     );
+    // The report's last output does not depend on the log's file.
+    assert_eq!(r.tail, b"fine\n");
 
     if Path::new("/dev/full").exists() {
         // Disk full.
@@ -747,6 +758,7 @@ fn an_unwritable_log_is_a_warning_not_a_failure() {
             "{:?}",
             r.warnings
         );
+        assert_eq!(r.tail, b"fine\n");
     }
 }
 
