@@ -551,6 +551,60 @@ fn scan_chunked(body: &[u8], chunk: usize) -> (Option<Finding>, Option<String>, 
     )
 }
 
+/// Slurm's cancel line is found by the search that finds the scanner's words, whatever the
+/// scanner is looking for at the time (nothing yet, a pending mention, a settled fatal
+/// OOM), in any chunking; lines around it are counted as before.
+#[test]
+fn slurms_cancel_line_is_found_in_every_state_of_the_scan() {
+    let cancel_job = "slurmstepd: error: *** JOB 9 ON n2 CANCELLED AT 2026-11-24T00:15:00 DUE TO TIME LIMIT ***\n";
+    let cancel_step =
+        "slurmstepd-n1: error: *** STEP 5.0 ON n1 CANCELLED AT 2026-11-24T00:14:26 ***\n";
+    let quiet_lines = "[rank0]: waiting for the others\n".repeat(60);
+    let fatal = format!(
+        "{TRACEBACK}torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.00 GiB is free.\n"
+    );
+    let mention = "INFO: last run: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n";
+    let progress = "step 1/10 loss 2.0\nstep 2/10 loss 1.9\n";
+    for (state, before) in [
+        ("nothing found", progress.to_string()),
+        ("a settled fatal OOM", format!("{fatal}{quiet_lines}")),
+        ("a settled mention", format!("{mention}{quiet_lines}")),
+        ("a pending OOM", fatal.clone()),
+    ] {
+        for cancel in [cancel_job, cancel_step] {
+            let log = format!("{before}{cancel}[rank0]: after\n");
+            let whole = scan_chunked(log.as_bytes(), log.len());
+            for chunk in [1, 7, 64, 4096, log.len()] {
+                let mut s = Scanner::new();
+                for c in log.as_bytes().chunks(chunk) {
+                    s.feed(Stream::Err, c);
+                }
+                s.finish();
+                assert_eq!(
+                    s.slurm_cancelled(),
+                    Some(cancel.trim()),
+                    "after {state}, in chunks of {chunk}"
+                );
+                assert_eq!(
+                    s.lines_seen(),
+                    log.matches('\n').count() as u64,
+                    "after {state}, in chunks of {chunk}"
+                );
+                let got = (
+                    s.first_oom().cloned(),
+                    s.error_line().map(str::to_string),
+                    s.lines_seen(),
+                );
+                assert_eq!(got, whole, "after {state}, in chunks of {chunk}");
+            }
+        }
+    }
+    // A line with the word and a needle of its own is read for both.
+    let s = scan("RuntimeError: worker CANCELLED AT step 3\n");
+    assert_eq!(s.slurm_cancelled(), None, "not Slurm's line");
+    assert!(s.error_line().is_some_and(|l| l.contains("RuntimeError")));
+}
+
 #[test]
 fn chunking_does_not_change_the_result() {
     let mut all = fixtures_in(&own_dir());
