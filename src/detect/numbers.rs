@@ -38,7 +38,7 @@ pub struct OomNumbers {
 }
 
 /// A size as PyTorch prints it: `1.50 GiB`, `0 bytes`, `147.24 MB`.
-pub(super) const SIZE: &str = r"([0-9]+(?:\.[0-9]+)?\s*(?:bytes|[KMGTPE]i?B|B))";
+pub(super) const SIZE: &str = r"(\d+(?:\.\d+)?\s*(?:bytes|[KMGTPE]i?B|B))";
 
 pub(super) struct NumberPatterns {
     pub(super) tried: Regex,
@@ -75,8 +75,8 @@ pub(super) static NUMBERS: LazyLock<NumberPatterns> = LazyLock::new(|| {
         total_async: re(r"Device\s*limit\s*:\s*SIZE"),
         free_async: re(r"Free\s*\(according\s*to\s*CUDA\)\s*:\s*SIZE"),
         // alloc_cpu's overflow check: "called with negative number: 18446744072009756672"
-        negative: re(r"negative\s*number:\s*([0-9]+)"),
-        calloc: re(r"CUDA\s*calloc\s*([0-9]+)\s*bytes"),
+        negative: re(r"negative\s*number:\s*(\d+)"),
+        calloc: re(r"CUDA\s*calloc\s*(\d+)\s*bytes"),
         total_old: re(r"SIZE\s*total\s*capac"),
         total_new: re(r"total\s*capac[a-z]*\s*of\s*SIZE"),
         total_mps: re(r"max\s*allowed:\s*SIZE"),
@@ -89,9 +89,9 @@ pub(super) static NUMBERS: LazyLock<NumberPatterns> = LazyLock::new(|| {
         reserved_unallocated: re(r"SIZE\s*is\s*reserved\s*by\s*PyTorch\s*but\s*unallocated"),
         reserved_total: re(r"SIZE\s*(?:reserved\s*in\s*total|cached\b)"),
         device: re(
-            r"\(GPU\s*([0-9]+)\s*;|\bGPU\s?([0-9]*)\s*has\s*a\s*total|Allocation\s*on\s*device\s*([0-9]+)",
+            r"\(GPU\s*(\d+)\s*;|\bGPU\s?(\d*)\s*has\s*a\s*total|Allocation\s*on\s*device\s*(\d+)",
         ),
-        process: re(r"Process\s*([0-9]+)\s*has\s*SIZE"),
+        process: re(r"Process\s*(\d+)\s*has\s*SIZE"),
     }
 });
 
