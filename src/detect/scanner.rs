@@ -11,8 +11,8 @@ use super::wordings::{
     ANSI, ANY_OOM, CANCEL_WORD, CONSEQUENCE, ERROR_WORDS, EXCEPTION_LINE, EXCEPTION_START, GPU_OOM,
     GPU_OOM_AMBIGUOUS, HANDLED, HOST_OOM, LAUNCHER_REPORT, LIFE, LOG_DICT_EPOCH, NEEDLES,
     OOM_ERROR_CLASS, OOM_WORDS, OTHER_ERROR_LINE, OTHER_ERROR_WORDS, PEER_FAILURE, PEER_WORDS,
-    PENDING_NEEDLES, PREFIX, QUIET, RECOVERED, SCAN_LIFE, SCAN_NEEDLES, Strength, THRUST_BAD_ALLOC,
-    TRACEBACK, clean, is_code, is_peer_failure, message_complete, oom_in, source_is, source_of,
+    PENDING_NEEDLES, PREFIX, QUIET, RECOVERED, Strength, THRUST_BAD_ALLOC, TRACEBACK, clean,
+    holds_word, is_code, is_peer_failure, message_complete, oom_in, source_is, source_of,
     starts_new_record,
 };
 use super::{Finding, Kind, judge};
@@ -357,12 +357,12 @@ impl Scanner {
             } else {
                 // Each set holds Slurm's cancel word as well (one pass finds both).
                 let (needles, hit) = if self.first.is_none() {
-                    (&*SCAN_NEEDLES, Some(true))
+                    (&*NEEDLES, Some(true))
                 } else if self.settled() && (self.fatal || self.quiet_ahead()) {
                     // Nothing but life can change a fatal OOM now; a settled mention
                     // only becomes fatal through a traceback or an OOM exception line,
                     // which `QUIET` finds (and then the full set is back).
-                    (if self.fatal { &*SCAN_LIFE } else { &*QUIET }, None)
+                    (if self.fatal { &*LIFE } else { &*QUIET }, None)
                 } else {
                     (&*PENDING_NEEDLES, None)
                 };
@@ -378,9 +378,7 @@ impl Scanner {
                         // The cancel word alone: the segment is Slurm's business, not
                         // the scanner's, unless a word of the set is in it too.
                         let seg = &region[start..end];
-                        if m.as_bytes() == CANCEL_WORD
-                            && !needles.find_iter(seg).any(|n| n.as_bytes() != CANCEL_WORD)
-                        {
+                        if m.as_bytes() == CANCEL_WORD && !holds_word(needles, seg) {
                             self.look_for_cancel(seg);
                             self.lines += count_newlines(&region[pos..=end]);
                             pos = end + 1;
@@ -455,7 +453,7 @@ impl Scanner {
         if self.fatal && self.settled() {
             return; // nothing but life can change now
         }
-        if !hit.unwrap_or_else(|| NEEDLES.is_match(seg)) {
+        if !hit.unwrap_or_else(|| holds_word(&NEEDLES, seg)) {
             return;
         }
         let text = clean(seg);
@@ -590,7 +588,7 @@ impl Scanner {
     /// remembered: two whose step increases are the sign.
     fn shows_life(&mut self, seg: &[u8]) -> bool {
         // Cheapest first: most segments looked at here show no life at all.
-        if !LIFE.is_match(seg) {
+        if !holds_word(&LIFE, seg) {
             return false;
         }
         // Only the pending OOM's process can show it went on: another's line (a rank's
@@ -875,8 +873,6 @@ pub fn warm() {
     force!(
         NEEDLES,
         LIFE,
-        SCAN_NEEDLES,
-        SCAN_LIFE,
         PENDING_NEEDLES,
         QUIET,
         TRACEBACK,

@@ -242,6 +242,12 @@ impl Ring {
 
     pub(crate) fn push(&mut self, chunk: &[u8], cap: usize) {
         let chunk = &chunk[chunk.len().saturating_sub(cap)..];
+        if self.buf.capacity() < cap {
+            // Its whole size at once: growing by doubling copied what was kept at each
+            // step and held the old and the new buffer at once (peak RSS). Pages not
+            // written yet take no memory.
+            self.buf.reserve_exact(cap - self.buf.len());
+        }
         // Filling up: append.
         let room = cap - self.buf.len();
         let (fill, rest) = chunk.split_at(chunk.len().min(room));
