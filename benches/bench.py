@@ -32,6 +32,14 @@ Rows:
                          that the folder is no longer being written).
   signal forward         SIGUSR1 to oomguard -> time the child's sigwait returns, vs SIGUSR1
                          sent to the same child directly. Median.
+  instructions           with valgrind installed: the instructions oomguard's own process
+                         executes (all its threads; `valgrind --tool=callgrind`, children not
+                         traced) passing through N and 3N MiB of progress lines (16/48) and of
+                         the OOM-dense logs (8/24). Per MiB: the difference over 2N; fixed: the
+                         N run less N times that (start-up and the patterns' warm-up thread).
+                         Deterministic to about 0.01 %, unlike the times on a shared machine:
+                         what a change does to the work per byte shows here when the timings'
+                         noise hides it.
   diagnose               `oomguard diagnose --json` over the fixture logs repeated to SIZE, and
                          over plain progress lines, in MB/s: by the process's CPU time
                          (user+sys, wait4) — what the scanner costs, steady under load — and by
@@ -42,6 +50,7 @@ Asserts nothing; prints a table. Timings on a shared machine are noisy: medians 
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -58,6 +67,7 @@ OOM = (
 TICK = os.sysconf("SC_CLK_TCK")
 ROWS = []
 BINS = []  # (label, path)
+NOTES = []  # lines printed under the table
 
 
 def producer(size):
@@ -137,6 +147,32 @@ def pipe_trial(child, tmp, tag):
             sys.exit(f"oomguard ({label}) pass-through run failed with {og.returncode}")
         out[label] = (wall, cpu, hwm.kib)
     return out
+
+
+def instructions(binary, child, tmp, tag):
+    """Instructions oomguard's process executes running `child` under callgrind."""
+    out = f"{tmp}/callgrind-{tag}.out"
+    p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+                       + og_args(binary, f"{tmp}/instr-{tag}") + child,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        sys.exit(f"oomguard under valgrind ({tag}) exited {p.returncode}:\n{p.stderr[-2000:]}")
+    os.unlink(out)
+    for line in p.stderr.splitlines():
+        if "Collected :" in line:
+            return int(line.rsplit(":", 1)[1])
+    sys.exit(f"valgrind printed no instruction count ({tag})")
+
+
+def instructions_per_mib(tmp, path, mib):
+    """{label: (per MiB, fixed)} from runs over the first `mib` and `3 * mib` MiB of path."""
+    res = {}
+    for label, binary in BINS:
+        counts = [instructions(binary, ["head", "-c", str(n << 20), path], tmp, f"{label}-{n}")
+                  for n in (mib, 3 * mib)]
+        per = (counts[1] - counts[0]) / (2 * mib)
+        res[label] = (per, counts[0] - mib * per)
+    return res
 
 
 def medians(trials, i):
@@ -318,6 +354,8 @@ def fmt(v, unit):
         return f"{v:.1f} MiB"
     if unit == "MB/s":
         return f"{v:.0f} MB/s"
+    if unit == "instr":
+        return f"{v / 1e6:.2f} M"
     return f"{v}"
 
 
@@ -360,7 +398,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes and fewer trials")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     ap.add_argument("--only", default="", help="comma-separated groups: pipe,dense,pty,"
-                    "hang,relaunch,signal,diagnose (default: all)")
+                    "hang,relaunch,signal,instr,diagnose (default: all)")
     a = ap.parse_args()
     if len(a.bin) > 2:
         sys.exit("at most two --bin")
@@ -437,6 +475,20 @@ def main():
             row(f"signal forward SIGUSR1 (median of {trials})", s, "ms", "< 10 ms",
                 lambda v, b: v < 0.01)
 
+        if want("instr") and shutil.which("valgrind"):
+            for what, lines_only, mib in (("progress lines", True, 16),
+                                          ("OOM-dense logs", False, 8)):
+                path = f"{tmp}/instr-{int(lines_only)}.log"
+                make_log(path, (3 * mib) << 20, lines_only)
+                r = instructions_per_mib(tmp, path, mib)
+                os.unlink(path)
+                row(f"instructions per MiB, {what} (callgrind, {mib} -> {3 * mib} MiB)",
+                    {k: v[0] for k, v in r.items()}, "instr")
+                row(f"instructions fixed per run, {what} (start-up, warm-up)",
+                    {k: v[1] for k, v in r.items()}, "instr")
+        elif want("instr"):
+            NOTES.append("instruction rows left out: valgrind is not installed")
+
         if want("diagnose"):
             mib = log_size >> 20
             for lines_only, what in ((False, f"OOM-dense fixture logs x{mib} MiB"),
@@ -462,6 +514,8 @@ def main():
     print("baselines: pipe = child | cat > /dev/null; pty = script without oomguard; "
           "relaunch = sh running the child twice; signal = SIGUSR1 to the child directly; "
           "diagnose = cat FILE > /dev/null")
+    for note in NOTES:
+        print(note)
 
 
 if __name__ == "__main__":
