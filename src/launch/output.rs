@@ -225,6 +225,9 @@ impl Log {
     }
 }
 
+/// The most a [`Ring`] reserves at once.
+const RESERVE_AT_MOST: usize = 16 << 20;
+
 /// The last `cap` bytes seen, in a buffer allocated once: each chunk costs one
 /// or two `memcpy`s (a `VecDeque<u8>` drained and extended per chunk cost a
 /// measurable share of oomguard's CPU on a multi-GB run).
@@ -245,8 +248,9 @@ impl Ring {
         if self.buf.capacity() < cap {
             // Its whole size at once: growing by doubling copied what was kept at each
             // step and held the old and the new buffer at once (peak RSS). Pages not
-            // written yet take no memory.
-            self.buf.reserve_exact(cap - self.buf.len());
+            // written yet take no memory. A cap meant as "everything" grows by steps.
+            self.buf
+                .reserve_exact((cap - self.buf.len()).min(RESERVE_AT_MOST));
         }
         // Filling up: append.
         let room = cap - self.buf.len();
@@ -337,6 +341,16 @@ mod ring_tests {
         want.extend_from_slice(b"\n[oomguard: 4600 bytes omitted]\n");
         want.extend_from_slice(&data[5_000 - 300..]);
         assert!(std::fs::read(&path).unwrap() == want);
+    }
+
+    #[test]
+    fn a_ring_without_a_real_cap_keeps_everything() {
+        let mut r = Ring::default();
+        for c in [b"ab".as_slice(), b"cde", b"f"] {
+            r.push(c, usize::MAX);
+        }
+        let (a, b) = r.as_slices();
+        assert_eq!([a, b].concat(), b"abcdef");
     }
 
     #[test]
