@@ -184,7 +184,8 @@ impl Log {
         let written = after_head.min(self.tail.min(self.ring.len()) as u64);
         let omitted = after_head - written;
         if omitted > 0 {
-            self.write_file(&crate::run_folder::omitted_marker(omitted));
+            let marker = format!("\n[oomguard: {omitted} bytes omitted]\n");
+            self.write_file(marker.as_bytes());
         }
         let tail = self.last(written as usize);
         self.write_file(&tail);
