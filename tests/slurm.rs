@@ -827,15 +827,34 @@ fn slurm_a_requeued_job_resumes_at_the_fitting_settings() {
     // Slurm holds a requeued job back for a while: let it start now. The job
     // first has to finish completing: on a loaded 2-core machine (the whole
     // Slurm tier at once) its steps' termination alone has taken minutes.
+    // Slurm's hold is what keeps the new launch's credential from falling in
+    // the second the old one was revoked in (slurmd compares whole seconds:
+    // "Killing non-startable batch JobId=N: Job credential revoked", the job
+    // then ends with exit 1 and never restarts). So the start is pulled
+    // forward only once the job has been pending again (done completing, so its
+    // old credential is revoked) for two seconds.
+    let mut pending_since = None;
     let started = wait_until(Duration::from_secs(480), || {
         if read().contains("SLURM_RESTART_COUNT=1") {
             return true;
         }
-        // Refused while the job is still running or completing: tried again.
-        let _ = Command::new("scontrol")
-            .args(["update", &format!("jobid={job}"), "StartTime=now"])
-            .stderr(std::process::Stdio::null())
-            .status();
+        let state = Command::new("squeue")
+            .args(["-h", "-j", &job, "-o", "%T"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        if state != "PENDING" {
+            pending_since = None;
+        } else if pending_since
+            .get_or_insert_with(std::time::Instant::now)
+            .elapsed()
+            > Duration::from_secs(2)
+        {
+            let _ = Command::new("scontrol")
+                .args(["update", &format!("jobid={job}"), "StartTime=now"])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
         std::thread::sleep(Duration::from_millis(200));
         false
     });
