@@ -103,9 +103,6 @@ impl Counting {
     }
 }
 
-/// What the log says when oomguard kept only its head and tail.
-const OMITTED: &[u8] = b"[oomguard: ";
-
 /// The steps done that the last step number in `buf` says, read by the
 /// trainer's `counting` in an attempt that started from step `from`.
 pub fn last_step_counted(buf: &[u8], counting: Counting, from: u64) -> Option<u64> {
@@ -311,7 +308,7 @@ pub fn read(
 /// The step the Trainer's log dicts in `text` name (see [`Logging`]); `None`
 /// without one, or when the log lost its middle (the count would be short).
 pub fn logged_step(text: &[u8], logging: Logging, from: u64) -> Option<Reached> {
-    if memchr::memmem::find(text, OMITTED).is_some() {
+    if crate::run_folder::may_hold_omitted(text) {
         return None;
     }
     // Every local rank 0 of a multi-node run prints the same dict for a step

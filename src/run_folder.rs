@@ -28,6 +28,36 @@ pub const LOG_HEAD_BYTES: u64 = 8 << 20;
 /// The last bytes of an attempt's output kept for its log, in memory until it ends.
 pub const LOG_TAIL_BYTES: u64 = 1 << 20;
 
+/// Where a log left bytes out between its head and its tail, this line stands:
+/// `[oomguard: N bytes omitted]`.
+const OMITTED_START: &[u8] = b"[oomguard: ";
+const OMITTED_END: &[u8] = b" bytes omitted]\n";
+
+/// The line a log holds where `n` bytes were left out (with the line end before it).
+pub fn omitted_marker(n: u64) -> Vec<u8> {
+    [b"\n", OMITTED_START, n.to_string().as_bytes(), OMITTED_END].concat()
+}
+
+/// Whether `text` may hold a log's omitted-bytes line (its start is enough).
+pub fn may_hold_omitted(text: &[u8]) -> bool {
+    memchr::memmem::find(text, OMITTED_START).is_some()
+}
+
+/// The end of a log: what follows its last omitted-bytes line, where the run's first
+/// lines (its loading) stand before output from much later; all of `buf` without one.
+pub fn after_omitted(buf: &[u8]) -> &[u8] {
+    let mut end = buf.len();
+    while let Some(at) = memchr::memmem::rfind(&buf[..end], OMITTED_END) {
+        let line = memchr::memrchr(b'\n', &buf[..at]).map_or(0, |i| i + 1);
+        let digits = buf[line..at].strip_prefix(OMITTED_START);
+        if digits.is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit)) {
+            return &buf[at + OMITTED_END.len()..];
+        }
+        end = at;
+    }
+    buf
+}
+
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -439,6 +469,24 @@ pub fn path_bytes(path: &Path) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A log whose middle oomguard left out: its first lines (the run's loading)
+    /// are not read as what came before the OOM.
+    #[test]
+    fn the_lines_before_an_omitted_marker_are_not_read() {
+        let log = b"Loading checkpoint shards: 100%|##| 2/2\n[oomguard: 12345 bytes omitted]\nstep 9\ntorch.OutOfMemoryError: CUDA out of memory.\n";
+        assert_eq!(
+            after_omitted(log),
+            &b"step 9\ntorch.OutOfMemoryError: CUDA out of memory.\n"[..]
+        );
+        let plain = b"a line that says [oomguard: x bytes omitted]\nstep 1\n";
+        assert_eq!(after_omitted(plain), &plain[..]);
+        assert_eq!(
+            omitted_marker(12345),
+            b"\n[oomguard: 12345 bytes omitted]\n"
+        );
+        assert!(may_hold_omitted(&omitted_marker(1)));
+    }
 
     #[test]
     fn run_folder_names_every_path_once() {

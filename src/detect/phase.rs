@@ -264,23 +264,10 @@ pub fn from_log(log: &Path, oom_line: &str) -> Option<Seen> {
         .ok()?;
     let mut buf = Vec::new();
     f.take(TAIL_BYTES).read_to_end(&mut buf).ok()?;
-    classify(&String::from_utf8_lossy(after_omitted(&buf)), oom_line)
-}
-
-/// The end of a log oomguard kept (see `launch::output::Log`): what follows its
-/// last `[oomguard: N bytes omitted]` line, where the run's first lines (its
-/// loading) stand before output from much later.
-fn after_omitted(buf: &[u8]) -> &[u8] {
-    let mut end = buf.len();
-    while let Some(at) = memchr::memmem::rfind(&buf[..end], b" bytes omitted]\n") {
-        let line = memchr::memrchr(b'\n', &buf[..at]).map_or(0, |i| i + 1);
-        let digits = buf[line..at].strip_prefix(b"[oomguard: ");
-        if digits.is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit)) {
-            return &buf[at + b" bytes omitted]\n".len()..];
-        }
-        end = at;
-    }
-    buf
+    classify(
+        &String::from_utf8_lossy(crate::run_folder::after_omitted(&buf)),
+        oom_line,
+    )
 }
 
 /// [`from_log`] on the output's text.
@@ -565,20 +552,6 @@ fn bar_mark(l: &str) -> Option<Phase> {
 
 #[cfg(test)]
 mod tests {
-
-    /// A log whose middle oomguard left out: its first lines (the run's loading)
-    /// are not read as what came before the OOM.
-    #[test]
-    fn the_lines_before_an_omitted_marker_are_not_read() {
-        let log = b"Loading checkpoint shards: 100%|##| 2/2\n[oomguard: 12345 bytes omitted]\nstep 9\ntorch.OutOfMemoryError: CUDA out of memory.\n";
-        assert_eq!(
-            after_omitted(log),
-            &b"step 9\ntorch.OutOfMemoryError: CUDA out of memory.\n"[..]
-        );
-        let plain = b"a line that says [oomguard: x bytes omitted]\nstep 1\n";
-        assert_eq!(after_omitted(plain), &plain[..]);
-    }
-
     use super::*;
 
     #[test]

@@ -374,15 +374,17 @@ impl Scanner {
                     Some(m) => {
                         let start = memchr::memrchr2(b'\n', b'\r', &region[pos..m.start()])
                             .map_or(pos, |i| pos + i + 1);
-                        let end = line_end(region, m.end());
                         // The cancel word alone: the segment is Slurm's business, not
                         // the scanner's, unless a word of the set is in it too.
-                        let seg = &region[start..end];
-                        if m.as_bytes() == CANCEL_WORD && !holds_word(needles, seg) {
-                            self.look_for_cancel(seg);
-                            self.lines += count_newlines(&region[pos..=end]);
-                            pos = end + 1;
-                            continue;
+                        if m.as_bytes() == CANCEL_WORD {
+                            let end = line_end(region, m.end());
+                            let seg = &region[start..end];
+                            if !holds_word(needles, seg) {
+                                self.look_for_cancel(seg);
+                                self.lines += count_newlines(&region[pos..=end]);
+                                pos = end + 1;
+                                continue;
+                            }
                         }
                         (start, hit)
                     }

@@ -184,8 +184,7 @@ impl Log {
         let written = after_head.min(self.tail.min(self.ring.len()) as u64);
         let omitted = after_head - written;
         if omitted > 0 {
-            let marker = format!("\n[oomguard: {omitted} bytes omitted]\n");
-            self.write_file(marker.as_bytes());
+            self.write_file(&crate::run_folder::omitted_marker(omitted));
         }
         let tail = self.last(written as usize);
         self.write_file(&tail);
