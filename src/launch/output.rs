@@ -298,13 +298,18 @@ pub(crate) fn read_some(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> 
 /// buffer stays at 64 KiB: 256 KiB measured slower (the copy out of the pipe no
 /// longer stays in cache for the scan and the log). Output still passes
 /// through as soon as it is written (poll wakes on any data). Best effort: a pty
-/// or an old kernel keeps its size.
-pub(crate) fn grow_pipe(fd: &impl AsRawFd) {
+/// or an old kernel keeps its size. Returns the pipe's size now (0: not a pipe).
+pub(crate) fn grow_pipe(fd: &impl AsRawFd) -> usize {
     // SAFETY: fcntl on an fd we own; failure only leaves the size as it was.
-    unsafe {
-        libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20);
-    }
+    let size = unsafe {
+        libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE as libc::c_int);
+        libc::fcntl(fd.as_raw_fd(), libc::F_GETPIPE_SZ)
+    };
+    usize::try_from(size).unwrap_or(0)
 }
+
+/// The size [`grow_pipe`] asks for.
+pub(crate) const PIPE_SIZE: usize = 1 << 20;
 
 pub(crate) fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
     let fd = fd.as_raw_fd();

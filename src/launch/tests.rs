@@ -1099,3 +1099,83 @@ fn pass_through_allocates_nothing_per_line() {
         "20000 lines: {small} allocations in {t_small:.2} s; 200000 lines: {large} in {t_large:.2} s (allowed {by_time} for the time)"
     );
 }
+
+/// A pipe of the child's as the loop sees it: non-blocking, grown (or left at
+/// `size`), with `bytes` waiting in it.
+fn loaded_pipe(grow: bool, bytes: usize) -> (StreamFd, OwnedFd) {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+    output::set_nonblocking(&r).unwrap();
+    output::set_nonblocking(&w).unwrap();
+    let mut s = StreamFd::new(r, detect::Stream::Out);
+    if grow {
+        s.size = output::grow_pipe(&s.fd);
+    }
+    let data = vec![b'x'; bytes];
+    let mut f = std::fs::File::from(w.try_clone().unwrap());
+    f.write_all(&data).unwrap();
+    (s, w)
+}
+
+#[test]
+fn a_chatty_pipe_is_read_in_gathered_turns_and_nothing_else_waits() {
+    let s = spec(&["true"]);
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let mut w = Watch::new(&s, Instant::now(), &mut out, &mut err);
+    let mut buf = vec![0u8; output::READ_BUF];
+    let mut warnings = Vec::new();
+    let mut turn = |streams: &mut [StreamFd], w: &mut Watch<'_>| {
+        read_output(streams, &[true, false], &mut buf, w, &mut warnings)
+    };
+    // A burst the turn read all of, from a 1 MiB pipe: the loop waits before polling again.
+    let (p, _keep) = loaded_pipe(true, 100 << 10);
+    assert_eq!(
+        p.size,
+        output::PIPE_SIZE,
+        "this kernel grows pipes to 1 MiB"
+    );
+    let mut streams = [p];
+    let t = turn(&mut streams, &mut w);
+    assert_eq!((t.bytes, t.caught_up, t.eof), (100 << 10, true, false));
+    assert!(t.gather());
+    // A line now and then (a training's pace): never waited for.
+    let (p, _keep) = loaded_pipe(true, 200);
+    let mut streams = [p];
+    let t = turn(&mut streams, &mut w);
+    assert_eq!(t.bytes, 200);
+    assert!(!t.gather());
+    // More than one turn reads (8 x 64 KiB): the rest is read at once, not waited for.
+    let (p, _keep) = loaded_pipe(true, 600 << 10);
+    let mut streams = [p];
+    let t = turn(&mut streams, &mut w);
+    assert_eq!((t.bytes, t.caught_up), (8 * output::READ_BUF, false));
+    assert!(!t.gather());
+    let t = turn(&mut streams, &mut w);
+    assert_eq!(
+        (t.bytes, t.caught_up),
+        ((600 << 10) - 8 * output::READ_BUF, true)
+    );
+    // A pipe left at its 64 KiB (or a terminal): waiting could hold the command up.
+    let (p, _keep) = loaded_pipe(false, 40 << 10);
+    let mut streams = [p];
+    let t = turn(&mut streams, &mut w);
+    assert_eq!(t.bytes, 40 << 10);
+    assert!(!t.gather());
+    // End of file: the child is likely gone, so the loop goes on at once.
+    let (p, keep) = loaded_pipe(true, 30 << 10);
+    drop(keep);
+    let mut streams = [p];
+    let first = turn(&mut streams, &mut w);
+    let t = if first.eof {
+        first
+    } else {
+        turn(&mut streams, &mut w)
+    };
+    assert!(t.eof && !t.gather());
+    drop(w);
+    // Every byte passed through.
+    assert_eq!(
+        out.len(),
+        (100 << 10) + 200 + (600 << 10) + (40 << 10) + (30 << 10)
+    );
+}
