@@ -9,8 +9,9 @@
 //!
 //! * the child's stdout and stderr pipes (grown to 1 MiB; one pipe for both when our own
 //!   stdout and stderr are one file, as with `> log 2>&1`, so their order is kept; or the pty
-//!   master), read with one fixed 64 KiB buffer, each chunk written to our stdout/stderr
-//!   first, then fed to the scanner, then to the bounded log; a turn that emptied its
+//!   master), read straight into the bounded log's ring (its last 1 MiB by default), at
+//!   most 64 KiB at a time, each chunk then written to our stdout/stderr first, then fed
+//!   to the scanner; a turn that emptied its
 //!   pipes of a burst waits 250 µs before the next poll, so that chatty output is read in
 //!   fewer, fuller reads (`GATHER_FOR`);
 //! * the self-pipe of `Signals`, whose handlers only count signals.
@@ -665,8 +666,25 @@ impl<'a> Watch<'a> {
         tree::descendants(pid, &mut self.pids, &mut self.names, &mut self.cgroups);
     }
 
-    /// Our stream first (live), then the scanner, then the log.
-    fn dispatch(&mut self, kind: detect::Stream, chunk: &[u8]) {
+    /// Reads once from `fd` (one of the child's streams) into the log, and passes what
+    /// came on: Ok(Some((n, filled))) with `n` the bytes read (0: end of file) and whether
+    /// the read got all it asked for (more may be waiting); Ok(None): nothing now.
+    fn read_from(&mut self, kind: detect::Stream, fd: RawFd) -> io::Result<Option<(usize, bool)>> {
+        let Some((at, filled)) = self.log.read_from(fd)? else {
+            return Ok(None);
+        };
+        let n = at.len();
+        if n > 0 {
+            let ring = self.log.take_ring();
+            self.pass(kind, ring.bytes(at));
+            self.log.put_ring(ring);
+        }
+        Ok(Some((n, filled)))
+    }
+
+    /// Our stream first (live), then the scanner and the other readers; not the log
+    /// (which the bytes were read into).
+    fn pass(&mut self, kind: detect::Stream, chunk: &[u8]) {
         match kind {
             detect::Stream::Err => self.err.write(chunk),
             _ => self.out.write(chunk),
@@ -687,7 +705,6 @@ impl<'a> Watch<'a> {
         if self.spec.torchrun_restarts.is_some() {
             self.group_failures_in(kind, chunk);
         }
-        self.log.feed(chunk);
         self.last_output = Instant::now();
     }
 }
@@ -776,7 +793,6 @@ fn supervise(
     signals: &Signals,
     master: Option<&OwnedFd>,
 ) -> Result<Outcome, Error> {
-    let mut buf = vec![0u8; output::READ_BUF];
     let mut st = LoopState::new();
 
     loop {
@@ -793,7 +809,7 @@ fn supervise(
         let mut child_signal = st.handle_signals(signals, attempt, w, master);
 
         // ---- output
-        let turn = read_output(streams, &ready, &mut buf, w, &mut st.warnings);
+        let turn = read_output(streams, &ready, w, &mut st.warnings);
         if turn.eof {
             child_signal = true; // EOF: the child has likely exited
         }
@@ -816,7 +832,7 @@ fn supervise(
         if let (Some(exit), Some(gone)) = (st.exited, st.gone_at) {
             let all_eof = streams.iter().all(|s| !s.open);
             if all_eof || now >= gone + EOF_WAIT {
-                drain_rest(streams, &mut buf, w);
+                drain_rest(streams, w);
                 return Ok(Outcome {
                     exit,
                     interrupted: st.interrupted,
@@ -1246,11 +1262,10 @@ impl Turn {
     }
 }
 
-/// Reads the ready streams and dispatches what they hold.
+/// Reads the ready streams and passes on what they hold.
 fn read_output(
     streams: &mut [StreamFd],
     ready: &[bool; 2],
-    buf: &mut [u8],
     w: &mut Watch<'_>,
     warnings: &mut Vec<String>,
 ) -> Turn {
@@ -1268,16 +1283,15 @@ fn read_output(
         // get their turn): fewer polls per byte.
         let mut emptied = false;
         for _ in 0..8 {
-            match output::read_some(s.fd.as_raw_fd(), buf) {
-                Ok(Some(0)) => {
+            match w.read_from(s.kind, s.fd.as_raw_fd()) {
+                Ok(Some((0, _))) => {
                     s.open = false;
                     turn.eof = true;
                     break;
                 }
-                Ok(Some(n)) => {
-                    w.dispatch(s.kind, &buf[..n]);
+                Ok(Some((n, filled))) => {
                     turn.bytes += n;
-                    if n < buf.len() {
+                    if !filled {
                         emptied = true;
                         break; // the pipe is empty for now
                     }
@@ -1300,11 +1314,11 @@ fn read_output(
 
 /// What is already in the pipes is output too: take it, boundedly (a process
 /// that left the group could write for ever).
-fn drain_rest(streams: &mut [StreamFd], buf: &mut [u8], w: &mut Watch<'_>) {
+fn drain_rest(streams: &mut [StreamFd], w: &mut Watch<'_>) {
     for s in streams.iter_mut().filter(|s| s.open) {
         for _ in 0..64 {
-            match output::read_some(s.fd.as_raw_fd(), buf) {
-                Ok(Some(n)) if n > 0 => w.dispatch(s.kind, &buf[..n]),
+            match w.read_from(s.kind, s.fd.as_raw_fd()) {
+                Ok(Some((n, _))) if n > 0 => {}
                 _ => break,
             }
         }

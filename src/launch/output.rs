@@ -2,11 +2,12 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::ops::Range;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-/// Size of the one read buffer: bounds oomguard's memory whatever the child prints.
+/// The most one read takes from the child's output (into the log's ring: `Log::read_from`).
 pub(crate) const READ_BUF: usize = 64 * 1024;
 
 /// One of our own output fds (1 or 2), written unbuffered. After EPIPE or another write error
@@ -100,7 +101,8 @@ pub(crate) struct Log {
     tail: usize,
     written_head: u64,
     ring: Ring,
-    /// The ring's size: the larger of `tail` and what [`Log::last`] is asked for.
+    /// The ring's size: the largest of `tail`, what [`Log::last`] is asked for and
+    /// [`READ_BUF`].
     keep: usize,
     total: u64,
     pub(crate) warning: Option<String>,
@@ -118,7 +120,8 @@ impl Log {
             tail,
             written_head: 0,
             ring: Ring::default(),
-            keep: keep.max(tail),
+            // The ring is the read buffer too (`read_from`): at least one read's worth.
+            keep: keep.max(tail).max(READ_BUF),
             total: 0,
             warning: None,
             path_shown: String::new(),
@@ -153,13 +156,44 @@ impl Log {
     }
 
     pub(crate) fn feed(&mut self, chunk: &[u8]) {
+        self.log_head(chunk);
+        self.ring.push(chunk, self.keep);
+    }
+
+    /// Reads once from the non-blocking `fd` straight into the ring, where every byte is
+    /// kept anyway (so it is not read into a buffer first and copied in: that copy was a
+    /// sixth of oomguard's own CPU on progress lines), and logs what it read. Returns
+    /// where the bytes lie in the ring (the ring is taken out with [`Log::take_ring`] to
+    /// read them) and whether the read filled all it asked for (more may be waiting).
+    /// Ok(None): nothing now; an empty range: end of file.
+    pub(crate) fn read_from(&mut self, fd: RawFd) -> io::Result<Option<(Range<usize>, bool)>> {
+        let Some((at, filled)) = self.ring.read_from(fd, READ_BUF, self.keep)? else {
+            return Ok(None);
+        };
+        let ring = std::mem::take(&mut self.ring);
+        self.log_head(&ring.buf[at.clone()]);
+        self.ring = ring;
+        Ok(Some((at, filled)))
+    }
+
+    /// The ring, taken out to read what [`Log::read_from`] put in it (and the ring of
+    /// [`Log::put_ring`], until then: the log keeps nothing more meanwhile).
+    pub(crate) fn take_ring(&mut self) -> Ring {
+        std::mem::take(&mut self.ring)
+    }
+
+    pub(crate) fn put_ring(&mut self, ring: Ring) {
+        self.ring = ring;
+    }
+
+    /// Counts `chunk`, and writes what of it falls in the head to the file.
+    fn log_head(&mut self, chunk: &[u8]) {
         self.total += chunk.len() as u64;
         if self.file.is_some() && self.written_head < self.head {
             let n = (self.head - self.written_head).min(chunk.len() as u64) as usize;
             self.write_file(&chunk[..n]);
             self.written_head += n as u64;
         }
-        self.ring.push(chunk, self.keep);
     }
 
     /// The last `n` bytes of the output (fewer when there were fewer, or when `n` is more
@@ -266,6 +300,48 @@ impl Ring {
         self.pos = (self.pos + rest.len()) % cap;
     }
 
+    /// Reads once from `fd` into the ring (at most `max` bytes, up to the end of its
+    /// buffer): the range the bytes went to, and whether the read got all it asked for.
+    fn read_from(
+        &mut self,
+        fd: RawFd,
+        max: usize,
+        cap: usize,
+    ) -> io::Result<Option<(Range<usize>, bool)>> {
+        assert!(cap > 0, "a ring read into keeps something");
+        if self.buf.len() < cap {
+            // Filling up: into the spare capacity, reserved as `push` does.
+            if self.buf.capacity() == self.buf.len() {
+                self.buf
+                    .reserve_exact((cap - self.buf.len()).min(RESERVE_AT_MOST));
+            }
+            let start = self.buf.len();
+            let spare = self.buf.spare_capacity_mut();
+            let ask = spare.len().min(cap - start).min(max);
+            // SAFETY: `spare` is writable memory of the buffer, `ask` bytes long; read(2)
+            // writes at most that many, and only the `n` it wrote are then taken in.
+            let got = unsafe { read_raw(fd, spare.as_mut_ptr().cast(), ask)? };
+            return Ok(got.map(|n| {
+                // SAFETY: the first `n` bytes of the spare capacity were written by read(2).
+                unsafe { self.buf.set_len(start + n) };
+                (start..start + n, n == ask)
+            }));
+        }
+        // Full: over the oldest bytes, up to the end of the buffer.
+        let start = self.pos;
+        let ask = (cap - start).min(max);
+        let got = read_some(fd, &mut self.buf[start..start + ask])?;
+        Ok(got.map(|n| {
+            self.pos = (start + n) % cap;
+            (start..start + n, n == ask)
+        }))
+    }
+
+    /// The bytes at `at` (a range [`Ring::read_from`] returned).
+    pub(crate) fn bytes(&self, at: Range<usize>) -> &[u8] {
+        &self.buf[at]
+    }
+
     /// Oldest first.
     fn as_slices(&self) -> (&[u8], &[u8]) {
         let (newer, older) = self.buf.split_at(self.pos);
@@ -276,9 +352,18 @@ impl Ring {
 /// Reads once from a non-blocking fd into `buf`. Ok(None): nothing now. Ok(Some(0)): EOF
 /// (EIO from a pty master whose slave side is all closed counts as EOF).
 pub(crate) fn read_some(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    // SAFETY: buf is a valid, writable slice of buf.len() bytes.
+    unsafe { read_raw(fd, buf.as_mut_ptr(), buf.len()) }
+}
+
+/// [`read_some`] into `len` bytes at `ptr`.
+///
+/// # Safety
+/// `ptr` must be valid for writes of `len` bytes.
+unsafe fn read_raw(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<Option<usize>> {
     loop {
-        // SAFETY: buf is a valid, writable slice.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        // SAFETY: the caller's promise.
+        let n = unsafe { libc::read(fd, ptr.cast(), len) };
         if n >= 0 {
             return Ok(Some(n as usize));
         }
@@ -295,7 +380,7 @@ pub(crate) fn read_some(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<usize>> 
 /// Grow a pipe we read from to 1 MiB (the unprivileged maximum on Linux): a chatty
 /// command then blocks less often on a full pipe, and oomguard wakes less often
 /// (measured: about a third of `cat`'s context switches on a 1 GiB log). The read
-/// buffer stays at 64 KiB: 256 KiB measured slower (the copy out of the pipe no
+/// size stays at 64 KiB: 256 KiB measured slower (the copy out of the pipe no
 /// longer stays in cache for the scan and the log). Output still passes
 /// through as soon as it is written (poll wakes on any data). Best effort: a pty
 /// or an old kernel keeps its size. Returns the pipe's size now (0: not a pipe).
@@ -336,8 +421,9 @@ mod ring_tests {
         for c in data.chunks(77) {
             log.feed(c);
         }
-        assert!(log.ring.len() == 300);
-        assert!(log.last(1000) == data[5_000 - 300..]);
+        // The ring is also the read buffer: it keeps at least a read's worth (here all).
+        assert!(log.ring.len() == 5_000);
+        assert!(log.last(1000) == data[5_000 - 1000..]);
         assert!(log.last(7) == data[5_000 - 7..]);
         log.finish();
         assert!(log.warning.is_none());
@@ -345,6 +431,39 @@ mod ring_tests {
         want.extend_from_slice(b"\n[oomguard: 4600 bytes omitted]\n");
         want.extend_from_slice(&data[5_000 - 300..]);
         assert!(std::fs::read(&path).unwrap() == want);
+    }
+
+    #[test]
+    fn reads_into_the_ring_hand_out_each_byte_once_and_keep_the_last_cap_in_order() {
+        use std::io::Write;
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+        for (cap, max, piece) in [(1_000, 300, 77), (1_000, 4096, 999), (4096, 1000, 5000)] {
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+            let mut w = std::fs::File::from(w);
+            let mut ring = Ring::default();
+            let mut seen = Vec::new();
+            for c in data.chunks(piece) {
+                w.write_all(c).unwrap();
+                while let Some((at, filled)) = ring
+                    .read_from(std::os::fd::AsRawFd::as_raw_fd(&r), max, cap)
+                    .unwrap()
+                {
+                    assert!(at.len() <= max && !at.is_empty());
+                    seen.extend_from_slice(ring.bytes(at.clone()));
+                    // A short read emptied the pipe; a full one may have left some.
+                    if !filled {
+                        assert!(at.len() < max.min(cap));
+                        break;
+                    }
+                }
+            }
+            assert!(seen == data, "cap {cap}, max {max}, piece {piece}");
+            let (a, b) = ring.as_slices();
+            assert!([a, b].concat() == data[data.len() - cap..], "cap {cap}");
+            drop(w);
+            let end = ring.read_from(std::os::fd::AsRawFd::as_raw_fd(&r), max, cap);
+            assert!(matches!(end, Ok(Some((at, false))) if at.is_empty()));
+        }
     }
 
     #[test]

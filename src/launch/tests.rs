@@ -1122,10 +1122,9 @@ fn a_chatty_pipe_is_read_in_gathered_turns_and_nothing_else_waits() {
     let mut out = Vec::new();
     let mut err = Vec::new();
     let mut w = Watch::new(&s, Instant::now(), &mut out, &mut err);
-    let mut buf = vec![0u8; output::READ_BUF];
     let mut warnings = Vec::new();
     let mut turn = |streams: &mut [StreamFd], w: &mut Watch<'_>| {
-        read_output(streams, &[true, false], &mut buf, w, &mut warnings)
+        read_output(streams, &[true, false], w, &mut warnings)
     };
     // A burst the turn read all of, from a 1 MiB pipe: the loop waits before polling again.
     let (p, _keep) = loaded_pipe(true, 100 << 10);
