@@ -1291,7 +1291,11 @@ fn read_output(
                 }
                 Ok(Some((n, filled))) => {
                     turn.bytes += n;
-                    if !filled {
+                    // A pipe gives all it holds, so a short read emptied it; a terminal
+                    // gives at most a line discipline's buffer (4 KiB) a read, so only
+                    // "nothing now" says it is empty (one poll per 4 KiB was most of the
+                    // loop's turns in tty mode).
+                    if !filled && s.size > 0 {
                         emptied = true;
                         break; // the pipe is empty for now
                     }

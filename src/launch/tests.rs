@@ -1160,6 +1160,20 @@ fn a_chatty_pipe_is_read_in_gathered_turns_and_nothing_else_waits() {
     let t = turn(&mut streams, &mut w);
     assert_eq!(t.bytes, 40 << 10);
     assert!(!t.gather());
+    // A terminal gives at most 4 KiB a read: its turn reads on until nothing is left
+    // (not one poll per 4 KiB), and never waits (a terminal's buffer is small).
+    let pty = spawn::open_pty(None).unwrap();
+    output::set_nonblocking(&pty.master).unwrap();
+    let mut slave = std::fs::File::from(pty.slave);
+    slave.write_all(&[b'y'; 12 << 10]).unwrap();
+    let mut p = StreamFd::new(pty.master, detect::Stream::Out);
+    p.size = output::grow_pipe(&p.fd);
+    assert_eq!(p.size, 0);
+    let mut streams = [p];
+    let t = turn(&mut streams, &mut w);
+    assert_eq!((t.bytes, t.caught_up), (12 << 10, false));
+    assert!(!t.gather());
+    drop(slave);
     // End of file: the child is likely gone, so the loop goes on at once.
     let (p, keep) = loaded_pipe(true, 30 << 10);
     drop(keep);
@@ -1175,6 +1189,6 @@ fn a_chatty_pipe_is_read_in_gathered_turns_and_nothing_else_waits() {
     // Every byte passed through.
     assert_eq!(
         out.len(),
-        (100 << 10) + 200 + (600 << 10) + (40 << 10) + (30 << 10)
+        (100 << 10) + 200 + (600 << 10) + (40 << 10) + (12 << 10) + (30 << 10)
     );
 }
