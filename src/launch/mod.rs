@@ -670,15 +670,14 @@ impl<'a> Watch<'a> {
     /// came on: Ok(Some((n, filled))) with `n` the bytes read (0: end of file) and whether
     /// the read got all it asked for (more may be waiting); Ok(None): nothing now.
     fn read_from(&mut self, kind: detect::Stream, fd: RawFd) -> io::Result<Option<(usize, bool)>> {
-        let Some((at, filled)) = self.log.read_from(fd)? else {
+        let Some((ring, at, filled)) = self.log.read_from(fd)? else {
             return Ok(None);
         };
         let n = at.len();
         if n > 0 {
-            let ring = self.log.take_ring();
-            self.pass(kind, ring.bytes(at));
-            self.log.put_ring(ring);
+            self.pass(kind, ring.bytes(at.clone()));
         }
+        self.log.put_back(ring, at);
         Ok(Some((n, filled)))
     }
 

@@ -162,27 +162,23 @@ impl Log {
 
     /// Reads once from the non-blocking `fd` straight into the ring, where every byte is
     /// kept anyway (so it is not read into a buffer first and copied in: that copy was a
-    /// sixth of oomguard's own CPU on progress lines), and logs what it read. Returns
-    /// where the bytes lie in the ring (the ring is taken out with [`Log::take_ring`] to
-    /// read them) and whether the read filled all it asked for (more may be waiting).
-    /// Ok(None): nothing now; an empty range: end of file.
-    pub(crate) fn read_from(&mut self, fd: RawFd) -> io::Result<Option<(Range<usize>, bool)>> {
+    /// sixth of oomguard's own CPU on progress lines). Returns the ring, taken out so the
+    /// bytes can be read beside the log, with where they lie and whether the read filled
+    /// all it asked for (more may be waiting); [`Log::put_back`] logs them and puts the
+    /// ring back. Ok(None): nothing now; an empty range: end of file.
+    pub(crate) fn read_from(
+        &mut self,
+        fd: RawFd,
+    ) -> io::Result<Option<(Ring, Range<usize>, bool)>> {
         let Some((at, filled)) = self.ring.read_from(fd, READ_BUF, self.keep)? else {
             return Ok(None);
         };
-        let ring = std::mem::take(&mut self.ring);
-        self.log_head(&ring.buf[at.clone()]);
-        self.ring = ring;
-        Ok(Some((at, filled)))
+        Ok(Some((std::mem::take(&mut self.ring), at, filled)))
     }
 
-    /// The ring, taken out to read what [`Log::read_from`] put in it (and the ring of
-    /// [`Log::put_ring`], until then: the log keeps nothing more meanwhile).
-    pub(crate) fn take_ring(&mut self) -> Ring {
-        std::mem::take(&mut self.ring)
-    }
-
-    pub(crate) fn put_ring(&mut self, ring: Ring) {
+    /// The ring [`Log::read_from`] took out, back, with the bytes it read at `at` logged.
+    pub(crate) fn put_back(&mut self, ring: Ring, at: Range<usize>) {
+        self.log_head(ring.bytes(at));
         self.ring = ring;
     }
 
@@ -276,15 +272,20 @@ impl Ring {
         self.buf.len()
     }
 
-    pub(crate) fn push(&mut self, chunk: &[u8], cap: usize) {
-        let chunk = &chunk[chunk.len().saturating_sub(cap)..];
-        if self.buf.capacity() < cap {
-            // Its whole size at once: growing by doubling copied what was kept at each
-            // step and held the old and the new buffer at once (peak RSS). Pages not
-            // written yet take no memory. A cap meant as "everything" grows by steps.
+    /// Room to fill toward `cap`, once the room there is has been used: the whole size
+    /// at once (growing by doubling copied what was kept at each step and held the old
+    /// and the new buffer at once: peak RSS). Pages not written yet take no memory. A
+    /// cap meant as "everything" grows by steps.
+    fn reserve(&mut self, cap: usize) {
+        if self.buf.len() == self.buf.capacity() && self.buf.len() < cap {
             self.buf
                 .reserve_exact((cap - self.buf.len()).min(RESERVE_AT_MOST));
         }
+    }
+
+    pub(crate) fn push(&mut self, chunk: &[u8], cap: usize) {
+        let chunk = &chunk[chunk.len().saturating_sub(cap)..];
+        self.reserve(cap);
         // Filling up: append.
         let room = cap - self.buf.len();
         let (fill, rest) = chunk.split_at(chunk.len().min(room));
@@ -310,11 +311,8 @@ impl Ring {
     ) -> io::Result<Option<(Range<usize>, bool)>> {
         assert!(cap > 0, "a ring read into keeps something");
         if self.buf.len() < cap {
-            // Filling up: into the spare capacity, reserved as `push` does.
-            if self.buf.capacity() == self.buf.len() {
-                self.buf
-                    .reserve_exact((cap - self.buf.len()).min(RESERVE_AT_MOST));
-            }
+            // Filling up: into the spare capacity.
+            self.reserve(cap);
             let start = self.buf.len();
             let spare = self.buf.spare_capacity_mut();
             let ask = spare.len().min(cap - start).min(max);

@@ -1100,8 +1100,8 @@ fn pass_through_allocates_nothing_per_line() {
     );
 }
 
-/// A pipe of the child's as the loop sees it: non-blocking, grown (or left at
-/// `size`), with `bytes` waiting in it.
+/// A pipe of the child's as the loop sees it: non-blocking, grown to 1 MiB or left
+/// at its 64 KiB, with `bytes` waiting in it.
 fn loaded_pipe(grow: bool, bytes: usize) -> (StreamFd, OwnedFd) {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     output::set_nonblocking(&r).unwrap();
