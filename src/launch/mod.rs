@@ -574,19 +574,30 @@ impl<'a> Watch<'a> {
     /// failure while a GPU OOM is pending means the OOM ended a worker.
     fn group_failures_in(&mut self, kind: detect::Stream, chunk: &[u8]) {
         const NEEDLE: &[u8] = b"failed (exitcode: ";
+        // A failure's line has its exit code after the words: a digit, or `-` of a signal's
+        // (-9). Torchrun's logging, interrupted by our SIGTERM while it wrote that line,
+        // prints its format string instead ("Message: 'failed (exitcode: %s) ..."), which
+        // is no failure (it made one OOM's stop count as two restarts).
+        let counts = |text: &[u8], at: usize| {
+            text.get(at + NEEDLE.len())
+                .is_some_and(|b| b.is_ascii_digit() || *b == b'-')
+        };
         let carry = &mut self.failure_carry[kind as usize];
-        // A line split across chunks: matches that start in the carry.
+        // A line split across chunks: matches that start in the carry (a match whose
+        // exit code has not come yet stays in the carry: the carry is a whole needle long).
         let mut window = std::mem::take(carry);
         let from_carry = window.len();
         window.extend_from_slice(&chunk[..chunk.len().min(NEEDLE.len())]);
         let mut n = memchr::memmem::find_iter(&window, NEEDLE)
-            .filter(|&at| at < from_carry)
+            .filter(|&at| at < from_carry && counts(&window, at))
             .count();
-        n += memchr::memmem::find_iter(chunk, NEEDLE).count();
-        let tail = if chunk.len() >= NEEDLE.len() - 1 {
-            &chunk[chunk.len() - (NEEDLE.len() - 1)..]
+        n += memchr::memmem::find_iter(chunk, NEEDLE)
+            .filter(|&at| counts(chunk, at))
+            .count();
+        let tail = if chunk.len() >= NEEDLE.len() {
+            &chunk[chunk.len() - NEEDLE.len()..]
         } else {
-            &window[window.len().saturating_sub(NEEDLE.len() - 1)..]
+            &window[window.len().saturating_sub(NEEDLE.len())..]
         };
         *carry = tail.to_vec();
         if n == 0 {

@@ -1192,3 +1192,29 @@ fn a_chatty_pipe_is_read_in_gathered_turns_and_nothing_else_waits() {
         (100 << 10) + 200 + (600 << 10) + (40 << 10) + (12 << 10) + (30 << 10)
     );
 }
+
+/// Torchrun's failure lines count, in any chunking; its logging's dump of the line's
+/// format string (printed when our SIGTERM interrupts the write) does not.
+#[test]
+fn torchruns_failure_lines_count_and_its_format_string_does_not() {
+    let text = b"E1127 21:24:27.9 2659 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 2675) of binary: python\n\
+--- Logging error ---\n\
+Message: 'failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s'\n\
+Arguments: (1, 1, 2675, 'python')\n\
+E1127 21:24:29.1 2659 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 2680) of binary: python\n\
+failed (exitcode: ";
+    let mut s = spec(&["true"]);
+    s.torchrun_restarts = Some(2);
+    for size in [1, 2, 7, 18, 19, 64, text.len()] {
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let mut w = Watch::new(&s, Instant::now(), &mut out, &mut err);
+        for c in text.chunks(size) {
+            w.group_failures_in(detect::Stream::Err, c);
+        }
+        // The last words have no exit code yet: not a failure until one comes.
+        assert_eq!(w.group_failures, 2, "chunks of {size}");
+        w.group_failures_in(detect::Stream::Err, b"2) local_rank: 1\n");
+        assert_eq!(w.group_failures, 3, "chunks of {size}, then the code");
+    }
+}
