@@ -186,7 +186,18 @@ def tree_cpu(p):
     return ru.ru_utime + ru.ru_stime
 
 
-def pty_trial(size, tmp, n):
+def pty_relay(tmp):
+    """benches/pty_relay.c built into tmp (None without a C compiler)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pty_relay.c")
+    out = f"{tmp}/pty_relay"
+    p = subprocess.run([cc, "-O2", "-o", out, src], capture_output=True, text=True)
+    return out if p.returncode == 0 else None
+
+
+def pty_trial(size, tmp, n, relay=None):
     inner = shlex.join(producer(size))
     dn = subprocess.DEVNULL
     out = {}
@@ -194,6 +205,11 @@ def pty_trial(size, tmp, n):
         (label, shlex.join(og_args(b, f"{tmp}/pty-{n}-{label}")) + " " + inner)
         for label, b in BINS
     ]
+    if relay:
+        cmds.append(("relay", f"{relay} {inner}"))
+    # Each repetition starts with the next command: none is always the first or the last
+    # of a run (a burst of load on a shared machine often spans one command and a half).
+    cmds = cmds[n % len(cmds):] + cmds[:n % len(cmds)]
     for key, cmd in cmds:
         t = time.perf_counter()
         p = subprocess.Popen(["script", "-q", "-c", cmd, "/dev/null"], stdin=dn, stdout=dn,
@@ -421,6 +437,9 @@ def main():
     # The pipe rows' CPU is counted in clock ticks (10 ms, a tenth of a quick run's figure)
     # on a shared machine: more repetitions for their medians (each is about a second).
     pipe_reps = 9 if a.quick else 11
+    # The pty rows likewise: a command's wall time on a shared 2-core machine moves by a
+    # third from one repetition to the next (the whole run waits on each 4 KiB hop).
+    pty_reps = pipe_reps
     labels = [label for label, _ in BINS]
     hwm = {label: 0 for label in labels}
 
@@ -456,11 +475,23 @@ def main():
                 "< 16 MiB", lambda v, b: v < 16)
 
         if want("pty"):
-            runs = [pty_trial(pty_size, tmp, i) for i in range(reps)]
+            relay = pty_relay(tmp)
+            runs = [pty_trial(pty_size, tmp, i, relay) for i in range(pty_reps)]
             mib = pty_size >> 20
-            row(f"pty wall ({mib} MiB, in script)", medians(runs, 0), "s",
+            walls, cpus = medians(runs, 0), medians(runs, 1)
+            relay_wall, relay_cpu = walls.pop("relay", None), cpus.pop("relay", None)
+            row(f"pty wall ({mib} MiB, in script)", walls, "s",
                 "<= 1.10x script", ratio_at_most(1.10))
-            row(f"pty CPU, whole tree ({mib} MiB)", medians(runs, 1), "s")
+            row(f"pty CPU, whole tree ({mib} MiB)", cpus, "s")
+            if relay:
+                NOTES.append(
+                    f"pty floor: benches/pty_relay.c (a bare relay: poll, read, write; no "
+                    f"scan, no log) in the same trials: wall {relay_wall:.2f} s = "
+                    f"{relay_wall / walls['base']:.2f}x script, whole-tree CPU "
+                    f"{relay_cpu:.2f} s = {relay_cpu / cpus['base']:.2f}x")
+            else:
+                NOTES.append("pty floor left out: no C compiler (cc) to build "
+                             "benches/pty_relay.c")
 
         if want("hang"):
             h = hang_reaction(tmp, trials)
@@ -511,7 +542,7 @@ def main():
     load = os.getloadavg()
     print(f"\nmachine: nproc={os.cpu_count()} cpu=\"{cpu}\" load={load[0]:.1f},{load[1]:.1f},"
           f"{load[2]:.1f} mode={'quick' if a.quick else 'full'} reps={reps} (pipe rows: "
-          f"{pipe_reps}) trials={trials} "
+          f"{pipe_reps}, pty rows: {pty_reps}) trials={trials} "
           f"date={time.strftime('%Y-%m-%d')}")
     for label, path in BINS:
         print(f"{label}: {path}")
