@@ -20,7 +20,10 @@ Rows:
   peak RSS               oomguard's VmHWM during the pipe runs (polled from /proc/PID/status).
   pty wall / pty cpu     `script -q -c 'oomguard ... child' /dev/null` vs
                          `script -q -c 'child' /dev/null` (both children get a terminal);
-                         CPU is the whole tree's (wait4 rusage of script).
+                         CPU is the whole tree's (wait4 rusage of script). With a C
+                         compiler, benches/pty_relay.c (a bare relay: the floor of any
+                         wrapper that gives the command a terminal) runs in the same
+                         repetitions; a note after the table gives its figures.
   hang reaction          OOM line printed, child then silent; --hang-timeout 0.001: time from
                          the OOM line to oomguard's exit (it exits only once the group is gone)
                          minus the timeout. Median.
