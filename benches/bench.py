@@ -493,8 +493,8 @@ def main():
                     f"{relay_wall / walls['base']:.2f}x script, whole-tree CPU "
                     f"{relay_cpu:.2f} s = {relay_cpu / cpus['base']:.2f}x")
             else:
-                NOTES.append("pty floor left out: no C compiler (cc) to build "
-                             "benches/pty_relay.c")
+                NOTES.append("pty floor left out: benches/pty_relay.c was not built (no cc "
+                             "or gcc on PATH, or it did not compile)")
 
         if want("hang"):
             h = hang_reaction(tmp, trials)
