@@ -594,12 +594,15 @@ impl<'a> Watch<'a> {
         n += memchr::memmem::find_iter(chunk, NEEDLE)
             .filter(|&at| counts(chunk, at))
             .count();
-        let tail = if chunk.len() >= NEEDLE.len() {
-            &chunk[chunk.len() - NEEDLE.len()..]
+        // The next carry, the last needle's length of what came, in the window's own
+        // buffer: no allocation per chunk on the output path.
+        if chunk.len() >= NEEDLE.len() {
+            window.clear();
+            window.extend_from_slice(&chunk[chunk.len() - NEEDLE.len()..]);
         } else {
-            &window[window.len().saturating_sub(NEEDLE.len())..]
-        };
-        *carry = tail.to_vec();
+            window.drain(..window.len().saturating_sub(NEEDLE.len()));
+        }
+        *carry = window;
         if n == 0 {
             return;
         }

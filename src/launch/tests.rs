@@ -1218,3 +1218,31 @@ failed (exitcode: ";
         assert_eq!(w.group_failures, 3, "chunks of {size}, then the code");
     }
 }
+
+/// Counting torchrun's failure lines allocates nothing per chunk (it runs on every chunk of
+/// a torchrun command's output): the carry between chunks keeps its buffer.
+#[test]
+fn torchruns_failure_count_allocates_nothing_per_chunk() {
+    let mut s = spec(&["true"]);
+    s.torchrun_restarts = Some(2);
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let mut w = Watch::new(&s, Instant::now(), &mut out, &mut err);
+    let text = b"step 1234/100000 loss 2.3456 lr 2.0e-05 tokens/s 51234 failed (exitcode: 1)\n";
+    // Warm: the carry's buffer is made once.
+    for size in [3, 100] {
+        for c in text.chunks(size) {
+            w.group_failures_in(detect::Stream::Err, c);
+        }
+    }
+    let before = crate::alloc_count::allocations();
+    for _ in 0..1000 {
+        for size in [3, 100] {
+            for c in text.chunks(size) {
+                w.group_failures_in(detect::Stream::Err, c);
+            }
+        }
+    }
+    assert_eq!(crate::alloc_count::allocations() - before, 0);
+    assert_eq!(w.group_failures, 2 * 1001);
+}
