@@ -126,8 +126,7 @@ impl Saves {
             whole.extend_from_slice(&line[..line.len().min(MAX_LINE)]);
             // Through the words' filter as well, as the lines wholly in a chunk are: a
             // terminal's reads are 4 KiB, so nearly every read ends inside a line, and the
-            // phrases' regex ran on each joined line (2 % of the instructions per byte
-            // passed through a pty: callgrind, 16 and 48 MiB of progress lines).
+            // phrases' regex ran on each joined line.
             announcing_lines(&whole, |l| self.line(l));
             // Its buffer kept: passing output through allocates nothing per line.
             whole.clear();
