@@ -372,12 +372,12 @@ impl Scanner {
                         return;
                     }
                     Some(m) => {
-                        let start = memchr::memrchr2(b'\n', b'\r', &region[pos..m.start()])
+                        let start = memchr::memrchr2(b'\n', b'\r', &region[pos..m.start])
                             .map_or(pos, |i| pos + i + 1);
                         // The cancel word alone: the segment is Slurm's business, not
                         // the scanner's, unless a word of the set is in it too.
-                        if m.as_bytes() == CANCEL_WORD {
-                            let end = line_end(region, m.end());
+                        if m.cancel {
+                            let end = line_end(region, m.end);
                             let seg = &region[start..end];
                             if !holds_word(needles, seg) {
                                 self.look_for_cancel(seg);

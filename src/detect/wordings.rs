@@ -56,22 +56,38 @@ pub(super) const ERROR_WORD_LIST: [&str; 9] = [
 ];
 
 /// Words at least one of which occurs in every segment the patterns below can match, and
-/// [`CANCEL_WORD`] (so one pass over each byte finds both; see [`holds_word`]).
-pub(super) static NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
-    let mut words: Vec<&str> = OOM_WORD_LIST
+/// [`CANCEL_WORD`] (so one pass over each byte finds both; see [`holds_word`]). Words of
+/// the two lists that share their first [`MERGE_PREFIX`] bytes are looked for by those
+/// bytes (`OutOfMem`, `OutOfResources`: `OutOf`), which keeps the set at 32 words, the
+/// most the slim SIMD search takes (see [`Words`]).
+pub(super) static NEEDLES: LazyLock<Words> = LazyLock::new(|| {
+    let words: Vec<&str> = OOM_WORD_LIST
         .iter()
         .chain(&ERROR_WORD_LIST)
         .copied()
         .collect();
-    words.sort_unstable();
-    words.dedup();
-    let pattern = words
-        .iter()
-        .map(|w| regex::escape(w))
-        .collect::<Vec<_>>()
-        .join("|");
-    with_cancel_word(&pattern, "needle pattern")
+    Words::with_cancel_word(&needle_words(&words))
 });
+
+/// Words that share this many first bytes are looked for by them (see [`NEEDLES`]).
+const MERGE_PREFIX: usize = 5;
+
+/// `words` without repeats, each group of words sharing their first [`MERGE_PREFIX`]
+/// bytes given as those bytes: a set that finds every segment holding one of `words`.
+pub(super) fn needle_words<'a>(words: &[&'a str]) -> Vec<&'a str> {
+    let mut out: Vec<&'a str> = Vec::with_capacity(words.len());
+    for &w in words {
+        if out.contains(&w) {
+            continue;
+        }
+        let cut = |s: &'a str| s.get(..MERGE_PREFIX).filter(|p| p.len() < s.len());
+        match cut(w).and_then(|p| out.iter().position(|o| o.starts_with(p)).map(|i| (i, p))) {
+            Some((i, p)) => out[i] = p,
+            None => out.push(w),
+        }
+    }
+    out
+}
 
 /// Words at least one of which occurs in every line that shows life ([`RECOVERED`],
 /// [`progress::last_step`]): looked for as well while an OOM is pending.
@@ -113,8 +129,7 @@ pub(super) static LOG_DICT_EPOCH: LazyLock<Regex> = LazyLock::new(|| {
 });
 
 /// The words of life, and [`CANCEL_WORD`] (see [`holds_word`]).
-pub(super) static LIFE: LazyLock<regex::bytes::Regex> =
-    LazyLock::new(|| with_cancel_word(&LIFE_WORDS.map(regex::escape).join("|"), "life pattern"));
+pub(super) static LIFE: LazyLock<Words> = LazyLock::new(|| Words::with_cancel_word(&LIFE_WORDS));
 
 /// The word of Slurm's line saying a job or step was cancelled
 /// (`*** STEP 5.0 ON n1 CANCELLED AT 2026-01-01T00:00:00 ***`). Every set the scanner
@@ -123,33 +138,130 @@ pub(super) static LIFE: LazyLock<regex::bytes::Regex> =
 /// (two more sets were 0.3 MiB more peak RSS).
 pub(super) const CANCEL_WORD: &[u8] = b"CANCELLED AT ";
 
-/// `pattern` or [`CANCEL_WORD`].
-fn with_cancel_word(pattern: &str, what: &str) -> regex::bytes::Regex {
-    let cancel = regex::escape(std::str::from_utf8(CANCEL_WORD).expect("ASCII"));
-    regex::bytes::Regex::new(&format!("{pattern}|{cancel}")).expect(what)
-}
-
 /// Whether `seg` holds a word of `set` other than [`CANCEL_WORD`].
-pub(super) fn holds_word(set: &regex::bytes::Regex, seg: &[u8]) -> bool {
-    set.find_iter(seg).any(|m| m.as_bytes() != CANCEL_WORD)
+pub(super) fn holds_word(set: &Words, seg: &[u8]) -> bool {
+    let mut at = 0;
+    while let Some(hit) = set.find_at(seg, at) {
+        if !hit.cancel {
+            return true;
+        }
+        at = hit.end;
+    }
+    false
 }
 
 /// The needles and the life words: what is looked for while an OOM is pending (with
 /// [`CANCEL_WORD`], which both hold).
-pub(super) static PENDING_NEEDLES: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
-    let pattern = format!("{}|{}", NEEDLES.as_str(), LIFE.as_str());
-    regex::bytes::Regex::new(&pattern).expect("pending needle pattern")
-});
+pub(super) static PENDING_NEEDLES: LazyLock<Words> =
+    LazyLock::new(|| Words::with_cancel_word(&[NEEDLES.words(), &LIFE_WORDS].concat()));
 
 /// While a mention of an OOM is pending and settled: words of life, where a fatal
 /// form of it can begin (a traceback, an OOM exception line), and exception lines (with
 /// [`CANCEL_WORD`], which [`LIFE`] holds).
-pub(super) static QUIET: LazyLock<regex::bytes::Regex> = LazyLock::new(|| {
+pub(super) static QUIET: LazyLock<Words> = LazyLock::new(|| {
     // `Error`/`Exception` (OutOfMemoryError among them): the exception line of a
     // later traceback, another error that ended the process.
-    let pattern = format!("{}|Traceback|Error|Exception", LIFE.as_str());
-    regex::bytes::Regex::new(&pattern).expect("quiet needle pattern")
+    Words::with_cancel_word(&[&LIFE_WORDS[..], &["Traceback", "Error", "Exception"]].concat())
 });
+
+/// A set of literal words looked for together, leftmost first (as a regex alternation of
+/// them would): with the SIMD search of the `aho-corasick` crate (Teddy) where the CPU
+/// has it, else its automaton. Per match it costs a fraction of what a regex costs (whose
+/// literal prefilter only proposes where a match may start, and its lazy DFA then
+/// confirms it): on OOM-dense output, where a word comes every few lines, the needles'
+/// search was most of the scanner's time (benches/README.md). Up to 32 words take the
+/// slim variant, which on output with no word in it is as fast as a regex's prefilter; 33
+/// or more the fat one, about 0.6x as fast.
+pub(super) struct Words {
+    search: Search,
+    /// The words without [`CANCEL_WORD`] (the last pattern).
+    words: Vec<&'static str>,
+}
+
+enum Search {
+    Packed(aho_corasick::packed::Searcher),
+    Automaton(aho_corasick::AhoCorasick),
+}
+
+/// Where a word of a [`Words`] set was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Hit {
+    pub start: usize,
+    pub end: usize,
+    /// The word is [`CANCEL_WORD`].
+    pub cancel: bool,
+}
+
+impl Words {
+    /// `words` (sorted, without repeats), then [`CANCEL_WORD`].
+    ///
+    /// Sorted because the SIMD search puts the words into its 8 buckets in the order
+    /// given, and how they fall decides how often it stops for nothing: the lists' own
+    /// order made it 2.8x slower on progress lines and Hugging Face log dicts (4.7
+    /// against 13.3 GB/s, as fast as the regex's prefilter was; a microbenchmark over 64
+    /// KiB chunks), sorted it is as fast on those, tqdm bars and the fixture logs' lines
+    /// that hold no word.
+    fn with_cancel_word(words: &[&'static str]) -> Words {
+        let mut words = words.to_vec();
+        words.sort_unstable();
+        words.dedup();
+        let patterns = || words.iter().map(|w| w.as_bytes()).chain([CANCEL_WORD]);
+        let mut packed = aho_corasick::packed::Config::new()
+            .match_kind(aho_corasick::packed::MatchKind::LeftmostFirst)
+            .builder();
+        let search = match packed.extend(patterns()).build() {
+            Some(s) => Search::Packed(s),
+            None => Search::Automaton(
+                aho_corasick::AhoCorasick::builder()
+                    .match_kind(aho_corasick::MatchKind::LeftmostFirst)
+                    .build(patterns())
+                    .expect("a few short words always build"),
+            ),
+        };
+        Words { search, words }
+    }
+
+    /// The words of the set, without [`CANCEL_WORD`].
+    pub(super) fn words(&self) -> &[&'static str] {
+        &self.words
+    }
+
+    /// Whether the CPU's SIMD search serves this set.
+    #[cfg(test)]
+    pub(super) fn is_simd(&self) -> bool {
+        matches!(self.search, Search::Packed(_))
+    }
+
+    /// The same set, searched by the automaton (where the CPU has no SIMD search).
+    #[cfg(test)]
+    pub(super) fn automaton(&self) -> Words {
+        let patterns = self.words.iter().map(|w| w.as_bytes()).chain([CANCEL_WORD]);
+        Words {
+            search: Search::Automaton(
+                aho_corasick::AhoCorasick::builder()
+                    .match_kind(aho_corasick::MatchKind::LeftmostFirst)
+                    .build(patterns)
+                    .expect("a few short words always build"),
+            ),
+            words: self.words.clone(),
+        }
+    }
+
+    /// The first word in `hay[at..]` (leftmost; of words starting at the same byte, the
+    /// one listed first).
+    pub(super) fn find_at(&self, hay: &[u8], at: usize) -> Option<Hit> {
+        let span = aho_corasick::Span::from(at..hay.len());
+        let m = match &self.search {
+            Search::Packed(s) => s.find_in(hay, span)?,
+            Search::Automaton(ac) => ac.find(aho_corasick::Input::new(hay).span(span))?,
+        };
+        Some(Hit {
+            start: m.start(),
+            end: m.end(),
+            cancel: m.pattern().as_usize() == self.words.len(),
+        })
+    }
+}
 
 /// Where a Python traceback begins (a finder built once: building one per line costs
 /// more than the search).
