@@ -574,6 +574,22 @@ fn later_progress_of_the_same_process_clears_a_pending_oom() {
         "{caught} 10%|#   | 5/50 [00:01<00:09,  3.21it/s]\r 12%|#   | 6/50 [00:01<00:09,  3.20it/s]\r"
     ));
     assert!(s.first_oom().is_none(), "tqdm frames");
+    // Bars with a postfix (Lightning's `v_num`, `set_postfix(loss=...)`) and in seconds
+    // per iteration, as the trainers print them.
+    for bars in [
+        "Epoch 0:  30%|###       | 3/10 [00:01<00:03,  2.10it/s, v_num=0]\rEpoch 0:  40%|####      | 4/10 [00:01<00:03,  2.10it/s, v_num=0]\r",
+        " 40%|####      | 40/100 [00:10<00:15,  3.98it/s, loss=2.1]\r 41%|####      | 41/100 [00:10<00:15,  3.98it/s, loss=2.0]\r",
+        "Training: 12/50 [00:30<01:35, 2.5s/it]\nTraining: 13/50 [00:32<01:33, 2.5s/it, loss=1.9]\n",
+    ] {
+        let s = scan(&format!("{caught}{bars}RuntimeError: something else\n"));
+        assert!(s.first_oom().is_none(), "{bars:?}");
+        assert_eq!(s.finding().kind, Kind::OtherFailure, "{bars:?}");
+    }
+    // A bar counting something else (examples, bytes) is not the training going on.
+    let s = scan(&format!(
+        "{caught}Map:  50%|#####     | 500/1000 [00:01<00:01, 480.2 examples/s]\rMap:  60%|######    | 600/1000 [00:01<00:01, 480.2 examples/s]\r"
+    ));
+    assert!(s.armed(), "a dataset's map bar");
     let s = scan(&format!(
         "{caught}Batch size 32 failed, trying batch size 16\n"
     ));

@@ -98,8 +98,12 @@ const LIFE_WORDS: [&str; 17] = [
     "iter",
     "Iter",
     "ITER", // iter 120, iteration 120
-    "/s]",
-    "/it]", // a tqdm bar ends with its rate: "120/1000 [00:10<01:30, 9.8it/s]"
+    // A training bar's rate (`progress` counts only bars in iterations): "120/1000
+    // [00:10<01:30, 9.8it/s]", "2.5s/it]", with a postfix "3.98it/s, loss=2.1]" or
+    // Lightning's "2.10it/s, v_num=0]". (`/s]` and `/it]` missed the postfixed bars, and a
+    // 3-byte word made the SIMD search of every set holding it slower: see [`Words`].)
+    "it/s",
+    "s/it",
     // batch-size finders
     "atch size",
     "atch_size",
