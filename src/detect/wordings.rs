@@ -209,20 +209,30 @@ impl Words {
         let mut words = words.to_vec();
         words.sort_unstable();
         words.dedup();
-        let patterns = || words.iter().map(|w| w.as_bytes()).chain([CANCEL_WORD]);
         let mut packed = aho_corasick::packed::Config::new()
             .match_kind(aho_corasick::packed::MatchKind::LeftmostFirst)
             .builder();
-        let search = match packed.extend(patterns()).build() {
+        let search = match packed.extend(Self::patterns(&words)).build() {
             Some(s) => Search::Packed(s),
-            None => Search::Automaton(
-                aho_corasick::AhoCorasick::builder()
-                    .match_kind(aho_corasick::MatchKind::LeftmostFirst)
-                    .build(patterns())
-                    .expect("a few short words always build"),
-            ),
+            None => Self::automaton_of(&words),
         };
         Words { search, words }
+    }
+
+    /// The patterns searched for: `words`, then [`CANCEL_WORD`] (its index says a hit
+    /// is the cancel word).
+    fn patterns<'a>(words: &'a [&'static str]) -> impl Iterator<Item = &'a [u8]> {
+        words.iter().map(|w| w.as_bytes()).chain([CANCEL_WORD])
+    }
+
+    /// The automaton's search of `words` (where the CPU has no SIMD search).
+    fn automaton_of(words: &[&'static str]) -> Search {
+        Search::Automaton(
+            aho_corasick::AhoCorasick::builder()
+                .match_kind(aho_corasick::MatchKind::LeftmostFirst)
+                .build(Self::patterns(words))
+                .expect("a few short words always build"),
+        )
     }
 
     /// The words of the set, without [`CANCEL_WORD`].
@@ -239,14 +249,8 @@ impl Words {
     /// The same set, searched by the automaton (where the CPU has no SIMD search).
     #[cfg(test)]
     pub(super) fn automaton(&self) -> Words {
-        let patterns = self.words.iter().map(|w| w.as_bytes()).chain([CANCEL_WORD]);
         Words {
-            search: Search::Automaton(
-                aho_corasick::AhoCorasick::builder()
-                    .match_kind(aho_corasick::MatchKind::LeftmostFirst)
-                    .build(patterns)
-                    .expect("a few short words always build"),
-            ),
+            search: Self::automaton_of(&self.words),
             words: self.words.clone(),
         }
     }
