@@ -522,10 +522,26 @@ impl Scanner {
     fn join(&mut self, si: usize, pending: Pending, seg: &[u8]) -> bool {
         match pending {
             Pending::Complete { mut text, left } => {
+                if self.first.is_none() {
+                    return false;
+                }
+                // torchrun's `[rank1]:` on every line a process prints: a line with
+                // another's is not part of this message, which may go on after it (the
+                // ranks' lines interleave). A wrapped line (the terminal's doing, after
+                // the prefix was put on) has none; a line of the message's own process
+                // has its prefix (cudaMallocAsync's message spans lines).
+                let prefix = source_of(seg);
+                if !prefix.is_empty() && prefix != self.source {
+                    self.streams[si].pending = Some(Pending::Complete { text, left });
+                    return false;
+                }
                 let next = clean(seg);
-                if starts_new_record(&next) || self.first.is_none() {
+                if starts_new_record(&next) {
                     // The join ends here; `next` is a segment of its own.
                     return false;
+                }
+                if joins_with_space(&text, seg, &next) {
+                    text.push(' ');
                 }
                 text.push_str(&next);
                 if let Some(first) = &mut self.first {
@@ -836,6 +852,19 @@ impl Scanner {
             None => self.error = Some((priority, text.to_string(), line_no)),
         }
     }
+}
+
+/// Whether a message's `text` so far and the segment `seg` that continues it (`next`,
+/// cleaned) are two lines, not one wrapped line: `seg` is a line the process printed (with
+/// a launcher's prefix: cudaMallocAsync's message spans lines), or the wrap fell on a
+/// space (cleaning drops it from `next`), or `text` ends a sentence or a clause and `next`
+/// begins a word. A terminal wraps mid-word (`non-PyTo` + `rch`) and mid-number (`21` +
+/// `.40 GiB`): those join as they are.
+fn joins_with_space(text: &str, seg: &[u8], next: &str) -> bool {
+    !source_of(seg).is_empty()
+        || seg.first().is_some_and(|b| matches!(b, b' ' | b'\t'))
+        || (text.ends_with(['.', ';', ',', ')'])
+            && next.starts_with(|c: char| c.is_ascii_alphabetic() || c == '('))
 }
 
 /// Where the segment that holds `at` ends in `region` (whose last byte ends a line).

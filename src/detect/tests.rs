@@ -1064,3 +1064,86 @@ fn the_wider_worlds_wordings_of_a_gpu_oom_are_one_rule_each() {
         assert_eq!(f.kind == Kind::GpuOom, oom, "{line}: {:?}", f.kind);
     }
 }
+
+/// A GPU OOM message cut short (`... is free.`, where PyTorch's goes on), then a line
+/// that starts a record of its own: the line shown is the message alone, its numbers
+/// its own. These lines were taken for the rest of a wrapped message and run together
+/// with it (up to eight of them).
+#[test]
+fn a_message_cut_short_takes_no_record_that_follows_it() {
+    let oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 \
+               has a total capacity of 79.15 GiB of which 1.20 GiB is free.";
+    let after = [
+        "wandb: Waiting for W&B process to finish... (failed 1).",
+        "E1127 03:12:01.123000 140 torch/distributed/elastic/multiprocessing/api.py:869] \
+         failed (exitcode: 1) local_rank: 0 (pid: 140) of binary: /usr/bin/python3",
+        "[2026-11-27 03:12:01,123] torch.distributed.elastic.multiprocessing.api: [ERROR] \
+         failed (exitcode: 1) local_rank: 0 (pid: 140)",
+        " 45%|####5     | 9/20 [00:01<00:02,  4.10it/s]",
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1)",
+        "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Terminated.",
+        "[rank1]: Process 4243 has 3.00 GiB memory in use",
+        "{'loss': 2.1, 'learning_rate': 1e-05, 'epoch': 0.5}",
+        "srun: error: node1: task 0: Exited with exit code 1",
+    ];
+    for next in after {
+        let f = classify_log(format!("step 10 loss 2.1\n{oom}\n{next}\n").as_bytes());
+        assert_eq!(f.kind, Kind::GpuOom, "{next}");
+        assert_eq!(f.line_no, 2);
+        assert_eq!(f.line, oom, "after {next:?}");
+        assert_eq!(f.numbers.other_processes, vec![], "{next}");
+        assert_eq!(f.numbers.free_bytes, parse_size("1.20 GiB"));
+    }
+}
+
+/// A message printed over several lines by one process of a torchrun job (the
+/// cudaMallocAsync allocator's): every line carries the rank's prefix, and they are one
+/// message, read whole and shown with its lines apart. Another rank's line between them
+/// is not part of it and does not end it (the ranks' output interleaves).
+#[test]
+fn a_message_over_lines_of_its_own_rank_is_read_whole() {
+    let log = "[rank0]: torch.OutOfMemoryError: Allocation on device 0 would exceed allowed \
+               memory. (out of memory)\n\
+               [rank0]: Currently allocated     : 15.16 GiB\n\
+               [rank1]: Process 4243 has 3.00 GiB memory in use\n\
+               [rank0]: Requested               : 512.00 KiB\n\
+               [rank0]: Device limit            : 15.99 GiB\n\
+               [rank0]: Free (according to CUDA): 0 bytes\n\
+               [rank0]: step 5\n";
+    let f = classify_log(log.as_bytes());
+    assert_eq!(f.kind, Kind::GpuOom);
+    assert_eq!(f.line_no, 1);
+    assert_eq!(
+        f.line,
+        "torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of \
+         memory) Currently allocated     : 15.16 GiB Requested               : 512.00 KiB \
+         Device limit            : 15.99 GiB Free (according to CUDA): 0 bytes"
+    );
+    assert_eq!(f.numbers.tried_to_allocate_bytes, parse_size("512.00 KiB"));
+    assert_eq!(f.numbers.total_bytes, parse_size("15.99 GiB"));
+    assert_eq!(f.numbers.free_bytes, Some(0));
+    assert_eq!(f.numbers.other_processes, vec![]);
+}
+
+/// A message hard-wrapped by a terminal joins as it was: mid-word and mid-number with
+/// nothing put in, where the wrap fell on a space (which the next line starts with) with
+/// it.
+#[test]
+fn a_hard_wrapped_message_joins_without_a_space_put_in() {
+    let log = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB. GPU 2 h\n\
+               as a total capacity of 23.68 GiB of which 50.81 MiB is free.\n \
+               Including non-PyTorch memory, this process has 23.62 GiB memory in use. Of th\n\
+               e allocated memory 21\n\
+               .40 GiB is allocated by PyTorch, and 1.88 GiB is reserved by PyTorch but unalloc\n\
+               ated.\n";
+    let f = classify_log(log.as_bytes());
+    assert_eq!(
+        f.line,
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 96.00 MiB. GPU 2 has a \
+         total capacity of 23.68 GiB of which 50.81 MiB is free. Including non-PyTorch memory, \
+         this process has 23.62 GiB memory in use. Of the allocated memory 21.40 GiB is \
+         allocated by PyTorch, and 1.88 GiB is reserved by PyTorch but unallocated."
+    );
+    assert_eq!(f.numbers.allocated_bytes, parse_size("21.40 GiB"));
+    assert_eq!(f.numbers.reserved_unallocated_bytes, parse_size("1.88 GiB"));
+}

@@ -655,10 +655,16 @@ pub(super) fn message_complete(text: &str) -> bool {
         .any(|w| text.contains(w))
 }
 
-/// A segment that starts something else, not the rest of a wrapped message.
+/// A segment (cleaned) that starts something else, not the rest of a wrapped message: an
+/// empty line, a part of a traceback, an exception line, a line a logger or a progress
+/// bar began (a timestamp; a level or a logger's name; a percentage and a bar). Without
+/// this, a message cut short (`... of which 1.20 GiB is free.`, where
+/// PyTorch's goes on `Including non-PyTorch memory ...`) took in the lines after it, up
+/// to eight (wandb's farewell, torchrun's `failed (exitcode: 1)` record), and the line
+/// shown for the OOM was all of them run together.
 pub(super) fn starts_new_record(text: &str) -> bool {
     let t = text.trim_start();
-    t.is_empty()
+    if t.is_empty()
         || [
             "Traceback",
             "File \"",
@@ -667,6 +673,46 @@ pub(super) fn starts_new_record(text: &str) -> bool {
         ]
         .iter()
         .any(|w| t.starts_with(w))
+    {
+        return true;
+    }
+    let bytes = t.trim_start_matches('[').as_bytes();
+    let digits = |b: &[u8]| b.iter().all(u8::is_ascii_digit);
+    // glog's `E1127 03:12:01.123000 140 api.py:869]`; `2026-11-27 03:12:01`.
+    let glog = bytes.len() >= 11
+        && matches!(bytes[0], b'I' | b'W' | b'E' | b'F')
+        && digits(&bytes[1..5])
+        && bytes[5] == b' '
+        && digits(&bytes[6..8])
+        && bytes[8] == b':';
+    let date = bytes.len() >= 10
+        && digits(&bytes[..4])
+        && bytes[4] == b'-'
+        && digits(&bytes[5..7])
+        && bytes[7] == b'-'
+        && digits(&bytes[8..10]);
+    // tqdm: ` 45%|####5     | 9/20`
+    let bar = t
+        .find("%|")
+        .is_some_and(|i| (1..=3).contains(&i) && digits(&t.as_bytes()[..i]));
+    // Python's logging (`ERROR:root:`, `WARNING:torch...`), wandb, Slurm.
+    let logger = [
+        "wandb:",
+        "INFO",
+        "WARNING",
+        "WARN",
+        "ERROR",
+        "DEBUG",
+        "CRITICAL",
+        "srun:",
+        "slurmstepd:",
+    ]
+    .iter()
+    .any(|w| {
+        t.strip_prefix(w)
+            .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_alphanumeric()))
+    });
+    glog || date || bar || logger || t.starts_with("{'") || EXCEPTION_START.is_match(t)
 }
 
 /// Decode, drop ANSI escapes and launcher prefixes, undo HTML escaping, read full-width
