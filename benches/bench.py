@@ -440,9 +440,11 @@ def main():
     # The pipe rows' CPU is counted in clock ticks (10 ms, a tenth of a quick run's figure)
     # on a shared machine: more repetitions for their medians (each is about a second).
     pipe_reps = 9 if a.quick else 11
-    # The pty rows likewise: a command's wall time on a shared 2-core machine moves by a
-    # third from one repetition to the next (the whole run waits on each 4 KiB hop).
-    pty_reps = pipe_reps
+    # The pty rows need more: a command's wall time on a shared 2-core machine moves by a
+    # third from one repetition to the next (the whole run waits on each 4 KiB hop), and
+    # the median of 9 moved from 1.00x to 1.18x `script` between two runs of the same
+    # binary; of 30 (alternating, as here), 1.06x to 1.08x.
+    pty_reps = 25 if a.quick else 31
     labels = [label for label, _ in BINS]
     hwm = {label: 0 for label in labels}
 
@@ -486,6 +488,11 @@ def main():
             row(f"pty wall ({mib} MiB, in script)", walls, "s",
                 "<= 1.10x script", ratio_at_most(1.10))
             row(f"pty CPU, whole tree ({mib} MiB)", cpus, "s")
+            for key in [label for label, _ in BINS] + (["relay"] if relay else []):
+                r = [t[key][0] / t["base"][0] for t in runs]
+                q = statistics.quantiles(r, n=4)
+                NOTES.append(f"pty wall, {key} / script in each of the {len(r)} repetitions: "
+                             f"median {q[1]:.2f}x, quartiles {q[0]:.2f}x to {q[2]:.2f}x")
             if relay:
                 NOTES.append(
                     f"pty floor: benches/pty_relay.c (a bare relay: poll, read, write; no "
