@@ -49,8 +49,9 @@ Rows:
                          wall time; baseline `cat FILE > /dev/null`.
 
 Targets: those of issue #25 ("The wrapper's own cost stays invisible"), which e326ba0's
-bench measured on progress lines; "(ours)" marks one this bench adds (the OOM-dense
-pass-through rows, whose figures the issue asks to be shown).
+bench measured on progress lines; "(ours)" marks one that is not the issue's: the pipe
+rows' wall time (e326ba0's bench had it) and the OOM-dense pass-through rows (the issue
+asks for their figures to be shown).
 
 Asserts nothing; prints a table. Timings on a shared machine are noisy: medians of repeats.
 """
@@ -435,8 +436,10 @@ def main():
     def want(g):
         return not only or g in only
 
-    pipe_size = (256 if a.quick else 2048) << 20
-    dense_size = (128 if a.quick else 1024) << 20
+    # The pipe rows' CPU is read in clock ticks (10 ms): at 256 and 128 MiB `cat` took 3 to
+    # 12 of them, and one tick more or less moved the ratio by a sixth or more.
+    pipe_size = (1024 if a.quick else 2048) << 20
+    dense_size = (512 if a.quick else 1024) << 20
     pty_size = (64 if a.quick else 256) << 20
     log_size = (128 if a.quick else 1024) << 20
     trials = 10 if a.quick else 20
@@ -460,7 +463,7 @@ def main():
             runs = [pipe_trial(producer(pipe_size), tmp, f"p{i}") for i in range(pipe_reps)]
             mib = pipe_size >> 20
             row(f"pipe wall, progress lines ({mib} MiB)", medians(runs, 0), "s",
-                "<= 1.15x cat", ratio_at_most(1.15))
+                "<= 1.15x cat (ours)", ratio_at_most(1.15))
             row(f"pipe CPU, own, progress lines ({mib} MiB)", medians(runs, 1), "s",
                 "<= 1.5x cat", ratio_at_most(1.5))
             for label in labels:

@@ -3,7 +3,7 @@
 # one run and reported as ratios (see benches/bench.py for what each row measures).
 #
 #   benches/run.sh                       # full sizes: 2 GiB pass-through, 1 GiB diagnose, 20 trials
-#   benches/run.sh --quick               # small sizes (256 MiB, 128 MiB, 10 trials)
+#   benches/run.sh --quick               # smaller sizes (1 GiB, 512 MiB, 10 trials)
 #   benches/run.sh --against e326ba0     # the same bench, this checkout and REV side by side
 #   benches/run.sh --against HEAD~1 --quick
 #
