@@ -529,10 +529,17 @@ impl Scanner {
                 // another's is not part of this message, which may go on after it (the
                 // ranks' lines interleave). A wrapped line (the terminal's doing, after
                 // the prefix was put on) has none; a line of the message's own process
-                // has its prefix (cudaMallocAsync's message spans lines).
+                // has its prefix (cudaMallocAsync's message spans lines). Such a line
+                // counts toward the join's limit, so the message is not continued by a
+                // line of its process far below it.
                 let prefix = source_of(seg);
                 if !prefix.is_empty() && prefix != self.source {
-                    self.streams[si].pending = Some(Pending::Complete { text, left });
+                    if left > 1 {
+                        self.streams[si].pending = Some(Pending::Complete {
+                            text,
+                            left: left - 1,
+                        });
+                    }
                     return false;
                 }
                 let next = clean(seg);

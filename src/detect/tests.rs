@@ -1123,6 +1123,21 @@ fn a_message_over_lines_of_its_own_rank_is_read_whole() {
     assert_eq!(f.numbers.total_bytes, parse_size("15.99 GiB"));
     assert_eq!(f.numbers.free_bytes, Some(0));
     assert_eq!(f.numbers.other_processes, vec![]);
+
+    // Other ranks' lines count toward the join's limit (8 lines in all): a line of the
+    // message's process far below it is not taken for the message's rest.
+    let cut = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.";
+    let others = "[rank1]: Process 4243 has 3.00 GiB memory in use\n".repeat(7);
+    let f = classify_log(
+        format!("{cut}\n{others}[rank0]: GPU 0 has a total capacity of 79.15 GiB\n").as_bytes(),
+    );
+    assert_eq!(f.line, &cut["[rank0]: ".len()..]);
+    assert_eq!(f.numbers.total_bytes, None);
+    let others = "[rank1]: Process 4243 has 3.00 GiB memory in use\n".repeat(6);
+    let f = classify_log(
+        format!("{cut}\n{others}[rank0]: GPU 0 has a total capacity of 79.15 GiB\n").as_bytes(),
+    );
+    assert_eq!(f.numbers.total_bytes, parse_size("79.15 GiB"));
 }
 
 /// A message hard-wrapped by a terminal joins as it was: mid-word and mid-number with
