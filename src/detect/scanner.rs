@@ -547,7 +547,7 @@ impl Scanner {
                     // The join ends here; `next` is a segment of its own.
                     return false;
                 }
-                if joins_with_space(&text, seg, &next) {
+                if joins_with_space(&text, seg, &next, !prefix.is_empty()) {
                     text.push(' ');
                 }
                 text.push_str(&next);
@@ -862,13 +862,13 @@ impl Scanner {
 }
 
 /// Whether a message's `text` so far and the segment `seg` that continues it (`next`,
-/// cleaned) are two lines, not one wrapped line: `seg` is a line the process printed (with
-/// a launcher's prefix: cudaMallocAsync's message spans lines), or the wrap fell on a
-/// space (cleaning drops it from `next`), or `text` ends a sentence or a clause and `next`
-/// begins a word. A terminal wraps mid-word (`non-PyTo` + `rch`) and mid-number (`21` +
+/// cleaned) are two lines, not one wrapped line: `seg` is a line the process printed
+/// (`prefixed`, with a launcher's prefix: cudaMallocAsync's message spans lines), or the
+/// wrap fell on a space (cleaning drops it from `next`), or `text` ends a sentence or a
+/// clause and `next` begins a word. A terminal wraps mid-word (`non-PyTo` + `rch`) and mid-number (`21` +
 /// `.40 GiB`): those join as they are.
-fn joins_with_space(text: &str, seg: &[u8], next: &str) -> bool {
-    !source_of(seg).is_empty()
+fn joins_with_space(text: &str, seg: &[u8], next: &str, prefixed: bool) -> bool {
+    prefixed
         || seg.first().is_some_and(|b| matches!(b, b' ' | b'\t'))
         || (text.ends_with(['.', ';', ',', ')'])
             && next.starts_with(|c: char| c.is_ascii_alphabetic() || c == '('))
