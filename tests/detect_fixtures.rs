@@ -225,9 +225,9 @@ fn advice_never_names_a_command_that_does_not_exist() {
         );
         seen.insert(advice);
     }
-    // Fragmented, crowded, plain GPU OOM, host OOM, absurd request, thrust's sizeless
-    // bad_alloc, other failure, no failure.
-    assert_eq!(seen.len(), 8, "expected all eight advices, saw {seen:#?}");
+    // Fragmented, crowded, a per-process cap, one request beyond the GPU, plain GPU OOM,
+    // host OOM, absurd request, thrust's sizeless bad_alloc, other failure, no failure.
+    assert_eq!(seen.len(), 10, "expected all ten advices, saw {seen:#?}");
 }
 
 /// The "done when", on the project's whole fixture set, by the command the docs

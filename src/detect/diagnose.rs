@@ -23,7 +23,20 @@ pub fn advice(f: &Finding) -> &'static str {
             );
             let others: u64 = n.other_processes.iter().map(|p| p.bytes).sum();
             let crowded = n.total_bytes.is_some_and(|t| others >= t / 4);
-            if fragmented {
+            let capped = match (n.allowed_bytes, n.tried_to_allocate_bytes, n.free_bytes) {
+                (Some(_), Some(tried), Some(free)) => free >= tried,
+                (Some(_), _, None) => true,
+                _ => false,
+            };
+            let beyond_gpu = matches!(
+                (n.tried_to_allocate_bytes, n.total_bytes),
+                (Some(tried), Some(total)) if tried > total
+            );
+            if capped {
+                "the process hit its own memory cap (the message's \"allowed\": torch.cuda.set_per_process_memory_fraction), not the GPU's size, which had room: raise or remove the cap, or lower the micro-batch and raise gradient accumulation (oomguard does that when it runs your command)"
+            } else if beyond_gpu {
+                "one allocation alone asks for more than the whole GPU holds, so no allocator setting helps: lower the micro-batch and raise gradient accumulation, shorten sequences or shrink the inputs (images, audio) (oomguard does the first and shortens sequences when it runs your command); for weights or optimizer states, shard them (ZeRO-3, FSDP) or offload"
+            } else if fragmented {
                 "GPU memory is fragmented (enough is free or reserved, but not in one piece): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (oomguard does this by default when it runs your command), then lower the micro-batch if it still fails"
             } else if crowded {
                 "other processes hold a large share of this GPU: free it (nvidia-smi shows who) or pick another GPU before shrinking the run"

@@ -11,9 +11,9 @@ use super::wordings::{
     ANSI, ANY_OOM, CANCEL_WORD, CONSEQUENCE, ERROR_WORDS, EXCEPTION_LINE, EXCEPTION_START, GPU_OOM,
     GPU_OOM_AMBIGUOUS, HANDLED, HOST_OOM, LAUNCHER_REPORT, LIFE, LOG_DICT_EPOCH, NEEDLES,
     OOM_ERROR_CLASS, OOM_WORDS, OTHER_ERROR_LINE, OTHER_ERROR_WORDS, PEER_FAILURE, PEER_WORDS,
-    PENDING_NEEDLES, PREFIX, QUIET, RECOVERED, Strength, THRUST_BAD_ALLOC, TRACEBACK, clean,
-    holds_word, is_code, is_peer_failure, message_complete, oom_in, source_is, source_of,
-    starts_new_record,
+    PENDING_NEEDLES, PREFIX, QUIET, RECOVERED, REPORTED_EXCEPTION, Strength, THRUST_BAD_ALLOC,
+    TRACEBACK, clean, handled, holds_word, is_code, is_peer_failure, message_complete, oom_in,
+    source_is, source_of, starts_new_record,
 };
 use super::{Finding, Kind, judge};
 use crate::progress;
@@ -492,7 +492,7 @@ impl Scanner {
         let exception_form = exception.is_some() || in_message;
         let oom = oom.filter(|&(_, strength)| self.admits(strength, exception_form));
         match oom {
-            Some(_) if exception.is_none() && !in_message && HANDLED.is_match(&text) => {
+            Some(_) if exception.is_none() && !in_message && handled(&text) => {
                 // "caught CUDA out of memory, retrying with batch size 16": not a death.
             }
             Some((kind, strength)) => {
@@ -836,12 +836,17 @@ impl Scanner {
         } else {
             return;
         };
+        // A launcher's or the runtime's word that a process died (`failed (exitcode: 1)`,
+        // `terminate called after throwing`) is the consequence of a telling line before
+        // it, which it does not replace (bitsandbytes' `Error operation not supported at
+        // line 351`, then torchrun's record).
+        let consequence = priority == 2 && CONSEQUENCE.is_match(text);
         if priority >= 2 {
             if is_peer_failure(text) {
                 if !self.own_error && self.peer.is_none() {
                     self.peer = Some((text.to_string(), line_no));
                 }
-            } else if priority == 3 || !CONSEQUENCE.is_match(text) {
+            } else if priority == 3 || !consequence {
                 // An exception of its own, or a telling error (an illegal memory access,
                 // a failed assertion) — not a launcher's word that a process died.
                 self.own_error = true;
@@ -849,7 +854,7 @@ impl Scanner {
         }
         self.note_pids(text);
         match &mut self.error {
-            Some((p, line, n)) if priority >= *p => {
+            Some((p, line, n)) if priority > *p || (priority == *p && !consequence) => {
                 // Reuse the buffer: error lines can be frequent in a long log.
                 line.clear();
                 line.push_str(text);
@@ -916,6 +921,7 @@ pub fn warm() {
         TRACEBACK,
         OOM_ERROR_CLASS,
         HANDLED,
+        REPORTED_EXCEPTION,
         RECOVERED,
         EXCEPTION_START,
         OOM_WORDS,

@@ -1162,3 +1162,108 @@ fn a_hard_wrapped_message_joins_without_a_space_put_in() {
     assert_eq!(f.numbers.allocated_bytes, parse_size("21.40 GiB"));
     assert_eq!(f.numbers.reserved_unallocated_bytes, parse_size("1.88 GiB"));
 }
+
+/// Real lines from public threads that `diagnose` once read wrong (intel-extension-for-
+/// pytorch#640, Baichuan2#138, Firefly-LLaMA2-Chinese#9, DenseMatchingBenchmark#20).
+#[test]
+fn a_caught_exception_report_is_not_a_handled_oom() {
+    // oneCCL logs the exception its worker caught, then aborts: the OOM is the death.
+    let ccl = "[rank=3]: step=29 memory peak_mem_gib=2.08\n2024:05:29-19:16:18:(202165) |CCL_ERROR| worker.cpp:338 ccl_worker_func: worker 0 caught internal exception: oneCCL: ze_call.cpp:28 do_call: EXCEPTION: ze error at zeCommandQueueExecuteCommandLists, code: ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY\nterminate called after throwing an instance of 'ccl::v1::exception'\n";
+    let f = scan(ccl).finding();
+    assert_eq!(f.kind, Kind::GpuOom, "{f:?}");
+    assert!(f.line.contains("OUT_OF_DEVICE_MEMORY"), "{}", f.line);
+    // A handling says so in other words, or "caught" stands alone.
+    for line in [
+        "WARNING: caught CUDA out of memory, retrying with batch size 16",
+        "Caught exception: CUDA out of memory. Skipping batch",
+        "caught CUDA out of memory at batch 32",
+    ] {
+        assert_eq!(
+            scan(&format!("{line}\n")).finding().kind,
+            Kind::NoFailure,
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn zsh_and_fish_say_a_sigkill_their_own_way() {
+    for line in [
+        "Loading checkpoint shards:   0%|          | 0/3 [00:00<?, ?it/s][1]    26478 killed     python test.py",
+        "[1]  + 26478 killed     python train.py",
+        "zsh: killed     python train.py --per_device_train_batch_size 8",
+        "fish: Job 1, 'python train.py' terminated by signal SIGKILL (Forced quit)",
+        "Killed",
+    ] {
+        let f = scan(&format!("step 3 loss 2.1\n{line}\n")).finding();
+        assert_eq!(f.kind, Kind::HostOom, "{line}");
+    }
+    // Prose that says "killed" is not a signal.
+    for line in [
+        "the job was killed by the scheduler last night, resuming",
+        "[2] 1234 processes killed so far",
+    ] {
+        assert_eq!(
+            scan(&format!("{line}\n")).finding().kind,
+            Kind::NoFailure,
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn a_launchers_word_that_a_process_died_does_not_hide_the_error_before_it() {
+    let log = "Error operation not supported at line 351 in file /home/tim/git/bitsandbytes/csrc/pythonInterface.c\nERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 31779) of binary: /usr/bin/python\n";
+    let s = scan(log);
+    assert_eq!(s.finding().kind, Kind::OtherFailure);
+    assert_eq!(
+        s.error_line(),
+        Some(
+            "Error operation not supported at line 351 in file /home/tim/git/bitsandbytes/csrc/pythonInterface.c"
+        )
+    );
+    // Alone, the launcher's record is the line shown.
+    let s = scan(
+        "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 0 (pid: 9) of binary: /usr/bin/python\n",
+    );
+    assert!(
+        s.error_line()
+            .is_some_and(|l| l.contains("failed (exitcode: 1)"))
+    );
+}
+
+#[test]
+fn a_quoted_line_keeps_its_own_closing_backtick() {
+    let f = scan("RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`\n").finding();
+    assert!(f.line.ends_with("`cublasCreate(handle)`"), "{}", f.line);
+    // Markdown's own backticks around a pasted line go.
+    for pasted in [
+        "`RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB`",
+        "MemoryError: std::bad_alloc: cudaErrorMemoryAllocation: out of memory`",
+    ] {
+        let f = scan(&format!("{pasted}\n")).finding();
+        assert!(!f.line.contains('`'), "{}", f.line);
+    }
+}
+
+#[test]
+fn advice_names_a_per_process_cap_and_a_request_beyond_the_gpu() {
+    // ROCm/TheRock#2118: 2 MiB refused with 275 GiB free, under a 1.05 GiB cap.
+    let capped = "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 287.98 GiB of which 275.86 GiB is free. 1.05 GiB allowed; Of the allocated memory 1017.01 MiB is allocated by PyTorch, and 54.99 MiB is reserved by PyTorch but unallocated.\n";
+    let f = scan(capped).finding();
+    assert_eq!(f.kind, Kind::GpuOom);
+    assert!(advice(&f).contains("memory cap"), "{}", advice(&f));
+    // intel/torch-xpu-ops#3157: 32 GiB asked of an 11.6 GiB device.
+    let beyond = "torch.OutOfMemoryError: XPU out of memory. Tried to allocate 32.00 GiB. GPU 0 has a total capacity of 11.60 GiB. Of the allocated memory 2.00 KiB is allocated by PyTorch, and 2.00 MiB is reserved by PyTorch but unallocated.\n";
+    let f = scan(beyond).finding();
+    assert_eq!(f.kind, Kind::GpuOom);
+    assert!(
+        advice(&f).contains("more than the whole GPU"),
+        "{}",
+        advice(&f)
+    );
+    // An ordinary OOM gets neither.
+    let plain = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.20 GiB is free.\n";
+    let a = advice(&scan(plain).finding());
+    assert!(!a.contains("cap") && !a.contains("whole GPU"), "{a}");
+}

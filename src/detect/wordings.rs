@@ -280,7 +280,24 @@ pub(super) static TRACEBACK: LazyLock<memchr::memmem::Finder<'static>> =
 pub(super) static OOM_ERROR_CLASS: LazyLock<memchr::memmem::Finder<'static>> =
     LazyLock::new(|| memchr::memmem::Finder::new(b"OutOfMemoryError"));
 
-/// A line that mentions an OOM and says, in its own words, that it was handled.
+/// Whether a line that mentions an OOM says, in its own words, that it was handled:
+/// "caught CUDA out of memory, retrying", "skipping batch". "Caught" before "exception"
+/// only reports one (oneCCL's "worker 0 caught internal exception: ... OUT_OF_DEVICE_MEMORY",
+/// then its abort): that is not a handling.
+pub(super) fn handled(text: &str) -> bool {
+    HANDLED.find_iter(text).any(|m| {
+        !(m.as_str().as_bytes()[0].eq_ignore_ascii_case(&b'c')
+            && REPORTED_EXCEPTION.is_match(&text[m.end()..]))
+    })
+}
+
+/// What follows "caught" when it reports an exception rather than handles it.
+pub(super) static REPORTED_EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)^\s+(?:(?:an?|the|internal|unhandled|uncaught|fatal|c\+\+)\s+)?exception")
+        .expect("reported exception pattern")
+});
+
+/// The words of [`handled`].
 pub(super) static HANDLED: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
         r"(?i)\b(?:caught|catch(?:ing)?|retry(?:ing)?|retried|skip(?:ping|ped)?|recover(?:ed|ing)?|will\s+be\s+(?:decreased|reduced|halved)|trying\s+(?:batch|micro)|reducing|halving|lowering)\b",
@@ -436,6 +453,11 @@ const HOST_OOM_SRC: &str = r"
           | (?i:exit(?:ed)?\ (?:with\ )?(?:code|status))\ 137(?-u:\b)
           | killed\ by\ signal:\ Killed
           | (?-u:\b)Killed(?-u:\b)
+          # zsh: 'zsh: killed     python train.py', and a job's '[1]  + 26478 killed     python
+          # train.py'; fish: 'fish: Job 1, (the command) terminated by signal SIGKILL'
+          | zsh:\ killed\s
+          | \[\d+\]\s+(?:[-+]\s+)?\d+\s+killed\s
+          | terminated\ by\ signal\ SIGKILL
           # the shell's 'Killed' in other languages, alone or after a job's number
           | (?:^|\d\s+|\]\+?\s+)(?:已杀死|強制終了|強制結束|죽었음|Getötet|Убито|Processus\ arrêté)(?:\s|$)
         )
@@ -755,10 +777,17 @@ pub(super) fn clean(seg: &[u8]) -> Cow<'_, str> {
     } else {
         start
     };
-    let end = text
-        .trim_end_matches(|c: char| c.is_whitespace() || matches!(c, '*' | '`'))
-        .len()
-        .max(start);
+    // A closing backtick is markdown's only when it closes one the trim above took, or is
+    // left over (an odd count): "when calling `cublasCreate(handle)`" keeps its own.
+    let body = text.trim_end_matches(|c: char| c.is_whitespace() || c == '*');
+    let ticks = || memchr::memchr_iter(b'`', &body.as_bytes()[start.min(body.len())..]).count();
+    let end = if body.ends_with('`') && (text[..start].contains('`') || ticks() % 2 == 1) {
+        body.trim_end_matches(|c: char| c.is_whitespace() || matches!(c, '*' | '`'))
+    } else {
+        body
+    }
+    .len()
+    .max(start);
     match text {
         Cow::Borrowed(s) => Cow::Borrowed(&s[start..end]),
         Cow::Owned(s) => Cow::Owned(s[start..end].to_string()),
