@@ -163,7 +163,7 @@ pub enum Sub {
 /// Options shared by `oomguard COMMAND` and `oomguard plan COMMAND`.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Policy: a shipped name (default, keep-results, keep-micro-batch) or a TOML file.
+    /// Policy: a shipped name (default, keep-results, keep-micro-batch, smaller-batch) or a TOML file.
     #[arg(long, value_name = "NAME|FILE", default_value = "default")]
     pub policy: String,
 

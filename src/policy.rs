@@ -29,6 +29,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         "keep-micro-batch",
         include_str!("../policies/keep-micro-batch.toml"),
     ),
+    (
+        "smaller-batch",
+        include_str!("../policies/smaller-batch.toml"),
+    ),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,7 +149,7 @@ pub struct Policy {
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     #[error(
-        "policy '{0}' is neither a shipped policy (default, keep-results, keep-micro-batch) nor a file: {1}"
+        "policy '{0}' is neither a shipped policy (default, keep-results, keep-micro-batch, smaller-batch) nor a file: {1}"
     )]
     NotFound(String, std::io::Error),
     #[error("--policy {}: {why}", .file.display())]
@@ -185,7 +189,7 @@ fn read_policy_file(path: &Path) -> Result<String, PolicyError> {
         .map_err(|e| unreadable(format!("cannot read it: {e}")))?;
     if !meta.is_file() {
         return Err(unreadable(
-            "not a regular file; give a policy TOML file or a shipped name (default, keep-results, keep-micro-batch)".into(),
+            "not a regular file; give a policy TOML file or a shipped name (default, keep-results, keep-micro-batch, smaller-batch)".into(),
         ));
     }
     let mut bytes = Vec::new();
@@ -653,8 +657,8 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
                 if policy.keep_global_batch && !disc.knobs.contains_key(&Knob::GradAccum) =>
             {
                 Some(match refused(Knob::GradAccum) {
-                    Some(why) => format!("{why}: halving the micro-batch would change the global batch (bind an accumulation option the script has with --knob grad_accum=--ITS_FLAG=1 before the command, or set keep_global_batch = false in the policy)"),
-                    None => "grad_accum is not bound, so halving the micro-batch would change the global batch (bind it with --knob grad_accum=FLAG, or set keep_global_batch = false in the policy)".to_string(),
+                    Some(why) => format!("{why}: halving the micro-batch would change the global batch (bind an accumulation option the script has with --knob grad_accum=--ITS_FLAG=1 before the command, or accept a smaller global batch with --policy smaller-batch)"),
+                    None => "grad_accum is not bound, so halving the micro-batch would change the global batch (bind it with --knob grad_accum=FLAG, or accept a smaller global batch with --policy smaller-batch)".to_string(),
                 })
             }
             StepKind::EnableGradCheckpointing
@@ -755,7 +759,7 @@ fn halve_micro_batch(
             Some((
                 next,
                 format!(
-                    "micro-batch {micro} → {target} (global batch not kept: keep_global_batch = false)"
+                    "micro-batch {micro} → {target}, no accumulation to double: the global batch shrinks with it (keep_global_batch = false)"
                 ),
             ))
         }

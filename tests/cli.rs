@@ -106,7 +106,7 @@ fn unknown_policy_name_lists_the_shipped_ones() {
     Run::new(t.path(), ["--policy", "agressive", "true"], &[])
         .expect_code(2)
         .expect_stderr(
-            "neither a shipped policy (default, keep-results, keep-micro-batch) nor a file",
+            "neither a shipped policy (default, keep-results, keep-micro-batch, smaller-batch) nor a file",
         );
 }
 

@@ -161,7 +161,7 @@ fn a_plain_argparse_script_without_accumulation_stops_with_the_advice() {
     for words in [
         "argparse_batch_only.py's argparse parser has no --gradient_accumulation_steps",
         "--knob grad_accum=--ITS_FLAG=1",
-        "keep_global_batch = false",
+        "accept a smaller global batch with --policy smaller-batch",
         "no setting was changed",
     ] {
         r.ensure(
@@ -190,6 +190,59 @@ fn a_plain_argparse_script_without_accumulation_stops_with_the_advice() {
         "no advice to let oomguard add the flag the parser lacks",
         !r.stderr.contains("added with value 1 when absent"),
         "one note for grad_accum",
+        &r.stderr,
+    );
+    no_kept_claim(&r);
+}
+
+/// The same script under `--policy smaller-batch`, as the stop above advises: the batch
+/// is halved without accumulation (8 -> 4, the global batch with it), no flag the parser
+/// lacks is added, and the summary says the global batch shrank.
+#[test]
+fn the_smaller_batch_policy_carries_a_plain_argparse_script_at_a_smaller_global_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = program("argparse_batch_only.py");
+    let (r, j) = run(
+        dir.path(),
+        &[
+            "--policy",
+            "smaller-batch",
+            "python3",
+            &script,
+            "--per_device_train_batch_size",
+            "8",
+            "--output_dir",
+            "out",
+        ],
+    );
+    r.check("exit code", Some(0), r.code);
+    r.check("outcomes", vec!["cuda_oom", "success"], outcomes(&j));
+    let argvs = attempts(&j);
+    r.ensure(
+        "the second attempt runs at batch 4, and nothing is added",
+        argvs[1].ends_with(
+            &["--per_device_train_batch_size", "4", "--output_dir", "out"].map(String::from),
+        ),
+        "... --per_device_train_batch_size 4 --output_dir out",
+        &argvs[1],
+    );
+    r.ensure(
+        "the training ran at the smaller global batch",
+        r.stdout.contains("step 2: loss 0.500 (global batch 4)"),
+        "global batch 4",
+        &r.stdout,
+    );
+    r.ensure(
+        "the decision says the global batch shrinks",
+        r.stderr
+            .contains("no accumulation to double: the global batch shrinks with it"),
+        "the global batch shrinks",
+        &r.stderr,
+    );
+    r.ensure(
+        "no start warning that an OOM ends the run",
+        !r.stderr.contains("applies to this command"),
+        "no warning",
         &r.stderr,
     );
     no_kept_claim(&r);

@@ -768,7 +768,7 @@ impl<'c> Run<'c> {
 fn bind_advice(knob: knobs::Knob) -> String {
     use knobs::Knob;
     match knob {
-        Knob::GradAccum => "to keep the global batch while the micro-batch shrinks, oomguard needs an accumulation setting the command accepts: bind the script's own option with --knob grad_accum=--ITS_FLAG=1 (added with the value oomguard computes), or =FILE:KEY or =env:VAR, before the command; to let the global batch change instead, run with a policy that sets keep_global_batch = false (`oomguard plan` shows what each would do)".into(),
+        Knob::GradAccum => "to keep the global batch while the micro-batch shrinks, oomguard needs an accumulation setting the command accepts: bind the script's own option with --knob grad_accum=--ITS_FLAG=1 (added with the value oomguard computes), or =FILE:KEY or =env:VAR, before the command; to let the global batch shrink instead, rerun with --policy smaller-batch (`oomguard plan` shows what each would do)".into(),
         Knob::GradCheckpointing => "bind a gradient checkpointing setting the command accepts with --knob grad_checkpointing=--ITS_FLAG (added when it turns on), or =FILE:KEY, before the command (`oomguard plan` shows what it would do)".into(),
         k => format!(
             "bind {k} where the command accepts it with --knob {k}=--ITS_FLAG=VALUE, =FILE:KEY or =env:VAR, before the command (`oomguard plan` shows what it would do)"
