@@ -339,7 +339,9 @@ struct Plan<'a> {
 pub fn plan_main(cfg: &RunConfig, as_json: bool) -> i32 {
     // As a run would see it at its start: every checkpoint there now is
     // another run's, and plan says so.
-    let res = Resumer::now(cfg.target.layout.clone()).search();
+    let res = Resumer::now(cfg.target.layout.clone())
+        .refusing(cfg.target.resume_refused.clone())
+        .search();
     let rungs = match ladder(cfg, res.arg.as_ref()) {
         Ok(r) => r,
         Err(e) => {

@@ -68,6 +68,9 @@ pub enum Because {
         why: crate::loadable::Unloadable,
         starts: StartsAs,
     },
+    /// The command cannot be told where to resume (its parser lacks the flag the
+    /// layout's family adds: `why`): every attempt starts from the beginning.
+    NotAccepted(String),
 }
 
 /// How an attempt starts without a checkpoint of this run's.
@@ -122,6 +125,10 @@ impl fmt::Display for Because {
                     StartsAs::Fresh => f.write_str("start fresh, as the first attempt did"),
                 }
             }
+            Because::NotAccepted(why) => write!(
+                f,
+                "{why}: oomguard cannot tell it where to resume, so each attempt starts from the beginning and trains the steps before it again (a policy's [resume] table describes another way the script resumes)"
+            ),
             Because::StartsOver { why, starts } => {
                 write!(f, "{why}: ")?;
                 match starts {
@@ -146,6 +153,8 @@ impl fmt::Display for Because {
 #[derive(Debug, Clone)]
 pub struct Resumer {
     layout: Option<Layout>,
+    /// Why the command cannot be told where to resume (see [`Because::NotAccepted`]).
+    refused: Option<String>,
     baseline: Baseline,
     settle: Duration,
     /// Where the next attempt resumes from. The first attempt runs the command
@@ -161,11 +170,18 @@ impl Resumer {
     pub fn new(layout: Option<Layout>, settle: Duration) -> Resumer {
         Resumer {
             layout,
+            refused: None,
             baseline: Baseline::default(),
             settle,
             next: None,
             step: None,
         }
+    }
+
+    /// The command cannot be told where to resume (`why`; `None`: it can).
+    pub fn refusing(mut self, why: Option<String>) -> Resumer {
+        self.refused = why;
+        self
     }
 
     /// `plan`'s view: the checkpoints there now are not the run's, and nothing
@@ -226,6 +242,14 @@ impl Resumer {
             };
         };
         let found = checkpoint::find(layout, baseline, settle);
+        if let Some(why) = &self.refused {
+            return Resumption {
+                found: Some(found),
+                chosen: None,
+                arg: None,
+                because: Because::NotAccepted(why.clone()),
+            };
+        }
         // Anything this run wrote continues it, so it wins over the user's
         // resume argument (where the first attempt began).
         let chosen = found.latest.clone();

@@ -53,6 +53,8 @@ pub struct Target {
     pub cmd: Command,
     pub disc: Discovery,
     pub layout: Option<checkpoint::Layout>,
+    /// Why the command cannot be told where to resume (see `knobs::resume_refused`).
+    pub resume_refused: Option<String>,
     /// `CUDA_VISIBLE_DEVICES` chosen by `--gpus auto:N`.
     pub cuda_visible: Option<String>,
     /// The memory model's view of the command's model (`None`: no model config
@@ -194,6 +196,7 @@ impl Target {
             );
         }
         let layout = knobs::layout(&cmd, &disc, opts.policy.resume.as_ref());
+        let resume_refused = layout.as_ref().and_then(|l| knobs::resume_refused(&cmd, l));
         let job = match crate::job::Job::detect(
             &cmd,
             &run_env,
@@ -263,6 +266,7 @@ impl Target {
             task_files,
             inside,
             layout,
+            resume_refused,
             disc,
             cuda_visible: gpu.cuda_visible.clone(),
             model,

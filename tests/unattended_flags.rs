@@ -248,6 +248,66 @@ fn the_smaller_batch_policy_carries_a_plain_argparse_script_at_a_smaller_global_
     no_kept_claim(&r);
 }
 
+/// A script whose argparse parser has no `--resume_from_checkpoint` (unsloth-cli.py builds
+/// its own `TrainingArguments`) but an `--output_dir` where a Trainer writes checkpoints:
+/// the relaunch after the OOM is never given the flag (argparse would refuse it and end
+/// the night with exit 2); it starts from the beginning, halved, and finishes, and
+/// `plan` and the run say why it does not resume.
+#[test]
+fn a_script_whose_parser_has_no_resume_flag_is_relaunched_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = program("argparse_no_resume.py");
+    let cmd = [
+        "python3",
+        &script,
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "2",
+        "--output_dir",
+        "outputs",
+    ];
+    let (r, j) = run(dir.path(), &cmd);
+    r.check("exit code", Some(0), r.code);
+    r.check("outcomes", vec!["cuda_oom", "success"], outcomes(&j));
+    let argvs = attempts(&j);
+    r.ensure(
+        "the relaunch halves the batch and adds no resume flag",
+        !argvs[1].iter().any(|a| a.starts_with("--resume"))
+            && argvs[1].ends_with(
+                &[
+                    "--per_device_train_batch_size",
+                    "4",
+                    "--gradient_accumulation_steps",
+                    "4",
+                    "--output_dir",
+                    "outputs",
+                ]
+                .map(String::from),
+            ),
+        "... --per_device_train_batch_size 4 --gradient_accumulation_steps 4 --output_dir outputs",
+        &argvs[1],
+    );
+    let why = "argparse_no_resume.py's argparse parser has no --resume_from_checkpoint (read from its source): oomguard cannot tell it where to resume";
+    r.ensure(
+        "the run says why it does not resume",
+        r.stderr.contains(why),
+        why,
+        &r.stderr,
+    );
+    r.ensure(
+        "argparse refused nothing",
+        !r.stderr.contains("unrecognized arguments"),
+        "no refusal",
+        &r.stderr,
+    );
+    let mut plan = vec!["plan"];
+    plan.extend_from_slice(&cmd);
+    let p = oomguard(dir.path(), &plan, None, LIMIT);
+    p.check("plan exit code", Some(0), p.code);
+    p.ensure("plan says why too", p.stdout.contains(why), why, &p.stdout);
+}
+
 /// An argparse parser whose options a helper module adds (the script's source does not
 /// show them): the relaunch adds `--gradient_accumulation_steps`, argparse refuses it,
 /// and oomguard takes that as its own doing: it drops accumulation and relaunches with

@@ -728,6 +728,30 @@ pub fn layout(
     frameworks::layout(cmd, &ctx)
 }
 
+/// Why the command cannot be told where to resume: the script's argparse parser, read
+/// from its source, lacks the flag the layout's family adds (`--resume_from_checkpoint`
+/// of a script that builds its own `TrainingArguments`, as unsloth-cli.py does), so
+/// adding it would end the relaunch in argparse's "unrecognized arguments". A policy's
+/// `[resume]` table is the user's word and is not checked.
+pub fn resume_refused(cmd: &Command, layout: &crate::checkpoint::Layout) -> Option<String> {
+    use crate::checkpoint::{Kind, ResumeHow};
+    if matches!(layout.kind, Kind::Custom(_)) {
+        return None;
+    }
+    let flag = match &layout.how {
+        ResumeHow::Flag { flag, .. } | ResumeHow::Const { flag, .. } => flag,
+        _ => return None,
+    };
+    let script = cmd.script()?;
+    let opts = accepts::read(std::path::Path::new(script))?;
+    (!opts.accepts(flag)).then(|| {
+        let name = std::path::Path::new(script)
+            .file_name()
+            .map_or(script.into(), |n| n.to_string_lossy());
+        format!("{name}'s argparse parser has no {flag} (read from its source)")
+    })
+}
+
 /// How often the command's trainer prints its per-step log dicts (see
 /// `progress`), from its flags and the recipes it names.
 pub fn logging(cmd: &Command, disc: &Discovery) -> Option<crate::progress::Logging> {

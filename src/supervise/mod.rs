@@ -349,7 +349,8 @@ impl<'c> Run<'c> {
             live,
             now: Upcoming {
                 settings,
-                resumer: Resumer::new(cfg.target.layout.clone(), resume::SETTLE),
+                resumer: Resumer::new(cfg.target.layout.clone(), resume::SETTLE)
+                    .refusing(cfg.target.resume_refused.clone()),
                 env_defaults,
                 tty,
                 added: Vec::new(),
