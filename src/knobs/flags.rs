@@ -894,6 +894,56 @@ mod tests {
         assert_eq!(m.argv[3], OsString::from("4"));
     }
 
+    /// torchtitan (and flame, built on it): a `--section.key V` flag wins over the TOML's
+    /// key, so the flag is the knob and a change is written to it; the file's other value
+    /// is not a conflict to warn about. The older per-rank `training.batch_size` and
+    /// flame's `training.gradient_accumulation_steps` are knobs too.
+    #[test]
+    fn torchtitans_dotted_flags_win_over_its_toml() {
+        let t = tempfile::tempdir().unwrap();
+        let toml = t.path().join("fla.toml");
+        std::fs::write(
+            &toml,
+            "[training]\nbatch_size = 32\nseq_len = 2048\ngradient_accumulation_steps = 1\n",
+        )
+        .unwrap();
+        let cmd = format!(
+            "bash train.sh --job.config_file {} --training.batch_size 2 --training.seq_len 65536 --training.gradient_accumulation_steps 1 --training.steps 20480",
+            toml.display()
+        );
+        let a = argv(&cmd);
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let s = d.settings();
+        assert_eq!(s.int(Knob::MicroBatch), Some(2), "{:?}", d.knobs);
+        assert_eq!(s.int(Knob::SeqLen), Some(65536));
+        assert_eq!(s.int(Knob::GradAccum), Some(1));
+        assert!(
+            !d.warnings.iter().any(|w| w.contains("two values")),
+            "{:?}",
+            d.warnings
+        );
+        let mut next = s.clone();
+        next.knobs.insert(Knob::SeqLen, Value::Int(49152));
+        next.knobs.insert(Knob::MicroBatch, Value::Int(1));
+        next.knobs.insert(Knob::GradAccum, Value::Int(2));
+        let out = strs(&mat(&a, &d, &next, None).argv);
+        for written in [
+            "--training.seq_len 49152",
+            "--training.batch_size 1",
+            "--training.gradient_accumulation_steps 2",
+        ] {
+            assert!(out.contains(written), "{written:?} in {out}");
+        }
+        // Without the flags, the TOML's keys are the knobs.
+        let a = argv(&format!(
+            "torchrun train.py --job.config_file {}",
+            toml.display()
+        ));
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(d.settings().int(Knob::SeqLen), Some(2048));
+        assert_eq!(d.settings().int(Knob::MicroBatch), Some(32));
+    }
+
     /// Every family's spelling of the DataLoader's workers is found (0 included:
     /// it is a value, not a missing one), and a halving is written where it was.
     #[test]

@@ -1090,7 +1090,14 @@ fn choose(knob: Knob, mut cands: Vec<Candidate>, warnings: &mut Vec<String>) -> 
         if matches!(b, Binding::AddFlag { .. }) {
             continue;
         }
-        if present && v != value {
+        // `--a.b V` beside a config's `a.b` key: the flag overrides the file by the
+        // program's own rule (torchtitan, litgpt, LightningCLI), not by mistake.
+        let overrides_file = matches!(
+            (&binding, &b),
+            (Binding::Flag { flag, .. }, Binding::Config { key, .. })
+                if flag.strip_prefix("--") == Some(key.as_str())
+        );
+        if present && v != value && !overrides_file {
             warnings.push(format!(
                 "{knob} has two values: {binding} says {value}, {b} says {v}. oomguard takes {value} and writes the same new value to both when {knob} changes; if the trainer checks them against each other (the Hugging Face DeepSpeed integration does), make them agree before the run"
                 ));
