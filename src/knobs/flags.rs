@@ -942,6 +942,20 @@ mod tests {
         let d = discover_all(&a, &[], &no_env).unwrap();
         assert_eq!(d.settings().int(Knob::SeqLen), Some(2048));
         assert_eq!(d.settings().int(Knob::MicroBatch), Some(32));
+        // torchtitan's global batch: accumulation follows from it.
+        let global = t.path().join("llama.toml");
+        std::fs::write(
+            &global,
+            "[training]\nlocal_batch_size = 2\nglobal_batch_size = 32\nseq_len = 8192\n",
+        )
+        .unwrap();
+        let a = argv(&format!(
+            "torchrun --nproc_per_node 4 train.py --job.config_file {}",
+            global.display()
+        ));
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(d.settings().int(Knob::GradAccum), Some(4), "{:?}", d.knobs);
+        assert_eq!(d.settings().global_batch(), Some(32));
     }
 
     /// Every family's spelling of the DataLoader's workers is found (0 included:
