@@ -100,7 +100,7 @@ pub fn shell_note(script: &str) -> String {
 }
 
 /// The shell script in front of the real command, as written.
-fn shell_script(cmd: &Command) -> Option<String> {
+pub(crate) fn shell_script(cmd: &Command) -> Option<String> {
     let Target::Tool { index } = cmd.target else {
         return None;
     };

@@ -81,15 +81,104 @@ pub fn world_size(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Worl
                 source: "1 process per task".into(),
                 uncertain: false,
             },
-            (false, None) => World {
+            (false, None) => unseen(cmd).unwrap_or(World {
                 size: 1,
                 source: "single process (no distributed launcher)".into(),
                 uncertain: false,
-            },
+            }),
         };
         (world, 1)
     };
     with_tasks(cmd, env, inner, nodes)
+}
+
+/// A command that may start ranks where oomguard cannot see them: a tool's own GPU count
+/// (detectron2's `--num-gpus 8`, `colossalai run --nproc_per_node 8`), a list of GPUs
+/// (`device=0,1`, `--gpus 0,1,2,3`), or a shell script whose launcher is inside it
+/// (`bash dist_train.sh cfg.py 8`). What it reads is a guess, said as such: the world is
+/// uncertain (`plan` says to check the global batch), never a silent 1.
+fn unseen(cmd: &Command) -> Option<World> {
+    const COUNTS: &[&str] = &[
+        "--num-gpus",
+        "--num_gpus",
+        "--ngpus",
+        "--n_gpus",
+        "--nproc_per_node",
+        "--nproc-per-node",
+        "--gpus",
+    ];
+    const LISTS: &[&str] = &["--gpus", "--device", "--devices", "--gpu_ids", "--gpu-ids"];
+    let count = |v: &str| {
+        v.trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (2..=1 << 20).contains(n))
+    };
+    let list = |v: &str| {
+        let ids: Vec<&str> = v.trim().trim_matches(['[', ']']).split(',').collect();
+        (ids.len() > 1 && ids.iter().all(|i| i.trim().parse::<u32>().is_ok()))
+            .then_some(ids.len() as u64)
+    };
+    let guess = |size: u64, what: String| World {
+        size,
+        source: format!(
+            "{what}: a GPU count oomguard does not know as a launcher's, read as the world size"
+        ),
+        uncertain: true,
+    };
+    for name in COUNTS {
+        if let Some(n) = cmd.value(&[name]).and_then(count) {
+            return Some(guess(n, format!("{name} {n}")));
+        }
+    }
+    for name in LISTS {
+        if let Some(v) = cmd.value(&[name])
+            && let Some(n) = list(v)
+        {
+            return Some(guess(n, format!("{name} {v}")));
+        }
+    }
+    // Hydra overrides of a Lightning trainer (NeMo: `trainer.devices=8
+    // trainer.num_nodes=8`) and fairseq's world.
+    let nodes = cmd
+        .override_value(&["trainer.num_nodes"])
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| (1..=1 << 16).contains(n))
+        .unwrap_or(1);
+    for key in ["trainer.devices", "trainer.gpus"] {
+        if let Some(v) = cmd.override_value(&[key])
+            && let Some(n) = count(v).or_else(|| list(v)).or((nodes > 1).then_some(1))
+        {
+            let said = if nodes > 1 {
+                format!("{key}={v} × trainer.num_nodes={nodes}")
+            } else {
+                format!("{key}={v}")
+            };
+            return Some(guess(n * nodes, said));
+        }
+    }
+    if let Some(v) = cmd.override_value(&["distributed_training.distributed_world_size"])
+        && let Some(n) = count(v)
+    {
+        return Some(guess(
+            n,
+            format!("distributed_training.distributed_world_size={v}"),
+        ));
+    }
+    for key in ["device", "devices", "gpus"] {
+        if let Some(v) = cmd.override_value(&[key])
+            && let Some(n) = list(v)
+        {
+            return Some(guess(n, format!("{key}={v}")));
+        }
+    }
+    crate::inside::shell_script(cmd).map(|s| World {
+        size: 1,
+        source: format!(
+            "{s} is a shell script: the launcher inside it, and the GPUs it starts, are not seen"
+        ),
+        uncertain: true,
+    })
 }
 
 /// A program started once per pod by an operator that configures PyTorch
@@ -729,6 +818,51 @@ fn deepspeed(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> (World, u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A launcher oomguard does not know, a list of GPUs, Hydra's trainer overrides and a
+    /// shell script: the world is read where it can be, and uncertain; a plain script
+    /// stays one certain process. (Published commands: detectron2's train_net.py,
+    /// colossalai run, Ultralytics, NeMo, fairseq-hydra-train, timm's
+    /// distributed_train.sh.)
+    #[test]
+    fn a_launcher_oomguard_does_not_know_gives_an_uncertain_world_never_a_silent_one() {
+        for (cmd, size) in [
+            ("python train_net.py --config-file c.yaml --num-gpus 8", 8),
+            (
+                "colossalai run --nproc_per_node 8 --hostfile h train.py --batch_size 4",
+                8,
+            ),
+            (
+                "yolo detect train data=coco8.yaml model=yolov8n.pt device=0,1",
+                2,
+            ),
+            ("python train.py --gpus 0,1,2,3 --batch-size 64", 4),
+            (
+                "python train.py trainer.devices=8 trainer.num_nodes=8 ++model.micro_batch_size=1",
+                64,
+            ),
+            (
+                "fairseq-hydra-train task.data=d distributed_training.distributed_world_size=8",
+                8,
+            ),
+            (
+                "./distributed_train.sh 4 --model resnet50 --batch-size 256",
+                1,
+            ),
+            ("bash tools/dist_train.sh configs/r50.py 8", 1),
+        ] {
+            let w = ws(cmd, None);
+            assert_eq!((w.size, w.uncertain), (size, true), "{cmd}: {}", w.source);
+        }
+        for cmd in [
+            "python train.py --per_device_train_batch_size 8",
+            "python train.py --num-gpus 1 --batch-size 8",
+            "python train.py --device 0",
+        ] {
+            let w = ws(cmd, None);
+            assert_eq!((w.size, w.uncertain), (1, false), "{cmd}: {}", w.source);
+        }
+    }
 
     fn ws(cmd: &str, cvd: Option<&str>) -> World {
         match cvd {
