@@ -246,7 +246,9 @@ pub fn discover(
                         let why = format!(
                             "{name}'s argparse parser has no {flag} (read from its source), so oomguard never adds it"
                         );
-                        notes.push(format!("{knob}: {why}"));
+                        notes.push(format!(
+                            "{knob}: {why}; if the script has another option for it, bind that with --knob {knob}=--ITS_FLAG"
+                        ));
                         not_accepted.push((knob, why));
                         continue;
                     }

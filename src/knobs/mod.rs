@@ -427,7 +427,10 @@ fn missing_notes(d: &mut Discovery, has_files: bool) {
             )),
         }
     }
-    if !d.knobs.contains_key(&Knob::GradAccum) {
+    // A knob whose flag the script's parser lacks has its own note (flags.rs), which says
+    // so: the generic one would offer to add that flag.
+    let refused = |d: &Discovery, k: Knob| d.not_accepted.iter().any(|(n, _)| *n == k);
+    if !d.knobs.contains_key(&Knob::GradAccum) && !refused(d, Knob::GradAccum) {
         d.notes.push(
             "grad_accum: not found; the global batch cannot be kept when the micro-batch is halved. Bind it with --knob grad_accum=FLAG (added with value 1 when absent) or =FILE:KEY".into(),
         );
@@ -438,7 +441,7 @@ fn missing_notes(d: &mut Discovery, has_files: bool) {
             frameworks::looked_for(Knob::SeqLen)
         ));
     }
-    if !d.knobs.contains_key(&Knob::GradCheckpointing) {
+    if !d.knobs.contains_key(&Knob::GradCheckpointing) && !refused(d, Knob::GradCheckpointing) {
         d.notes.push(
             "grad_checkpointing: not found. Bind it with --knob grad_checkpointing=FLAG (added bare when absent) or =FILE:KEY".into(),
         );
