@@ -67,6 +67,11 @@ pub enum ConfigError {
         "sbatch returns as soon as the job is submitted, so oomguard would supervise nothing: put oomguard in front of the srun line inside the batch script instead (`oomguard srun python3 train.py ...`; docs/clusters.md)"
     )]
     Sbatch,
+    /// `oomguard ray job submit --no-wait ...`: nothing would be supervised either.
+    #[error(
+        "ray job submit --no-wait returns as soon as the job is submitted, so oomguard would supervise nothing: drop --no-wait (ray job submit then follows the job to its end and fails with it), or put oomguard in front of the job's entrypoint (`ray job submit -- oomguard python3 train.py ...`)"
+    )]
+    RayNoWait,
     #[error("--{flag} {value}: {why}")]
     BadNumber {
         flag: &'static str,

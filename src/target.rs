@@ -46,6 +46,18 @@ impl GpuFacts {
     }
 }
 
+/// `ray job submit ... --no-wait ... -- ENTRYPOINT`: ray's own `--no-wait`, before the
+/// `--` that starts the job's entrypoint.
+fn ray_submit_no_wait(argv: &[OsString]) -> bool {
+    let ray: Vec<&str> = argv
+        .iter()
+        .skip(1)
+        .map(|a| a.to_str().unwrap_or(""))
+        .take_while(|a| *a != "--")
+        .collect();
+    ray.starts_with(&["job", "submit"]) && ray.contains(&"--no-wait")
+}
+
 /// What oomguard learned about the command. Built once; never edited after.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -167,6 +179,9 @@ impl Target {
         let program = cmd.args.first().map(|a| crate::command::base_name(a));
         if program == Some("sbatch") {
             return Err(ConfigError::Sbatch);
+        }
+        if program == Some("ray") && ray_submit_no_wait(&opts.argv) {
+            return Err(ConfigError::RayNoWait);
         }
         let mut disc = knobs::discover(&cmd, &opts.user, &run_env, &|p| p.to_path_buf())?;
         for (knob, file) in disc.unnamed_files() {
@@ -423,6 +438,29 @@ mod tests {
         assert!(
             target.remember.is_none(),
             "nothing to remember without NVML's identity"
+        );
+    }
+
+    #[test]
+    fn ray_job_submit_no_wait_is_refused_and_waiting_is_not() {
+        let no_wait = [
+            "ray",
+            "job",
+            "submit",
+            "--address=http://h:8265",
+            "--no-wait",
+            "--",
+            "python3",
+            "t.py",
+        ];
+        assert!(matches!(
+            inspect_with(&no_wait, &[]),
+            Err(ConfigError::RayNoWait)
+        ));
+        let waits = ["ray", "job", "submit", "--", "python3", "t.py", "--no-wait"];
+        assert!(
+            inspect_with(&waits, &[]).is_ok(),
+            "--no-wait of the entrypoint"
         );
     }
 
