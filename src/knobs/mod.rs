@@ -214,6 +214,10 @@ pub enum KnobError {
         "--knob '{0}' is not NAME=WHERE: write it like --knob micro_batch=--bs, micro_batch=env:MICRO_BS, micro_batch=config.yaml:training.micro_batch_size or micro_batch=data.batch_size (an override)"
     )]
     BadSpec(String),
+    #[error(
+        "--knob grad_accum={place}: {place} is a global batch, not an accumulation count: bound as grad_accum it would be doubled each time the micro-batch is halved. oomguard derives accumulation from a global batch only where it is a flag (--global-batch-size, --global_batch_size); for a global batch in an override or a config key, bind micro_batch alone and run with --policy smaller-batch: a trainer that derives its accumulation from its global batch (NeMo, Megatron) then keeps that batch, though oomguard's summary cannot say so"
+    )]
+    GlobalBatchAsAccum { place: String },
     #[error(transparent)]
     File(#[from] files::FileError),
     #[error(
@@ -345,9 +349,28 @@ pub fn parse_user_bindings(specs: &[String]) -> Result<Vec<(Knob, UserBinding)>,
             } else {
                 return Err(KnobError::BadSpec(s.clone()));
             };
+            if knob == Knob::GradAccum && names_a_global_batch(place) {
+                return Err(KnobError::GlobalBatchAsAccum {
+                    place: place.to_string(),
+                });
+            }
             Ok((knob, b))
         })
         .collect()
+}
+
+/// Whether a binding's place names a global batch (`model.global_batch_size`,
+/// `--global-batch-size=256`, `env:GLOBAL_BATCH`, `cfg.yaml:train.global_batch_size`).
+fn names_a_global_batch(place: &str) -> bool {
+    let name = place.split('=').next().unwrap_or(place);
+    let last = name
+        .rsplit(['.', ':'])
+        .next()
+        .unwrap_or(name)
+        .trim_start_matches(['-', '+'])
+        .to_ascii_lowercase()
+        .replace('-', "_");
+    last.contains("global_batch") || last == "globalbatch"
 }
 
 /// Read the knobs and world size from a command, its config files and overrides.
@@ -1119,6 +1142,37 @@ fn choose(knob: Knob, mut cands: Vec<Candidate>, warnings: &mut Vec<String>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A global batch bound as accumulation would be doubled at every halving: refused,
+    /// with the way that keeps it (NeMo's `model.global_batch_size` was bound so in a
+    /// published command's check).
+    #[test]
+    fn a_global_batch_is_refused_as_grad_accum() {
+        for place in [
+            "model.global_batch_size",
+            "++model.global_batch_size=256",
+            "--global-batch-size",
+            "cfg.yaml:train.global_batch_size",
+            "env:GLOBAL_BATCH_SIZE",
+        ] {
+            let err = parse_user_bindings(&[format!("grad_accum={place}")]).unwrap_err();
+            assert!(
+                matches!(err, KnobError::GlobalBatchAsAccum { .. }),
+                "{place}: {err}"
+            );
+            assert!(err.to_string().contains("--policy smaller-batch"), "{err}");
+        }
+        for place in [
+            "--gradient_accumulation_steps",
+            "trainer.accumulate_grad_batches",
+        ] {
+            assert!(
+                parse_user_bindings(&[format!("grad_accum={place}")]).is_ok(),
+                "{place}"
+            );
+        }
+        assert!(parse_user_bindings(&["micro_batch=model.micro_batch_size".into()]).is_ok());
+    }
 
     #[test]
     fn offload_devices_parse_show_and_serialize_as_strings() {
