@@ -1077,6 +1077,39 @@ mod tests {
         (w.size, w.uncertain, w.source)
     }
 
+    /// Megatron's tensor, pipeline and context parallelism split one model over ranks that
+    /// see the same batch: the world for a batch is the data-parallel ranks (Megatron-LM's
+    /// GPT-3 175B script: 8 × 16 nodes, tensor 8 × pipeline 16 = 1 data-parallel rank).
+    #[test]
+    fn megatrons_model_parallel_ranks_are_not_data_parallel_ranks() {
+        let gpt = "torchrun --nproc_per_node 8 --nnodes 16 pretrain_gpt.py --tensor-model-parallel-size 8 --pipeline-model-parallel-size 16 --micro-batch-size 1 --global-batch-size 1536";
+        let (size, _, source) = tool(gpt, &[]);
+        assert_eq!(size, 1, "{source}");
+        assert!(
+            source.contains("128 ranks") && source.contains("tensor 8 × pipeline 16"),
+            "{source}"
+        );
+        let tp2 = "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --context-parallel-size 1";
+        assert_eq!(tool(tp2, &[]).0, 2);
+        // No model parallelism, or a split that does not divide the world: as launched.
+        assert_eq!(
+            tool(
+                "torchrun --nproc_per_node 8 pretrain_gpt.py --micro-batch-size 4",
+                &[]
+            )
+            .0,
+            8
+        );
+        assert_eq!(
+            tool(
+                "torchrun --nproc_per_node 8 pretrain_gpt.py --tensor-model-parallel-size 3",
+                &[]
+            )
+            .0,
+            8
+        );
+    }
+
     #[test]
     fn llamafactory_starts_torchrun_by_its_own_rules() {
         let lf = "llamafactory-cli train sft.yaml";

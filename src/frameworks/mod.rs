@@ -437,11 +437,56 @@ pub fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
     FAMILIES.iter().find_map(|f| (f.layout)(cmd, ctx))
 }
 
-/// The world size: a tool that launches its own ranks says it, else the launchers' options.
+/// The world size: a tool that launches its own ranks says it, else the launchers' options;
+/// for a batch, the data-parallel ranks among them (see [`data_parallel`]).
 pub fn world(cmd: &Command, env: Env, ctx: &Ctx) -> World {
-    match recognised(cmd).find_map(|f| (f.world)(cmd, env, ctx)) {
+    let w = match recognised(cmd).find_map(|f| (f.world)(cmd, env, ctx)) {
         Some(w) => launchers::with_tasks(cmd, env, w, 1),
         None => launchers::world_size(cmd, env),
+    };
+    data_parallel(cmd, w)
+}
+
+/// Megatron's model parallelism: ranks that split one model (`--tensor-model-parallel-size`,
+/// `--pipeline-model-parallel-size`, `--context-parallel-size`) see the same batch, so the
+/// global batch is micro-batch × accumulation × the data-parallel ranks, the world divided
+/// by their product, and so is the accumulation Megatron derives from `--global-batch-size`.
+fn data_parallel(cmd: &Command, w: World) -> World {
+    let degree = |names: &[&str]| {
+        cmd.value(names)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|n| (1..=1 << 20).contains(n))
+            .unwrap_or(1)
+    };
+    let tp = degree(&[
+        "--tensor-model-parallel-size",
+        "--tensor_model_parallel_size",
+    ]);
+    let pp = degree(&[
+        "--pipeline-model-parallel-size",
+        "--pipeline_model_parallel_size",
+    ]);
+    let cp = degree(&["--context-parallel-size", "--context_parallel_size"]);
+    let split = tp * pp * cp;
+    if split <= 1 || w.size < split || !w.size.is_multiple_of(split) {
+        return w;
+    }
+    let mut parts = vec![format!("tensor {tp}")];
+    parts.push(format!("pipeline {pp}"));
+    if cp > 1 {
+        parts.push(format!("context {cp}"));
+    }
+    World {
+        size: w.size / split,
+        source: format!(
+            "{} ranks ({}) ÷ model parallelism ({}) = {} data-parallel rank{}",
+            w.size,
+            w.source,
+            parts.join(" × "),
+            w.size / split,
+            if w.size / split == 1 { "" } else { "s" }
+        ),
+        uncertain: w.uncertain,
     }
 }
 
