@@ -211,7 +211,9 @@ impl Target {
             );
         }
         let layout = knobs::layout(&cmd, &disc, opts.policy.resume.as_ref());
-        let resume_refused = layout.as_ref().and_then(|l| knobs::resume_refused(&cmd, l));
+        let resume_refused = layout
+            .as_ref()
+            .and_then(|l| knobs::resume_refused(&cmd, &disc, l));
         let job = match crate::job::Job::detect(
             &cmd,
             &run_env,

@@ -78,6 +78,16 @@ fn summary(r: &Run) -> &str {
 }
 
 /// The summary never says the global batch was kept while accumulation was dropped.
+/// The program's parser refused nothing oomguard added.
+fn no_refusal(r: &Run) {
+    r.ensure(
+        "argparse refused nothing",
+        !r.stderr.contains("unrecognized arguments"),
+        "no refusal",
+        &r.stderr,
+    );
+}
+
 fn no_kept_claim(r: &Run) {
     let s = summary(r);
     r.ensure(
@@ -129,12 +139,7 @@ fn a_plain_argparse_script_is_never_given_a_flag_its_parser_lacks() {
         "global batch 8",
         &r.stdout,
     );
-    r.ensure(
-        "argparse refused nothing",
-        !r.stderr.contains("unrecognized arguments"),
-        "no refusal",
-        &r.stderr,
-    );
+    no_refusal(&r);
 }
 
 /// A plain argparse script with nothing but the batch size: halving it would change the
@@ -171,12 +176,7 @@ fn a_plain_argparse_script_without_accumulation_stops_with_the_advice() {
             &r.stderr,
         );
     }
-    r.ensure(
-        "argparse refused nothing",
-        !r.stderr.contains("unrecognized arguments"),
-        "no refusal",
-        &r.stderr,
-    );
+    no_refusal(&r);
     // Said at the start, without contradicting the knob it did find; and one note per
     // knob at the stop (never "added with value 1 when absent" for a flag it never adds).
     let start = "oomguard: warning: no step of the policy 'default' applies to this command: an OOM ends the run (exit 75)";
@@ -295,12 +295,7 @@ fn a_script_whose_parser_has_no_resume_flag_is_relaunched_without_one() {
         why,
         &r.stderr,
     );
-    r.ensure(
-        "argparse refused nothing",
-        !r.stderr.contains("unrecognized arguments"),
-        "no refusal",
-        &r.stderr,
-    );
+    no_refusal(&r);
     let mut plan = vec!["plan"];
     plan.extend_from_slice(&cmd);
     let p = oomguard(dir.path(), &plan, None, LIMIT);

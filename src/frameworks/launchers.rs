@@ -81,7 +81,7 @@ pub fn world_size(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Worl
                 source: "1 process per task".into(),
                 uncertain: false,
             },
-            (false, None) => unseen(cmd).unwrap_or(World {
+            (false, None) => unseen(cmd, env).unwrap_or(World {
                 size: 1,
                 source: "single process (no distributed launcher)".into(),
                 uncertain: false,
@@ -97,7 +97,7 @@ pub fn world_size(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Worl
 /// (`device=0,1`, `--gpus 0,1,2,3`), or a shell script whose launcher is inside it
 /// (`bash dist_train.sh cfg.py 8`). What it reads is a guess, said as such: the world is
 /// uncertain (`plan` says to check the global batch), never a silent 1.
-fn unseen(cmd: &Command) -> Option<World> {
+fn unseen(cmd: &Command, env: &dyn Fn(&str) -> Option<OsString>) -> Option<World> {
     const COUNTS: &[&str] = &[
         "--num-gpus",
         "--num_gpus",
@@ -145,16 +145,12 @@ fn unseen(cmd: &Command) -> Option<World> {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|n| (1..=1 << 16).contains(n))
         .unwrap_or(1);
-    for key in ["trainer.devices", "trainer.gpus"] {
-        if let Some(v) = cmd.override_value(&[key])
-            && let Some(n) = count(v).or_else(|| list(v)).or((nodes > 1).then_some(1))
-        {
-            let said = if nodes > 1 {
-                format!("{key}={v} × trainer.num_nodes={nodes}")
-            } else {
-                format!("{key}={v}")
-            };
-            return Some(guess(n * nodes, said));
+    if let Some(v) = cmd.override_value(&["trainer.devices", "trainer.gpus"]) {
+        // Lightning's own reading of `devices` (a count, a list, `auto`: the visible GPUs).
+        let (per_node, _, said) = super::lightning::devices(v, false, env);
+        let n = per_node.saturating_mul(nodes);
+        if n > 1 {
+            return Some(guess(n, format!("{said} × trainer.num_nodes {nodes}")));
         }
     }
     if let Some(v) = cmd.override_value(&["distributed_training.distributed_world_size"])

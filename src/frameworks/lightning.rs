@@ -164,7 +164,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
 }
 
 /// How many processes `devices` starts on one node: Some((count, exact)).
-fn devices(v: &str, cpu: bool, env: Env) -> (u64, bool, String) {
+pub(super) fn devices(v: &str, cpu: bool, env: Env) -> (u64, bool, String) {
     let v = v.trim().trim_matches(['"', '\'']);
     if let Ok(n) = v.parse::<i64>()
         && n > 0

@@ -471,8 +471,7 @@ fn data_parallel(cmd: &Command, w: World) -> World {
     if split <= 1 || w.size < split || !w.size.is_multiple_of(split) {
         return w;
     }
-    let mut parts = vec![format!("tensor {tp}")];
-    parts.push(format!("pipeline {pp}"));
+    let mut parts = vec![format!("tensor {tp}"), format!("pipeline {pp}")];
     if cp > 1 {
         parts.push(format!("context {cp}"));
     }

@@ -217,9 +217,10 @@ pub fn discover(
     // 4. Missing knobs the family's commands take as flags: added when they change.
     // Only where the program accepts the flag: a script whose argparse parser its
     // source shows whole gets the first of the family's spellings it has, or none.
-    let script = cmd
+    let script_options = cmd
         .script()
-        .and_then(|s| super::accepts::read(std::path::Path::new(s)).map(|o| (s, o)));
+        .and_then(|s| super::accepts::read(std::path::Path::new(s)));
+    let script = cmd.script().zip(script_options.as_ref());
     let mut not_accepted = Vec::new();
     for (knob, flag, default) in added {
         let std::collections::btree_map::Entry::Vacant(e) = knobs.entry(knob) else {
@@ -301,6 +302,7 @@ pub fn discover(
         warnings: Vec::new(),
         ambiguous_batch,
         not_accepted,
+        script_options,
         config: Default::default(),
     })
 }

@@ -142,6 +142,9 @@ pub struct Discovery {
     /// Knobs a family would add as a flag that the script's own parser does not
     /// accept (read from its source, `accepts`), with why: not bound, never added.
     pub not_accepted: Vec<(Knob, String)>,
+    /// The options of the script's argparse parser, where its source shows it whole
+    /// (`accepts::read`, done once): what oomguard may add to the command.
+    pub script_options: Option<accepts::ScriptOptions>,
     /// Config files the command names, and knobs found in files and overrides.
     pub config: config::Found,
 }
@@ -759,7 +762,11 @@ pub fn layout(
 /// of a script that builds its own `TrainingArguments`, as unsloth-cli.py does), so
 /// adding it would end the relaunch in argparse's "unrecognized arguments". A policy's
 /// `[resume]` table is the user's word and is not checked.
-pub fn resume_refused(cmd: &Command, layout: &crate::checkpoint::Layout) -> Option<String> {
+pub fn resume_refused(
+    cmd: &Command,
+    disc: &Discovery,
+    layout: &crate::checkpoint::Layout,
+) -> Option<String> {
     use crate::checkpoint::{Kind, ResumeHow};
     if matches!(layout.kind, Kind::Custom(_)) {
         return None;
@@ -769,7 +776,7 @@ pub fn resume_refused(cmd: &Command, layout: &crate::checkpoint::Layout) -> Opti
         _ => return None,
     };
     let script = cmd.script()?;
-    let opts = accepts::read(std::path::Path::new(script))?;
+    let opts = disc.script_options.as_ref()?;
     (!opts.accepts(flag)).then(|| {
         let name = std::path::Path::new(script)
             .file_name()
