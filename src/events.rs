@@ -160,6 +160,13 @@ pub enum Event {
         added: String,
         line: String,
     },
+    /// The command's parser refused the argument oomguard added to tell it where to
+    /// resume (`added`, its `line`): every later attempt starts from the beginning.
+    ResumeRefused {
+        attempt: u32,
+        added: String,
+        line: String,
+    },
     /// A newer checkpoint that the next attempt will not resume from.
     CheckpointSkipped {
         attempt: u32,
@@ -400,6 +407,7 @@ impl Event {
             | Event::Suspect { attempt, .. }
             | Event::ForeignOom { attempt, .. }
             | Event::Refused { attempt, .. }
+            | Event::ResumeRefused { attempt, .. }
             | Event::CheckpointSkipped { attempt, .. }
             | Event::CheckpointsSkipped { attempt, .. }
             | Event::CheckpointsIgnored { attempt, .. }

@@ -68,6 +68,16 @@ pub enum Outcome {
         /// The parser's line.
         line: String,
     },
+    /// The command's parser refused the argument oomguard added to tell it where to
+    /// resume (`--resume_from_checkpoint`, a parser whose source does not show its
+    /// options): oomguard's doing; the command cannot be told where to resume.
+    ResumeRefused {
+        code: i32,
+        /// The flag or override key, as it stood in argv (without its value).
+        added: String,
+        /// The parser's line.
+        line: String,
+    },
 }
 
 /// An outcome's name, as the journal writes it (`"outcome": "cuda_oom"`).
@@ -103,7 +113,9 @@ impl Outcome {
             Outcome::Other { .. } => OutcomeKind::OtherFailure,
             Outcome::Interrupted { .. } => OutcomeKind::Interrupted,
             Outcome::PeerFailure { .. } => OutcomeKind::PeerFailure,
-            Outcome::Refused { .. } => OutcomeKind::RejectedAddition,
+            Outcome::Refused { .. } | Outcome::ResumeRefused { .. } => {
+                OutcomeKind::RejectedAddition
+            }
         }
     }
 
@@ -358,7 +370,7 @@ pub struct Classified {
 }
 
 /// Classify a finished attempt (see [`Classified`]). `added`: what oomguard
-/// added to its command (see `knobs::added`); `steps_beyond`: the step the
+/// added to its command (see [`Added`]); `steps_beyond`: the step the
 /// attempt reached, when beyond the one it started from (asked only after
 /// thrust's sizeless `bad_alloc`: an extension built for another GPU fails at
 /// its first call, before any step; after training steps ran in this attempt
@@ -366,7 +378,7 @@ pub struct Classified {
 pub fn classify_attempt(
     r: &launch::Report,
     kernel: &dyn kernel::Source,
-    added: &[(Knob, String)],
+    added: &Added,
     steps_beyond: &dyn Fn() -> Option<u64>,
 ) -> Classified {
     let (outcome, unreadable) = classify(r, kernel);
@@ -395,24 +407,49 @@ pub fn classify_attempt(
     }
 }
 
+/// What oomguard added to an attempt's command, each as it stood in argv without
+/// its value: a flag (`--gradient_accumulation_steps`) or an override's `PREFIX KEY`
+/// (`++trainer.accumulate_grad_batches`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Added {
+    /// Each knob changed in a place the command did not have (see `knobs::added`).
+    pub knobs: Vec<(Knob, String)>,
+    /// The argument that tells it where to resume, when the command did not have
+    /// it (see `knobs::resume_added`).
+    pub resume: Option<String>,
+}
+
 /// A failure that is not an OOM, checked against what oomguard added to this
-/// attempt's command (`added`: each knob with the flag or `PREFIX KEY` override
-/// name it added, see `knobs::added`): when the output's last lines hold a
-/// parser refusing one of them (`detect::refusal`), the attempt failed of
-/// oomguard's doing, [`Outcome::Refused`]. Any other outcome is returned as it is.
-pub fn refused(outcome: Outcome, tail: &[u8], added: &[(Knob, String)]) -> Outcome {
+/// attempt's command (`added`): when the output's last lines hold a parser
+/// refusing one of them (`detect::refusal`), the attempt failed of oomguard's
+/// doing: [`Outcome::Refused`] for a knob's, [`Outcome::ResumeRefused`] for the
+/// resume argument. Any other outcome is returned as it is.
+pub fn refused(outcome: Outcome, tail: &[u8], added: &Added) -> Outcome {
     let Outcome::Other { code, .. } = &outcome else {
         return outcome;
     };
-    if added.is_empty() || *code == 0 {
+    if *code == 0 {
         return outcome;
     }
-    let names: Vec<String> = added.iter().map(|(_, a)| a.clone()).collect();
+    let names: Vec<String> = added
+        .knobs
+        .iter()
+        .map(|(_, a)| a.clone())
+        .chain(added.resume.clone())
+        .collect();
+    if names.is_empty() {
+        return outcome;
+    }
     match detect::refusal::refused(tail, &names) {
-        Some(r) => Outcome::Refused {
+        Some(r) if r.index < added.knobs.len() => Outcome::Refused {
             code: *code,
-            knob: added[r.index].0,
-            added: added[r.index].1.clone(),
+            knob: added.knobs[r.index].0,
+            added: added.knobs[r.index].1.clone(),
+            line: r.line,
+        },
+        Some(r) => Outcome::ResumeRefused {
+            code: *code,
+            added: names[r.index].clone(),
             line: r.line,
         },
         None => outcome,
@@ -996,7 +1033,10 @@ srun: error: n1: task 0: Terminated\n";
     /// else, or an OOM keep their outcome.
     #[test]
     fn a_parsers_refusal_of_what_oomguard_added_is_not_the_runs_failure() {
-        let added = vec![(Knob::GradAccum, "--gradient_accumulation_steps".to_string())];
+        let added = Added {
+            knobs: vec![(Knob::GradAccum, "--gradient_accumulation_steps".to_string())],
+            resume: None,
+        };
         let log = "usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --gradient_accumulation_steps 2\n";
         let r = report(log, launch::Exit::Code(2));
         match refused(classify_plain(&r), &r.tail, &added) {
@@ -1012,7 +1052,7 @@ srun: error: n1: task 0: Terminated\n";
             }
             o => panic!("{o:?}"),
         }
-        let o = refused(classify_plain(&r), &r.tail, &[]);
+        let o = refused(classify_plain(&r), &r.tail, &Added::default());
         assert_eq!(o.kind(), OutcomeKind::OtherFailure);
         let other = report(
             "train.py: error: unrecognized arguments: --lr 3\n",
@@ -1026,5 +1066,41 @@ srun: error: n1: task 0: Terminated\n";
         );
         let o = refused(classify_plain(&oom), &oom.tail, &added);
         assert_eq!(o.kind(), OutcomeKind::CudaOom);
+    }
+
+    /// The resume argument oomguard added, refused by a parser whose source did not
+    /// show its options (click, an argparse parser a helper builds), is oomguard's
+    /// doing too, told apart from a knob's; the user's own resume argument (not added)
+    /// refused is the run's failure.
+    #[test]
+    fn a_parsers_refusal_of_the_resume_argument_oomguard_added_is_told_apart() {
+        let added = Added {
+            knobs: vec![(Knob::GradAccum, "--gradient_accumulation_steps".to_string())],
+            resume: Some("--resume_from_checkpoint".to_string()),
+        };
+        for log in [
+            "train.py: error: unrecognized arguments: --resume_from_checkpoint out/checkpoint-10\n",
+            "Usage: train.py [OPTIONS]\nTry 'train.py --help' for help.\n\nError: No such option: --resume_from_checkpoint\n",
+            "ValueError: Some specified arguments are not used by the HfArgumentParser: ['--resume_from_checkpoint', 'out/checkpoint-10']\n",
+        ] {
+            let r = report(log, launch::Exit::Code(2));
+            match refused(classify_plain(&r), &r.tail, &added) {
+                Outcome::ResumeRefused { code, added, line } => {
+                    assert_eq!((code, added.as_str()), (2, "--resume_from_checkpoint"));
+                    assert!(line.contains("--resume_from_checkpoint"), "{line}");
+                }
+                o => panic!("{log}: {o:?}"),
+            }
+        }
+        let r = report(
+            "train.py: error: unrecognized arguments: --resume_from_checkpoint out/checkpoint-10\n",
+            launch::Exit::Code(2),
+        );
+        let users = Added {
+            resume: None,
+            ..added
+        };
+        let o = refused(classify_plain(&r), &r.tail, &users);
+        assert_eq!(o.kind(), OutcomeKind::OtherFailure);
     }
 }

@@ -297,6 +297,10 @@ pub enum Because {
         without: Settings,
         then: Refusal,
     },
+    /// The command's parser refused the argument oomguard added to tell it where
+    /// to resume (`added`): the same settings again, from the beginning, as every
+    /// later attempt.
+    ResumeRefused { added: String },
     /// Copy 0 of the job decided: its verdict as carried out, published to the
     /// other copies.
     Copy0,
@@ -351,6 +355,7 @@ pub fn next(h: &History, e: &Ended, r: &Rules) -> Verdict {
         O::GpuOom { .. } => gpu_oom(h, e, r),
         O::HostOom { code, .. } => host_oom(h, e, r, *code),
         O::Refused { knob, added, .. } => refused(h, r, *knob, added),
+        O::ResumeRefused { added, .. } => resume_refused(h, r, added),
         O::AbsurdRequest { code, .. } => stop(*code, Because::Absurd),
         O::PeerFailure { code, .. } => stop(*code, Because::PeerFailed),
         O::Other { code, .. } => stop(*code, Because::NotAnOom),
@@ -615,6 +620,26 @@ fn refused(h: &History, r: &Rules, knob: Knob, added: &str) -> Verdict {
         settings: decision.after.clone(),
         resume: Resume::Same,
         because: because(base, Refusal::Redecided { index, decision }),
+        model: None,
+    }
+}
+
+/// The command's parser refused the argument oomguard added to tell it where to
+/// resume (`added`): oomguard's doing, not the run's failure. The parser refused it
+/// before any step, so the settings that ran are run again, without it, from the
+/// beginning (the command cannot be told where to resume; every later attempt
+/// starts there too). At the last attempt allowed, the run stops (exit 75).
+fn resume_refused(h: &History, r: &Rules, added: &str) -> Verdict {
+    let because = Because::ResumeRefused {
+        added: added.to_string(),
+    };
+    if h.n >= r.max_attempts {
+        return stop(exit::EXHAUSTED, because);
+    }
+    Verdict::Relaunch {
+        settings: h.settings.clone(),
+        resume: Resume::Fresh,
+        because,
         model: None,
     }
 }

@@ -184,6 +184,14 @@ impl Resumer {
         self
     }
 
+    /// The command refused the resume argument it was given (`why`): from now on it
+    /// is never told where to resume, and the next attempt starts from the beginning.
+    pub fn refuse(&mut self, why: String) {
+        self.refused = Some(why);
+        self.next = None;
+        self.step = None;
+    }
+
     /// `plan`'s view: the checkpoints there now are not the run's, and nothing
     /// is watched.
     pub fn now(layout: Option<Layout>) -> Resumer {

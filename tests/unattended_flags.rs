@@ -303,6 +303,79 @@ fn a_script_whose_parser_has_no_resume_flag_is_relaunched_without_one() {
     p.ensure("plan says why too", p.stdout.contains(why), why, &p.stdout);
 }
 
+/// The same script with its options added by a helper module, so its source does not show
+/// that the resume flag is missing: the relaunch after the OOM adds
+/// `--resume_from_checkpoint`, argparse refuses it (exit 2), and oomguard takes that as its
+/// own doing, not the night's end: it relaunches the same settings from the beginning
+/// without the flag, never adds it again, and the run finishes at the global batch it
+/// kept; the journal and the summary say what was refused.
+#[test]
+fn a_resume_flag_the_parser_refuses_at_run_time_is_dropped_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = program("argparse_helper_no_resume.py");
+    let (r, j) = run(
+        dir.path(),
+        &[
+            "python3",
+            &script,
+            "--per_device_train_batch_size",
+            "8",
+            "--gradient_accumulation_steps",
+            "2",
+            "--output_dir",
+            "outputs",
+        ],
+    );
+    r.check("exit code", Some(0), r.code);
+    r.check(
+        "outcomes",
+        vec!["cuda_oom", "rejected_addition", "success"],
+        outcomes(&j),
+    );
+    let argvs = attempts(&j);
+    let halved = [
+        "--per_device_train_batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "4",
+        "--output_dir",
+        "outputs",
+    ]
+    .map(String::from);
+    r.ensure(
+        "attempt 2 is told to resume from the checkpoint the first attempt wrote",
+        argvs[1]
+            .ends_with(&["--resume_from_checkpoint", "outputs/checkpoint-10"].map(String::from)),
+        "... --resume_from_checkpoint outputs/checkpoint-10",
+        &argvs[1],
+    );
+    r.ensure(
+        "attempt 3 runs the same settings without it",
+        argvs[2].ends_with(&halved),
+        "... --per_device_train_batch_size 4 --gradient_accumulation_steps 4 --output_dir outputs",
+        &argvs[2],
+    );
+    let refused = events(&j, "resume_refused");
+    r.check("one refusal journaled", 1, refused.len());
+    r.check(
+        "the refused flag",
+        Some("--resume_from_checkpoint"),
+        refused[0]["added"].as_str(),
+    );
+    r.check("no knob was dropped", 0, events(&j, "refused").len());
+    let said = "the command cannot be told where to resume, so each later attempt starts from the beginning";
+    r.ensure("the run says why", r.stderr.contains(said), said, &r.stderr);
+    let s = summary(&r);
+    let line = "attempt 2: the command refused --resume_from_checkpoint, which oomguard added to resume → later attempts start from the beginning";
+    r.ensure("the summary says it", s.contains(line), line, s);
+    r.ensure(
+        "the global batch kept",
+        r.stdout.contains("(global batch 16)") && s.contains("keeps the global batch at 16"),
+        "global batch 16",
+        &r.stdout,
+    );
+}
+
 /// An argparse parser whose options a helper module adds (the script's source does not
 /// show them): the relaunch adds `--gradient_accumulation_steps`, argparse refuses it,
 /// and oomguard takes that as its own doing: it drops accumulation and relaunches with

@@ -531,6 +531,26 @@ pub fn added(disc: &Discovery, settings: &Settings) -> Vec<(Knob, String)> {
     out
 }
 
+/// The argument `materialize` adds to the command `argv` to tell it where to resume
+/// (`resume`), as it is put in argv without its value: the flag, or an override's key,
+/// when the user's command does not already have it (a value the user wrote is only
+/// replaced, and their parser took it). A program that refuses it refuses oomguard's
+/// doing (`evidence::refused`).
+pub fn resume_added(argv: &[OsString], resume: Option<&ResumeArg>) -> Option<String> {
+    use crate::checkpoint::ResumeHow;
+    let cmd = Command::parse(argv);
+    match &resume?.how {
+        ResumeHow::Flag { flag, .. } | ResumeHow::Const { flag, .. } => {
+            (!cmd.has_flag(&[flag.as_str()])).then(|| flag.clone())
+        }
+        ResumeHow::Override { key, .. } => cmd
+            .override_value(&[key.as_str()])
+            .is_none()
+            .then(|| key.clone()),
+        ResumeHow::Automatic => None,
+    }
+}
+
 /// Write `settings` into the user's argv, environment and copies of their
 /// config files (under `dir`). Knobs whose value did not change are left
 /// exactly as the user wrote them. Nothing is written to disk here: the

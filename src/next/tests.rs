@@ -182,6 +182,7 @@ fn words(from: &Settings, v: &Verdict) -> String {
             Because::Workers { .. } => "workers",
             Because::ForeignMemory => "foreign_memory",
             Because::Refused { .. } => "refused",
+            Because::ResumeRefused { .. } => "resume_refused",
             Because::Copy0 => "copy0",
         }
     };
@@ -316,6 +317,15 @@ fn one_row_per_rule() {
             knob: Knob::GradAccum,
             added: "--gradient_accumulation_steps".into(),
             line: "error: unrecognized arguments: --gradient_accumulation_steps 4".into(),
+        },
+        None,
+    );
+    let resume_refused = Ended::new(
+        Outcome::ResumeRefused {
+            code: 2,
+            added: "--resume_from_checkpoint".into(),
+            line: "error: unrecognized arguments: --resume_from_checkpoint out/checkpoint-10"
+                .into(),
         },
         None,
     );
@@ -554,7 +564,29 @@ fn one_row_per_rule() {
             refused.clone(),
             "stop 75 refused",
         ),
+        (
+            "rejected resume flag: the same settings, from the beginning",
+            &refusing,
+            resume_refused.clone(),
+            "relaunch resume_refused:",
+        ),
+        (
+            "rejected resume flag at --max-attempts",
+            &last_refusing,
+            resume_refused.clone(),
+            "stop 75 resume_refused",
+        ),
     ];
+    assert!(
+        matches!(
+            refusing.next(&resume_refused),
+            Verdict::Relaunch {
+                resume: Resume::Fresh,
+                ..
+            }
+        ),
+        "a refused resume flag relaunches without one"
+    );
     let mut failed = Vec::new();
     for (rule, case, ended, want) in rows {
         let got = words(&case.settings, &case.next(&ended));

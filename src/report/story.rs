@@ -164,14 +164,23 @@ pub struct Attempt {
     pub end: Option<AttemptEnd>,
     pub lost: Option<WorkLost>,
     pub decision: Option<Decision>,
-    /// What oomguard added that the command refused, and the knob dropped for
-    /// it ("--gradient_accumulation_steps (grad_accum)"), when it did.
-    pub refused: Option<String>,
+    /// What oomguard added that the command refused, when it did.
+    pub refused: Option<Refused>,
     /// Whose memory caused its OOM, when another tenant's did.
     pub foreign: Option<String>,
     /// The decision that replaced this attempt's, when a later attempt's
     /// command refused a knob it changed and its OOM was decided again.
     pub redecided: Option<Decision>,
+}
+
+/// What oomguard added that an attempt's command refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// A knob's flag or override, and the knob dropped for it
+    /// ("--gradient_accumulation_steps (grad_accum)").
+    Knob(String),
+    /// The argument that told it where to resume ("--resume_from_checkpoint").
+    Resume(String),
 }
 
 /// One run: its start and what followed, in order.
@@ -448,7 +457,10 @@ impl Story {
                 })
             }
             Event::Decision { .. } | Event::RetrySameSettings(_) => a.decision = decision_of(e),
-            Event::Refused { knob, added, .. } => a.refused = Some(format!("{added} ({knob})")),
+            Event::Refused { knob, added, .. } => {
+                a.refused = Some(Refused::Knob(format!("{added} ({knob})")))
+            }
+            Event::ResumeRefused { added, .. } => a.refused = Some(Refused::Resume(added.clone())),
             Event::ForeignOom { tenants, .. } => {
                 let tenants: Vec<crate::gpu::Tenant> =
                     serde_json::from_value(tenants.clone()).unwrap_or_default();

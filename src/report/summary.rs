@@ -11,7 +11,7 @@ use std::path::Path;
 use crate::evidence::{OutcomeKind, When};
 use crate::knobs::Knob;
 use crate::policy::StepKind;
-use crate::report::story::{Attempt, Decision, DecisionStep, Story};
+use crate::report::story::{Attempt, Decision, DecisionStep, Refused, Story};
 
 /// One row of the summary table.
 pub struct Row {
@@ -155,11 +155,16 @@ impl Summary<'_> {
             }
         }
         for a in &story.attempts {
-            if let Some(what) = &a.refused {
-                out.push_str(&format!(
+            match &a.refused {
+                Some(Refused::Knob(what)) => out.push_str(&format!(
                     "  attempt {}: the command refused {what}, which oomguard added → dropped, not counted as the run's failure\n",
                     a.start.attempt
-                ));
+                )),
+                Some(Refused::Resume(what)) => out.push_str(&format!(
+                    "  attempt {}: the command refused {what}, which oomguard added to resume → later attempts start from the beginning, not counted as the run's failure\n",
+                    a.start.attempt
+                )),
+                None => {}
             }
         }
         if let Some(p) = self.journal {

@@ -157,6 +157,12 @@ impl<'c> Run<'c> {
                             }
                         }
                     }
+                    Because::ResumeRefused { added } => {
+                        self.say_resume_refused(rec, &ended.outcome, &added);
+                        self.report.term.info(&format!(
+                            "relaunching at {settings} from the beginning, without {added}"
+                        ));
+                    }
                     b => unreachable!("{b:?} is no relaunch's"),
                 }
                 self.now.settings = settings;
@@ -311,6 +317,13 @@ impl<'c> Run<'c> {
                 }
                 self.bind_advice();
             }
+            Because::ResumeRefused { added } => {
+                self.say_resume_refused(rec, &ended.outcome, &added);
+                self.report.term.say(&format!(
+                    "{n} attempts made (--max-attempts {max}); the run still does not fit at {}",
+                    self.now.settings
+                ));
+            }
             b => unreachable!("{b:?} is no stop's"),
         }
     }
@@ -332,6 +345,19 @@ impl<'c> Run<'c> {
         if let Outcome::Refused { code, line, .. } = outcome {
             self.report.term.say(&format!("attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"));
         }
+    }
+
+    /// The command's parser refused `added`, the argument oomguard added to tell it
+    /// where to resume: oomguard's doing, not the run's failure; the command is never
+    /// told where to resume again, so each later attempt starts from the beginning.
+    fn say_resume_refused(&mut self, rec: &AttemptRecord, outcome: &Outcome, added: &str) {
+        let n = rec.n;
+        let Outcome::ResumeRefused { code, line, .. } = outcome else {
+            return;
+        };
+        let why = format!("the command refused {added} (exit {code}: {line})");
+        self.report.term.say(&format!("attempt {n}: {why}, which oomguard added to resume from this run's checkpoint; that is oomguard's doing, not the run's failure: the command cannot be told where to resume, so each later attempt starts from the beginning and trains the steps before it again (a policy's [resume] table describes another way the script resumes)"));
+        self.now.resumer.refuse(why);
     }
 
     /// Journal (and say, through the terminal) decision `d` after attempt `n`, resuming

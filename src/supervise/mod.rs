@@ -162,9 +162,9 @@ struct Upcoming {
     /// Added to every attempt's environment.
     env_defaults: Vec<EnvSet>,
     tty: bool,
-    /// What the attempt being run added to the command (see `knobs::added`): a
+    /// What the attempt being run added to the command (see `evidence::Added`): a
     /// refusal of one of them by the command's parser is oomguard's doing.
-    added: Vec<(knobs::Knob, String)>,
+    added: evidence::Added,
 }
 
 /// The run between attempts: what it was given (options and target, read
@@ -353,7 +353,7 @@ impl<'c> Run<'c> {
                     .refusing(cfg.target.resume_refused.clone()),
                 env_defaults,
                 tty,
-                added: Vec::new(),
+                added: evidence::Added::default(),
             },
         }
     }
@@ -466,7 +466,10 @@ impl<'c> Run<'c> {
             ));
             return Err(exit::CANNOT_WRITE);
         }
-        self.now.added = knobs::added(&cfg.target.disc, &self.now.settings);
+        self.now.added = evidence::Added {
+            knobs: knobs::added(&cfg.target.disc, &self.now.settings),
+            resume: knobs::resume_added(&cfg.opts.argv, self.now.resumer.next()),
+        };
         let env_set: Vec<(OsString, OsString)> = self
             .now
             .env_defaults
@@ -688,6 +691,14 @@ impl<'c> Run<'c> {
             let e = Event::Refused {
                 attempt: n,
                 knob: *knob,
+                added: added.clone(),
+                line: line.clone(),
+            };
+            self.emit(e);
+        }
+        if let Outcome::ResumeRefused { added, line, .. } = &outcome {
+            let e = Event::ResumeRefused {
+                attempt: n,
                 added: added.clone(),
                 line: line.clone(),
             };

@@ -4,6 +4,9 @@ recomputed, a quarter of them stored). Above it, it raises an OOM as PyTorch's c
 allocator does: `torch.OutOfMemoryError` naming the one allocation that failed and the
 memory in use (a stand-in class, so that no torch import is needed). Each step prints
 `step N: loss ... (micro M, accumulation A, checkpointing C)`."""
+import json
+import os
+import struct
 import sys
 
 
@@ -35,3 +38,15 @@ def train(micro, accum=1, checkpointing=False, steps=2):
     for step in range(1, steps + 1):
         print(f"step {step}: loss {1.0 / step:.3f} (global batch {micro * accum})", flush=True)
     sys.stdout.flush()
+
+
+def write_checkpoint(output_dir, step=10):
+    """A complete Hugging Face checkpoint, output_dir/checkpoint-STEP (safetensors weights
+    and trainer_state.json), as a run that got that far would have written."""
+    ckpt = os.path.join(output_dir, f"checkpoint-{step}")
+    os.makedirs(ckpt, exist_ok=True)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    with open(os.path.join(ckpt, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + b"\0" * 16)
+    with open(os.path.join(ckpt, "trainer_state.json"), "w") as f:
+        json.dump({"global_step": step, "log_history": []}, f)
