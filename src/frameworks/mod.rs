@@ -452,21 +452,38 @@ pub fn world(cmd: &Command, env: Env, ctx: &Ctx) -> World {
 /// global batch is micro-batch × accumulation × the data-parallel ranks, the world divided
 /// by their product, and so is the accumulation Megatron derives from `--global-batch-size`.
 fn data_parallel(cmd: &Command, w: World) -> World {
-    let degree = |names: &[&str]| {
+    // Megatron's flags, or NeMo's Hydra overrides of the same names
+    // (`model.tensor_model_parallel_size=2`).
+    let degree = |names: &[&str], key: &str| {
         cmd.value(names)
+            .or_else(|| {
+                cmd.overrides
+                    .iter()
+                    .rfind(|o| o.key.rsplit('.').next() == Some(key))
+                    .map(|o| o.value.as_str())
+            })
             .and_then(|v| v.trim().parse::<u64>().ok())
             .filter(|n| (1..=1 << 20).contains(n))
             .unwrap_or(1)
     };
-    let tp = degree(&[
-        "--tensor-model-parallel-size",
-        "--tensor_model_parallel_size",
-    ]);
-    let pp = degree(&[
-        "--pipeline-model-parallel-size",
-        "--pipeline_model_parallel_size",
-    ]);
-    let cp = degree(&["--context-parallel-size", "--context_parallel_size"]);
+    let tp = degree(
+        &[
+            "--tensor-model-parallel-size",
+            "--tensor_model_parallel_size",
+        ],
+        "tensor_model_parallel_size",
+    );
+    let pp = degree(
+        &[
+            "--pipeline-model-parallel-size",
+            "--pipeline_model_parallel_size",
+        ],
+        "pipeline_model_parallel_size",
+    );
+    let cp = degree(
+        &["--context-parallel-size", "--context_parallel_size"],
+        "context_parallel_size",
+    );
     let split = tp * pp * cp;
     if split <= 1 || w.size < split || !w.size.is_multiple_of(split) {
         return w;

@@ -962,6 +962,43 @@ mod tests {
         assert_eq!(d.settings().global_batch(), Some(32));
     }
 
+    /// NeMo's Hydra overrides: the global batch `model.global_batch_size=256` is one the
+    /// trainer derives its accumulation from over the data-parallel ranks (the world
+    /// less `model.tensor_model_parallel_size` × `model.pipeline_model_parallel_size`);
+    /// a halving writes the micro-batch only, and the global batch stays as written.
+    /// Before, accumulation was "not found" and the micro-batch could not be halved.
+    #[test]
+    fn a_global_batch_override_derives_accumulation_over_the_data_parallel_ranks() {
+        let a = argv(
+            "python megatron_gpt_pretraining.py --config-path=conf --config-name=megatron_gpt_config trainer.devices=8 trainer.num_nodes=2 model.micro_batch_size=4 ++model.global_batch_size=256 model.tensor_model_parallel_size=2 model.pipeline_model_parallel_size=2",
+        );
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(d.world.size, 4, "{}", d.world.source);
+        let s = d.settings();
+        assert_eq!(s.int(Knob::GradAccum), Some(16), "{:?}", d.knobs);
+        assert_eq!(s.global_batch(), Some(256));
+        let mut next = s.clone();
+        next.knobs.insert(Knob::MicroBatch, Value::Int(2));
+        next.knobs.insert(Knob::GradAccum, Value::Int(32));
+        let out = strs(&mat(&a, &d, &next, None).argv);
+        assert!(
+            out.contains("model.micro_batch_size=2 ++model.global_batch_size=256 "),
+            "{out}"
+        );
+        assert!(!out.contains("accumulate_grad_batches"), "{out}");
+        // llm-foundry's spelling; a global batch that does not divide: said, not derived.
+        let a = argv("composer train.py device_train_microbatch_size=4 global_train_batch_size=64");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(d.settings().int(Knob::GradAccum), Some(16), "{:?}", d.knobs);
+        let a = argv("python train.py model.micro_batch_size=3 model.global_batch_size=64");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert!(
+            d.notes.iter().any(|n| n.contains("not a multiple")),
+            "{:?}",
+            d.notes
+        );
+    }
+
     /// Every family's spelling of the DataLoader's workers is found (0 included:
     /// it is a value, not a missing one), and a halving is written where it was.
     #[test]

@@ -218,7 +218,7 @@ pub enum KnobError {
     )]
     BadSpec(String),
     #[error(
-        "--knob grad_accum={place}: {place} is a global batch, not an accumulation count: bound as grad_accum it would be doubled each time the micro-batch is halved. oomguard derives accumulation from a global batch only where it is a flag (--global-batch-size, --global_batch_size); for a global batch in an override or a config key, bind micro_batch alone and run with --policy smaller-batch: a trainer that derives its accumulation from its global batch (NeMo, Megatron) then keeps that batch, though oomguard's summary cannot say so"
+        "--knob grad_accum={place}: {place} is a global batch, not an accumulation count: bound as grad_accum it would be doubled each time the micro-batch is halved. oomguard derives accumulation from a global batch it knows (--global-batch-size, --global_batch_size, an override such as model.global_batch_size=256, a recipe's global batch key); for one it does not know, bind micro_batch alone and run with --policy smaller-batch: a trainer that derives its accumulation from its global batch (NeMo, Megatron) then keeps that batch, though oomguard's summary cannot say so"
     )]
     GlobalBatchAsAccum { place: String },
     #[error(transparent)]
@@ -751,8 +751,20 @@ fn global_batch(cmd: &Command, found: &config::Found) -> Option<(String, u64)> {
             return Some((format!("--{key}"), g));
         }
     }
-    None
+    // A global batch given as an override (NeMo's `model.global_batch_size=256`,
+    // llm-foundry's `global_train_batch_size=256`): the trainer derives its
+    // accumulation from it, as Megatron does from --global-batch-size.
+    cmd.overrides.iter().rev().find_map(|o| {
+        let last = o.key.rsplit('.').next().unwrap_or(&o.key);
+        let g: u64 = o.value.trim().parse().ok()?;
+        (GLOBAL_BATCH_OVERRIDES.contains(&last) && g > 0)
+            .then(|| (format!("override {}{}", o.prefix, o.key), g))
+    })
 }
+
+/// The last segments of an override's key that name a global batch the trainer
+/// derives its accumulation from.
+const GLOBAL_BATCH_OVERRIDES: &[&str] = &["global_batch_size", "global_train_batch_size"];
 
 /// Where the command keeps its checkpoints: the policy's `[resume]` table, or
 /// the first family that knows (reading the recipes the command names).
