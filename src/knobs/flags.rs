@@ -31,6 +31,17 @@ fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
+/// A checkpointing flag's value that names how it checkpoints, which is on: unsloth's
+/// `--use_gradient_checkpointing unsloth` (checkpoints offloaded to the CPU), `full`,
+/// `selective`; `none` is off.
+fn checkpointing_mode(s: &str) -> Option<bool> {
+    match s.to_ascii_lowercase().as_str() {
+        "unsloth" | "full" | "selective" => Some(true),
+        "none" => Some(false),
+        _ => None,
+    }
+}
+
 fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static str)> {
     if matches!(knob, Knob::OffloadOptimizer | Knob::OffloadParam) {
         return match occ.value.as_deref() {
@@ -44,6 +55,7 @@ fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static 
         match &occ.value {
             None => Ok(Value::Bool(true)),
             Some(v) => parse_bool(v)
+                .or_else(|| (knob == Knob::GradCheckpointing).then(|| checkpointing_mode(v))?)
                 .map(Value::Bool)
                 .ok_or((v.clone(), "true or false")),
         }
@@ -960,6 +972,39 @@ mod tests {
         let d = discover_all(&a, &[], &no_env).unwrap();
         assert_eq!(d.settings().int(Knob::GradAccum), Some(4), "{:?}", d.knobs);
         assert_eq!(d.settings().global_batch(), Some(32));
+    }
+
+    /// unsloth's `--use_gradient_checkpointing unsloth` is checkpointing on (offloaded to
+    /// the CPU): the enabling step is not taken and the value is left as written. Before,
+    /// the value read as no checkpointing flag at all.
+    #[test]
+    fn a_checkpointing_mode_is_checkpointing_on() {
+        for (cmd, on) in [
+            (
+                "python unsloth-cli.py --per_device_train_batch_size 2 --use_gradient_checkpointing unsloth",
+                true,
+            ),
+            (
+                "python unsloth-cli.py --per_device_train_batch_size 2 --use_gradient_checkpointing False",
+                false,
+            ),
+            (
+                "python t.py --per_device_train_batch_size 2 --gradient_checkpointing full",
+                true,
+            ),
+            (
+                "python t.py --per_device_train_batch_size 2 --gradient_checkpointing none",
+                false,
+            ),
+        ] {
+            let d = discover_all(&argv(cmd), &[], &no_env).unwrap();
+            assert_eq!(
+                d.settings().knobs.get(&Knob::GradCheckpointing),
+                Some(&Value::Bool(on)),
+                "{cmd}: {:?}",
+                d.knobs
+            );
+        }
     }
 
     /// NeMo's Hydra overrides: the global batch `model.global_batch_size=256` is one the
