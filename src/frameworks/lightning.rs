@@ -27,17 +27,35 @@ use crate::files::Scalar;
 use crate::settings::{Knob, World};
 
 /// A LightningCLI command: a `fit` subcommand with LightningCLI's dotted
-/// flags or a config, or a script that names LightningCLI.
+/// flags or a config, or a script that names LightningCLI; or a script that
+/// runs `LightningCLI(run=False)` (see [`without_subcommand`]).
 fn cli(cmd: &Command) -> bool {
-    (cmd.script().is_some() || cmd.module().is_some())
-        && cmd.positionals().any(|(_, a)| a == "fit")
-        && (cmd.flags.iter().any(|f| {
+    if cmd.script().is_none() && cmd.module().is_none() {
+        return false;
+    }
+    let dotted = || {
+        cmd.flags.iter().any(|f| {
             f.name == "-c"
                 || ["--trainer.", "--model.", "--data.", "--config"]
                     .iter()
                     .any(|p| f.name.starts_with(p))
-        }) || cmd.has_flag(&["--ckpt_path"])
-            || super::script_mentions(cmd, &["LightningCLI"]))
+        })
+    };
+    if cmd.positionals().any(|(_, a)| a == "fit") {
+        dotted() || cmd.has_flag(&["--ckpt_path"]) || super::script_mentions(cmd, &["LightningCLI"])
+    } else {
+        dotted() && without_subcommand(cmd)
+    }
+}
+
+/// A script that builds `LightningCLI(run=False)` and calls the trainer itself
+/// (`python train.py -c config.yaml`, as vocos does): LightningCLI's dotted flags
+/// and `--config`, but no subcommand, and so no `--ckpt_path` (the script passes
+/// its own, if any, to `fit`).
+pub fn without_subcommand(cmd: &Command) -> bool {
+    !cmd.positionals().any(|(_, a)| a == "fit")
+        && super::script_mentions(cmd, &["LightningCLI"])
+        && super::script_mentions(cmd, &["run=False", "run = False"])
 }
 
 fn recognise(cmd: &Command) -> bool {

@@ -1007,6 +1007,51 @@ mod tests {
         }
     }
 
+    /// A script that runs `LightningCLI(run=False)` and calls `fit` itself (vocos:
+    /// `python train.py -c config.yaml`) is LightningCLI's without a `fit` subcommand: its
+    /// ranks are Lightning's, accumulation goes in `--trainer.accumulate_grad_batches`, and
+    /// it is never given `--ckpt_path`, which it has no place for. A script that names
+    /// LightningCLI with its subcommands still needs `fit` to be one.
+    #[test]
+    fn a_lightning_cli_without_subcommands_is_lightnings_and_takes_no_ckpt_path() {
+        let t = tempfile::tempdir().unwrap();
+        let script = t.path().join("train.py");
+        std::fs::write(
+            &script,
+            "from pytorch_lightning.cli import LightningCLI\n\nif __name__ == \"__main__\":\n    cli = LightningCLI(run=False)\n    cli.trainer.fit(model=cli.model, datamodule=cli.datamodule)\n",
+        )
+        .unwrap();
+        let cfg = t.path().join("c.yaml");
+        std::fs::write(&cfg, "trainer:\n  max_steps: 100\n").unwrap();
+        let a = argv(&format!(
+            "python {} -c {} --trainer.devices 2 --data.batch_size 8",
+            script.display(),
+            cfg.display()
+        ));
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(d.world.size, 2, "{}", d.world.source);
+        assert_eq!(
+            d.knobs.get(&Knob::GradAccum).map(|b| &b.binding),
+            Some(&Binding::AddFlag {
+                flag: "--trainer.accumulate_grad_batches".into()
+            }),
+            "{:?}",
+            d.knobs
+        );
+        let cmd = Command::parse(&a);
+        let layout = super::super::layout(&cmd, &d, None).expect("a Lightning layout");
+        let why = super::super::resume_refused(&cmd, &d, &layout).unwrap_or_default();
+        assert!(why.contains("LightningCLI(run=False)"), "{why}");
+        // With its subcommands (no run=False), a command without `fit` is not LightningCLI's.
+        std::fs::write(
+            &script,
+            "from lightning.pytorch.cli import LightningCLI\nLightningCLI()\n",
+        )
+        .unwrap();
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert!(!d.knobs.contains_key(&Knob::GradAccum), "{:?}", d.knobs);
+    }
+
     /// NeMo's Hydra overrides: the global batch `model.global_batch_size=256` is one the
     /// trainer derives its accumulation from over the data-parallel ranks (the world
     /// less `model.tensor_model_parallel_size` × `model.pipeline_model_parallel_size`);

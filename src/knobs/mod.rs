@@ -808,6 +808,11 @@ pub fn resume_refused(
         _ => return None,
     };
     let script = cmd.script()?;
+    if flag == "--ckpt_path" && frameworks::lightning::without_subcommand(cmd) {
+        return Some(format!(
+            "{script} runs LightningCLI(run=False), which takes no --ckpt_path (the script calls the trainer's fit itself)"
+        ));
+    }
     let opts = disc.script_options.as_ref()?;
     (!opts.accepts(flag)).then(|| {
         let name = std::path::Path::new(script)
