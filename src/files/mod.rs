@@ -564,6 +564,32 @@ impl Doc {
         }
     }
 
+    /// [`Doc::get`], where a list of scalars is its flow text (`[0, 1]`, also for a
+    /// block list `- 0` / `- 1`): for values that may be either (Lightning's
+    /// `devices: [0, 1]`). `None` when absent or neither.
+    pub fn scalar_or_list(&self, key: &str) -> Option<Scalar> {
+        match self.find(key).ok()? {
+            Found::Value(Node {
+                start,
+                end,
+                kind: Kind::Seq,
+            }) => {
+                let text = self.text.get(*start..*end)?.trim();
+                if text.starts_with('[') {
+                    return Some(Scalar::Str(text.to_string()));
+                }
+                let items: Option<Vec<&str>> = text
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(|l| l.strip_prefix('-').map(str::trim))
+                    .collect();
+                Some(Scalar::Str(format!("[{}]", items?.join(", "))))
+            }
+            _ => self.get(key).ok().flatten(),
+        }
+    }
+
     /// Like [`Doc::get`], but an absent key is an error naming the keys that exist.
     pub fn require(&self, key: &str) -> Result<Scalar, FileError> {
         if let Some(v) = self.get(key)? {

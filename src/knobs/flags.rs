@@ -1042,6 +1042,27 @@ mod tests {
         let layout = super::super::layout(&cmd, &d, None).expect("a Lightning layout");
         let why = super::super::resume_refused(&cmd, &d, &layout).unwrap_or_default();
         assert!(why.contains("LightningCLI(run=False)"), "{why}");
+        // The devices as a list in the config, flow or block: that many ranks (they read
+        // as `auto`, every visible GPU, before).
+        for devices in ["[0, 1, 2]", "\n    - 0\n    - 1\n    - 2"] {
+            std::fs::write(
+                &cfg,
+                format!("trainer:\n  devices: {devices}\n  max_steps: 100\n"),
+            )
+            .unwrap();
+            let a = argv(&format!(
+                "python {} -c {} --data.batch_size 8",
+                script.display(),
+                cfg.display()
+            ));
+            let d = discover_all(&a, &[], &no_env).unwrap();
+            assert_eq!(
+                (d.world.size, d.world.uncertain),
+                (3, false),
+                "{devices}: {}",
+                d.world.source
+            );
+        }
         // With its subcommands (no run=False), a command without `fit` is not LightningCLI's.
         std::fs::write(
             &script,

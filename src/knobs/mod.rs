@@ -777,7 +777,7 @@ pub fn layout(
         return Some(crate::checkpoint::custom_layout(cmd, spec));
     }
     let recipes = || disc.config.files.iter().filter(|f| f.role.is_recipe());
-    let recipe_value = |key: &str| recipes().find_map(|f| f.doc.get(key).ok().flatten());
+    let recipe_value = |key: &str| recipes().find_map(|f| f.doc.scalar_or_list(key));
     let output_dir = recipes().find_map(|f| match f.doc.get("output_dir") {
         Ok(Some(files::Scalar::Str(s))) => Some(s),
         _ => None,
@@ -835,7 +835,7 @@ fn with_recipes<R>(found: &config::Found, f: impl FnOnce(&frameworks::Ctx<'_>) -
             .files
             .iter()
             .filter(|f| f.role.is_recipe())
-            .find_map(|f| f.doc.get(key).ok().flatten())
+            .find_map(|f| f.doc.scalar_or_list(key))
     };
     f(&frameworks::Ctx {
         recipe_output_dir: None,
