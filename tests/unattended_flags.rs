@@ -369,6 +369,12 @@ fn a_resume_flag_the_parser_refuses_at_run_time_is_dropped_and_the_run_goes_on()
     let line = "attempt 2: the command refused --resume_from_checkpoint, which oomguard added to resume → later attempts start from the beginning";
     r.ensure("the summary says it", s.contains(line), line, s);
     r.ensure(
+        "the refusal is not counted as an OOM in the work lost",
+        s.contains("work lost to 1 OOM") && !s.contains("attempts 1, 2"),
+        "work lost to 1 OOM, attempt 1 alone",
+        s,
+    );
+    r.ensure(
         "the global batch kept",
         r.stdout.contains("(global batch 16)") && s.contains("keeps the global batch at 16"),
         "global batch 16",

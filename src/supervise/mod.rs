@@ -920,7 +920,10 @@ impl<'c> Run<'c> {
                 // It finished the training: back, though its output never said when.
                 s.finished = !failed;
             } else {
-                s.ooms.push(n);
+                // A refusal of what oomguard added is no OOM: the stretch goes on.
+                if rec.outcome != OutcomeKind::RejectedAddition {
+                    s.ooms.push(n);
+                }
                 s.step = s.step.max(reached.map(|r| r.step));
             }
             if s.state != SetbackState::Behind {
@@ -936,7 +939,7 @@ impl<'c> Run<'c> {
             .setbacks
             .last()
             .is_some_and(|s| s.state == SetbackState::Behind);
-        if again && failed && !open {
+        if again && failed && !open && rec.outcome != OutcomeKind::RejectedAddition {
             let s = journal::Setback {
                 ooms: vec![n],
                 step: reached.map(|r| r.step),
