@@ -22,6 +22,7 @@ use crate::settings::{Knob, Offload, Value, World};
 
 pub mod accelerate;
 pub mod deepspeed;
+mod fairseq;
 pub mod hf;
 mod hydra;
 pub mod launchers;
@@ -254,6 +255,7 @@ pub static FAMILIES: &[&Family] = &[
     &accelerate::FAMILY,
     &hydra::FAMILY,
     &torchtitan::FAMILY,
+    &fairseq::FAMILY,
 ];
 
 /// The families that claim this command.

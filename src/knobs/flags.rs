@@ -1073,6 +1073,56 @@ mod tests {
         assert!(!d.knobs.contains_key(&Knob::GradAccum), "{:?}", d.knobs);
     }
 
+    /// fairseq-train: the micro-batch is `--max-tokens` (a token budget per GPU),
+    /// accumulation `--update-freq` (added when absent), and fairseq starts a rank per
+    /// visible GPU itself; a halving keeps the tokens per update. Before, none of it was
+    /// found and the world read as one process.
+    #[test]
+    fn fairseq_halves_its_token_budget_and_doubles_update_freq() {
+        let four = |k: &str| (k == "CUDA_VISIBLE_DEVICES").then(|| "0,1,2,3".into());
+        let a = argv(
+            "fairseq-train data-bin/wikitext-103 --task language_modeling --arch transformer_lm --max-tokens 4096 --update-freq 16 --save-dir ckpt",
+        );
+        let d = discover_all(&a, &[], &four).unwrap();
+        assert_eq!(
+            (d.world.size, d.world.uncertain),
+            (4, false),
+            "{}",
+            d.world.source
+        );
+        let s = d.settings();
+        assert_eq!(s.int(Knob::MicroBatch), Some(4096), "{:?}", d.knobs);
+        assert_eq!(s.int(Knob::GradAccum), Some(16));
+        assert_eq!(s.global_batch(), Some(4096 * 16 * 4));
+        let mut next = s.clone();
+        next.knobs.insert(Knob::MicroBatch, Value::Int(2048));
+        next.knobs.insert(Knob::GradAccum, Value::Int(32));
+        let out = strs(&mat(&a, &d, &next, None).argv);
+        assert!(out.contains("--max-tokens 2048 --update-freq 32"), "{out}");
+        // Sentences, no accumulation flag, its own world size.
+        let a = argv(
+            "python fairseq_cli/train.py data --arch transformer --batch-size 32 --distributed-world-size 2",
+        );
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(
+            (d.world.size, d.world.uncertain),
+            (2, false),
+            "{}",
+            d.world.source
+        );
+        let mut next = d.settings();
+        next.knobs.insert(Knob::MicroBatch, Value::Int(16));
+        next.knobs.insert(Knob::GradAccum, Value::Int(2));
+        let out = strs(&mat(&a, &d, &next, None).argv);
+        assert!(
+            out.contains("--batch-size 16") && out.ends_with("--update-freq 2"),
+            "{out}"
+        );
+        // The visible GPUs unknown: said, not a silent 1.
+        let a = argv("fairseq-train data --max-tokens 4096");
+        assert!(discover_all(&a, &[], &no_env).unwrap().world.uncertain);
+    }
+
     /// NeMo's Hydra overrides: the global batch `model.global_batch_size=256` is one the
     /// trainer derives its accumulation from over the data-parallel ranks (the world
     /// less `model.tensor_model_parallel_size` × `model.pipeline_model_parallel_size`);

@@ -1,0 +1,86 @@
+//! fairseq's trainer (`fairseq-train DATA --arch A --max-tokens 4096 --update-freq 8`,
+//! `python fairseq_cli/train.py`, `python -m fairseq_cli.train`): the micro-batch is a
+//! budget per GPU, in tokens (`--max-tokens`) or sentences (`--batch-size`,
+//! `--max-sentences`), and accumulation is `--update-freq` (added when absent; fairseq
+//! always takes it). Halving the budget and doubling the accumulation keeps the tokens (or
+//! sentences) per update. Without a launcher it starts one process per visible GPU
+//! itself, unless `--distributed-world-size` says how many.
+
+use super::{AbsentValue, Ctx, Env, Family};
+use crate::command::{Command, LauncherKind};
+use crate::settings::{Knob, World};
+
+fn recognise(cmd: &Command) -> bool {
+    cmd.tool() == Some("fairseq-train")
+        || cmd.module() == Some("fairseq_cli.train")
+        || cmd
+            .script()
+            .is_some_and(|s| s.ends_with("fairseq_cli/train.py"))
+}
+
+/// The ranks fairseq starts itself when no launcher stands before it.
+fn world(cmd: &Command, env: Env, _: &Ctx) -> Option<World> {
+    // Under a launcher, fairseq joins its ranks: the launcher says the world.
+    if !recognise(cmd)
+        || cmd.launchers.iter().any(|l| {
+            matches!(
+                l.kind,
+                LauncherKind::Torchrun
+                    | LauncherKind::Srun
+                    | LauncherKind::Mpirun
+                    | LauncherKind::Accelerate
+                    | LauncherKind::DeepSpeed
+            )
+        })
+    {
+        return None;
+    }
+    let given = ["--distributed-world-size", "--distributed_world_size"];
+    if let Some(n) = cmd
+        .value(&given)
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|n| *n >= 1)
+    {
+        return Some(World {
+            size: n,
+            source: format!("fairseq starts its ranks: --distributed-world-size {n}"),
+            uncertain: false,
+        });
+    }
+    Some(match super::launchers::visible_gpus(env) {
+        Some((n, why)) => World {
+            size: n,
+            source: format!("fairseq starts one rank per visible GPU: {why}"),
+            uncertain: false,
+        },
+        None => World {
+            size: 1,
+            source: "fairseq starts one rank per visible GPU; their count is unknown here (set CUDA_VISIBLE_DEVICES, or give --distributed-world-size); assuming 1".into(),
+            uncertain: true,
+        },
+    })
+}
+
+pub static FAMILY: Family = Family {
+    name: "fairseq",
+    recognise,
+    own_flags: &[
+        (
+            Knob::MicroBatch,
+            &["--max-tokens", "--batch-size", "--max-sentences"],
+        ),
+        (Knob::GradAccum, &["--update-freq"]),
+        (Knob::GradCheckpointing, &["--checkpoint-activations"]),
+        (Knob::DataloaderWorkers, &["--num-workers"]),
+    ],
+    added_flags: &[
+        (Knob::GradAccum, "--update-freq", AbsentValue::Int(1)),
+        (
+            Knob::GradCheckpointing,
+            "--checkpoint-activations",
+            AbsentValue::Bool(false),
+        ),
+    ],
+    world,
+    ..Family::NONE
+};
