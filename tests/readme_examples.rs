@@ -313,6 +313,18 @@ learning_rate: 1.0e-4
         },
     );
     m.insert(
+        "fairseq",
+        Expect {
+            files: &[],
+            // fairseq resumes from checkpoint_last.pt by itself: not modelled.
+            checkpoint: None,
+            first_step: "halve_micro_batch",
+            layout: None,
+            resume_how: &[],
+            rung2_has: &["--max-tokens", "2048", "--update-freq", "32"],
+        },
+    );
+    m.insert(
         "torchtune",
         Expect {
             files: &[],
