@@ -7,7 +7,7 @@
 //! itself, unless `--distributed-world-size` says how many.
 
 use super::{AbsentValue, Ctx, Env, Family};
-use crate::command::{Command, LauncherKind};
+use crate::command::Command;
 use crate::settings::{Knob, World};
 
 fn recognise(cmd: &Command) -> bool {
@@ -21,18 +21,7 @@ fn recognise(cmd: &Command) -> bool {
 /// The ranks fairseq starts itself when no launcher stands before it.
 fn world(cmd: &Command, env: Env, _: &Ctx) -> Option<World> {
     // Under a launcher, fairseq joins its ranks: the launcher says the world.
-    if !recognise(cmd)
-        || cmd.launchers.iter().any(|l| {
-            matches!(
-                l.kind,
-                LauncherKind::Torchrun
-                    | LauncherKind::Srun
-                    | LauncherKind::Mpirun
-                    | LauncherKind::Accelerate
-                    | LauncherKind::DeepSpeed
-            )
-        })
-    {
+    if !recognise(cmd) || super::rank_launcher(cmd) {
         return None;
     }
     let given = ["--distributed-world-size", "--distributed_world_size"];

@@ -22,7 +22,7 @@ use std::time::SystemTime;
 
 use super::{AbsentValue, Ctx, Env, Family};
 use crate::checkpoint::{Checkpoint, Format, Kind, Layout, ResumeHow, zip_complete};
-use crate::command::{Command, LauncherKind};
+use crate::command::Command;
 use crate::files::Scalar;
 use crate::settings::{Knob, World};
 
@@ -216,18 +216,8 @@ fn world(cmd: &Command, env: Env, ctx: &Ctx) -> Option<World> {
     if !cli(cmd) {
         return None;
     }
-    // Under torchrun, srun, mpirun, accelerate or deepspeed Lightning joins
-    // the launcher's ranks: the launcher says the world.
-    if cmd.launchers.iter().any(|l| {
-        matches!(
-            l.kind,
-            LauncherKind::Torchrun
-                | LauncherKind::Srun
-                | LauncherKind::Mpirun
-                | LauncherKind::Accelerate
-                | LauncherKind::DeepSpeed
-        )
-    }) {
+    // Under a launcher Lightning joins its ranks: the launcher says the world.
+    if super::rank_launcher(cmd) {
         return None;
     }
     let accel = text(trainer_setting(cmd, ctx, "accelerator")).unwrap_or_default();

@@ -16,7 +16,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use crate::checkpoint::Layout;
-use crate::command::Command;
+use crate::command::{Command, LauncherKind};
 use crate::files::{Doc, Scalar};
 use crate::settings::{Knob, Offload, Value, World};
 
@@ -506,6 +506,22 @@ fn data_parallel(cmd: &Command, w: World) -> World {
         ),
         uncertain: w.uncertain,
     }
+}
+
+/// Whether a launcher that starts the ranks (torchrun, srun, mpirun, accelerate,
+/// deepspeed) stands before the program: a trainer that would start its own
+/// (Lightning, fairseq) then joins the launcher's, which says the world.
+fn rank_launcher(cmd: &Command) -> bool {
+    cmd.launchers.iter().any(|l| {
+        matches!(
+            l.kind,
+            LauncherKind::Torchrun
+                | LauncherKind::Srun
+                | LauncherKind::Mpirun
+                | LauncherKind::Accelerate
+                | LauncherKind::DeepSpeed
+        )
+    })
 }
 
 /// Whether the command's accumulation counts all ranks together.
