@@ -717,8 +717,11 @@ fn apply(step: &Step, policy: &Policy, cur: &Settings) -> Option<(Settings, Stri
     }
 }
 
-/// Halve the micro-batch down to the step's floor; with `keep_global_batch`,
-/// only to a divisor of micro × accum, raising the accumulation to match.
+/// Halve the micro-batch down to the step's floor. Where accumulation is bound, only
+/// to a divisor of micro × accum, raising the accumulation to match: the global batch
+/// is kept whatever `keep_global_batch` says. Where it is not, the micro-batch is
+/// halved alone, and the global batch shrinks with it, only when `keep_global_batch`
+/// is false (the `smaller-batch` policy).
 fn halve_micro_batch(
     step: &Step,
     keep_global_batch: bool,
@@ -732,7 +735,7 @@ fn halve_micro_batch(
     }
     let target = (micro / 2).max(step.min);
     match accum {
-        Some(accum) if keep_global_batch => {
+        Some(accum) => {
             // Keep micro × accum exactly: the new micro-batch divides the product.
             let product = micro.checked_mul(accum)?;
             let m = largest_divisor_at_most(product, target);
@@ -1034,6 +1037,40 @@ pub(crate) mod tests {
         assert_eq!(s.int(Knob::MicroBatch), Some(1));
         assert_eq!(s.int(Knob::GradAccum), Some(6));
         assert!(steps.contains(&StepKind::ShortenSeq));
+    }
+
+    /// `smaller-batch` halves the batch of a command without accumulation alone, and
+    /// keeps the global batch of one that has it, as `default` does (its file and
+    /// docs/how-it-decides.md say so; the ladder used to halve the micro-batch alone
+    /// there too, shrinking the global batch of a Trainer script for nothing).
+    #[test]
+    fn the_smaller_batch_policy_keeps_the_global_batch_where_accumulation_is_bound() {
+        let p = Policy::load("smaller-batch").unwrap();
+        assert!(!p.keep_global_batch);
+        let s = settings(8, 2, Some(2048), false);
+        let d = next_rung(&p, &s, &oom()).unwrap();
+        assert_eq!(d.step, StepKind::HalveMicroBatch);
+        assert_eq!(
+            (d.after.int(Knob::MicroBatch), d.after.int(Knob::GradAccum)),
+            (Some(4), Some(4))
+        );
+        assert_eq!(d.after.global_batch(), s.global_batch());
+        assert!(d.reason.contains("global batch 32 kept"), "{}", d.reason);
+
+        let mut alone = s.clone();
+        alone.knobs.remove(&Knob::GradAccum);
+        let d = next_rung(&p, &alone, &oom()).unwrap();
+        assert_eq!(d.after.int(Knob::MicroBatch), Some(4));
+        assert_eq!(d.after.int(Knob::GradAccum), None);
+        assert!(
+            d.reason.contains("the global batch shrinks with it"),
+            "{}",
+            d.reason
+        );
+        // The default policy does not halve it alone.
+        let default = Policy::load("default").unwrap();
+        let d = next_rung(&default, &alone, &oom()).unwrap();
+        assert_ne!(d.step, StepKind::HalveMicroBatch);
     }
 
     /// Results first: every results-preserving step (micro-batch, checkpointing,
