@@ -218,3 +218,150 @@ data:
     assert_eq!(p["world_size"].as_u64(), Some(4), "{}", p["world_source"]);
     assert_eq!(p["global_batch"].as_u64(), Some(48));
 }
+
+/// A module that optimizes by hand (`automatic_optimization = False`, as GAN and vocoder
+/// modules do; `model.manual: true` here) OOMs at batch 8. The halving adds
+/// `--trainer.accumulate_grad_batches 2`, which Lightning refuses for such a module before
+/// any step ("Automatic gradient accumulation is not supported for manual
+/// optimization"). That refusal is oomguard's doing, not the run's failure: the knob is
+/// dropped and the OOM decided again without it. Under `default` nothing else keeps the
+/// global batch (no checkpointing flag, the sequence is below the shortening floor), so
+/// the run stops with exit 75 and says what to do; under `--policy smaller-batch`, which
+/// that advice names, attempt 3 runs at batch 4 and finishes.
+fn manual_optimization_run(policy: Option<&str>) -> (Run, Vec<Value>, Vec<Value>) {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let (ckpts, run_dir, rep) = (t.join("ckpts"), t.join("run"), t.join("report.jsonl"));
+    let cfg = t.join("cfg.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "trainer:
+  accelerator: cpu
+  devices: 1
+  max_steps: 6
+  enable_model_summary: false
+  default_root_dir: {root}
+  callbacks:
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args:
+        dirpath: {ckpts}
+        every_n_train_steps: 2
+        save_top_k: -1
+data:
+  batch_size: 8
+  seq_len: 32
+  samples: 80
+model:
+  budget: 200
+  oom_at_step: 3
+  manual: true
+  report: {rep}
+",
+            root = t.join("root").display(),
+            ckpts = ckpts.display(),
+            rep = rep.display()
+        ),
+    )
+    .unwrap();
+    let python = bin.join("python");
+    let mut args = vec!["--run-dir", run_dir.to_str().unwrap()];
+    if let Some(p) = policy {
+        args.extend(["--policy", p]);
+    }
+    args.extend([
+        python.to_str().unwrap(),
+        "tests/real/lightning_cli.py",
+        "fit",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    let run = oomguard(&repo(), &args, None, LIMIT);
+    let j = run.journal(&run_dir);
+    let r = report(&rep);
+    (run, j, r)
+}
+
+/// Checks what both policies show of the refusal: attempt 2 added the accumulation, and
+/// the journal and the terminal name Lightning's refusal as oomguard's doing.
+fn check_manual_optimization_refusal(run: &Run, j: &[Value]) {
+    let starts = events(j, "attempt_start");
+    run.check(
+        "attempt 2 adds the accumulation",
+        Some("2".to_string()),
+        flag_value(&argv_of(starts[1]), "--trainer.accumulate_grad_batches"),
+    );
+    let refused = only_event(run, j, "refused");
+    run.check("refused knob", Some("grad_accum"), refused["knob"].as_str());
+    run.check(
+        "refused argument",
+        Some("--trainer.accumulate_grad_batches"),
+        refused["added"].as_str(),
+    );
+    run.ensure(
+        "the refusal is Lightning's manual-optimization line",
+        refused["line"]
+            .as_str()
+            .is_some_and(|l| l.contains("not supported for manual optimization")),
+        "Lightning's MisconfigurationException line",
+        &refused["line"],
+    );
+    run.ensure(
+        "the terminal says the refusal is oomguard's doing",
+        run.stderr.contains(
+            "the command refused --trainer.accumulate_grad_batches, which oomguard added for grad_accum",
+        ) && !run.stderr.contains("not an out-of-memory"),
+        "'the command refused --trainer.accumulate_grad_batches, which oomguard added', and no 'not an out-of-memory'",
+        tail(&run.stderr, 2000),
+    );
+}
+
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn lightnings_refusal_of_accumulation_for_manual_optimization_stops_with_advice() {
+    let (run, j, r) = manual_optimization_run(None);
+    run.check("exit code (gave up)", Some(75), run.code);
+    check_manual_optimization_refusal(&run, &j);
+    run.check("attempts", 2, events(&j, "attempt_start").len());
+    run.ensure(
+        "the stop names the way on",
+        run.stderr.contains("rerun with --policy smaller-batch")
+            && run
+                .stderr
+                .contains("without grad_accum, the policy 'default' has no other step"),
+        "'without grad_accum, the policy 'default' has no other step' and 'rerun with --policy smaller-batch'",
+        tail(&run.stderr, 2000),
+    );
+    run.check(
+        "Lightning started once (attempt 2 was refused before fit)",
+        1,
+        r.iter().filter(|l| l["when"] == "start").count(),
+    );
+}
+
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn lightnings_refusal_of_accumulation_under_smaller_batch_goes_on_at_a_smaller_batch() {
+    let (run, j, r) = manual_optimization_run(Some("smaller-batch"));
+    run.check("exit code", Some(0), run.code);
+    check_manual_optimization_refusal(&run, &j);
+    let starts = events(&j, "attempt_start");
+    run.check("attempts", 3, starts.len());
+    run.check(
+        "attempt 3 adds no accumulation",
+        None,
+        flag_value(&argv_of(starts[2]), "--trainer.accumulate_grad_batches"),
+    );
+    let last = r.last().cloned().unwrap_or_default();
+    run.check("final micro-batch", Some(4), last["micro"].as_u64());
+    run.check("final accumulation", Some(1), last["accum"].as_u64());
+    run.check("reached max_steps", Some(6), last["global_step"].as_u64());
+    run.ensure(
+        "the decision says the global batch shrinks",
+        run.stderr
+            .contains("micro-batch 8 → 4, no accumulation to double: the global batch shrinks"),
+        "'micro-batch 8 → 4, no accumulation to double: the global batch shrinks'",
+        tail(&run.stderr, 2000),
+    );
+}

@@ -17,6 +17,9 @@
 //!   (`ConfigAttributeError`, `ConfigKeyError`)
 //! - a config node built from the keys (Hydra's `instantiate`, `Cls(**cfg)`):
 //!   `got an unexpected keyword argument 'x'`
+//! - Lightning, for a module with manual optimization, which accumulates itself:
+//!   `Automatic gradient accumulation is not supported for manual optimization.
+//!   Remove `Trainer(accumulate_grad_batches=2)` or switch to automatic optimization.`
 
 /// Phrases of a parser refusing an argument; a line must hold one of them.
 const WORDINGS: &[&str] = &[
@@ -32,6 +35,7 @@ const WORDINGS: &[&str] = &[
     "is not in struct",
     "not in '",
     "got an unexpected keyword argument '",
+    "is not supported for manual optimization",
 ];
 
 /// A refusal found: which of the added arguments, and the parser's line.
@@ -66,19 +70,23 @@ pub fn refused(output: &[u8], added: &[String]) -> Option<Refusal> {
     None
 }
 
-/// Whether `line` names the added argument `a`.
+/// Whether `line` names the added argument `a`: as it was added, or by its last
+/// name (a flag's without its dashes, an override's key's last segment) as Python
+/// names an argument: quoted (`'accumulate_grad_batches'`), or given to a class
+/// (`Trainer(accumulate_grad_batches=2)`, Lightning's wording).
 fn names(line: &str, a: &str) -> bool {
-    if a.starts_with('-') {
-        return has_token(line, a);
-    }
-    let key = a.trim_start_matches('+');
+    let key = a.trim_start_matches(['-', '+']);
     if key.is_empty() {
         return false;
     }
-    if has_token(line, a) || has_token(line, key) {
+    let last = key.rsplit('.').next().unwrap_or(key);
+    let called = line.contains(&format!("({last}="));
+    if a.starts_with('-') {
+        return has_token(line, a) || called;
+    }
+    if has_token(line, a) || has_token(line, key) || called {
         return true;
     }
-    let last = key.rsplit('.').next().unwrap_or(key);
     line.contains(&format!("'{last}'")) || line.contains(&format!("\"{last}\""))
 }
 
@@ -170,6 +178,10 @@ mod tests {
                 "Could not append to config. An item is already at 'data.batch_size'.",
                 1,
             ),
+            (
+                "lightning.fabric.utilities.exceptions.MisconfigurationException: Automatic gradient accumulation is not supported for manual optimization. Remove `Trainer(accumulate_grad_batches=2)` or switch to automatic optimization.",
+                0,
+            ),
         ] {
             let r = refused(out.as_bytes(), &overrides);
             assert_eq!(r.map(|r| r.index), Some(want), "{out}");
@@ -195,5 +207,29 @@ mod tests {
             refused(b"Key 'max_steps' not in 'Trainer'", &overrides),
             None
         );
+        // Lightning's refusal of the user's own clipping, not of what was added.
+        let cli = added(&["--trainer.accumulate_grad_batches"]);
+        assert_eq!(
+            refused(
+                b"MisconfigurationException: Automatic gradient clipping is not supported for manual optimization. Remove `Trainer(gradient_clip_val=1.0)` or switch to automatic optimization.",
+                &cli
+            ),
+            None
+        );
+    }
+
+    /// Lightning refuses the accumulation oomguard added, as a LightningCLI flag or a
+    /// plain script's, for a module that optimizes by hand.
+    #[test]
+    fn lightnings_refusal_of_accumulation_for_manual_optimization_is_found() {
+        let line = b"lightning.fabric.utilities.exceptions.MisconfigurationException: Automatic gradient accumulation is not supported for manual optimization. Remove `Trainer(accumulate_grad_batches=2)` or switch to automatic optimization.\n";
+        for a in [
+            "--trainer.accumulate_grad_batches",
+            "--accumulate_grad_batches",
+            "++trainer.accumulate_grad_batches",
+        ] {
+            let r = refused(line, &added(&["--batch_size", a]));
+            assert_eq!(r.map(|r| r.index), Some(1), "{a}");
+        }
     }
 }

@@ -64,9 +64,10 @@ class TokenData(L.LightningDataModule):
 
 class TinyLM(L.LightningModule):
     def __init__(self, vocab: int = 64, hidden: int = 32, budget: int = 256, oom_at_step: int = 3,
-                 report: str = ""):
+                 report: str = "", manual: bool = False):
         super().__init__()
         self.save_hyperparameters()
+        self.automatic_optimization = not manual
         self.emb = nn.Embedding(vocab, hidden)
         self.head = nn.Linear(hidden, vocab)
 
@@ -77,6 +78,11 @@ class TinyLM(L.LightningModule):
         logits = self.head(self.emb(batch[:, :-1]))
         loss = nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         self.log("train_loss", loss, prog_bar=True)
+        if not self.automatic_optimization:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
         return loss
 
     def configure_optimizers(self):
