@@ -778,6 +778,7 @@ mod tests {
             knobs: Default::default(),
             world_size: 2,
             accum_covers_world: false,
+            micro_floor: 0,
         };
         let policy = crate::policy::Policy::load("default").unwrap();
         let rules = Rules {

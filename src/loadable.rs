@@ -258,6 +258,7 @@ mod tests {
             knobs: Default::default(),
             world_size: 2,
             accum_covers_world: false,
+            micro_floor: 0,
         };
         for (k, v) in pairs {
             s.knobs.insert(*k, v.clone());

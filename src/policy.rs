@@ -730,16 +730,17 @@ fn halve_micro_batch(
     let mut next = cur.clone();
     let micro = cur.int(Knob::MicroBatch)?;
     let accum = cur.int(Knob::GradAccum);
-    if micro <= step.min {
+    let min = step.min.max(cur.micro_floor);
+    if micro <= min {
         return None;
     }
-    let target = (micro / 2).max(step.min);
+    let target = (micro / 2).max(min);
     match accum {
         Some(accum) => {
             // Keep micro × accum exactly: the new micro-batch divides the product.
             let product = micro.checked_mul(accum)?;
             let m = largest_divisor_at_most(product, target);
-            if m < step.min || m >= micro {
+            if m < min || m >= micro {
                 return None;
             }
             next.knobs.insert(Knob::MicroBatch, Value::Int(m));
@@ -984,6 +985,7 @@ pub(crate) mod tests {
             knobs,
             world_size: 2,
             accum_covers_world: false,
+            micro_floor: 0,
         }
     }
 

@@ -231,6 +231,10 @@ pub struct Settings {
     /// global batch is micro × accum.
     #[serde(skip)]
     pub accum_covers_world: bool,
+    /// The smallest micro-batch the trainer takes (0: none but the policy's own):
+    /// a halving stops there (see `frameworks::Family::micro_floor`).
+    #[serde(skip)]
+    pub micro_floor: u64,
 }
 
 /// "micro_batch=4 grad_accum=8 seq_len=1024", as `plan` and the messages show it.

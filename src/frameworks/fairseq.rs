@@ -50,6 +50,51 @@ fn world(cmd: &Command, env: Env, _: &Ctx) -> Option<World> {
     })
 }
 
+/// The lengths a fairseq sample is cut or filtered to, by task: a language model's
+/// blocks (`--tokens-per-sample`), a translation's sentences (`--max-source-positions`,
+/// `--max-target-positions`), `--max-positions`, wav2vec's crops (`--max-sample-size`).
+const SAMPLE_LENGTHS: &[&str] = &[
+    "--tokens-per-sample",
+    "--max-positions",
+    "--max-source-positions",
+    "--max-target-positions",
+    "--max-sample-size",
+];
+
+/// fairseq's default for the language-model and translation tasks' lengths, when the
+/// command gives none.
+const DEFAULT_SAMPLE_LENGTH: u64 = 1024;
+
+/// A token budget (`--max-tokens`) is never halved below the longest sample: fairseq
+/// batches whole samples and stops at an assertion ("exceeds max_tokens limit") when
+/// one is longer than the budget. The longest is the largest length the command sets
+/// (see [`SAMPLE_LENGTHS`]), else fairseq's default, 1024. A budget in sentences
+/// (`--batch-size`) has no such floor.
+fn micro_floor(cmd: &Command) -> Option<(u64, String)> {
+    if !recognise(cmd) {
+        return None;
+    }
+    cmd.value(&["--max-tokens", "--max_tokens"])?;
+    let given = SAMPLE_LENGTHS
+        .iter()
+        .filter_map(|f| Some((*f, cmd.value(&[f])?.trim().parse::<u64>().ok()?)))
+        .max_by_key(|(_, n)| *n);
+    Some(match given {
+        Some((flag, n)) => (
+            n,
+            format!(
+                "--max-tokens is a budget of whole samples, and fairseq refuses one below its longest sample ({flag} {n})"
+            ),
+        ),
+        None => (
+            DEFAULT_SAMPLE_LENGTH,
+            format!(
+                "--max-tokens is a budget of whole samples, and fairseq refuses one below its longest sample; the command sets no sample length (--tokens-per-sample, --max-source-positions), so fairseq's default, {DEFAULT_SAMPLE_LENGTH}, is assumed"
+            ),
+        ),
+    })
+}
+
 pub static FAMILY: Family = Family {
     name: "fairseq",
     recognise,
@@ -71,5 +116,6 @@ pub static FAMILY: Family = Family {
         ),
     ],
     world,
+    micro_floor,
     ..Family::NONE
 };

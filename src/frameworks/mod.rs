@@ -204,6 +204,9 @@ pub struct Family {
     pub world: fn(&Command, Env, &Ctx) -> Option<World>,
     /// Its accumulation counts the micro-batches of all ranks together.
     pub accum_covers_world: fn(&Command) -> bool,
+    /// The smallest micro-batch the trainer takes, and why (fairseq's token budget
+    /// cannot be below its longest sample): a halving stops there.
+    pub micro_floor: fn(&Command) -> Option<(u64, String)>,
     /// How often it prints a log line for a step that names no step (the
     /// Hugging Face Trainer's log dicts), when the command says.
     pub logging: fn(&Command, &Ctx) -> Option<crate::progress::Logging>,
@@ -236,6 +239,7 @@ impl Family {
         output_hint: "",
         world: |_, _, _| None,
         accum_covers_world: |_| false,
+        micro_floor: |_| None,
         logging: |_, _| None,
         counting: None,
     };
@@ -527,6 +531,12 @@ fn rank_launcher(cmd: &Command) -> bool {
 /// Whether the command's accumulation counts all ranks together.
 pub fn accum_covers_world(cmd: &Command) -> bool {
     recognised(cmd).any(|f| (f.accum_covers_world)(cmd))
+}
+
+/// The smallest micro-batch the command's trainer takes, and why: the first
+/// family that says.
+pub fn micro_floor(cmd: &Command) -> Option<(u64, String)> {
+    recognised(cmd).find_map(|f| (f.micro_floor)(cmd))
 }
 
 /// How often the command's trainer prints a log line per step that names no

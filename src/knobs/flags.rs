@@ -309,6 +309,7 @@ pub fn discover(
         world,
         hf_style,
         accum_covers_world: false,
+        micro_floor: 0,
         families: Vec::new(),
         notes,
         warnings: Vec::new(),
@@ -1121,6 +1122,55 @@ mod tests {
         // The visible GPUs unknown: said, not a silent 1.
         let a = argv("fairseq-train data --max-tokens 4096");
         assert!(discover_all(&a, &[], &no_env).unwrap().world.uncertain);
+    }
+
+    /// fairseq's token budget is whole samples: a halving stops at the longest sample
+    /// the command sets (its largest --tokens-per-sample, --max-source-positions, ...;
+    /// fairseq's default 1024 when it sets none), where fairseq would stop at its
+    /// assertion ("exceeds max_tokens limit"), and the ladder goes on to checkpointing.
+    /// Before, --max-tokens was halved down to 1. A budget in sentences has no floor.
+    #[test]
+    fn fairseqs_token_budget_is_not_halved_below_the_longest_sample() {
+        let p = crate::policy::Policy::load("default").unwrap();
+        let ladder = |cmd: &str| -> (Vec<u64>, Vec<String>, Vec<String>) {
+            let d = discover_all(&argv(cmd), &[], &no_env).unwrap();
+            let mut s = d.settings();
+            let mut micros = vec![s.int(Knob::MicroBatch).unwrap()];
+            let mut steps = vec![];
+            let oom = crate::evidence::Evidence::cuda_oom(None);
+            while let Some(dec) = crate::policy::next_rung(&p, &s, &oom) {
+                steps.push(dec.step.to_string());
+                s = dec.after;
+                micros.push(s.int(Knob::MicroBatch).unwrap());
+            }
+            micros.dedup();
+            (micros, steps, d.notes)
+        };
+        let (m, steps, notes) = ladder(
+            "fairseq-train data-bin/wmt --task translation --arch transformer --max-tokens 4096 --update-freq 2 --max-source-positions 512 --max-target-positions 1024",
+        );
+        assert_eq!(m, [4096, 2048, 1024], "{steps:?}");
+        assert!(steps.contains(&"enable_grad_checkpointing".to_string()));
+        assert!(
+            notes.iter().any(|n| n.contains("not halved below 1024")
+                && n.contains("--max-target-positions 1024")),
+            "{notes:?}"
+        );
+        // No length given: fairseq's default, said so.
+        let (m, _, notes) = ladder("fairseq-train data --arch transformer_lm --max-tokens 8192");
+        assert_eq!(m, [8192, 4096, 2048, 1024]);
+        assert!(
+            notes.iter().any(|n| n.contains("fairseq's default, 1024")),
+            "{notes:?}"
+        );
+        // wav2vec's crops: 1,400,000 samples of audio, crops of 250,000.
+        let (m, _, _) = ladder(
+            "fairseq-train manifest --task audio_pretraining --arch wav2vec2 --max-tokens 1400000 --max-sample-size 250000",
+        );
+        assert_eq!(m, [1400000, 700000, 350000]);
+        // Sentences: down to 1.
+        let (m, _, _) = ladder("fairseq-train data --arch transformer --batch-size 8");
+        assert_eq!(m, [8, 4, 2, 1]);
     }
 
     /// NeMo's Hydra overrides: the global batch `model.global_batch_size=256` is one the

@@ -130,6 +130,8 @@ pub struct Discovery {
     pub hf_style: bool,
     /// See [`Settings::accum_covers_world`].
     pub accum_covers_world: bool,
+    /// See [`Settings::micro_floor`].
+    pub micro_floor: u64,
     /// The families that recognise the command (`frameworks::FAMILIES`).
     pub families: Vec<&'static str>,
     /// Things the user should know: ambiguous spellings, knobs not found and how to bind them.
@@ -204,6 +206,7 @@ impl Discovery {
                 .collect(),
             world_size: self.world.size,
             accum_covers_world: self.accum_covers_world,
+            micro_floor: self.micro_floor,
         }
     }
 }
@@ -951,6 +954,21 @@ fn derive_accumulation(cmd: &Command, found: &config::Found, d: &mut Discovery) 
         }
     }
 
+    // A micro-batch the trainer refuses below a floor (fairseq's token budget).
+    if let Some(m) = d
+        .knobs
+        .get(&Knob::MicroBatch)
+        .and_then(|b| b.value.as_int())
+        && let Some((floor, why)) = frameworks::micro_floor(cmd)
+    {
+        d.micro_floor = floor;
+        d.notes.push(if m < floor {
+            format!("micro_batch: {m} is below {floor}, the smallest {why}")
+        } else {
+            format!("micro_batch: not halved below {floor}: {why}")
+        });
+    }
+
     // Accumulation that counts all ranks together: the global batch is micro × accum.
     if d.knobs.contains_key(&Knob::GradAccum) && frameworks::accum_covers_world(cmd) {
         d.accum_covers_world = true;
@@ -1253,6 +1271,7 @@ mod tests {
             // The world size is never used: it may be wrong.
             world_size: 1,
             accum_covers_world: false,
+            micro_floor: 0,
         };
         let first = s(8, 4);
         let same = per_rank_ratio(&first, &s(8, 4)).unwrap();

@@ -348,6 +348,7 @@ mod tests {
             knobs,
             world_size: 1,
             accum_covers_world: false,
+            micro_floor: 0,
         }
     }
 

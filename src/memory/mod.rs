@@ -701,6 +701,7 @@ mod tests {
             knobs,
             world_size: world,
             accum_covers_world: false,
+            micro_floor: 0,
         }
     }
 

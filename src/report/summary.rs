@@ -320,6 +320,7 @@ impl Summary<'_> {
                 knobs: last.clone(),
                 world_size: self.story.start.world_size,
                 accum_covers_world: false,
+                micro_floor: 0,
             }
             .global_batch(),
         }
