@@ -1162,34 +1162,50 @@ fn a_chatty_pipe_is_read_in_gathered_turns_and_nothing_else_waits() {
     assert!(!t.gather());
     // A terminal gives at most 4 KiB a read: its turn reads on until nothing is left
     // (not one poll per 4 KiB), and never waits (a terminal's buffer is small).
+    // The slave is written without blocking, as much of 12 KiB as the terminal holds
+    // with nobody reading (a blocking write could wait for a reader: on some kernels a
+    // terminal takes a few KiB at once, then 512 bytes a wake-up).
     let pty = spawn::open_pty(None).unwrap();
     output::set_nonblocking(&pty.master).unwrap();
+    output::set_nonblocking(&pty.slave).unwrap();
     let mut slave = std::fs::File::from(pty.slave);
-    slave.write_all(&[b'y'; 12 << 10]).unwrap();
+    let mut held = 0;
+    let until = Instant::now() + Duration::from_secs(2);
+    while held < 12 << 10 && Instant::now() < until {
+        match slave.write(&[b'y'; 512]) {
+            Ok(n) => held += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => panic!("writing to the terminal: {e}"),
+        }
+    }
+    assert!(held > 4 << 10, "the terminal held {held} bytes");
     let mut p = StreamFd::new(pty.master, detect::Stream::Out);
     p.size = output::grow_pipe(&p.fd);
     assert_eq!(p.size, 0);
     let mut streams = [p];
     let t = turn(&mut streams, &mut w);
-    assert_eq!((t.bytes, t.caught_up), (12 << 10, false));
+    assert_eq!((t.bytes, t.caught_up), (held, false));
     assert!(!t.gather());
     drop(slave);
     // End of file: the child is likely gone, so the loop goes on at once.
     let (p, keep) = loaded_pipe(true, 30 << 10);
     drop(keep);
     let mut streams = [p];
-    let first = turn(&mut streams, &mut w);
-    let t = if first.eof {
-        first
-    } else {
-        turn(&mut streams, &mut w)
-    };
+    // (A test running beside this one may fork while the pipe's write end is open: its
+    // copy closes at the child's exec, so the end of file can come a turn later.)
+    let until = Instant::now() + Duration::from_secs(2);
+    let mut t = turn(&mut streams, &mut w);
+    while !t.eof && Instant::now() < until {
+        t = turn(&mut streams, &mut w);
+    }
     assert!(t.eof && !t.gather());
     drop(w);
     // Every byte passed through.
     assert_eq!(
         out.len(),
-        (100 << 10) + 200 + (600 << 10) + (40 << 10) + (12 << 10) + (30 << 10)
+        (100 << 10) + 200 + (600 << 10) + (40 << 10) + held + (30 << 10)
     );
 }
 
