@@ -14,6 +14,7 @@
 //! - nanoGPT: `saving checkpoint to out`
 //! - torchtune: `Model checkpoint of size 0.50 GB saved to /o/epoch_0/model.pt`
 //! - Megatron: `successfully saved checkpoint at iteration 100 to /ckpt`
+//! - fairseq: `Saved checkpoint checkpoints/checkpoint_1_500.pt (epoch 1 @ 500 updates, ...`
 
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
@@ -32,7 +33,7 @@ pub enum Announced {
 /// Lines with a path after the phrase.
 static PATHS: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r#"(?:Saving model checkpoint to|Saving model checkpoint:|Saving current state to|saving model to|saving checkpoint to|checkpoint of size [0-9.]+ ?[KMGT]?i?B saved to)\s+['"]?([^'"\s,]+)"#,
+        r#"(?:Saving model checkpoint to|Saving model checkpoint:|Saving current state to|saving model to|saving checkpoint to|Saved checkpoint|checkpoint of size [0-9.]+ ?[KMGT]?i?B saved to)\s+['"]?([^'"\s,]+)"#,
     )
     .unwrap()
 });
@@ -58,7 +59,7 @@ static READY: LazyLock<memchr::memmem::Finder<'static>> =
 /// pass-through's CPU).
 static PHRASES: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        "Saving model checkpoint|Saving current state to|saving model to|saving checkpoint to|saved to|saved checkpoint|ready now",
+        "Saving model checkpoint|Saving current state to|saving model to|saving checkpoint to|saved to|saved checkpoint|Saved checkpoint|ready now",
     )
     .unwrap()
 });
@@ -301,6 +302,12 @@ mod tests {
         assert_eq!(
             saves("Saving current state to ../runs/checkpoint_3\r"),
             [path("/runs/checkpoint_3")]
+        );
+        assert_eq!(
+            saves(
+                "2026-11-28 10:00:01 | INFO | fairseq.checkpoint_utils | Saved checkpoint checkpoints/checkpoint_1_500.pt (epoch 1 @ 500 updates, score 5.31) (writing took 2.1 seconds)\n"
+            ),
+            [path("/w/checkpoints/checkpoint_1_500.pt")]
         );
         assert!(saves("saving is fun\nwe saved nothing\n").is_empty());
     }

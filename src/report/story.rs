@@ -53,6 +53,9 @@ pub struct AttemptStart {
     pub global_batch: Option<u64>,
     /// The checkpoint it resumes from.
     pub resume: Option<String>,
+    /// oomguard put `resume` in its argv (`--resume_from_checkpoint PATH`); false
+    /// when the command finds it in its folder by itself (Megatron, fairseq).
+    pub resume_added: bool,
     /// The config files it reads changed: oomguard's copies, and the files
     /// edited in place (a copy that is its original).
     pub files: Vec<FileCopy>,
@@ -301,6 +304,7 @@ impl Story {
         let n = e.attempt();
         if let Event::AttemptStart {
             attempt,
+            argv,
             settings,
             global_batch,
             resume,
@@ -308,6 +312,14 @@ impl Story {
             ..
         } = e
         {
+            // A journal written before attempts recorded their argv: as it was then
+            // told, added.
+            let resume_added = resume.as_deref().is_some_and(|r| {
+                argv.is_empty()
+                    || argv
+                        .iter()
+                        .any(|a| a == r || a.strip_suffix(r).is_some_and(|f| f.ends_with('=')))
+            });
             self.attempts.push(Attempt {
                 start: AttemptStart {
                     time,
@@ -315,6 +327,7 @@ impl Story {
                     settings: settings.clone(),
                     global_batch: *global_batch,
                     resume: resume.clone(),
+                    resume_added,
                     files: files.clone(),
                 },
                 oom: None,

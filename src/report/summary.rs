@@ -225,10 +225,18 @@ impl Summary<'_> {
                 f.copy
             );
         }
-        if let Some(r) = &last.start.resume {
-            out += &format!(
-                "oomguard:   it resumes from {r} (added by oomguard): leave that out to start over\n"
-            );
+        match &last.start.resume {
+            Some(r) if last.start.resume_added => {
+                out += &format!(
+                    "oomguard:   it resumes from {r} (added by oomguard): leave that out to start over\n"
+                )
+            }
+            Some(r) => {
+                out += &format!(
+                    "oomguard:   it resumes from {r}, which the command loads from its folder by itself: move it away to start over\n"
+                )
+            }
+            None => {}
         }
         out
     }
