@@ -963,7 +963,7 @@ fn derive_accumulation(cmd: &Command, found: &config::Found, d: &mut Discovery) 
     {
         d.micro_floor = floor;
         d.notes.push(if m < floor {
-            format!("micro_batch: {m} is below {floor}, the smallest {why}")
+            format!("micro_batch: {m} is below {floor}, and is never halved: {why}")
         } else {
             format!("micro_batch: not halved below {floor}: {why}")
         });
