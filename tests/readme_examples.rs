@@ -53,6 +53,8 @@ enum Ckpt {
     /// Megatron: `DIR/iter_0000100/mp_rank_00/model_optim_rng.pt` and
     /// `DIR/latest_checkpointed_iteration.txt`.
     Megatron(&'static str),
+    /// fairseq: `DIR/checkpoint_1_100.pt` and its copy `DIR/checkpoint_last.pt`.
+    Fairseq(&'static str),
 }
 
 /// A `torch.save` zip: local header, then the end-of-central-directory record.
@@ -118,6 +120,13 @@ fn checkpoint(root: &Path, c: Ckpt) -> String {
             )
             .unwrap();
             format!("{dir}/iter_0000100")
+        }
+        Ckpt::Fairseq(dir) => {
+            let d = root.join(dir);
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("checkpoint_1_100.pt"), zip_bytes()).unwrap();
+            fs::write(d.join("checkpoint_last.pt"), zip_bytes()).unwrap();
+            format!("{dir}/checkpoint_last.pt")
         }
     }
 }
@@ -316,10 +325,11 @@ learning_rate: 1.0e-4
         "fairseq",
         Expect {
             files: &[],
-            // fairseq resumes from checkpoint_last.pt by itself: not modelled.
-            checkpoint: None,
+            // fairseq loads checkpoint_last.pt from --save-dir (default checkpoints)
+            // by itself: nothing is added.
+            checkpoint: Some(Ckpt::Fairseq("checkpoints")),
             first_step: "halve_micro_batch",
-            layout: None,
+            layout: Some("fairseq"),
             resume_how: &[],
             rung2_has: &["--max-tokens", "2048", "--update-freq", "32"],
         },
