@@ -150,7 +150,11 @@ fn a_mistyped_option_is_a_usage_error_and_creates_nothing() {
 #[test]
 fn a_report_whose_reader_went_away_ends_quietly() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(OOMGUARD)
+    // The reader is gone before oomguard starts: its first write meets a closed pipe,
+    // however the two are scheduled.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let child = Command::new(OOMGUARD)
         .args([
             "plan",
             "python3",
@@ -161,11 +165,10 @@ fn a_report_whose_reader_went_away_ends_quietly() {
             "out",
         ])
         .current_dir(dir.path())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(writer))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
