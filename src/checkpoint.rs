@@ -1085,6 +1085,82 @@ mod tests {
         v
     }
 
+    /// accelerate's `save_state` folders (diffusers' `checkpoint-N`, the `*_no_trainer.py`
+    /// examples' `step_N`) hold no trainer_state.json: rank 0's random states, written
+    /// last, say the save finished.
+    #[test]
+    fn accelerate_save_state_folders_are_resumed_once_their_random_states_are_whole() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let saved = |name: &str, files: &[(&str, Vec<u8>)]| {
+            let d = out.join(name);
+            fs::create_dir_all(&d).unwrap();
+            for (f, bytes) in files {
+                fs::write(d.join(f), bytes).unwrap();
+            }
+        };
+        let whole = || zip_bytes();
+        let mut cut = zip_bytes();
+        cut.truncate(cut.len() - 30);
+        saved(
+            "checkpoint-4",
+            &[
+                ("optimizer.bin", whole()),
+                ("scheduler.bin", whole()),
+                ("random_states_0.pkl", whole()),
+            ],
+        );
+        fs::create_dir_all(out.join("checkpoint-4/unet")).unwrap();
+        saved(
+            "step_6",
+            &[
+                ("model.safetensors", safetensors(4)),
+                ("random_states_0.pkl", whole()),
+            ],
+        );
+        // Killed in the optimizer's save, before the random states.
+        saved(
+            "step_8",
+            &[
+                ("model.safetensors", safetensors(4)),
+                ("optimizer.bin", cut.clone()),
+            ],
+        );
+        // Killed while writing the random states.
+        saved(
+            "checkpoint-10",
+            &[("optimizer.bin", whole()), ("random_states_0.pkl", cut)],
+        );
+        let l = layout_for(&format!(
+            "accelerate launch train.py --output_dir {}",
+            out.display()
+        ));
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
+        let names = |v: &[Skipped]| -> Vec<String> {
+            v.iter()
+                .map(|s| s.path.file_name().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(names(&f.skipped), ["checkpoint-10", "step_8"]);
+        assert!(
+            f.skipped[0].why.contains("random_states_0.pkl"),
+            "{}",
+            f.skipped[0].why
+        );
+        assert!(
+            f.skipped[1].why.contains("random_states_0.pkl"),
+            "{}",
+            f.skipped[1].why
+        );
+        let latest = f.latest.expect("step_6 is complete");
+        assert_eq!(latest.path, out.join("step_6"));
+        assert_eq!(step_for(&latest), Some(6));
+        // Without step_6, diffusers' checkpoint-4 (weights in a hook's subfolder) is taken.
+        fs::remove_dir_all(out.join("step_6")).unwrap();
+        let f = find(&l, &Baseline::default(), Duration::ZERO);
+        assert_eq!(f.latest.unwrap().path, out.join("checkpoint-4"));
+    }
+
     #[test]
     fn hf_newest_complete_wins_and_skips_are_explained() {
         let t = tempfile::tempdir().unwrap();

@@ -13,6 +13,8 @@
 //!   of oomguard per node, making one decision for the job.
 //! - `tests/real/hf_trainer_oom.py`: a real `transformers.Trainer` (tiny GPT-2) that raises
 //!   it from the model's forward; real checkpoints, real resume.
+//! - `tests/real/accelerate_loop_oom.py`: a script's own loop on a real `Accelerator`
+//!   (diffusers' and the `*_no_trainer.py` examples' shape), real `save_state` checkpoints.
 
 mod common;
 use common::*;
@@ -786,6 +788,104 @@ fn accelerate_launch_recovers_with_accumulation_from_the_derived_config() {
         original.to_string(),
         std::fs::read_to_string(&acc).unwrap(),
     );
+}
+
+/// A script's own accelerate loop (diffusers' examples: `--train_batch_size`, "per device" in
+/// its help; `accelerator.save_state` into `checkpoint-N`, or `step_N` as transformers'
+/// `*_no_trainer.py` examples): the micro-batch is halved with accumulation doubled, and
+/// the relaunch resumes from the folder save_state finished. Without
+/// `--gradient_accumulation_steps` on the command, it is added: the script's parser has
+/// it, with default 1.
+fn accelerate_loop(prefix: &str, accum_given: bool) {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let report = tmp.path().join("report.jsonl");
+    let script = repo().join("tests/real/accelerate_loop_oom.py");
+    // micro 8 > budget 4: OOM in step 3, after the step-2 checkpoint is saved.
+    let mut args = vec![
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "accelerate",
+        "launch",
+        "--num_processes",
+        "1",
+        "--cpu",
+        "--num_cpu_threads_per_process",
+        "1",
+        script.to_str().unwrap(),
+        "--train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "1",
+        "--budget",
+        "4",
+        "--checkpoint_prefix",
+        prefix,
+        "--output_dir",
+        out.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    if !accum_given {
+        let at = args
+            .iter()
+            .position(|a| *a == "--gradient_accumulation_steps")
+            .unwrap();
+        args.drain(at..at + 2);
+    }
+    let run = oomguard(tmp.path(), &args, Some(&bin), LIMIT);
+    run.check("exit code", Some(0), run.code);
+    let seen: Vec<(u64, u64, Option<u64>)> = std::fs::read_to_string(&report)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|l| {
+            (
+                l["micro"].as_u64().unwrap_or(0),
+                l["accum"].as_u64().unwrap_or(0),
+                l["resumed"].as_u64(),
+            )
+        })
+        .collect();
+    run.check(
+        "micro-batch, accumulation and the step resumed from, per launch",
+        vec![(8, 1, None), (4, 2, Some(2))],
+        seen,
+    );
+    let j = run.journal(&run_dir);
+    let starts = events(&j, "attempt_start");
+    run.check(
+        "attempt 2 is told the checkpoint",
+        Some(out.join(format!("{prefix}2")).display().to_string()),
+        starts.get(1).and_then(|s| resume_arg(&argv_of(s))),
+    );
+    let fin = run.read_json(&out.join("final.json"));
+    run.check("reached max steps", Some(6), fin["global_step"].as_u64());
+    run.check(
+        "global batch kept",
+        Some(8),
+        fin["samples_per_step"].as_u64(),
+    );
+    run.ensure(
+        "the summary says the flag is per device from the script's help",
+        !run.stderr.contains("may be the global batch"),
+        "no 'may be the global batch' note",
+        tail(&run.stderr, 800),
+    );
+}
+
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn a_diffusers_style_accelerate_loop_resumes_its_save_state_checkpoint_at_a_halved_batch() {
+    accelerate_loop("checkpoint-", true);
+}
+
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn a_no_trainer_style_accelerate_loop_resumes_its_step_folder_at_a_halved_batch_with_accumulation_added()
+ {
+    accelerate_loop("step_", false);
 }
 
 /// The Hydra advice in docs/knobs.md (`--knob micro_batch=+data.batch_size=64` for a batch size

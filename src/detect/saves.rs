@@ -7,7 +7,8 @@
 //! Recognised (each trainer's own wording):
 //!
 //! - Hugging Face Trainer: `Saving model checkpoint to out/checkpoint-5`
-//! - accelerate: `Saving current state to out/checkpoint_5`
+//! - accelerate: `Saving current state to out/checkpoint_5`; diffusers' examples after it:
+//!   `Saved state to out/checkpoint-500`
 //! - DeepSpeed: `Saving model checkpoint: out/global_step5/mp_rank_00_model_states.pt`,
 //!   `[Torch] Checkpoint global_step5 is ready now!`
 //! - Lightning (ModelCheckpoint, verbose): `saving model to '/r/epoch=0-step=5.ckpt'`
@@ -33,7 +34,7 @@ pub enum Announced {
 /// Lines with a path after the phrase.
 static PATHS: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r#"(?:Saving model checkpoint to|Saving model checkpoint:|Saving current state to|saving model to|saving checkpoint to|Saved checkpoint|checkpoint of size [0-9.]+ ?[KMGT]?i?B saved to)\s+['"]?([^'"\s,]+)"#,
+        r#"(?:Saving model checkpoint to|Saving model checkpoint:|Saving current state to|Saved state to|saving model to|saving checkpoint to|Saved checkpoint|checkpoint of size [0-9.]+ ?[KMGT]?i?B saved to)\s+['"]?([^'"\s,]+)"#,
     )
     .unwrap()
 });
@@ -59,7 +60,7 @@ static READY: LazyLock<memchr::memmem::Finder<'static>> =
 /// pass-through's CPU).
 static PHRASES: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        "Saving model checkpoint|Saving current state to|saving model to|saving checkpoint to|saved to|saved checkpoint|Saved checkpoint|ready now",
+        "Saving model checkpoint|Saving current state to|Saved state to|saving model to|saving checkpoint to|saved to|saved checkpoint|Saved checkpoint|ready now",
     )
     .unwrap()
 });
@@ -308,6 +309,12 @@ mod tests {
                 "2026-11-28 10:00:01 | INFO | fairseq.checkpoint_utils | Saved checkpoint checkpoints/checkpoint_1_500.pt (epoch 1 @ 500 updates, score 5.31) (writing took 2.1 seconds)\n"
             ),
             [path("/w/checkpoints/checkpoint_1_500.pt")]
+        );
+        assert_eq!(
+            saves(
+                "11/28/2026 10:00:01 - INFO - __main__ - Saved state to sd-model/checkpoint-500\n"
+            ),
+            [path("/w/sd-model/checkpoint-500")]
         );
         assert!(saves("saving is fun\nwe saved nothing\n").is_empty());
     }

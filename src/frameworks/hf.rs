@@ -1,6 +1,11 @@
 //! Hugging Face `Trainer` and TRL scripts, and plain argparse scripts that
 //! follow their spellings: `--per_device_train_batch_size 8 --output_dir out`,
 //! resumed with `--resume_from_checkpoint out/checkpoint-N`.
+//!
+//! The same layout holds the checkpoints of scripts that write their own loop on
+//! accelerate and save with `accelerator.save_state` (diffusers' training examples:
+//! `out/checkpoint-N`; transformers' `*_no_trainer.py` examples and open-instruct:
+//! `out/step_N`), resumed with the same flag.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -252,16 +257,31 @@ pub static FAMILY: Family = Family {
 
 // ---------------------------------------------------------------- checkpoints
 
-/// Hugging Face Trainer checkpoints: `output_dir/checkpoint-N` folders.
+/// Hugging Face Trainer checkpoints: `output_dir/checkpoint-N` folders; and
+/// accelerate's `save_state` folders that scripts name `checkpoint-N` (diffusers) or
+/// `step_N` (transformers' `*_no_trainer.py` examples), N the optimizer step.
 pub static CHECKPOINTS: Format = Format {
     id: "hugging_face",
-    label: "hugging-face output_dir/checkpoint-N",
-    candidates: |root| (numbered_dirs(root, "checkpoint-", ""), Vec::new()),
+    label: "hugging-face output_dir/checkpoint-N (or accelerate's save_state step_N)",
+    candidates: |root| (candidates(root), Vec::new()),
     complete: |_, p| complete(p),
     stepped: true,
     recorded_step: Some(recorded_step),
     unannounced: |_| false,
 };
+
+/// `checkpoint-N` and `step_N` folders, newest first. (A script's `epoch_N` folders are
+/// not taken: their number is no step to order them by.)
+fn candidates(root: &Path) -> Vec<crate::checkpoint::Checkpoint> {
+    let mut all = numbered_dirs(root, "checkpoint-", "");
+    all.extend(numbered_dirs(root, "step_", ""));
+    all.sort_by_key(|c| std::cmp::Reverse(c.step));
+    all
+}
+
+/// The file accelerate's `save_state` writes last, rank 0's (`torch.save`, after the
+/// weights, optimizer, scheduler, sampler and scaler).
+const ACCELERATE_LAST: &str = "random_states_0.pkl";
 
 /// The model weights a Hugging Face checkpoint may hold: sharded by an index,
 /// or single files.
@@ -297,10 +317,14 @@ fn weights(dir: &Path) -> Result<bool, NotComplete> {
 
 /// Why `dir` is not a complete Hugging Face checkpoint, or Ok.
 pub fn complete(dir: &Path) -> Result<(), NotComplete> {
+    let trainer_state = fs::symlink_metadata(dir.join("trainer_state.json")).is_ok();
+    if !trainer_state && fs::symlink_metadata(dir.join(ACCELERATE_LAST)).is_ok() {
+        return saved_state_complete(dir);
+    }
     let text = read_in(
         dir,
         "trainer_state.json",
-        "no trainer_state.json (the Trainer writes it last)",
+        "no trainer_state.json (the Trainer writes it last) nor random_states_0.pkl (accelerate's save_state writes it last)",
     )?;
     if text.is_empty() {
         return Err("trainer_state.json is empty".into());
@@ -340,6 +364,38 @@ pub fn complete(dir: &Path) -> Result<(), NotComplete> {
         Err(_) => {
             Err("no model weights (model.safetensors, pytorch_model.bin, adapter_model.*)".into())
         }
+    }
+}
+
+/// Why `dir`, written by accelerate's `save_state`, is not complete, or Ok: rank 0's
+/// random states (written last) whole, every weights file and accelerate's own
+/// `.bin` states whole, and a DeepSpeed engine's checkpoint complete where `latest`
+/// names one. The weights may be elsewhere in it (a script's save hook writes
+/// `unet/`, `pytorch_lora_weights.safetensors`): they need not be at the top.
+fn saved_state_complete(dir: &Path) -> Result<(), NotComplete> {
+    no_temporaries(dir)?;
+    weights_complete(&dir.join(ACCELERATE_LAST))?;
+    weights(dir)?;
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let state = ["optimizer", "scheduler", "sampler"]
+            .iter()
+            .any(|s| name.starts_with(s) && name.ends_with(".bin"));
+        if state && e.file_type().is_ok_and(|t| t.is_file()) {
+            weights_complete(&e.path())?;
+        }
+    }
+    match read_small(&dir.join("latest")) {
+        Ok(tag) if plain_name(tag.trim()) => super::deepspeed::tag_complete(&dir.join(tag.trim())),
+        Ok(tag) => Err(format!(
+            "`latest` names {:?}, which is not a folder name inside the checkpoint: not followed",
+            tag.trim()
+        )
+        .into()),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(NotComplete::unreadable("latest", &e))
+        }
+        Err(_) => Ok(()),
     }
 }
 

@@ -34,10 +34,10 @@ impl ScriptOptions {
     }
 }
 
-/// The script at `path`, read as untrusted input: opened without blocking (a FIFO
-/// never waits), a regular file of at most [`MAX_SCRIPT_BYTES`] in UTF-8. `None`:
-/// it cannot be read, or its source does not show its parser whole.
-pub fn read(path: &Path) -> Option<ScriptOptions> {
+/// The source of the script at `path`, read as untrusted input: opened without
+/// blocking (a FIFO never waits), a regular file of at most [`MAX_SCRIPT_BYTES`] in
+/// UTF-8.
+pub fn source(path: &Path) -> Option<String> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -55,7 +55,181 @@ pub fn read(path: &Path) -> Option<ScriptOptions> {
     if bytes.len() as u64 > MAX_SCRIPT_BYTES {
         return None;
     }
-    parse(&String::from_utf8(bytes).ok()?)
+    String::from_utf8(bytes).ok()
+}
+
+/// The `help=` text of the `add_argument` call in `src` that names `flag`, its
+/// literals joined as Python joins adjacent ones (`help="Batch size (per device) "
+/// "for the training dataloader."`). Read whether or not the parser is all there:
+/// it only says what the flag means. `None`: no such call, or no literal help.
+pub fn help_of(src: &str, flag: &str) -> Option<String> {
+    let args = argument_call(src, flag)?;
+    let at = keyword_at(&args, "help")?;
+    let help = string_literals_lenient(adjacent_literals(&args[at..]));
+    (!help.is_empty()).then(|| help.concat())
+}
+
+/// What an option gives when the command leaves it out, as its `add_argument` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArgDefault {
+    /// `default=4` (a literal whole number).
+    Int(u64),
+    /// `action="store_true"`: off unless given, bare.
+    StoreTrue,
+}
+
+/// The default of the `add_argument` call in `src` that names `flag`; `None` when
+/// there is no such call or its default is not a literal whole number or
+/// `store_true` (`default=None`, a variable, an expression).
+pub fn default_of(src: &str, flag: &str) -> Option<ArgDefault> {
+    let args = argument_call(src, flag)?;
+    if let Some(at) = keyword_at(&args, "action") {
+        let action = string_literals_lenient(adjacent_literals(&args[at..]));
+        return (action.first().map(String::as_str) == Some("store_true"))
+            .then_some(ArgDefault::StoreTrue);
+    }
+    let at = keyword_at(&args, "default")?;
+    let value: String = args[at..]
+        .trim_start()
+        .chars()
+        .take_while(|c| !matches!(c, ',' | ')' | '\n'))
+        .collect();
+    value.trim().parse().ok().map(ArgDefault::Int)
+}
+
+/// The arguments of the `add_argument` call in `src` whose option names include `flag`.
+fn argument_call(src: &str, flag: &str) -> Option<String> {
+    let (code, _) = split_code(src);
+    let mut from = 0;
+    while let Some(i) = code[from..].find("add_argument(") {
+        let args_at = from + i + "add_argument(".len();
+        let args = call_args(&code[args_at..])?;
+        from = args_at + args.len();
+        // The option names come before the first keyword argument.
+        let names_end = args.find('=').unwrap_or(args.len());
+        if string_literals_lenient(&args[..names_end])
+            .iter()
+            .any(|n| n == flag)
+        {
+            return Some(args.to_string());
+        }
+    }
+    None
+}
+
+/// Where the value of keyword argument `kw=` begins in a call's arguments.
+fn keyword_at(args: &str, kw: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(i) = args[from..].find(kw) {
+        let at = from + i;
+        from = at + kw.len();
+        let before = args[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = args[from..].trim_start();
+        if let Some(value) = rest.strip_prefix('=')
+            && !value.starts_with('=')
+        {
+            return Some(args.len() - value.len());
+        }
+    }
+    None
+}
+
+/// The run of adjacent string literals (in parentheses or not) that `s` begins with.
+fn adjacent_literals(s: &str) -> &str {
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        if let Some(q) = quote {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                _ if c == q => quote = None,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => quote = Some(c),
+            c if c.is_whitespace() || c == '(' => {}
+            // String prefixes (`r"..."`, `f"..."`).
+            'r' | 'R' | 'f' | 'F' | 'u' | 'U' | 'b' | 'B' => {}
+            _ => return &s[..i],
+        }
+    }
+    s
+}
+
+/// The string literals in `s`, escapes and f-strings taken as written (for reading
+/// what a help text says, not what a name is).
+fn string_literals_lenient(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' && c != '\'' {
+            continue;
+        }
+        let mut lit = String::new();
+        let mut escaped = false;
+        for d in chars.by_ref() {
+            if escaped {
+                escaped = false;
+                lit.push(d);
+            } else if d == '\\' {
+                escaped = true;
+            } else if d == c {
+                break;
+            } else {
+                lit.push(d);
+            }
+        }
+        out.push(lit);
+    }
+    out
+}
+
+/// What a batch flag's help text says it counts: `Some(true)` per device ("Batch size
+/// (per device) for the training dataloader", "batch size per GPU (effective batch
+/// size is ...)"), `Some(false)` the global batch ("total batch size across all
+/// GPUs"), `None` neither. The first of the two kinds of words decides: a per-device
+/// help goes on to say what the global batch is, and the other way round.
+pub fn batch_help_per_device(help: &str) -> Option<bool> {
+    let h = help.to_ascii_lowercase().replace(['-', '_'], " ");
+    let first = |words: &[&str]| words.iter().filter_map(|w| h.find(w)).min();
+    let device = first(&[
+        "per device",
+        "per gpu",
+        "per process",
+        "per rank",
+        "per replica",
+        "per core",
+        "per accelerator",
+        "each device",
+        "each gpu",
+        "each process",
+        "each rank",
+        "single device",
+        "single gpu",
+        "one gpu",
+        "one device",
+    ]);
+    let global = first(&[
+        "global",
+        "total",
+        "effective",
+        "across",
+        "all gpus",
+        "all devices",
+        "overall",
+    ]);
+    match (device, global) {
+        (Some(d), Some(g)) => Some(d < g),
+        (Some(_), None) => Some(true),
+        (None, Some(_)) => Some(false),
+        (None, None) => None,
+    }
 }
 
 /// Signs that options may come from somewhere the source does not show, or that
@@ -376,15 +550,87 @@ def main():
         }
     }
 
+    /// What a batch flag counts, read from its help as scripts in the wild write it
+    /// (diffusers' examples, MAE/DeiT, and a global batch said so).
+    #[test]
+    fn a_batch_flags_help_says_whether_it_is_per_device() {
+        let src = r#"import argparse
+def parse_args(input_args=None):
+    parser = argparse.ArgumentParser(description="Simple example of a training script.")
+    # parser.add_argument("--batch_size", help="Total batch size")
+    parser.add_argument(
+        "--train_batch_size", type=int, default=16, help="Batch size (per device) for the training dataloader."
+    )
+    parser.add_argument('--batch_size', default=64, type=int,
+                        help='Batch size per GPU (effective batch size is batch_size * accum_iter * # gpus')
+    parser.add_argument("--bs", type=int, help=(
+        "Total batch size across all GPUs; "
+        "each GPU gets bs / world_size"
+    ))
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--train-batch-size", type=int, help=f"batch for {'the'} run")
+    if input_args is not None:
+        return parser.parse_args(input_args)
+    return parser.parse_args()
+"#;
+        let help = |f: &str| help_of(src, f);
+        assert_eq!(
+            help("--train_batch_size").as_deref(),
+            Some("Batch size (per device) for the training dataloader.")
+        );
+        assert_eq!(
+            help("--bs").as_deref(),
+            Some("Total batch size across all GPUs; each GPU gets bs / world_size")
+        );
+        assert_eq!(help("--batch-size"), None, "no help");
+        assert_eq!(help("--max_steps"), None, "no such flag");
+        let says = |f: &str| help(f).and_then(|h| batch_help_per_device(&h));
+        assert_eq!(says("--train_batch_size"), Some(true));
+        assert_eq!(says("--batch_size"), Some(true), "per GPU comes first");
+        assert_eq!(says("--bs"), Some(false), "total comes first");
+        assert_eq!(says("--train-batch-size"), None, "says neither");
+        assert_eq!(batch_help_per_device("per-device batch size"), Some(true));
+        assert_eq!(batch_help_per_device("the global batch"), Some(false));
+    }
+
+    /// The defaults that let oomguard add an option the command leaves out.
+    #[test]
+    fn an_options_default_is_read_only_when_literal() {
+        let src = r#"import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument("--gradient_accumulation_steps", type=int, default=1, help="default=8 here is help")
+parser.add_argument("--grad_accum", type=int, default=ACCUM)
+parser.add_argument("--accum", type=int)
+parser.add_argument(
+    "--gradient_checkpointing",
+    action="store_true",
+)
+parser.add_argument("--no_ckpt", action="store_false")
+args = parser.parse_args()
+"#;
+        assert_eq!(
+            default_of(src, "--gradient_accumulation_steps"),
+            Some(ArgDefault::Int(1))
+        );
+        assert_eq!(default_of(src, "--grad_accum"), None, "a variable");
+        assert_eq!(default_of(src, "--accum"), None, "argparse's None");
+        assert_eq!(
+            default_of(src, "--gradient_checkpointing"),
+            Some(ArgDefault::StoreTrue)
+        );
+        assert_eq!(default_of(src, "--no_ckpt"), None);
+        assert_eq!(default_of(src, "--missing"), None);
+    }
+
     #[test]
     fn a_script_that_is_not_a_regular_file_is_not_read() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("train.py");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
-        assert_eq!(read(&fifo), None);
-        assert_eq!(read(dir.path()), None);
+        assert_eq!(source(&fifo), None);
+        assert_eq!(source(dir.path()), None);
         let file = dir.path().join("t.py");
         std::fs::write(&file, PLAIN).unwrap();
-        assert!(read(&file).is_some());
+        assert!(source(&file).as_deref().and_then(parse).is_some());
     }
 }

@@ -229,9 +229,10 @@ pub fn discover(
     // 4. Missing knobs the family's commands take as flags: added when they change.
     // Only where the program accepts the flag: a script whose argparse parser its
     // source shows whole gets the first of the family's spellings it has, or none.
-    let script_options = cmd
+    let source = cmd
         .script()
-        .and_then(|s| super::accepts::read(std::path::Path::new(s)));
+        .and_then(|s| super::accepts::source(std::path::Path::new(s)));
+    let script_options = source.as_deref().and_then(super::accepts::parse);
     let script = cmd.script().zip(script_options.as_ref());
     let mut not_accepted = Vec::new();
     for (knob, flag, default) in added {
@@ -297,12 +298,61 @@ pub fn discover(
         });
     }
 
-    let ambiguous_batch = occs
+    // A script of no family that adds flags (diffusers' examples, a plain argparse
+    // loop) whose whole parser its source shows: accumulation and checkpointing are
+    // added where the parser has them, from the default it gives them.
+    if let (Some((name, opts)), Some(src)) = (&script, &source) {
+        for knob in [Knob::GradAccum, Knob::GradCheckpointing] {
+            if knobs.contains_key(&knob) || not_accepted.iter().any(|(k, _)| *k == knob) {
+                continue;
+            }
+            let Some(flag) = frameworks::flag_spellings(knob, cmd)
+                .into_iter()
+                .find(|f| opts.accepts(f))
+            else {
+                continue;
+            };
+            use super::accepts::ArgDefault;
+            let value = match (knob, super::accepts::default_of(src, &flag)) {
+                (Knob::GradAccum, Some(ArgDefault::Int(n))) if n > 0 => Value::Int(n),
+                (Knob::GradCheckpointing, Some(ArgDefault::StoreTrue)) => Value::Bool(false),
+                _ => continue,
+            };
+            notes.push(format!(
+                "{knob}: {name}'s argparse parser has {flag} (default {value}, read from its source), which the command leaves out: oomguard adds it when it changes"
+            ));
+            knobs.insert(
+                knob,
+                Bound {
+                    value,
+                    binding: Binding::AddFlag { flag },
+                    mirrors: Vec::new(),
+                },
+            );
+        }
+    }
+
+    let mut ambiguous_batch = occs
         .iter()
         .find(|o| {
             AMBIGUOUS_BATCH.contains(&o.name.as_str()) && !frameworks::claims_flag(&o.name, cmd)
         })
         .map(|o| o.name.clone());
+    // A flag the script's own help says is per device (diffusers' `--train_batch_size`:
+    // "Batch size (per device) for the training dataloader.") is the micro-batch.
+    if let (Some(flag), Some(src), Some(script)) = (&ambiguous_batch, &source, cmd.script())
+        && !knobs.contains_key(&Knob::MicroBatch)
+        && let Some(help) = super::accepts::help_of(src, flag)
+        && super::accepts::batch_help_per_device(&help) == Some(true)
+        && let Some(b) = bind_flag(Knob::MicroBatch, occs, &[flag.as_str()])?
+    {
+        notes.push(format!(
+            "micro_batch: {flag} is the per-device micro-batch: {script}'s parser says so ({:?})",
+            help.split_whitespace().collect::<Vec<_>>().join(" ")
+        ));
+        knobs.insert(Knob::MicroBatch, b);
+        ambiguous_batch = None;
+    }
 
     Ok(Discovery {
         knobs,

@@ -145,7 +145,7 @@ pub struct Discovery {
     /// accept (read from its source, `accepts`), with why: not bound, never added.
     pub not_accepted: Vec<(Knob, String)>,
     /// The options of the script's argparse parser, where its source shows it whole
-    /// (`accepts::read`, done once): what oomguard may add to the command.
+    /// (`accepts::parse` of `accepts::source`, read once): what oomguard may add to the command.
     pub script_options: Option<accepts::ScriptOptions>,
     /// Config files the command names, and knobs found in files and overrides.
     pub config: config::Found,
