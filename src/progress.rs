@@ -88,6 +88,22 @@ pub enum Counting {
     /// when they are fewer, with `max_steps` set and `max_epochs` not) and
     /// the bar says it.
     Batches { accum: u64, epoch_total: bool },
+    /// fairseq: `num_updates=N` (its simple and tqdm formats), `"num_updates": "N"`
+    /// (json): N updates done. Its bars and `epoch 002: 50 / 111` count the epoch's
+    /// batches, not updates, and start again each epoch: never read.
+    Updates,
+}
+
+/// fairseq's count of optimizer updates, in each of its log formats.
+static UPDATES: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"(?-u:\b)num_updates['"]?\s*[=:]\s*['"]?\d{1,12}"#).expect("valid regex")
+});
+
+/// The last `num_updates` in `buf`.
+fn last_updates(buf: &[u8]) -> Option<u64> {
+    let m = UPDATES.find_iter(buf).last()?.as_bytes();
+    let digits = m.len() - m.iter().rev().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&m[digits..]).ok()?.parse().ok()
 }
 
 impl Counting {
@@ -109,6 +125,7 @@ pub fn last_step_counted(buf: &[u8], counting: Counting, from: u64) -> Option<u6
     match counting {
         Counting::Done => last_step(buf),
         Counting::IterIndex => last_match(buf).map(|(n, iter)| if iter { n + 1 } else { n }),
+        Counting::Updates => last_updates(buf),
         Counting::Batches { accum, epoch_total } => {
             let m = LIGHTNING_BAR.captures_iter(buf).last();
             let bar = m.and_then(|c| {
@@ -690,6 +707,26 @@ mod tests {
         // its `step 4:` evaluation line before iteration 4 runs.
         let nano = b"step 4: train loss 3.1, val loss 3.2\nsaving checkpoint to out\niter 4: loss 3.0, time 12.00ms, mfu -100.00%\n";
         assert_eq!(last_step_counted(nano, Counting::IterIndex, 0), Some(5));
+        // fairseq, its tqdm format in the second epoch (the bar counts this epoch's
+        // batches, 50), its simple format (`50 / 111` the same) and json: the updates.
+        let fairseq: &[&[u8]] = &[
+            b"epoch 002:  45%|####5     | 50/111 [00:10<00:12,  4.90it/s, loss=4.21, ppl=18.5, wps=9512.3, ups=4.9, wpb=1942.1, bsz=64, num_updates=161, lr=0.0005, gnorm=1.1, train_wall=0, gb_free=10.2, wall=33]\n",
+            b"2026-11-28 10:00:01 | INFO | train_inner | epoch 002:     50 / 111 loss=4.21, ppl=18.5, wps=9512.3, ups=4.9, wpb=1942.1, bsz=64, num_updates=161, lr=0.0005\n",
+            b"{\"epoch\": 2, \"update\": 1.45, \"loss\": \"4.21\", \"num_updates\": \"161\", \"lr\": \"0.0005\"}\n",
+        ];
+        for line in fairseq {
+            assert_eq!(
+                last_step_counted(line, Counting::Updates, 0),
+                Some(161),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        assert_eq!(last_step(fairseq[0]), Some(50), "a bar read as steps done");
+        assert_eq!(
+            last_step_counted(b"epoch 001: 3 / 111 loss=9.1\n", Counting::Updates, 0),
+            None
+        );
         assert_eq!(
             last_step_counted(
                 b"step 4: train loss 3.1, val loss 3.2\n",

@@ -99,3 +99,55 @@ fn fairseq_goes_on_from_its_own_checkpoint_last_at_half_the_token_budget() {
     run.check("started from update", Some(2), last["start"].as_u64());
     run.check("finished at update", Some(6), last["end"].as_u64());
 }
+
+/// fairseq's tqdm bar (its format on a terminal) counts the epoch's updates and starts
+/// again each epoch; `num_updates=N` counts the run's. With 2 updates an epoch, the OOM
+/// at update 5 comes when the bar shows 2/2 of epoch 2 and num_updates is 4: the step
+/// reached is 4, and no update is redone (read from the bar, the step was 2, raised to
+/// "at least 4" by the checkpoint saved: the work lost was unknown).
+#[test]
+fn fairseqs_step_is_its_num_updates_not_its_epoch_bar() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let rep = t.join("report.jsonl");
+    let bin = repo().join("tests/children/fairseq");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let run = spawn_env(
+        t,
+        &[
+            "--run-dir",
+            "run",
+            "fairseq-train",
+            "data-bin",
+            "--max-tokens",
+            "4096",
+            "--update-freq",
+            "2",
+            "--save-dir",
+            "ck",
+            "--log-format",
+            "tqdm",
+        ],
+        &[
+            ("PATH", path.as_str()),
+            ("OOM_BUDGET_TOKENS", "3000"),
+            ("OOM_AT", "5"),
+            ("EPOCH_UPDATES", "2"),
+            ("REPORT", rep.to_str().unwrap()),
+        ],
+    )
+    .wait(LIMIT);
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&t.join("run"));
+    let w = only_event(&run, &j, "work_lost");
+    run.check("step reached", Some(4), w["step_reached"].as_u64());
+    run.check("resume step", Some(4), w["resume_from_step"].as_u64());
+    run.check("steps redone", Some(0), w["steps_lost"].as_u64());
+    let last = report(&rep).last().cloned().unwrap_or_default();
+    run.check("started from update", Some(4), last["start"].as_u64());
+    run.check("finished at update", Some(6), last["end"].as_u64());
+}

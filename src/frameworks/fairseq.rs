@@ -227,6 +227,7 @@ pub static FAMILY: Family = Family {
     micro_floor,
     layout,
     output_hint: "--save-dir",
+    counting: Some(crate::progress::Counting::Updates),
     ..Family::NONE
 };
 
