@@ -11,6 +11,10 @@
 //! `HfArgumentParser` and dataclasses, click, jsonargparse, a script that imports its
 //! parser) cannot be told here: the flag is added as before, and a refusal is
 //! recognised afterwards (`evidence::refused`).
+//!
+//! One option's own `add_argument` call is also read on its own, whole parser or not:
+//! its `help=` (whether a `--train_batch_size` counts per device) and its literal
+//! `default=` or `action="store_true"` (the value of an option the command leaves out).
 
 use std::io::Read;
 use std::path::Path;
@@ -250,9 +254,18 @@ const OPEN: &[&str] = &[
     "simple_parsing",
     "LightningCLI",
     "hydra",
-    "exec(",
-    "eval(",
 ];
+
+/// Whether `code` calls the builtin `name` (`eval(`, `exec(`), not a method of that
+/// name (`model.eval()`, which nearly every training script calls) or a longer name.
+fn calls_builtin(code: &str, name: &str) -> bool {
+    code.match_indices(name).any(|(at, _)| {
+        !code[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c == '.' || c == '_' || c.is_alphanumeric())
+    })
+}
 
 /// The options of the script whose source is `src`, when its parser is all there.
 pub fn parse(src: &str) -> Option<ScriptOptions> {
@@ -261,7 +274,10 @@ pub fn parse(src: &str) -> Option<ScriptOptions> {
     if !argparse || !bare.contains("ArgumentParser(") || !bare.contains("parse_args(") {
         return None;
     }
-    if OPEN.iter().any(|w| bare.contains(w)) {
+    if OPEN.iter().any(|w| bare.contains(w))
+        || calls_builtin(&bare, "eval(")
+        || calls_builtin(&bare, "exec(")
+    {
         return None;
     }
     // Each parser and argument group, by the name it is assigned to, is used only
@@ -545,9 +561,16 @@ def main():
                 "from transformers import HfArgumentParser\nimport argparse\np = HfArgumentParser(X)\np.parse_args()".into(),
             ),
             ("no parser", "import sys\nprint(sys.argv)\n".into()),
+            (
+                "options that eval builds",
+                PLAIN.replace("    return args", "    eval(code)\n    return args"),
+            ),
         ] {
             assert_eq!(parse(&src), None, "{what}");
         }
+        // A model's `.eval()` (nearly every training script's validation) is no eval.
+        let validates = PLAIN.replace("    return args", "    model.eval()\n    return args");
+        assert!(parse(&validates).is_some());
     }
 
     /// What a batch flag counts, read from its help as scripts in the wild write it

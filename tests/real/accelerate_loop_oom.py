@@ -109,6 +109,12 @@ def main():
                 logger.info(f"Saved state to {save_path}")
             if global_step >= args.max_train_steps:
                 break
+    # A validation pass, as the examples run one (`model.eval()` is no builtin eval: the
+    # parser above is still read whole).
+    model.eval()
+    with torch.no_grad():
+        val = torch.nn.functional.mse_loss(model(data.tensors[0][:64]), data.tensors[1][:64]).item()
+    accelerator.print(f"validation loss {val:.4f}")
     with open(os.path.join(args.output_dir, "final.json"), "w") as f:
         json.dump({"micro": args.train_batch_size, "accum": args.gradient_accumulation_steps,
                    "global_step": global_step, "samples_per_step": args.train_batch_size
