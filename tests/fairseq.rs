@@ -11,6 +11,28 @@ use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// `oomguard ARGS` in `dir` with the stand-in first on PATH, its launches reported to
+/// `report`, and `env` besides.
+fn fairseq_train(
+    dir: &std::path::Path,
+    report: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Run {
+    let bin = repo().join("tests/children/fairseq");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut all = vec![
+        ("PATH", path.as_str()),
+        ("REPORT", report.to_str().unwrap()),
+    ];
+    all.extend_from_slice(env);
+    spawn_env(dir, args, &all).wait(LIMIT)
+}
+
 /// The OOM at update 3 (checkpoint_1_2.pt saved): the budget is halved and update-freq
 /// doubled (8192 tokens per update kept), nothing is added to tell fairseq where to
 /// resume, and the relaunch loads checkpoint_last.pt by itself and goes on from update 2.
@@ -20,14 +42,9 @@ fn fairseq_goes_on_from_its_own_checkpoint_last_at_half_the_token_budget() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let rep = t.join("report.jsonl");
-    let bin = repo().join("tests/children/fairseq");
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let run = spawn_env(
+    let run = fairseq_train(
         t,
+        &rep,
         &[
             "--run-dir",
             "run",
@@ -42,13 +59,8 @@ fn fairseq_goes_on_from_its_own_checkpoint_last_at_half_the_token_budget() {
             "--save-dir",
             "ck",
         ],
-        &[
-            ("PATH", path.as_str()),
-            ("OOM_BUDGET_TOKENS", "3000"),
-            ("REPORT", rep.to_str().unwrap()),
-        ],
-    )
-    .wait(LIMIT);
+        &[("OOM_BUDGET_TOKENS", "3000")],
+    );
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&t.join("run"));
     let starts = events(&j, "attempt_start");
@@ -110,14 +122,9 @@ fn fairseqs_step_is_its_num_updates_not_its_epoch_bar() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let rep = t.join("report.jsonl");
-    let bin = repo().join("tests/children/fairseq");
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let run = spawn_env(
+    let run = fairseq_train(
         t,
+        &rep,
         &[
             "--run-dir",
             "run",
@@ -133,14 +140,11 @@ fn fairseqs_step_is_its_num_updates_not_its_epoch_bar() {
             "tqdm",
         ],
         &[
-            ("PATH", path.as_str()),
             ("OOM_BUDGET_TOKENS", "3000"),
             ("OOM_AT", "5"),
             ("EPOCH_UPDATES", "2"),
-            ("REPORT", rep.to_str().unwrap()),
         ],
-    )
-    .wait(LIMIT);
+    );
     run.check("exit code", Some(0), run.code);
     let j = run.journal(&t.join("run"));
     let w = only_event(&run, &j, "work_lost");

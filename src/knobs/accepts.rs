@@ -141,22 +141,41 @@ fn keyword_at(args: &str, kw: &str) -> Option<usize> {
     None
 }
 
-/// The run of adjacent string literals (in parentheses or not) that `s` begins with.
-fn adjacent_literals(s: &str) -> &str {
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
-    for (i, c) in s.char_indices() {
-        if let Some(q) = quote {
+/// Where a scan of Python source stands with respect to string literals.
+#[derive(Default)]
+struct Quotes {
+    open: Option<char>,
+    escaped: bool,
+}
+
+impl Quotes {
+    /// Takes the next character: whether it belongs to a literal (its quotes included).
+    fn inside(&mut self, c: char) -> bool {
+        if let Some(q) = self.open {
             match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                _ if c == q => quote = None,
+                _ if self.escaped => self.escaped = false,
+                '\\' => self.escaped = true,
+                _ if c == q => self.open = None,
                 _ => {}
             }
+            return true;
+        }
+        if c == '"' || c == '\'' {
+            self.open = Some(c);
+            return true;
+        }
+        false
+    }
+}
+
+/// The run of adjacent string literals (in parentheses or not) that `s` begins with.
+fn adjacent_literals(s: &str) -> &str {
+    let mut quotes = Quotes::default();
+    for (i, c) in s.char_indices() {
+        if quotes.inside(c) {
             continue;
         }
         match c {
-            '"' | '\'' => quote = Some(c),
             c if c.is_whitespace() || c == '(' => {}
             // String prefixes (`r"..."`, `f"..."`).
             'r' | 'R' | 'f' | 'F' | 'u' | 'U' | 'b' | 'B' => {}
@@ -358,20 +377,12 @@ fn escapes(code: &str, name: &str) -> bool {
 /// The text of a call's arguments, up to (not including) its closing parenthesis.
 fn call_args(s: &str) -> Option<&str> {
     let mut depth = 0usize;
-    let mut quote: Option<char> = None;
-    let mut escaped = false;
+    let mut quotes = Quotes::default();
     for (i, c) in s.char_indices() {
-        if let Some(q) = quote {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                _ if c == q => quote = None,
-                _ => {}
-            }
+        if quotes.inside(c) {
             continue;
         }
         match c {
-            '"' | '\'' => quote = Some(c),
             '(' | '[' | '{' => depth += 1,
             ')' | ']' | '}' if depth > 0 => depth -= 1,
             ')' => return Some(&s[..i]),
