@@ -1126,10 +1126,20 @@ mod tests {
                 ("optimizer.bin", cut.clone()),
             ],
         );
-        // Killed while writing the random states.
+        // Killed while writing the random states; rank 1 cut while rank 0 finished.
         saved(
             "checkpoint-10",
-            &[("optimizer.bin", whole()), ("random_states_0.pkl", cut)],
+            &[
+                ("optimizer.bin", whole()),
+                ("random_states_0.pkl", cut.clone()),
+            ],
+        );
+        saved(
+            "checkpoint-12",
+            &[
+                ("random_states_0.pkl", whole()),
+                ("random_states_1.pkl", cut),
+            ],
         );
         let l = layout_for(&format!(
             "accelerate launch train.py --output_dir {}",
@@ -1141,17 +1151,17 @@ mod tests {
                 .map(|s| s.path.file_name().unwrap().to_string_lossy().into_owned())
                 .collect()
         };
-        assert_eq!(names(&f.skipped), ["checkpoint-10", "step_8"]);
-        assert!(
-            f.skipped[0].why.contains("random_states_0.pkl"),
-            "{}",
-            f.skipped[0].why
+        assert_eq!(
+            names(&f.skipped),
+            ["checkpoint-12", "checkpoint-10", "step_8"]
         );
-        assert!(
-            f.skipped[1].why.contains("random_states_0.pkl"),
-            "{}",
-            f.skipped[1].why
-        );
+        for (skipped, file) in f.skipped.iter().zip([
+            "random_states_1.pkl",
+            "random_states_0.pkl",
+            "random_states_0.pkl",
+        ]) {
+            assert!(skipped.why.contains(file), "{}", skipped.why);
+        }
         let latest = f.latest.expect("step_6 is complete");
         assert_eq!(latest.path, out.join("step_6"));
         assert_eq!(step_for(&latest), Some(6));

@@ -368,8 +368,8 @@ pub fn complete(dir: &Path) -> Result<(), NotComplete> {
 }
 
 /// Why `dir`, written by accelerate's `save_state`, is not complete, or Ok: rank 0's
-/// random states (written last) whole, every weights file and accelerate's own
-/// `.bin` states whole, and a DeepSpeed engine's checkpoint complete where `latest`
+/// random states (written last) whole, and every other rank's there, every weights
+/// file and accelerate's own `.bin` states whole, and a DeepSpeed engine's checkpoint complete where `latest`
 /// names one. The weights may be elsewhere in it (a script's save hook writes
 /// `unet/`, `pytorch_lora_weights.safetensors`): they need not be at the top.
 fn saved_state_complete(dir: &Path) -> Result<(), NotComplete> {
@@ -378,9 +378,14 @@ fn saved_state_complete(dir: &Path) -> Result<(), NotComplete> {
     weights(dir)?;
     for e in fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
+        // Every rank writes its own random states: each one there is whole.
         let state = ["optimizer", "scheduler", "sampler"]
             .iter()
-            .any(|s| name.starts_with(s) && name.ends_with(".bin"));
+            .any(|s| name.starts_with(s) && name.ends_with(".bin"))
+            || name
+                .strip_prefix("random_states_")
+                .and_then(|n| n.strip_suffix(".pkl"))
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
         if state && e.file_type().is_ok_and(|t| t.is_file()) {
             weights_complete(&e.path())?;
         }
