@@ -59,7 +59,14 @@ fn absent_default(cmd: &Command, k: Knob) -> Option<AbsentValue> {
 }
 
 fn layout(cmd: &Command, _: &super::Ctx) -> Option<Layout> {
-    let out = cmd.value(&["--output_dir", "--output-dir"])?;
+    // Left out, the script's own default (diffusers' examples: `default="sd-model-finetuned"`).
+    let out = cmd
+        .value(&["--output_dir", "--output-dir"])
+        .map(str::to_string)
+        .or_else(|| {
+            let src = crate::knobs::accepts::source(Path::new(cmd.script()?))?;
+            crate::knobs::accepts::text_default_of(&src, "--output_dir")
+        })?;
     Some(Layout {
         kind: Kind::Format(&CHECKPOINTS),
         root: PathBuf::from(out),
@@ -412,6 +419,32 @@ mod tests {
     fn argv(s: &str) -> Command {
         let a: Vec<std::ffi::OsString> = s.split_whitespace().map(Into::into).collect();
         Command::parse(&a)
+    }
+
+    /// diffusers' examples default `--output_dir` in their parser: left out of the
+    /// command, that folder is where the checkpoints are looked for.
+    #[test]
+    fn a_scripts_own_output_dir_default_is_the_checkpoint_folder() {
+        let t = tempfile::tempdir().unwrap();
+        let script = t.path().join("train_text_to_image.py");
+        fs::write(
+            &script,
+            "import argparse\np = argparse.ArgumentParser()\np.add_argument(\n    \"--output_dir\",\n    type=str,\n    default=\"sd-model-finetuned\",\n)\n",
+        )
+        .unwrap();
+        let ctx = super::super::Ctx {
+            recipe_output_dir: None,
+            recipe_value: &|_| None,
+        };
+        let cmd = argv(&format!(
+            "accelerate launch {} --train_batch_size 1",
+            script.display()
+        ));
+        let l = layout(&cmd, &ctx).expect("the parser's default");
+        assert_eq!(l.root, PathBuf::from("sd-model-finetuned"));
+        let given = argv(&format!("python {} --output_dir out", script.display()));
+        assert_eq!(layout(&given, &ctx).unwrap().root, PathBuf::from("out"));
+        assert!(layout(&argv("python missing.py"), &ctx).is_none());
     }
 
     #[test]

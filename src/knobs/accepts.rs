@@ -101,6 +101,24 @@ pub fn default_of(src: &str, flag: &str) -> Option<ArgDefault> {
     value.trim().parse().ok().map(ArgDefault::Int)
 }
 
+/// The default of the `add_argument` call in `src` that names `flag`, when it is one
+/// plain string literal (`default="sd-model-finetuned"`); `None` otherwise (no call,
+/// `default=None`, an f-string, an expression).
+pub fn text_default_of(src: &str, flag: &str) -> Option<String> {
+    let args = argument_call(src, flag)?;
+    let value = args[keyword_at(&args, "default")?..].trim_start();
+    if !value.starts_with(['"', '\'']) {
+        return None;
+    }
+    let literals = adjacent_literals(value);
+    let rest = value[literals.len()..].trim_start();
+    if !(rest.is_empty() || rest.starts_with(',')) {
+        return None;
+    }
+    let mut texts = string_literals_lenient(literals);
+    (texts.len() == 1).then(|| texts.remove(0))
+}
+
 /// The arguments of the `add_argument` call in `src` whose option names include `flag`.
 fn argument_call(src: &str, flag: &str) -> Option<String> {
     let (code, _) = split_code(src);
@@ -653,6 +671,19 @@ args = parser.parse_args()
             Some(ArgDefault::StoreTrue)
         );
         assert_eq!(default_of(src, "--no_ckpt"), None);
+        let dirs = r#"p.add_argument("--output_dir", type=str, default="sd-model-finetuned", help="where")
+p.add_argument("--logging_dir", default=os.path.join("a", "b"))
+p.add_argument("--cache_dir", default=None)
+p.add_argument("--run_dir", default="runs/" + NAME)
+p.add_argument("--tmp_dir", default=f"/tmp/{user}")
+"#;
+        assert_eq!(
+            text_default_of(dirs, "--output_dir").as_deref(),
+            Some("sd-model-finetuned")
+        );
+        for flag in ["--logging_dir", "--cache_dir", "--run_dir", "--tmp_dir"] {
+            assert_eq!(text_default_of(dirs, flag), None, "{flag}");
+        }
         assert_eq!(default_of(src, "--missing"), None);
     }
 
