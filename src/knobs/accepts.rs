@@ -255,6 +255,8 @@ pub fn batch_help_per_device(help: &str) -> Option<bool> {
         "single gpu",
         "one gpu",
         "one device",
+        "micro batch",
+        "local batch",
     ]);
     let global = first(&[
         "global",
@@ -643,6 +645,18 @@ def parse_args(input_args=None):
         assert_eq!(says("--train-batch-size"), None, "says neither");
         assert_eq!(batch_help_per_device("per-device batch size"), Some(true));
         assert_eq!(batch_help_per_device("the global batch"), Some(false));
+        assert_eq!(batch_help_per_device("Micro-batch size"), Some(true));
+        // PyTorch's ImageNet example: the node's total, divided among its GPUs.
+        assert_eq!(
+            batch_help_per_device(
+                "mini-batch size (default: 256), this is the total batch size of all GPUs on the current node when using Data Parallel or Distributed Data Parallel"
+            ),
+            Some(false)
+        );
+        assert_eq!(
+            batch_help_per_device("Input batch size for training (default: 128)"),
+            None
+        );
     }
 
     /// The defaults that let oomguard add an option the command leaves out.
