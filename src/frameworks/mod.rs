@@ -401,33 +401,20 @@ pub fn absent_default(cmd: &Command, k: Knob) -> Option<AbsentValue> {
     recognised(cmd).find_map(|f| (f.absent_default)(cmd, k))
 }
 
-/// The most of a script read to look for words in it.
-const MAX_SCRIPT_BYTES: u64 = 4 << 20;
-
 /// Whether the command's Python script (as the launchers run it, relative to
 /// the working directory) holds one of `words`. `false` when there is no
-/// script (`-m module`, a tool) or it cannot be read: a regular file, opened
-/// without blocking, its first [`MAX_SCRIPT_BYTES`] read.
+/// script (`-m module`, a tool) or it cannot be read; its first
+/// [`MAX_SCRIPT_BYTES`](crate::knobs::accepts::MAX_SCRIPT_BYTES) are looked at
+/// ([`script_head`](crate::knobs::accepts::script_head)).
 pub fn script_mentions(cmd: &Command, words: &[&str]) -> bool {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let Some(script) = cmd.script() else {
-        return false;
-    };
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(script)
+    use crate::knobs::accepts::{MAX_SCRIPT_BYTES, script_head};
+    let Some(mut text) = cmd
+        .script()
+        .and_then(|s| script_head(std::path::Path::new(s)))
     else {
         return false;
     };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
-        return false;
-    }
-    let mut text = Vec::new();
-    if file.take(MAX_SCRIPT_BYTES).read_to_end(&mut text).is_err() {
-        return false;
-    }
+    text.truncate(MAX_SCRIPT_BYTES as usize);
     words
         .iter()
         .any(|w| memchr::memmem::find(&text, w.as_bytes()).is_some())

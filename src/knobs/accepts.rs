@@ -20,7 +20,7 @@ use std::io::Read;
 use std::path::Path;
 
 /// A script is read up to this size; a longer one is not read at all.
-const MAX_SCRIPT_BYTES: u64 = 4 << 20;
+pub const MAX_SCRIPT_BYTES: u64 = 4 << 20;
 
 /// The options of a script's argparse parser, as its source shows them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,24 +38,30 @@ impl ScriptOptions {
     }
 }
 
-/// The source of the script at `path`, read as untrusted input: opened without
-/// blocking (a FIFO never waits), a regular file of at most [`MAX_SCRIPT_BYTES`] in
-/// UTF-8.
-pub fn source(path: &Path) -> Option<String> {
+/// The first [`MAX_SCRIPT_BYTES`] + 1 bytes of the script at `path`, read as untrusted
+/// input: opened without blocking (a FIFO never waits), a regular file only. One byte
+/// more than the cap says the file is longer.
+pub fn script_head(path: &Path) -> Option<Vec<u8>> {
     use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
         .ok()?;
-    let meta = file.metadata().ok()?;
-    if !meta.is_file() || meta.len() > MAX_SCRIPT_BYTES {
+    if !file.metadata().ok()?.is_file() {
         return None;
     }
     let mut bytes = Vec::new();
     file.take(MAX_SCRIPT_BYTES + 1)
         .read_to_end(&mut bytes)
         .ok()?;
+    Some(bytes)
+}
+
+/// The source of the script at `path` ([`script_head`]): at most [`MAX_SCRIPT_BYTES`],
+/// in UTF-8; a longer one is not read at all.
+pub fn source(path: &Path) -> Option<String> {
+    let bytes = script_head(path)?;
     if bytes.len() as u64 > MAX_SCRIPT_BYTES {
         return None;
     }
