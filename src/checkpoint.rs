@@ -308,6 +308,31 @@ pub struct Layout {
     pub how: ResumeHow,
     /// The resume path the user passed, if any: only a newer checkpoint replaces it.
     pub user_resume: Option<PathBuf>,
+    /// What the script does with its folder by itself (see [`OwnSearch`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own: Option<OwnSearch>,
+}
+
+/// A script that looks in its folder by itself as it starts, when its command says
+/// nothing: transformers 4.x's examples (`run_clm.py` and the scripts copied from it)
+/// and the recipes that followed them resume from `get_last_checkpoint(output_dir)`, the
+/// highest-numbered `checkpoint-N` whether or not it is whole, and stop on a folder that
+/// holds files but no checkpoint ("Output directory ... already exists and is not empty.
+/// Use --overwrite_output_dir to overcome"); older ones stop on any file at all.
+///
+/// A relaunch must not leave it to that search: this run's half-written checkpoint (an
+/// OOM while saving) would be loaded, and the run's own files would stop it. So a
+/// relaunch names the checkpoint (the newest complete one this run wrote, else the
+/// one the first attempt picked) and carries the flag that turns the search off.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OwnSearch {
+    /// What the script picked as the first attempt started: its folder's newest
+    /// `checkpoint-N` then (the command named none).
+    pub picked: Option<PathBuf>,
+    /// The flag that turns the search and the refusal off (`--overwrite_output_dir`),
+    /// where the script stops on a folder that is not empty and its parser takes the
+    /// flag: every relaunch carries it.
+    pub off: Option<String>,
 }
 
 impl Layout {
@@ -345,6 +370,7 @@ pub fn custom_layout(cmd: &Command, spec: &CustomSpec) -> Layout {
             equals: false,
         },
         user_resume: cmd.value(&[spec.flag.as_str()]).map(PathBuf::from),
+        own: None,
     }
 }
 

@@ -414,9 +414,9 @@ pub fn classify_attempt(
 pub struct Added {
     /// Each knob changed in a place the command did not have (see `knobs::added`).
     pub knobs: Vec<(Knob, String)>,
-    /// The argument that tells it where to resume, when the command did not have
-    /// it (see `knobs::resume_added`).
-    pub resume: Option<String>,
+    /// The arguments that tell it where to resume, and the flags a relaunch
+    /// carries, where the command did not have them (see `knobs::resume_added`).
+    pub resume: Vec<String>,
 }
 
 /// A failure that is not an OOM, checked against what oomguard added to this
@@ -435,7 +435,7 @@ pub fn refused(outcome: Outcome, tail: &[u8], added: &Added) -> Outcome {
         .knobs
         .iter()
         .map(|(_, a)| a.clone())
-        .chain(added.resume.clone())
+        .chain(added.resume.iter().cloned())
         .collect();
     if names.is_empty() {
         return outcome;
@@ -1036,7 +1036,7 @@ srun: error: n1: task 0: Terminated\n";
     fn a_parsers_refusal_of_what_oomguard_added_is_not_the_runs_failure() {
         let added = Added {
             knobs: vec![(Knob::GradAccum, "--gradient_accumulation_steps".to_string())],
-            resume: None,
+            resume: Vec::new(),
         };
         let log = "usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --gradient_accumulation_steps 2\n";
         let r = report(log, launch::Exit::Code(2));
@@ -1077,7 +1077,7 @@ srun: error: n1: task 0: Terminated\n";
     fn a_parsers_refusal_of_the_resume_argument_oomguard_added_is_told_apart() {
         let added = Added {
             knobs: vec![(Knob::GradAccum, "--gradient_accumulation_steps".to_string())],
-            resume: Some("--resume_from_checkpoint".to_string()),
+            resume: vec!["--resume_from_checkpoint".to_string()],
         };
         for log in [
             "train.py: error: unrecognized arguments: --resume_from_checkpoint out/checkpoint-10\n",
@@ -1093,12 +1093,29 @@ srun: error: n1: task 0: Terminated\n";
                 o => panic!("{log}: {o:?}"),
             }
         }
+        // The flag a relaunch carries to turn a script's own folder search off is the
+        // resume's too (transformers 5 has no --overwrite_output_dir).
+        let with_off = Added {
+            resume: vec![
+                "--resume_from_checkpoint".to_string(),
+                "--overwrite_output_dir".to_string(),
+            ],
+            ..added.clone()
+        };
+        let r = report(
+            "ValueError: Some specified arguments are not used by the HfArgumentParser: ['--overwrite_output_dir']\n",
+            launch::Exit::Code(1),
+        );
+        match refused(classify_plain(&r), &r.tail, &with_off) {
+            Outcome::ResumeRefused { added, .. } => assert_eq!(added, "--overwrite_output_dir"),
+            o => panic!("{o:?}"),
+        }
         let r = report(
             "train.py: error: unrecognized arguments: --resume_from_checkpoint out/checkpoint-10\n",
             launch::Exit::Code(2),
         );
         let users = Added {
-            resume: None,
+            resume: Vec::new(),
             ..added
         };
         let o = refused(classify_plain(&r), &r.tail, &users);

@@ -160,10 +160,12 @@ pub struct Rung {
     pub m: knobs::Materialized,
 }
 
-/// Every rung the policy can reach, materialized (files in memory only).
+/// Every rung the policy can reach, materialized (files in memory only); the
+/// relaunches resume where `resume` says and carry `flags`.
 pub fn ladder(
     cfg: &RunConfig,
     resume: Option<&knobs::ResumeArg>,
+    flags: &[String],
 ) -> Result<Vec<Rung>, knobs::KnobError> {
     let mut rungs = Vec::new();
     // As a run starts: from what fit last time, when remembered.
@@ -176,6 +178,7 @@ pub fn ladder(
             &cfg.target.disc,
             &s,
             None,
+            &[],
             &cfg.attempt_dir(1),
         )?,
     });
@@ -192,7 +195,14 @@ pub fn ladder(
         };
         let dir = cfg.attempt_dir(rungs.len() + 1);
         rungs.push(Rung {
-            m: knobs::materialize(&cfg.opts.argv, &cfg.target.disc, &settings, resume, &dir)?,
+            m: knobs::materialize(
+                &cfg.opts.argv,
+                &cfg.target.disc,
+                &settings,
+                resume,
+                flags,
+                &dir,
+            )?,
             step: Some(decision),
             settings,
         });
@@ -339,10 +349,10 @@ struct Plan<'a> {
 pub fn plan_main(cfg: &RunConfig, as_json: bool) -> i32 {
     // As a run would see it at its start: every checkpoint there now is
     // another run's, and plan says so.
-    let res = Resumer::now(cfg.target.layout.clone())
-        .refusing(cfg.target.resume_refused.clone())
-        .search();
-    let rungs = match ladder(cfg, res.arg.as_ref()) {
+    let resumer =
+        Resumer::now(cfg.target.layout.clone()).refusing(cfg.target.resume_refused.clone());
+    let res = resumer.search();
+    let rungs = match ladder(cfg, res.arg.as_ref(), &resumer.relaunch_flags()) {
         Ok(r) => r,
         Err(e) => {
             crate::report::terminal::get().error(&e.to_string());

@@ -80,6 +80,9 @@ pub enum StartsAs {
     Automatic,
     /// From the user's own resume argument.
     UserArgument(PathBuf),
+    /// From the checkpoint the script found in its folder by itself as the first
+    /// attempt started (see `checkpoint::OwnSearch`), named on the command line.
+    OwnPick(PathBuf),
     Fresh,
 }
 
@@ -122,6 +125,11 @@ impl fmt::Display for Because {
                         "keep your resume argument {}, as the first attempt did",
                         u.display()
                     ),
+                    StartsAs::OwnPick(p) => write!(
+                        f,
+                        "resume from {}, which the script found in its folder by itself as the first attempt started (named, so that the script does not take a newer one this run left half-written)",
+                        p.display()
+                    ),
                     StartsAs::Fresh => f.write_str("start fresh, as the first attempt did"),
                 }
             }
@@ -143,9 +151,31 @@ impl fmt::Display for Because {
                         "the next attempt runs the command as written, from your resume argument {} (if it too was written before the change, it fails to load the same way)",
                         u.display()
                     ),
+                    StartsAs::OwnPick(p) => write!(
+                        f,
+                        "the next attempt resumes from {}, which the script found by itself as the first attempt started (if it too was written before the change, it fails to load the same way)",
+                        p.display()
+                    ),
                 }
             }
         }
+    }
+}
+
+/// How an attempt starts without a checkpoint of this run's, by `layout`: by itself
+/// (automatic), from the user's resume argument, else from what the script found by
+/// itself as the first attempt started, else fresh.
+fn starts_as(layout: &Layout) -> StartsAs {
+    if layout.how == ResumeHow::Automatic {
+        return StartsAs::Automatic;
+    }
+    match (
+        &layout.user_resume,
+        layout.own.as_ref().and_then(|o| o.picked.as_ref()),
+    ) {
+        (Some(u), _) => StartsAs::UserArgument(u.clone()),
+        (None, Some(p)) => StartsAs::OwnPick(p.clone()),
+        (None, None) => StartsAs::Fresh,
     }
 }
 
@@ -267,19 +297,25 @@ impl Resumer {
                 path: c.path.clone(),
                 automatic,
             },
-            (None, user) => Because::NoneYet {
+            (None, _) => Because::NoneYet {
                 root: layout.root.clone(),
-                starts: match user {
-                    _ if automatic => StartsAs::Automatic,
-                    Some(u) => StartsAs::UserArgument(u.clone()),
-                    None => StartsAs::Fresh,
-                },
+                starts: starts_as(layout),
             },
         };
+        let named = chosen
+            .as_ref()
+            .map(|c| c.path.clone())
+            .or_else(|| match &because {
+                Because::NoneYet {
+                    starts: StartsAs::OwnPick(p),
+                    ..
+                } => Some(p.clone()),
+                _ => None,
+            });
         Resumption {
-            arg: chosen.as_ref().map(|c| ResumeArg {
+            arg: named.map(|path| ResumeArg {
                 how: layout.how.clone(),
-                path: c.path.clone().into_os_string(),
+                path: path.into_os_string(),
             }),
             found: Some(found),
             chosen,
@@ -300,19 +336,33 @@ impl Resumer {
     /// (`why`): the next attempt runs the command as written, from the step it
     /// started from the first time.
     pub fn start_over(&mut self, r: &mut Resumption, why: crate::loadable::Unloadable) {
-        let starts = match self.layout.as_ref() {
-            Some(l) if l.how == ResumeHow::Automatic => StartsAs::Automatic,
-            Some(Layout {
-                user_resume: Some(u),
-                ..
-            }) => StartsAs::UserArgument(u.clone()),
-            _ => StartsAs::Fresh,
-        };
+        let starts = self.layout.as_ref().map_or(StartsAs::Fresh, starts_as);
         r.chosen = None;
-        r.arg = None;
+        r.arg = match (&starts, &self.layout) {
+            (StartsAs::OwnPick(p), Some(l)) => Some(ResumeArg {
+                how: l.how.clone(),
+                path: p.clone().into_os_string(),
+            }),
+            _ => None,
+        };
         r.because = Because::StartsOver { why, starts };
-        self.next = None;
+        self.next = r.arg.clone();
         self.step = None;
+    }
+
+    /// The flags every relaunch carries besides its settings and where it resumes:
+    /// the one that turns a script's own folder search off (see
+    /// `checkpoint::OwnSearch`), until the command refuses it.
+    pub fn relaunch_flags(&self) -> Vec<String> {
+        if self.refused.is_some() {
+            return Vec::new();
+        }
+        self.layout
+            .as_ref()
+            .and_then(|l| l.own.as_ref())
+            .and_then(|o| o.off.clone())
+            .into_iter()
+            .collect()
     }
 
     /// The next attempt resumes from `path`, as copy 0 of the job decided
@@ -343,7 +393,11 @@ impl Resumer {
     pub fn started_from(&self) -> u64 {
         self.step
             .or_else(|| {
-                let user = self.layout.as_ref()?.user_resume.as_ref()?;
+                let l = self.layout.as_ref()?;
+                let user = l
+                    .user_resume
+                    .as_ref()
+                    .or_else(|| l.own.as_ref()?.picked.as_ref())?;
                 checkpoint::recorded_step(user)
             })
             .unwrap_or(0)
@@ -394,6 +448,44 @@ mod tests {
         assert_eq!(res.because, Because::NoLayout);
         assert!(res.because.to_string().starts_with("no checkpoint folder"));
         assert_eq!(r.started_from(), 0);
+    }
+
+    #[test]
+    fn a_script_that_picks_its_own_checkpoint_is_told_it_by_name_until_this_run_writes_one() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("out");
+        let picked = hf_checkpoint(&root, 100);
+        let mut l = layout(&root);
+        l.own = Some(crate::checkpoint::OwnSearch {
+            picked: Some(picked.clone()),
+            off: Some("--overwrite_output_dir".into()),
+        });
+        let mut r = Resumer::new(Some(l), Duration::ZERO);
+        r.take_baseline();
+        assert_eq!(
+            r.relaunch_flags(),
+            vec!["--overwrite_output_dir".to_string()]
+        );
+        // This run's half-written checkpoint-200 is passed over; the script's own pick is named.
+        fs::create_dir_all(root.join("checkpoint-200")).unwrap();
+        let res = r.search();
+        assert_eq!(res.chosen, None);
+        assert_eq!(
+            res.arg.as_ref().map(|a| PathBuf::from(&a.path)),
+            Some(picked.clone())
+        );
+        assert!(
+            matches!(&res.because, Because::NoneYet { starts: StartsAs::OwnPick(p), .. } if *p == picked)
+        );
+        r.resume_from(&res, res.step());
+        assert_eq!(r.next().map(|a| PathBuf::from(&a.path)), Some(picked));
+        assert_eq!(r.started_from(), 100);
+        // Once this run writes a complete one, that one.
+        let new = hf_checkpoint(&root, 300);
+        assert_eq!(r.search().arg.map(|a| PathBuf::from(a.path)), Some(new));
+        // The command refused the flag: never carried again.
+        r.refuse("refused".into());
+        assert!(r.relaunch_flags().is_empty());
     }
 
     #[test]

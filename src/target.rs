@@ -210,7 +210,22 @@ impl Target {
                 "salloc: oomguard sees salloc, not the srun steps it starts, so a Ctrl-C or a kill cannot cancel them; wrap the srun instead: `salloc -N2 oomguard srun ...` (docs/clusters.md)".into(),
             );
         }
-        let layout = knobs::layout(&cmd, &disc, opts.policy.resume.as_ref());
+        let mut layout = knobs::layout(&cmd, &disc, opts.policy.resume.as_ref());
+        if let Some(l) = layout
+            .as_mut()
+            .filter(|l| matches!(l.kind, checkpoint::Kind::Format(f) if f.id == crate::frameworks::hf::CHECKPOINTS.id))
+        {
+            let env_text = |n: &str| env(n).and_then(|v| v.into_string().ok());
+            let major = crate::memory::facts::transformers_major(&cmd, &env_text);
+            let (own, warning) = crate::frameworks::hf::own_search(
+                &cmd,
+                &l.root,
+                disc.script_options.as_ref(),
+                major,
+            );
+            l.own = own;
+            disc.warnings.extend(warning);
+        }
         let resume_refused = layout
             .as_ref()
             .and_then(|l| knobs::resume_refused(&cmd, &disc, l));

@@ -437,6 +437,161 @@ fn hf_trainer_oom_while_saving_resumes_from_the_previous_complete_checkpoint() {
     );
 }
 
+/// transformers 4.x's older examples stop on an `--output_dir` that holds any file
+/// unless given `--overwrite_output_dir`: the relaunch after an OOM at step 3 (with
+/// checkpoint-2 in the folder) carries it, resumes from checkpoint-2 and finishes.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn a_script_that_stops_on_a_non_empty_output_dir_is_relaunched_with_overwrite_output_dir() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let report = out.join("report.jsonl");
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "python",
+        "tests/real/hf_example_oom.py",
+        "--example_start",
+        "listdir",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_seq_length",
+        "64",
+        "--budget",
+        "256",
+        "--oom_at_step",
+        "3",
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "2",
+        "--output_dir",
+        out.to_str().unwrap(),
+        "--oomguard_report",
+        report.to_str().unwrap(),
+    ];
+    let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&run_dir);
+    let starts = events(&j, "attempt_start");
+    run.check("attempts", 2, starts.len());
+    let first = argv_of(starts[0]);
+    run.ensure(
+        "the first attempt runs the command as written",
+        !first.iter().any(|a| a == "--overwrite_output_dir"),
+        "no --overwrite_output_dir",
+        &first,
+    );
+    let second = argv_of(starts[1]);
+    run.ensure(
+        "the relaunch carries --overwrite_output_dir",
+        second.iter().any(|a| a == "--overwrite_output_dir"),
+        "--overwrite_output_dir in attempt 2's argv",
+        &second,
+    );
+    run.check(
+        "attempt 2 resumes from checkpoint-2",
+        Some(out.join("checkpoint-2").display().to_string()),
+        resume_arg(&second),
+    );
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    let last: Value = text
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default();
+    run.check(
+        "resumed from checkpoint-2",
+        Some(out.join("checkpoint-2").display().to_string()),
+        last["resumed_from"].as_str().map(str::to_string),
+    );
+    run.check("reached max_steps", Some(6), last["global_step"].as_u64());
+    run.check("global batch kept", Some(8), last["global_batch"].as_u64());
+}
+
+/// transformers 4.x's examples resume by themselves from their folder's newest
+/// `checkpoint-N`, whole or not. A run started over last night's checkpoint-2 dies
+/// of an OOM half-way through saving checkpoint-4: the relaunch names checkpoint-2
+/// (and turns the script's own search off), where the script alone would load the
+/// half-written checkpoint-4 and fail.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn a_script_that_resumes_by_itself_is_told_the_checkpoint_it_picked_not_a_half_written_one() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let script_args = |micro: &str, steps: &str| {
+        vec![
+            "tests/real/hf_example_oom.py".to_string(),
+            "--per_device_train_batch_size".into(),
+            micro.into(),
+            "--max_seq_length".into(),
+            "64".into(),
+            "--budget".into(),
+            "256".into(),
+            "--oom_at_step".into(),
+            "1000".into(),
+            "--oom_while_saving_at".into(),
+            "4".into(),
+            "--max_steps".into(),
+            steps.into(),
+            "--save_steps".into(),
+            "2".into(),
+            "--output_dir".into(),
+            out.display().to_string(),
+        ]
+    };
+    // Last night's run, without oomguard: checkpoint-2 at a micro-batch that fits.
+    let before = Command::new(bin.join("python"))
+        .current_dir(repo())
+        .args(script_args("4", "2"))
+        .output()
+        .unwrap();
+    assert!(
+        out.join("checkpoint-2/trainer_state.json").is_file(),
+        "the run before oomguard left no checkpoint-2: {}",
+        String::from_utf8_lossy(&before.stderr)
+    );
+    let mut args = vec![
+        "--run-dir".to_string(),
+        run_dir.display().to_string(),
+        "python".into(),
+    ];
+    args.extend(script_args("8", "6"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
+
+    let j = run.journal(&run_dir);
+    let starts = events(&j, "attempt_start");
+    run.check("attempts", 2, starts.len());
+    let second = argv_of(starts[1]);
+    run.check(
+        "attempt 2 names checkpoint-2, which the script picked itself at attempt 1",
+        Some(out.join("checkpoint-2").display().to_string()),
+        resume_arg(&second),
+    );
+    run.ensure(
+        "attempt 2 turns the script's own search off",
+        second.iter().any(|a| a == "--overwrite_output_dir"),
+        "--overwrite_output_dir in attempt 2's argv",
+        &second,
+    );
+    // Attempt 2 loads checkpoint-2 and trains on to the same save, where it runs out
+    // of memory again: an OOM, not a failure to load checkpoint-4.
+    let ends: Vec<_> = events(&j, "attempt_end")
+        .iter()
+        .map(|e| e["outcome"].clone())
+        .collect();
+    run.check(
+        "outcomes",
+        vec![Value::from("cuda_oom"), Value::from("cuda_oom")],
+        ends,
+    );
+    run.check("exit code", Some(75), run.code);
+}
+
 /// A host (CPU) OOM raised in a real DataLoader worker process of a real Trainer
 /// (`--dataloader_num_workers 4`, the host holds 2): the workers are halved and the
 /// relaunch resumes from the Trainer's checkpoint-2 and finishes.

@@ -45,6 +45,7 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
             },
         },
         user_resume: restore.map(PathBuf::from),
+        own: None,
     })
 }
 

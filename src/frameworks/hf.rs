@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use super::{AbsentValue, Family};
 use crate::checkpoint::{
-    Format, Kind, Layout, NotComplete, ResumeHow, index_complete, no_temporaries, numbered_dirs,
-    plain_name, read_in, read_small, recorded_step, weights_complete,
+    Format, Kind, Layout, NotComplete, OwnSearch, ResumeHow, index_complete, no_temporaries,
+    numbered_dirs, plain_name, read_in, read_small, recorded_step, weights_complete,
 };
 use crate::command::Command;
 use crate::progress::Logging;
@@ -77,6 +77,92 @@ fn layout(cmd: &Command, _: &super::Ctx) -> Option<Layout> {
         user_resume: cmd
             .value(&["--resume_from_checkpoint", "--resume-from-checkpoint"])
             .map(PathBuf::from),
+        own: None,
+    })
+}
+
+/// The flag that turns the Hugging Face examples' own folder search and their refusal of
+/// a folder that is not empty off.
+const OVERWRITE: &str = "--overwrite_output_dir";
+
+/// What a Hugging Face script does with its `output_dir` by itself as it starts (see
+/// [`OwnSearch`]), read from its source; `None` when it does nothing there, or its
+/// source cannot be read. A warning comes back where the script stops on a folder that
+/// is not empty and oomguard cannot turn that off: its parser may not take
+/// `--overwrite_output_dir` (transformers 5's `TrainingArguments` has no such field),
+/// or the script deletes files (`rmtree`), where that flag could delete checkpoints.
+///
+/// `transformers_major`: the version installed where the command runs, when known.
+pub fn own_search(
+    cmd: &Command,
+    root: &Path,
+    options: Option<&crate::knobs::accepts::ScriptOptions>,
+    transformers_major: Option<u32>,
+) -> (Option<OwnSearch>, Option<String>) {
+    let Some(script) = cmd.script() else {
+        return (None, None);
+    };
+    let Some(src) = crate::knobs::accepts::source(Path::new(script)) else {
+        return (None, None);
+    };
+    let searches = src.contains("get_last_checkpoint(");
+    let refuses = src.contains("overwrite_output_dir") && (searches || src.contains("os.listdir("));
+    if !searches && !refuses {
+        return (None, None);
+    }
+    let off_given = cmd.flags.iter().any(|f| {
+        f.name == OVERWRITE
+            && !f
+                .value
+                .as_deref()
+                .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "false" | "0" | "no"))
+    });
+    if off_given {
+        return (None, None);
+    }
+    let user_resume = cmd.has_flag(&["--resume_from_checkpoint", "--resume-from-checkpoint"]);
+    let picked = (searches && !user_resume)
+        .then(|| numbered_dirs(root, "checkpoint-", "").into_iter().next())
+        .flatten()
+        .map(|c| c.path);
+    let name = Path::new(script)
+        .file_name()
+        .map_or_else(|| script.to_string(), |n| n.to_string_lossy().into_owned());
+    let mut warning = None;
+    let off = if !refuses {
+        None
+    } else if src.contains("rmtree(") {
+        warning = Some(format!(
+            "{name} stops on an --output_dir that holds files unless given {OVERWRITE}, and it deletes files (rmtree): oomguard does not add {OVERWRITE}, so a relaunch may stop with \"already exists and is not empty\"; give it yourself if it only turns that check off"
+        ));
+        None
+    } else {
+        let declared = options.is_some_and(|o| o.accepts(OVERWRITE))
+            || declares_field(&src, "overwrite_output_dir")
+            || (transformers_major.is_some_and(|v| v < 5) && src.contains("TrainingArguments"));
+        if declared {
+            Some(OVERWRITE.to_string())
+        } else {
+            warning = Some(format!(
+                "{name} stops on an --output_dir that holds files unless given {OVERWRITE}, and oomguard cannot tell that its parser takes that flag ({}): a relaunch may stop with \"already exists and is not empty\"; give {OVERWRITE} yourself where your transformers has it (oomguard then names the checkpoint to resume from)",
+                match transformers_major {
+                    Some(v) => format!("transformers {v} has no such field in TrainingArguments, and the script declares none"),
+                    None => "no transformers found where the command runs, and the script declares no such field".into(),
+                }
+            ));
+            None
+        }
+    };
+    (Some(OwnSearch { picked, off }), warning)
+}
+
+/// Whether `src` declares a dataclass field `name` (`    name: bool = False`): a line
+/// that starts with it and a colon, as an `if ... name:` line does not.
+fn declares_field(src: &str, name: &str) -> bool {
+    src.lines().any(|l| {
+        l.trim_start()
+            .strip_prefix(name)
+            .is_some_and(|rest| rest.trim_start().starts_with(':'))
     })
 }
 
@@ -445,6 +531,101 @@ mod tests {
         let given = argv(&format!("python {} --output_dir out", script.display()));
         assert_eq!(layout(&given, &ctx).unwrap().root, PathBuf::from("out"));
         assert!(layout(&argv("python missing.py"), &ctx).is_none());
+    }
+
+    /// transformers 4.x's examples' start: the folder's newest checkpoint-N resumed by
+    /// itself, a folder with files but no checkpoint refused (the older ones: any file).
+    const EXAMPLE_START: &str = "from transformers import HfArgumentParser, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+last_checkpoint = None
+if os.path.isdir(training_args.output_dir) and training_args.do_train and not training_args.overwrite_output_dir:
+    last_checkpoint = get_last_checkpoint(training_args.output_dir)
+    if last_checkpoint is None and len(os.listdir(training_args.output_dir)) > 0:
+        raise ValueError(\"Output directory already exists and is not empty. Use --overwrite_output_dir to overcome.\")
+";
+
+    #[test]
+    fn a_script_that_searches_its_folder_is_told_what_it_picked_and_turned_off() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        for d in ["checkpoint-2", "checkpoint-10", "checkpoint-9x", "runs"] {
+            fs::create_dir_all(out.join(d)).unwrap();
+        }
+        let script = |name: &str, body: &str| {
+            let p = t.path().join(name);
+            fs::write(&p, body).unwrap();
+            p.display().to_string()
+        };
+        let run_clm = script("run_clm.py", EXAMPLE_START);
+        let cmd = |s: &str, rest: &str| {
+            argv(&format!("python {s} --output_dir {} {rest}", out.display()))
+        };
+        let own = |c: &Command, major: Option<u32>| own_search(c, &out, None, major);
+
+        // transformers 4: TrainingArguments has the flag; the newest checkpoint-N by number.
+        let (o, w) = own(&cmd(&run_clm, "--do_train"), Some(4));
+        let o = o.expect("run_clm.py searches its folder");
+        assert_eq!(o.picked, Some(out.join("checkpoint-10")));
+        assert_eq!(o.off.as_deref(), Some("--overwrite_output_dir"));
+        assert_eq!(w, None);
+        // transformers 5 dropped the field; unknown: not added, and the plan says why.
+        for major in [Some(5), None] {
+            let (o, w) = own(&cmd(&run_clm, ""), major);
+            assert_eq!(o.unwrap().off, None);
+            assert!(w.unwrap().contains("give --overwrite_output_dir yourself"));
+        }
+        // The script declares the field itself (kept working on 5).
+        let declared = script(
+            "declared.py",
+            &format!(
+                "{EXAMPLE_START}\n@dataclass\nclass A:\n    overwrite_output_dir: bool = False\n"
+            ),
+        );
+        assert_eq!(
+            own(&cmd(&declared, ""), Some(5)).0.unwrap().off.as_deref(),
+            Some("--overwrite_output_dir")
+        );
+        // The user's own resume argument or flag: nothing to name, nothing to add.
+        let o = own(
+            &cmd(&run_clm, "--resume_from_checkpoint out/checkpoint-2"),
+            Some(4),
+        )
+        .0;
+        assert_eq!(o.unwrap().picked, None);
+        assert_eq!(
+            own(&cmd(&run_clm, "--overwrite_output_dir"), Some(4)).0,
+            None
+        );
+        assert_eq!(
+            own(&cmd(&run_clm, "--overwrite_output_dir True"), Some(4)).0,
+            None
+        );
+        assert!(
+            own(&cmd(&run_clm, "--overwrite_output_dir false"), Some(4))
+                .0
+                .is_some()
+        );
+        // A script that deletes files: the flag could delete checkpoints.
+        let rm = script(
+            "rm.py",
+            &format!("{EXAMPLE_START}shutil.rmtree(training_args.output_dir)\n"),
+        );
+        let (o, w) = own(&cmd(&rm, ""), Some(4));
+        assert_eq!(o.unwrap().off, None);
+        assert!(w.unwrap().contains("rmtree"));
+        // A script that only resumes by itself (open-r1, alignment-handbook): named, nothing to turn off.
+        let recipe = script(
+            "sft.py",
+            "last_checkpoint = get_last_checkpoint(training_args.output_dir)\n",
+        );
+        let o = own(&cmd(&recipe, ""), Some(5)).0.unwrap();
+        assert_eq!((o.picked, o.off), (Some(out.join("checkpoint-10")), None));
+        // A script that does neither.
+        let plain = script(
+            "train.py",
+            "trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)\n",
+        );
+        assert_eq!(own(&cmd(&plain, ""), Some(4)), (None, None));
     }
 
     #[test]

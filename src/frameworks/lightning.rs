@@ -178,6 +178,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         root,
         how,
         user_resume: user.map(PathBuf::from),
+        own: None,
     })
 }
 

@@ -74,6 +74,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
             equals: false,
         },
         user_resume: None,
+        own: None,
     })
 }
 

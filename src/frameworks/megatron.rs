@@ -34,6 +34,7 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
         },
         root,
         user_resume: load.map(PathBuf::from),
+        own: None,
     })
 }
 

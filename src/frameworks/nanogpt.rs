@@ -50,6 +50,7 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
             equals: true,
         },
         user_resume: None,
+        own: None,
     })
 }
 

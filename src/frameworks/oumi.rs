@@ -41,6 +41,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         user_resume: cmd
             .value(&["--training.resume_from_checkpoint"])
             .map(PathBuf::from),
+        own: None,
     })
 }
 

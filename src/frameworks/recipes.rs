@@ -82,6 +82,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
         root: PathBuf::from(out),
         how,
         user_resume: user.map(PathBuf::from),
+        own: None,
     })
 }
 

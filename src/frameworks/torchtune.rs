@@ -62,6 +62,7 @@ fn layout(cmd: &Command, ctx: &Ctx) -> Option<Layout> {
             value: Some("True".into()),
         },
         user_resume: None,
+        own: None,
     })
 }
 

@@ -702,7 +702,7 @@ mod tests {
     }
 
     fn mat(a: &[OsString], d: &Discovery, s: &Settings, r: Option<&ResumeArg>) -> Materialized {
-        crate::knobs::materialize(a, d, s, r, std::path::Path::new("/tmp/oomguard-test"))
+        crate::knobs::materialize(a, d, s, r, &[], std::path::Path::new("/tmp/oomguard-test"))
             .expect("materialize")
     }
 

@@ -534,15 +534,25 @@ pub fn added(disc: &Discovery, settings: &Settings) -> Vec<(Knob, String)> {
     out
 }
 
-/// The argument `materialize` adds to the command `argv` to tell it where to resume
-/// (`resume`), as it is put in argv without its value: the flag, or an override's key,
-/// when the user's command does not already have it (a value the user wrote is only
-/// replaced, and their parser took it). A program that refuses it refuses oomguard's
-/// doing (`evidence::refused`).
-pub fn resume_added(argv: &[OsString], resume: Option<&ResumeArg>) -> Option<String> {
+/// The bare flags of `flags` that the command `cmd` does not have.
+fn added_flags<'a>(cmd: &Command, flags: &'a [String]) -> impl Iterator<Item = &'a String> {
+    flags.iter().filter(|f| !cmd.has_flag(&[f.as_str()]))
+}
+
+/// The arguments `materialize` adds to the command `argv` to tell it where to resume
+/// (`resume`) and the bare `flags` a relaunch carries, as they are put in argv without
+/// a value: the resume flag, or an override's key, when the user's command does not
+/// already have it (a value the user wrote is only replaced, and their parser took
+/// it), then each flag it lacks. A program that refuses one refuses oomguard's doing
+/// (`evidence::refused`).
+pub fn resume_added(
+    argv: &[OsString],
+    resume: Option<&ResumeArg>,
+    flags: &[String],
+) -> Vec<String> {
     use crate::checkpoint::ResumeHow;
     let cmd = Command::parse(argv);
-    match &resume?.how {
+    let arg = resume.and_then(|r| match &r.how {
         ResumeHow::Flag { flag, .. } | ResumeHow::Const { flag, .. } => {
             (!cmd.has_flag(&[flag.as_str()])).then(|| flag.clone())
         }
@@ -551,18 +561,24 @@ pub fn resume_added(argv: &[OsString], resume: Option<&ResumeArg>) -> Option<Str
             .is_none()
             .then(|| key.clone()),
         ResumeHow::Automatic => None,
-    }
+    });
+    arg.into_iter()
+        .chain(added_flags(&cmd, flags).cloned())
+        .collect()
 }
 
 /// Write `settings` into the user's argv, environment and copies of their
-/// config files (under `dir`). Knobs whose value did not change are left
-/// exactly as the user wrote them. Nothing is written to disk here: the
-/// caller writes `files` (the plan shows them instead).
+/// config files (under `dir`), with where to resume (`resume`) and the bare
+/// flags a relaunch carries (`flags`, added where the command lacks them).
+/// Knobs whose value did not change are left exactly as the user wrote them.
+/// Nothing is written to disk here: the caller writes `files` (the plan shows
+/// them instead).
 pub fn materialize(
     argv: &[OsString],
     disc: &Discovery,
     settings: &Settings,
     resume: Option<&ResumeArg>,
+    flags: &[String],
     dir: &Path,
 ) -> Result<Materialized, KnobError> {
     let mut out: Vec<OsString> = argv.to_vec();
@@ -663,6 +679,10 @@ pub fn materialize(
 
     if let Some(r) = resume {
         flags::apply_resume(&mut out, &mut inserts, &mut append, r);
+    }
+    let cmd = Command::parse(argv);
+    for f in added_flags(&cmd, flags) {
+        append.push(f.into());
     }
 
     let (derived, default_ref) = copies(disc, &mut docs, dir, &mut out, &mut env)?;

@@ -190,7 +190,7 @@ pub fn run(cfg: &RunConfig, gw: GpuWatch, signals: &launch::Signals) -> i32 {
     let term = terminal::get();
     // Everything the policy could do is checked before anything runs: a config
     // value that cannot be written fails now, not at 3 a.m.
-    let rungs = match plan::ladder(cfg, None) {
+    let rungs = match plan::ladder(cfg, None, &[]) {
         Ok(r) => r.len(),
         Err(e) => {
             term.error(&e.to_string());
@@ -447,11 +447,19 @@ impl<'c> Run<'c> {
         if n > 1 {
             self.config_changes(n);
         }
+        // The first attempt runs the command as written; a relaunch carries the flags
+        // that keep a script's own folder search from overriding where it resumes.
+        let flags = if n > 1 {
+            self.now.resumer.relaunch_flags()
+        } else {
+            Vec::new()
+        };
         let m = knobs::materialize(
             &cfg.opts.argv,
             &cfg.target.disc,
             &self.now.settings,
             self.now.resumer.next(),
+            &flags,
             &files_dir,
         )
         .map_err(|e| {
@@ -468,7 +476,7 @@ impl<'c> Run<'c> {
         }
         self.now.added = evidence::Added {
             knobs: knobs::added(&cfg.target.disc, &self.now.settings),
-            resume: knobs::resume_added(&cfg.opts.argv, self.now.resumer.next()),
+            resume: knobs::resume_added(&cfg.opts.argv, self.now.resumer.next(), &flags),
         };
         let env_set: Vec<(OsString, OsString)> = self
             .now

@@ -85,12 +85,15 @@ class StepCounter(TrainerCallback):
         self.step = state.global_step + 1
 
 
-def main():
-    parser = HfArgumentParser((ScriptArguments, TrainingArguments))
+def main(extra=(), start=None):
+    """The run. `extra`: more argument dataclasses (parsed after these two); `start`: called
+    with (training_args, *extra's instances) before training, it returns the checkpoint to
+    resume from (default: --resume_from_checkpoint)."""
+    parser = HfArgumentParser((ScriptArguments, TrainingArguments, *extra))
     # Defaults for this test; anything on the command line comes later and wins.
     defaults = ["--use_cpu", "--report_to", "none", "--logging_steps", "1", "--save_strategy", "steps",
                 "--dataloader_num_workers", "0", "--seed", "0"]
-    script_args, training_args = parser.parse_args_into_dataclasses(args=defaults + sys.argv[1:])
+    script_args, training_args, *more = parser.parse_args_into_dataclasses(args=defaults + sys.argv[1:])
     seq, micro = script_args.max_seq_length, training_args.per_device_train_batch_size
     accum, world = training_args.gradient_accumulation_steps, training_args.world_size
     print(f"micro={micro} accum={accum} world={world} seq={seq} "
@@ -129,7 +132,7 @@ def main():
             save_optimizer(output_dir)
 
         trainer._save_optimizer_and_scheduler = oom_while_saving
-    resume = training_args.resume_from_checkpoint
+    resume = start(training_args, *more) if start else training_args.resume_from_checkpoint
     if resume:
         print(f"resuming from {resume}", flush=True)
     trainer.train(resume_from_checkpoint=resume)
