@@ -437,6 +437,76 @@ fn hf_trainer_oom_while_saving_resumes_from_the_previous_complete_checkpoint() {
     );
 }
 
+/// A script that calls `trainer.train()` bare (TRL's example scripts, stanford_alpaca)
+/// never reads `--resume_from_checkpoint`: the relaunch is not given it, and the run says
+/// it starts over and counts the steps trained again, where before it claimed a resume
+/// from checkpoint-2 that the Trainer ignored.
+#[test]
+#[ignore = "needs the real-client venv: run bash tests/run.sh"]
+fn a_script_that_calls_trainer_train_bare_is_not_told_to_resume_and_says_it_starts_over() {
+    let bin = venv_bin();
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, run_dir) = (tmp.path().join("out"), tmp.path().join("run"));
+    let report = out.join("report.jsonl");
+    let args = [
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+        "python",
+        "tests/real/hf_bare_train_oom.py",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_seq_length",
+        "64",
+        "--budget",
+        "256",
+        "--oom_at_step",
+        "3",
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "2",
+        "--output_dir",
+        out.to_str().unwrap(),
+        "--oomguard_report",
+        report.to_str().unwrap(),
+    ];
+    let run = oomguard(&repo(), &args, Some(&bin), LIMIT);
+
+    run.check("exit code", Some(0), run.code);
+    let j = run.journal(&run_dir);
+    let starts = events(&j, "attempt_start");
+    run.check("attempts", 2, starts.len());
+    run.check(
+        "the relaunch is not told to resume",
+        None,
+        resume_arg(&argv_of(starts[1])),
+    );
+    let why = "hf_bare_train_oom.py calls trainer.train() without resume_from_checkpoint";
+    run.ensure(
+        "the run says why",
+        run.stderr.contains(why),
+        why,
+        &run.stderr,
+    );
+    let lost = events(&j, "work_lost");
+    run.ensure(
+        "the steps before the OOM are counted as trained again, from step 0",
+        lost.first()
+            .and_then(|l| l["steps_lost"].as_u64())
+            .is_some_and(|n| n >= 2),
+        "steps_lost >= 2",
+        &lost,
+    );
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    let last: Value = text
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default();
+    run.check("reached max_steps", Some(6), last["global_step"].as_u64());
+    run.check("global batch kept", Some(8), last["global_batch"].as_u64());
+}
+
 /// transformers 4.x's older examples stop on an `--output_dir` that holds any file
 /// unless given `--overwrite_output_dir`: the relaunch after an OOM at step 3 (with
 /// checkpoint-2 in the folder) carries it, resumes from checkpoint-2 and finishes.

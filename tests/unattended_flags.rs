@@ -253,6 +253,69 @@ fn the_smaller_batch_policy_carries_a_plain_argparse_script_at_a_smaller_global_
 /// the relaunch after the OOM is never given the flag (argparse would refuse it and end
 /// the night with exit 2); it starts from the beginning, halved, and finishes, and
 /// `plan` and the run say why it does not resume.
+/// A DeepSpeed-Chat script's parser goes through `deepspeed.add_config_arguments` and the
+/// script makes its folder with `mkdir(parents=True)`: its options are still read, and
+/// the micro-batch, sequence length and checkpointing it leaves to their defaults are
+/// knobs oomguard adds (before, both read as a parser built elsewhere: no knob at all).
+#[test]
+fn a_deepspeed_chat_script_gets_the_knobs_its_parser_has_from_their_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = program("dschat_main.py");
+    let p = oomguard(
+        dir.path(),
+        &[
+            "plan",
+            "--json",
+            "deepspeed",
+            "--num_gpus",
+            "1",
+            &script,
+            "--model_name_or_path",
+            "facebook/opt-350m",
+            "--gradient_accumulation_steps",
+            "4",
+            "--deepspeed",
+            "--output_dir",
+            "out",
+        ],
+        None,
+        LIMIT,
+    );
+    p.check("plan exit code", Some(0), p.code);
+    let v: Value = serde_json::from_str(&p.stdout).unwrap_or_default();
+    let knob = |k: &str| {
+        (
+            v["knobs"][k]["value"].clone(),
+            v["knobs"][k]["binding"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    p.check(
+        "micro-batch from the parser's default",
+        (
+            Value::from(16),
+            "absent; would add --per_device_train_batch_size".to_string(),
+        ),
+        knob("micro_batch"),
+    );
+    p.check(
+        "sequence length from the parser's default",
+        (
+            Value::from(512),
+            "absent; would add --max_seq_len".to_string(),
+        ),
+        knob("seq_len"),
+    );
+    p.check(
+        "checkpointing offered",
+        (
+            Value::from(false),
+            "absent; would add --gradient_checkpointing".to_string(),
+        ),
+        knob("grad_checkpointing"),
+    );
+    p.check("global batch", Some(64), v["global_batch"].as_u64());
+}
+
 #[test]
 fn a_script_whose_parser_has_no_resume_flag_is_relaunched_without_one() {
     let dir = tempfile::tempdir().unwrap();

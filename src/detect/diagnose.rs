@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::numbers::format_size;
 use super::{
-    Finding, Kind, Scanner, Stream, absurd_what, kernel, score, sizeless_thrust_alloc,
+    Finding, Kind, Scanner, Stream, absurd_what, kernel, phase, score, sizeless_thrust_alloc,
     with_kernel_record,
 };
 
@@ -21,8 +21,8 @@ pub fn advice(f: &Finding) -> &'static str {
                 (n.tried_to_allocate_bytes, n.reserved_unallocated_bytes),
                 (Some(tried), Some(unalloc)) if unalloc >= tried
             );
-            let others: u64 = n.other_processes.iter().map(|p| p.bytes).sum();
-            let crowded = n.total_bytes.is_some_and(|t| others >= t / 4);
+            let crowded =
+                matches!((n.others_bytes(), n.total_bytes), (Some(o), Some(t)) if o >= t / 4);
             let capped = match (n.allowed_bytes, n.tried_to_allocate_bytes, n.free_bytes) {
                 (Some(_), Some(tried), Some(free)) => free >= tried,
                 (Some(_), _, None) => true,
@@ -100,7 +100,7 @@ pub(super) fn classify_file(path: Option<&Path>, kernel_log: Option<&Path>, json
     } else {
         std::fs::File::open(path.expect("a path")).map(|f| Box::new(f) as Box<dyn Read>)
     };
-    let scanner = match reader.and_then(scan_reader) {
+    let (scanner, tail) = match reader.and_then(scan_reader) {
         Ok(s) => s,
         Err(e) => {
             crate::report::terminal::get().of("diagnose", &format!("cannot read {name}: {e}"));
@@ -111,10 +111,11 @@ pub(super) fn classify_file(path: Option<&Path>, kernel_log: Option<&Path>, json
     if let Some(victims) = victims {
         finding = with_kernel_record(finding, scanner.named_pids(), &victims);
     }
+    let seen = phase_of(&finding, &tail);
     let text = if json {
-        render_json(&finding) + "\n"
+        render_json(&finding, seen.as_ref()) + "\n"
     } else {
-        render_human(&finding)
+        render_human(&finding, seen.as_ref())
     };
     let mut out = std::io::stdout().lock();
     // A closed pipe (`| head`) is not a failure of the diagnosis.
@@ -137,27 +138,48 @@ pub fn diagnose_main(
 }
 
 /// Stream a reader through a scanner in 1 MiB chunks (memory stays flat on huge logs).
-fn scan_reader(mut reader: Box<dyn Read>) -> std::io::Result<Scanner> {
+/// The scanner over all of `reader`, and the last [`TAIL`] bytes or more it read (where
+/// the OOM's traceback tells its phase).
+pub(super) fn scan_reader(mut reader: Box<dyn Read>) -> std::io::Result<(Scanner, Vec<u8>)> {
     let mut scanner = Scanner::new();
     let mut buf = vec![0u8; 1 << 20];
+    let mut tail: Vec<u8> = Vec::new();
     loop {
         match reader.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
                 scanner.feed(Stream::Out, &buf[..n]);
+                if tail.len() + n > 2 * TAIL {
+                    tail.drain(..tail.len().saturating_sub(TAIL));
+                }
+                tail.extend_from_slice(&buf[..n]);
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
     scanner.finish();
-    Ok(scanner)
+    Ok((scanner, tail))
+}
+
+/// How much of a log's end `diagnose` reads for the OOM's phase (as a run reads its
+/// attempt's output: `phase::from_log`).
+const TAIL: usize = 4 << 20;
+
+/// When in the run the finding's OOM happened, from the log's end `tail`.
+pub(super) fn phase_of(f: &Finding, tail: &[u8]) -> Option<phase::Seen> {
+    if !matches!(f.kind, Kind::GpuOom) {
+        return None;
+    }
+    phase::classify(&String::from_utf8_lossy(tail), &f.line)
 }
 
 /// The JSON form of `diagnose --json`: one flat object, null where a number is missing.
-pub fn render_json(f: &Finding) -> String {
+pub fn render_json(f: &Finding, seen: Option<&phase::Seen>) -> String {
     let n = &f.numbers;
     serde_json::json!({
+        "phase": seen.map(|s| s.phase),
+        "phase_how": seen.map(|s| s.how.as_str()),
         "kind": f.kind.as_str(),
         "line": f.line,
         "line_no": f.line_no,
@@ -172,13 +194,13 @@ pub fn render_json(f: &Finding) -> String {
         "other_processes": n.other_processes,
         "victim": n.victim,
         "note": f.note,
-        "advice": advice(f),
+        "advice": advice_in(f, seen),
     })
     .to_string()
 }
 
 /// The human form of `diagnose`: kind, decisive line, numbers, advice.
-pub fn render_human(f: &Finding) -> String {
+pub fn render_human(f: &Finding, seen: Option<&phase::Seen>) -> String {
     use std::fmt::Write as _;
     let n = &f.numbers;
     let what = match f.kind {
@@ -194,6 +216,9 @@ pub fn render_human(f: &Finding) -> String {
     }
     if let Some(d) = n.device {
         let _ = writeln!(s, "device: GPU {d}");
+    }
+    if let Some(p) = seen {
+        let _ = writeln!(s, "phase: {} ({})", p.phase.as_str(), p.how);
     }
     let sizes = [
         ("tried to allocate", n.tried_to_allocate_bytes),
@@ -223,6 +248,24 @@ pub fn render_human(f: &Finding) -> String {
     if let Some(note) = &f.note {
         let _ = writeln!(s, "note: {note}");
     }
-    let _ = writeln!(s, "advice: {}", advice(f));
+    let _ = writeln!(s, "advice: {}", advice_in(f, seen));
     s
+}
+
+/// [`advice`], for an OOM whose phase is known: one that no smaller training batch
+/// lowers says so.
+pub fn advice_in(f: &Finding, seen: Option<&phase::Seen>) -> &'static str {
+    use phase::Phase;
+    match seen.map(|s| s.phase) {
+        Some(Phase::Evaluation) => {
+            "GPU memory ran out during evaluation: lower the evaluation batch (the Hugging Face Trainer's per_device_eval_batch_size; eval_accumulation_steps moves predictions to the CPU as they gather), or generate shorter outputs; the training batch is not the cause (oomguard halves the evaluation batch when it runs your command and can change it)"
+        }
+        Some(Phase::Saving) => {
+            "GPU memory ran out while saving a checkpoint (a full state dict gathered on one GPU): save sharded (FSDP SHARDED_STATE_DICT; DeepSpeed stage3_gather_16bit_weights_on_model_save: false) or gather on the CPU; a smaller batch does not lower a save's peak"
+        }
+        Some(Phase::Loading) => {
+            "GPU memory ran out while loading a checkpoint or weights (the optimizer's state and the weights are loaded beside the model): set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, load to the CPU first (map_location=\"cpu\"), or offload the optimizer's state; a smaller batch does not lower a load's peak"
+        }
+        _ => advice(f),
+    }
 }

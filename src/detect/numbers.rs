@@ -35,6 +35,62 @@ pub struct OomNumbers {
     /// "4.00 GiB allowed;": the cap `torch.cuda.set_per_process_memory_fraction` set on
     /// this process's allocator, smaller than the GPU's total.
     pub allowed_bytes: Option<u64>,
+    /// "Including non-PyTorch memory, this process has X memory in use" (PyTorch 2.1+):
+    /// present when PyTorch told this process apart from the others it names.
+    #[serde(skip)]
+    pub this_process_bytes: Option<u64>,
+}
+
+impl OomNumbers {
+    /// The process the message names as "Process N has X memory in use" that is this
+    /// process itself: in a container PyTorch cannot match its own PID (another PID
+    /// namespace) and prints no "this process has" clause, and the process holding at
+    /// least what PyTorch reserved (allocated + reserved but unallocated), and at most
+    /// its CUDA context more, is it.
+    pub fn self_listed(&self) -> Option<u32> {
+        if self.this_process_bytes.is_some() {
+            return None;
+        }
+        let reserved = self.allocated_bytes? + self.reserved_unallocated_bytes?;
+        let context = (2u64 << 30).max(reserved / 10);
+        self.other_processes
+            .iter()
+            .filter(|p| p.bytes >= reserved && p.bytes - reserved <= context)
+            .min_by_key(|p| p.bytes - reserved)
+            .map(|p| p.pid)
+    }
+
+    /// What other processes hold on the GPU, as far as the message tells: the processes
+    /// it names (less this one, see [`OomNumbers::self_listed`]); in the old wording,
+    /// which names none ("X total capacity; Y already allocated; Z free; W reserved in
+    /// total by PyTorch"), the total less what is free and what PyTorch reserved.
+    pub fn others_bytes(&self) -> Option<u64> {
+        if !self.other_processes.is_empty() {
+            let me = self.self_listed();
+            return Some(
+                self.other_processes
+                    .iter()
+                    .filter(|p| Some(p.pid) != me)
+                    .map(|p| p.bytes)
+                    .sum(),
+            );
+        }
+        if self.this_process_bytes.is_some() {
+            return None;
+        }
+        let (total, free, reserved) = (
+            self.total_bytes?,
+            self.free_bytes?,
+            self.reserved_total_bytes?,
+        );
+        // Before PyTorch 1.4 "X cached" was what the allocator held beyond what was
+        // allocated (less than it); since, "reserved in total" holds both.
+        let reserved = match self.allocated_bytes {
+            Some(a) if reserved < a => reserved + a,
+            _ => reserved,
+        };
+        Some(total.saturating_sub(free).saturating_sub(reserved))
+    }
 }
 
 /// A size as PyTorch prints it: `1.50 GiB`, `0 bytes`, `147.24 MB`.
@@ -61,6 +117,11 @@ pub(super) struct NumberPatterns {
     pub(super) reserved_total: Regex,
     pub(super) device: Regex,
     pub(super) process: Regex,
+    pub(super) this_process: Regex,
+    pub(super) tried_xla: Regex,
+    pub(super) free_xla: Regex,
+    pub(super) total_xla: Regex,
+    pub(super) tried_gaudi: Regex,
 }
 
 pub(super) static NUMBERS: LazyLock<NumberPatterns> = LazyLock::new(|| {
@@ -88,10 +149,18 @@ pub(super) static NUMBERS: LazyLock<NumberPatterns> = LazyLock::new(|| {
         allocated_mps: re(r"MPS\s*allocated:\s*SIZE"),
         reserved_unallocated: re(r"SIZE\s*is\s*reserved\s*by\s*PyTorch\s*but\s*unallocated"),
         reserved_total: re(r"SIZE\s*(?:reserved\s*in\s*total|cached\b)"),
+        // Also the old wording with its parentheses lost in a paste ("20.00 MiBGPU 0;
+        // 8.00 GiB total capacity"), and NCCL's warning's "[2]", the local device.
         device: re(
-            r"\(GPU\s*(\d+)\s*;|\bGPU\s?(\d*)\s*has\s*a\s*total|Allocation\s*on\s*device\s*(\d+)",
+            r"\(GPU\s*(\d+)\s*;|\bGPU\s?(\d*)\s*has\s*a\s*total|Allocation\s*on\s*device\s*(\d+)|GPU\s*(\d+)\s*;\s*SIZE\s*total|\[(\d+)\]\s*\S+\.cc:\d+\s*NCCL\s*WARN",
         ),
         process: re(r"Process\s*(\d+)\s*has\s*SIZE"),
+        this_process: re(r"this\s*process\s*has\s*SIZE"),
+        // XLA prints sizes as "6.48G", "180.59M", "0B".
+        tried_xla: re(r"Attempting\s*to\s*(?:reserve|allocate)\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)\b"),
+        free_xla: re(r"There\s*are\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)\s*free"),
+        total_xla: re(r"HBM\s*capacity\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)"),
+        tried_gaudi: re(r"Allocation\s*failed\s*for\s*size::\s*(\d+)"),
     }
 });
 
@@ -113,12 +182,15 @@ fn size_if(word: &str, re: &Regex, text: &str) -> Option<u64> {
 
 pub(super) fn gpu_numbers(text: &str) -> OomNumbers {
     let n = &*NUMBERS;
-    let device = if text.contains("GPU") || text.contains("device") {
+    let device = if text.contains("GPU") || text.contains("device") || text.contains("NCCL") {
         n.device.captures(text).and_then(|c| {
-            c.get(1)
-                .or_else(|| c.get(2))
-                .or_else(|| c.get(3))
-                .and_then(|m| m.as_str().parse().ok())
+            // The first group that holds a device number (the old wording's SIZE
+            // group, a size, is no number).
+            (1..c.len()).find_map(|i| {
+                c.get(i)
+                    .filter(|m| !m.as_str().is_empty())
+                    .and_then(|m| m.as_str().parse().ok())
+            })
         })
     } else {
         None
@@ -135,17 +207,26 @@ pub(super) fn gpu_numbers(text: &str) -> OomNumbers {
                 .flatten()
                 .and_then(|c| c[1].parse::<u64>().ok())
         })
-        .or_else(|| size_if("Requested", &n.tried_async, text));
+        .or_else(|| size_if("Requested", &n.tried_async, text))
+        .or_else(|| size_if("Attempting", &n.tried_xla, text))
+        .or_else(|| {
+            text.contains("size::")
+                .then(|| n.tried_gaudi.captures(text))
+                .flatten()
+                .and_then(|c| c[1].parse::<u64>().ok())
+        });
     OomNumbers {
         device,
         tried_to_allocate_bytes: tried,
         total_bytes: size_if("capac", &n.total_new, text)
             .or_else(|| size_if("capac", &n.total_old, text))
             .or_else(|| size_if("allowed", &n.total_mps, text))
-            .or_else(|| size_if("limit", &n.total_async, text)),
+            .or_else(|| size_if("limit", &n.total_async, text))
+            .or_else(|| size_if("HBM", &n.total_xla, text)),
         free_bytes: size_if("which", &n.free_new, text)
             .or_else(|| size_if("free", &n.free_old, text))
-            .or_else(|| size_if("according", &n.free_async, text)),
+            .or_else(|| size_if("according", &n.free_async, text))
+            .or_else(|| size_if("There", &n.free_xla, text)),
         allocated_bytes: size_if("allocated", &n.allocated_new, text)
             .or_else(|| size_if("already", &n.allocated_old, text))
             .or_else(|| size_if("MPS", &n.allocated_mps, text)),
@@ -168,6 +249,7 @@ pub(super) fn gpu_numbers(text: &str) -> OomNumbers {
         tried_at_least_bytes: size_if("than", &n.tried_more_than, text),
         victim: None,
         allowed_bytes: size_if("allowed", &n.allowed, text),
+        this_process_bytes: size_if("this", &n.this_process, text),
     }
 }
 
@@ -198,6 +280,7 @@ pub(super) fn fill_missing(into: &mut OomNumbers, from: OomNumbers) {
         .or(from.reserved_unallocated_bytes);
     into.reserved_total_bytes = into.reserved_total_bytes.or(from.reserved_total_bytes);
     into.tried_at_least_bytes = into.tried_at_least_bytes.or(from.tried_at_least_bytes);
+    into.this_process_bytes = into.this_process_bytes.or(from.this_process_bytes);
     if into.other_processes.is_empty() {
         into.other_processes = from.other_processes;
     }
@@ -222,11 +305,12 @@ pub fn parse_size(s: &str) -> Option<u64> {
     }
     let shift = match unit.trim() {
         "" | "B" | "byte" | "bytes" => 0,
-        "KiB" | "KB" | "kB" => 10,
-        "MiB" | "MB" => 20,
-        "GiB" | "GB" => 30,
-        "TiB" | "TB" => 40,
-        "PiB" | "PB" => 50,
+        // XLA's "6.48G", "180.59M".
+        "KiB" | "KB" | "kB" | "K" => 10,
+        "MiB" | "MB" | "M" => 20,
+        "GiB" | "GB" | "G" => 30,
+        "TiB" | "TB" | "T" => 40,
+        "PiB" | "PB" | "P" => 50,
         "EiB" | "EB" => 60,
         _ => return None,
     };

@@ -60,6 +60,18 @@ pub enum Phase {
     Training,
 }
 
+impl Phase {
+    /// Its name, as the journal writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Loading => "loading",
+            Phase::Saving => "saving",
+            Phase::Evaluation => "evaluation",
+            Phase::Training => "training",
+        }
+    }
+}
+
 /// The phase an OOM happened in, and how that was told ("the traceback runs
 /// through _load_optimizer_and_scheduler").
 #[derive(Debug, Clone, PartialEq, Eq)]

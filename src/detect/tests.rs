@@ -827,7 +827,7 @@ fn parse_size_examples() {
 #[test]
 fn json_is_flat_with_nulls() {
     let f = classify_log(&own("own-gpu_old_cached.log"));
-    let v: serde_json::Value = serde_json::from_str(&render_json(&f)).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&render_json(&f, None)).unwrap();
     assert_eq!(v["kind"], "cuda_oom");
     assert_eq!(v["line_no"], 4);
     assert_eq!(v["device"], 0);
@@ -835,7 +835,8 @@ fn json_is_flat_with_nulls() {
     assert!(v["reserved_unallocated_bytes"].is_null());
     assert_eq!(v["other_processes"], serde_json::json!([]));
     assert_eq!(v["advice"], advice(&f));
-    let v: serde_json::Value = serde_json::from_str(&render_json(&classify_log(b""))).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&render_json(&classify_log(b""), None)).unwrap();
     assert_eq!(v["kind"], "no_failure");
     assert!(v["total_bytes"].is_null());
 }
@@ -843,7 +844,7 @@ fn json_is_flat_with_nulls() {
 #[test]
 fn human_form_names_kind_line_numbers_and_advice() {
     let f = classify_log(&own("own-gpu_rank_prefixed_then_nccl.log"));
-    let text = render_human(&f);
+    let text = render_human(&f, None);
     assert!(text.starts_with("kind: cuda_oom"), "{text}");
     assert!(text.contains("line 7: torch.OutOfMemoryError"), "{text}");
     assert!(text.contains("tried to allocate: 1.25 GiB"), "{text}");
@@ -919,12 +920,12 @@ fn thrusts_sizeless_bad_alloc_is_a_bug_and_its_other_spellings_are_gpu_ooms() {
         ] {
             assert!(a.contains(words), "{words:?} not in {a}");
         }
-        let human = render_human(&f);
+        let human = render_human(&f, None);
         assert!(
             human.contains("kind: absurd_request (a GPU allocation by thrust"),
             "{human}"
         );
-        let v: serde_json::Value = serde_json::from_str(&render_json(&f)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&render_json(&f, None)).unwrap();
         assert_eq!(v["kind"], "absurd_request");
         assert!(v["tried_to_allocate_bytes"].is_null());
     }
@@ -1266,4 +1267,156 @@ fn advice_names_a_per_process_cap_and_a_request_beyond_the_gpu() {
     let plain = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.20 GiB is free.\n";
     let a = advice(&scan(plain).finding());
     assert!(!a.contains("cap") && !a.contains("whole GPU"), "{a}");
+}
+
+/// PyTorch/XLA on a TPU (the corpus's cuda_oom-102 to -105) and Intel Gaudi (-106) run
+/// out of device memory in their allocators' own words: GPU OOMs, with the sizes read.
+#[test]
+fn xla_and_gaudi_device_memory_are_gpu_ooms_with_their_sizes() {
+    let dir = corpus_dir();
+    for (name, tried, free) in [
+        ("cuda_oom-102.txt", "6.48G", Some("6.78G")),
+        ("cuda_oom-103.txt", "180.59M", Some("142.58M")),
+        ("cuda_oom-104.txt", "3.95G", Some("1.92G")),
+        ("cuda_oom-105.txt", "10.51G", Some("8.97G")),
+    ] {
+        let f = classify_log(&load_fixture(&dir.join(name)).body);
+        assert_eq!(f.kind, Kind::GpuOom, "{name}: {}", f.line);
+        assert_eq!(
+            f.numbers.tried_to_allocate_bytes,
+            parse_size(tried),
+            "{name}"
+        );
+        assert_eq!(f.numbers.free_bytes, free.and_then(parse_size), "{name}");
+    }
+    let f = classify_log(&load_fixture(&dir.join("cuda_oom-106.txt")).body);
+    assert_eq!(f.kind, Kind::GpuOom, "{}", f.line);
+    assert_eq!(f.numbers.tried_to_allocate_bytes, Some(2_123_366_400));
+    assert_eq!(
+        parse_size("6.48G"),
+        Some((6.48 * (1u64 << 30) as f64).round() as u64)
+    );
+}
+
+/// In a container PyTorch names its own process "Process N has X memory in use" (its
+/// PID is another namespace's), with no "this process has" clause: that process is not
+/// another tenant, and the advice is the batch's, not "free the GPU".
+#[test]
+fn a_process_listing_itself_in_a_container_is_not_another_tenant() {
+    let dir = corpus_dir();
+    for name in ["cuda_oom-107.txt", "cuda_oom-108.txt"] {
+        let f = classify_log(&load_fixture(&dir.join(name)).body);
+        assert_eq!(f.kind, Kind::GpuOom);
+        let me = f.numbers.self_listed();
+        assert_eq!(
+            me,
+            f.numbers.other_processes.first().map(|p| p.pid),
+            "{name}"
+        );
+        assert_eq!(f.numbers.others_bytes(), Some(0), "{name}");
+        assert!(
+            !advice(&f).contains("other processes"),
+            "{name}: {}",
+            advice(&f)
+        );
+    }
+    // With "this process has", the processes named are the others (other ranks' contexts).
+    let f = classify_log(&load_fixture(&dir.join("cuda_oom-57.txt")).body);
+    assert_eq!(f.numbers.self_listed(), None);
+    assert!(f.numbers.others_bytes().is_some_and(|b| b > 0));
+    // A process holding far more than PyTorch reserved is another tenant.
+    let crowded = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 1.00 GiB is free. Process 4242 has 60.00 GiB memory in use. Process 4243 has 18.00 GiB memory in use. Of the allocated memory 16.50 GiB is allocated by PyTorch, and 500.00 MiB is reserved by PyTorch but unallocated.\n";
+    let f = scan(crowded).finding();
+    assert_eq!(f.numbers.self_listed(), Some(4243));
+    assert_eq!(f.numbers.others_bytes(), parse_size("60.00 GiB"));
+    assert!(advice(&f).contains("other processes"), "{}", advice(&f));
+}
+
+/// The old wording names no process: what the GPU holds beyond what is free and what
+/// PyTorch reserved is others' (the corpus's cuda_oom-109: 14.75 MiB free of 31.75 GiB,
+/// 622 MiB reserved; -110: 3.85 GiB free of 11.77, 40 MiB reserved).
+#[test]
+fn the_old_wordings_memory_held_by_others_is_the_total_less_free_and_reserved() {
+    let dir = corpus_dir();
+    for name in ["cuda_oom-109.txt", "cuda_oom-110.txt"] {
+        let f = classify_log(&load_fixture(&dir.join(name)).body);
+        assert_eq!(f.kind, Kind::GpuOom);
+        let n = &f.numbers;
+        assert_eq!(
+            n.others_bytes(),
+            Some(n.total_bytes.unwrap() - n.free_bytes.unwrap() - n.reserved_total_bytes.unwrap()),
+            "{name}"
+        );
+        assert!(
+            advice(&f).contains("other processes"),
+            "{name}: {}",
+            advice(&f)
+        );
+    }
+    // Most of the GPU reserved by PyTorch itself: the batch's.
+    let f = classify_log(&own("own-gpu_old_cached.log"));
+    assert!(
+        !advice(&f).contains("other processes"),
+        "{:?} {:?}: {}",
+        f.numbers,
+        f.numbers.others_bytes(),
+        advice(&f)
+    );
+}
+
+/// The device of an old message whose parentheses a paste lost (cuda_oom-111), and of
+/// NCCL's warning ("[2] enqueue.cc:43 NCCL WARN Cuda failure 'out of memory'": -112).
+#[test]
+fn the_device_of_a_reflowed_message_and_of_an_nccl_warning() {
+    let dir = corpus_dir();
+    let f = classify_log(&load_fixture(&dir.join("cuda_oom-111.txt")).body);
+    assert_eq!((f.kind, f.numbers.device), (Kind::GpuOom, Some(0)));
+    let f = classify_log(&load_fixture(&dir.join("cuda_oom-112.txt")).body);
+    assert_eq!((f.kind, f.numbers.device), (Kind::GpuOom, Some(2)));
+}
+
+/// `diagnose` says when in the run the OOM happened, and an evaluation's OOM gets the
+/// evaluation batch's advice.
+#[test]
+fn diagnose_says_the_phase_and_advises_for_it() {
+    let log = "\
+Traceback (most recent call last):
+  File \"train.py\", line 90, in <module>
+    trainer.train()
+  File \"/x/transformers/trainer.py\", line 2400, in _inner_training_loop
+    self._maybe_log_save_evaluate(tr_loss)
+  File \"/x/transformers/trainer.py\", line 3100, in evaluation_loop
+    losses, logits, labels = self.prediction_step(model, inputs)
+  File \"/x/transformers/trainer.py\", line 3300, in prediction_step
+    outputs = model(**inputs)
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free. Including non-PyTorch memory, this process has 22.45 GiB memory in use. Of the allocated memory 21.10 GiB is allocated by PyTorch, and 912.00 MiB is reserved by PyTorch but unallocated.
+";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("eval.log");
+    std::fs::write(&path, log).unwrap();
+    let (scanner, tail) = scan_reader(Box::new(std::fs::File::open(&path).unwrap())).unwrap();
+    let f = scanner.finding();
+    let seen = phase_of(&f, &tail);
+    let v: serde_json::Value = serde_json::from_str(&render_json(&f, seen.as_ref())).unwrap();
+    assert_eq!(v["phase"], "evaluation");
+    assert!(
+        v["phase_how"].as_str().unwrap().contains("prediction_step"),
+        "{v}"
+    );
+    assert!(
+        v["advice"]
+            .as_str()
+            .unwrap()
+            .contains("per_device_eval_batch_size"),
+        "{v}"
+    );
+    let human = render_human(&f, seen.as_ref());
+    assert!(
+        human.contains("phase: evaluation (the traceback runs through prediction_step)"),
+        "{human}"
+    );
+    // Without a phase, the plain advice.
+    let v: serde_json::Value = serde_json::from_str(&render_json(&f, None)).unwrap();
+    assert!(v["phase"].is_null());
+    assert_eq!(v["advice"], advice(&f));
 }

@@ -344,7 +344,7 @@ pub(super) static ERROR_WORDS: LazyLock<regex::bytes::Regex> = LazyLock::new(|| 
 });
 
 /// GPU out-of-memory messages: PyTorch's wordings for CUDA, HIP, XPU, MPS and NPU since
-/// 0.4, cudaMallocAsync's, NCCL's, THC's, accelerate's; a CUDA extension's own wording or
+/// 0.4, cudaMallocAsync's, NCCL's, THC's, accelerate's, XLA's (TPU) and Gaudi's; a CUDA extension's own wording or
 /// only the CUDA error code (2 is `cudaErrorMemoryAllocation`); Intel's SYCL/Level Zero
 /// codes (old PI, new UR); vLLM's "no room for the KV cache".
 const GPU_OOM_SRC: &str = r"
@@ -378,6 +378,14 @@ const GPU_OOM_SRC: &str = r"
         # Intel: Level Zero's out-of-device-memory, through SYCL's old PI and new UR.
         | (?:UR_RESULT|ZE_RESULT)_ERROR_OUT_OF_DEVICE_MEMORY
         | PI_ERROR_OUT_OF_RESOURCES
+        # XLA's allocator (PyTorch/XLA on TPU): 'RESOURCE_EXHAUSTED: Attempting to reserve
+        # 6.48G at the bottom of memory. That was not possible. There are 6.78G free',
+        # 'Resource exhausted: Attempting to allocate 180.59M. That was not possible.';
+        # its compiler: 'Ran out of memory in memory space hbm'.
+        | Attempting\ to\ (?:reserve|allocate)\ [0-9.]+[KMGTP]?i?B?\.?(?:\ at\ the\ bottom\ of\ memory\.)?\ That\ was\ not\ possible
+        | Ran\ out\ of\ memory\ in\ memory\ space\ (?i:hbm|vmem)
+        # Intel Gaudi (HPU): 'FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for size::2123366400'.
+        | PT_DEVMEM\ Allocation\ failed
         # vLLM: the GPU memory budget leaves too little for the KV cache.
         | No\ available\ memory\ for\ the\ cache\ blocks
         | can\ be\ stored\ in\ KV\ cache

@@ -156,6 +156,29 @@ pub fn own_search(
     (Some(OwnSearch { picked, off }), warning)
 }
 
+/// Why `--resume_from_checkpoint` would be parsed and ignored: the script builds its own
+/// Trainer and calls `trainer.train()` with no argument, and never names
+/// `resume_from_checkpoint` (TRL's example scripts, stanford_alpaca's `train.py`). The
+/// Trainer does not read that field of its arguments itself ("not directly used by
+/// Trainer, it's intended to be used by your training/evaluation scripts"), so a
+/// relaunch told to resume would start from step 0. `None` where the script passes it,
+/// or its source does not show (a helper module trains).
+pub fn resume_ignored(cmd: &Command) -> Option<String> {
+    let script = cmd.script()?;
+    let src = crate::knobs::accepts::source(Path::new(script))?;
+    let bare = src.contains("trainer.train()");
+    let passes = src.contains("resume_from_checkpoint") || src.contains("trainer.train(") && !bare;
+    if !bare || passes {
+        return None;
+    }
+    let name = Path::new(script)
+        .file_name()
+        .map_or_else(|| script.to_string(), |n| n.to_string_lossy().into_owned());
+    Some(format!(
+        "{name} calls trainer.train() without resume_from_checkpoint, and the Trainer does not read --resume_from_checkpoint by itself (passing it, as trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint), makes the script resumable)"
+    ))
+}
+
 /// Whether `src` declares a dataclass field `name` (`    name: bool = False`): a line
 /// that starts with it and a colon, as an `if ... name:` line does not.
 fn declares_field(src: &str, name: &str) -> bool {

@@ -289,7 +289,6 @@ const OPEN: &[&str] = &[
     "HfArgumentParser",
     "TrlParser",
     "jsonargparse",
-    "parents=",
     "fromfile_prefix_chars",
     "add_subparsers",
     "import click",
@@ -338,13 +337,28 @@ pub fn parse(src: &str) -> Option<ScriptOptions> {
         while let Some(i) = bare[from..].find(ctor) {
             let at = from + i;
             from = at + ctor.len();
+            // `ArgumentParser(parents=[base])` inherits options from elsewhere (not
+            // `path.mkdir(parents=True)`, which nearly every training script calls).
+            if ctor == "ArgumentParser(" && call_args(&bare[from..])?.contains("parents") {
+                return None;
+            }
             names.push(assigned_to(&bare[..at])?);
         }
     }
-    if names.iter().any(|n| escapes(&bare, n)) {
+    // DeepSpeed's `parser = deepspeed.add_config_arguments(parser)` (DeepSpeed-Chat,
+    // DeepSpeedExamples) hands the parser over to add only its own options.
+    let mut options = Vec::new();
+    let mut handed = bare.to_string();
+    for n in &names {
+        let call = format!("deepspeed.add_config_arguments({n})");
+        if handed.contains(&call) {
+            handed = handed.replace(&call, "");
+            options.extend(DEEPSPEED_CONFIG_ARGUMENTS.iter().map(|o| o.to_string()));
+        }
+    }
+    if names.iter().any(|n| escapes(&handed, n)) {
         return None;
     }
-    let mut options = Vec::new();
     let mut from = 0;
     while let Some(i) = code[from..].find("add_argument(") {
         let args_at = from + i + "add_argument(".len();
@@ -360,6 +374,15 @@ pub fn parse(src: &str) -> Option<ScriptOptions> {
     }
     Some(ScriptOptions { options })
 }
+
+/// The options `deepspeed.add_config_arguments(parser)` adds (DeepSpeed's
+/// `deepspeed/__init__.py`: `_add_core_arguments`).
+const DEEPSPEED_CONFIG_ARGUMENTS: &[&str] = &[
+    "--deepspeed",
+    "--deepspeed_config",
+    "--deepscale",
+    "--deepscale_config",
+];
 
 /// The name a constructor call at the end of `before` is assigned to
 /// (`parser = argparse.` → `parser`); `None` when it is not a plain assignment.
@@ -608,6 +631,28 @@ def main():
         // A model's `.eval()` (nearly every training script's validation) is no eval.
         let validates = PLAIN.replace("    return args", "    model.eval()\n    return args");
         assert!(parse(&validates).is_some());
+        // A parser built on others' options (`parents=`) cannot be told; a folder made
+        // with `mkdir(parents=True)` (diffusers' dreambooth, most scripts) is no parser's.
+        let inherits = PLAIN.replace("ArgumentParser(", "ArgumentParser(parents=[base], ");
+        assert!(inherits.contains("parents=[base]"));
+        assert_eq!(parse(&inherits), None);
+        // DeepSpeed-Chat: the parser goes through deepspeed.add_config_arguments, which
+        // adds only DeepSpeed's own options.
+        let ds = PLAIN.replace(
+            "    args = parser",
+            "    parser = deepspeed.add_config_arguments(parser)\n    args = parser",
+        );
+        assert!(ds.contains("deepspeed.add_config_arguments(parser)"));
+        let o = parse(&ds).expect("a DeepSpeed-Chat parser is read whole");
+        assert!(o.accepts("--deepspeed") && o.accepts("--gradient_checkpointing"));
+        let other = ds.replace("deepspeed.add_config_arguments(parser)", "add_args(parser)");
+        assert_eq!(parse(&other), None);
+        let mkdir = PLAIN.replace(
+            "    return args",
+            "    Path(args.output_dir).mkdir(parents=True, exist_ok=True)\n    return args",
+        );
+        assert!(mkdir.contains("parents=True"));
+        assert!(parse(&mkdir).is_some());
     }
 
     /// What a batch flag counts, read from its help as scripts in the wild write it

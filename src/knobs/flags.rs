@@ -299,10 +299,16 @@ pub fn discover(
     }
 
     // A script of no family that adds flags (diffusers' examples, a plain argparse
-    // loop) whose whole parser its source shows: accumulation and checkpointing are
-    // added where the parser has them, from the default it gives them.
+    // loop, DeepSpeed-Chat) whose whole parser its source shows: the micro-batch,
+    // accumulation, the sequence length and checkpointing are added where the parser
+    // has them, from the default it gives them (the value the run has without them).
     if let (Some((name, opts)), Some(src)) = (&script, &source) {
-        for knob in [Knob::GradAccum, Knob::GradCheckpointing] {
+        for knob in [
+            Knob::MicroBatch,
+            Knob::GradAccum,
+            Knob::SeqLen,
+            Knob::GradCheckpointing,
+        ] {
             if knobs.contains_key(&knob) || not_accepted.iter().any(|(k, _)| *k == knob) {
                 continue;
             }
@@ -314,7 +320,11 @@ pub fn discover(
             };
             use super::accepts::ArgDefault;
             let value = match (knob, super::accepts::default_of(src, &flag)) {
-                (Knob::GradAccum, Some(ArgDefault::Int(n))) if n > 0 => Value::Int(n),
+                (Knob::MicroBatch | Knob::GradAccum | Knob::SeqLen, Some(ArgDefault::Int(n)))
+                    if n > 0 =>
+                {
+                    Value::Int(n)
+                }
                 (Knob::GradCheckpointing, Some(ArgDefault::StoreTrue)) => Value::Bool(false),
                 _ => continue,
             };

@@ -830,6 +830,11 @@ pub fn resume_refused(
         ResumeHow::Flag { flag, .. } | ResumeHow::Const { flag, .. } => flag,
         _ => return None,
     };
+    if matches!(layout.kind, Kind::Format(f) if f.id == frameworks::hf::CHECKPOINTS.id)
+        && let Some(why) = frameworks::hf::resume_ignored(cmd)
+    {
+        return Some(why);
+    }
     let script = cmd.script()?;
     if flag == "--ckpt_path" && frameworks::lightning::without_subcommand(cmd) {
         return Some(format!(

@@ -85,10 +85,12 @@ class StepCounter(TrainerCallback):
         self.step = state.global_step + 1
 
 
-def main(extra=(), start=None):
+def main(extra=(), start=None, train=None):
     """The run. `extra`: more argument dataclasses (parsed after these two); `start`: called
     with (training_args, *extra's instances) before training, it returns the checkpoint to
-    resume from (default: --resume_from_checkpoint)."""
+    resume from (default: --resume_from_checkpoint); `train`: called with the Trainer to
+    train instead of trainer.train(resume_from_checkpoint=...), it returns the checkpoint
+    it resumed from."""
     parser = HfArgumentParser((ScriptArguments, TrainingArguments, *extra))
     # Defaults for this test; anything on the command line comes later and wins.
     defaults = ["--use_cpu", "--report_to", "none", "--logging_steps", "1", "--save_strategy", "steps",
@@ -133,9 +135,12 @@ def main(extra=(), start=None):
 
         trainer._save_optimizer_and_scheduler = oom_while_saving
     resume = start(training_args, *more) if start else training_args.resume_from_checkpoint
-    if resume:
-        print(f"resuming from {resume}", flush=True)
-    trainer.train(resume_from_checkpoint=resume)
+    if train:
+        resume = train(trainer)
+    else:
+        if resume:
+            print(f"resuming from {resume}", flush=True)
+        trainer.train(resume_from_checkpoint=resume)
 
     if script_args.oomguard_report and trainer.is_world_process_zero():
         with open(script_args.oomguard_report, "a") as f:
