@@ -192,6 +192,8 @@ pub struct Resumer {
     next: Option<ResumeArg>,
     /// The step of that checkpoint.
     step: Option<u64>,
+    /// The command refused the flag that turns its own folder search off.
+    off_refused: bool,
 }
 
 impl Resumer {
@@ -205,6 +207,7 @@ impl Resumer {
             settle,
             next: None,
             step: None,
+            off_refused: false,
         }
     }
 
@@ -214,9 +217,15 @@ impl Resumer {
         self
     }
 
-    /// The command refused the resume argument it was given (`why`): from now on it
-    /// is never told where to resume, and the next attempt starts from the beginning.
-    pub fn refuse(&mut self, why: String) {
+    /// The command refused `added`, an argument oomguard added to resume (`why`): the
+    /// resume argument, after which it is never told where to resume and the next
+    /// attempt starts from the beginning; or the flag that turns its own folder search
+    /// off, which is then never carried again.
+    pub fn refuse(&mut self, why: String, added: &str) {
+        if self.relaunch_flags().iter().any(|f| f == added) {
+            self.off_refused = true;
+            return;
+        }
         self.refused = Some(why);
         self.next = None;
         self.step = None;
@@ -354,7 +363,7 @@ impl Resumer {
     /// the one that turns a script's own folder search off (see
     /// `checkpoint::OwnSearch`), until the command refuses it.
     pub fn relaunch_flags(&self) -> Vec<String> {
-        if self.refused.is_some() {
+        if self.off_refused {
             return Vec::new();
         }
         self.layout
@@ -483,8 +492,14 @@ mod tests {
         // Once this run writes a complete one, that one.
         let new = hf_checkpoint(&root, 300);
         assert_eq!(r.search().arg.map(|a| PathBuf::from(a.path)), Some(new));
-        // The command refused the flag: never carried again.
-        r.refuse("refused".into());
+        // The command refused the resume flag: the flag that turns its search off is
+        // still carried; refused itself, it is never carried again.
+        r.refuse("refused".into(), "--resume_from_checkpoint");
+        assert_eq!(
+            r.relaunch_flags(),
+            vec!["--overwrite_output_dir".to_string()]
+        );
+        r.refuse("refused".into(), "--overwrite_output_dir");
         assert!(r.relaunch_flags().is_empty());
     }
 

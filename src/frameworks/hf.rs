@@ -166,9 +166,14 @@ pub fn own_search(
 pub fn resume_ignored(cmd: &Command) -> Option<String> {
     let script = cmd.script()?;
     let src = crate::knobs::accepts::source(Path::new(script))?;
-    let bare = src.contains("trainer.train()");
-    let passes = src.contains("resume_from_checkpoint") || src.contains("trainer.train(") && !bare;
-    if !bare || passes {
+    // The code without comments (`trainer.train(\n    # model_path=...\n)` is bare too).
+    let (code, _) = crate::knobs::accepts::split_code(&src);
+    let calls: Vec<&str> = code
+        .match_indices("trainer.train(")
+        .map(|(at, m)| code[at + m.len()..].trim_start())
+        .collect();
+    let bare = !calls.is_empty() && calls.iter().all(|rest| rest.starts_with(')'));
+    if !bare || code.contains("resume_from_checkpoint") {
         return None;
     }
     let name = Path::new(script)
@@ -649,6 +654,39 @@ if os.path.isdir(training_args.output_dir) and training_args.do_train and not tr
             "trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)\n",
         );
         assert_eq!(own(&cmd(&plain, ""), Some(4)), (None, None));
+    }
+
+    #[test]
+    fn a_script_that_never_hands_the_trainer_its_resume_argument_is_not_told_to_resume() {
+        let t = tempfile::tempdir().unwrap();
+        let ignored = |body: &str| {
+            let p = t.path().join("train.py");
+            fs::write(
+                &p,
+                format!("from transformers import Trainer\ntrainer = Trainer(model)\n{body}\n"),
+            )
+            .unwrap();
+            resume_ignored(&argv(&format!("python {} --output_dir out", p.display())))
+        };
+        // TRL's example scripts, stanford_alpaca: bare, also with a commented-out argument.
+        let why = ignored("trainer.train()").expect("trainer.train() bare");
+        assert!(
+            why.starts_with("train.py calls trainer.train() without resume_from_checkpoint"),
+            "{why}"
+        );
+        assert!(ignored("trainer.train(\n    # model_path=args.model\n)").is_some());
+        // Passed on, by keyword or by a name that carries it.
+        assert_eq!(
+            ignored("trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)"),
+            None
+        );
+        assert_eq!(
+            ignored("ckpt = training_args.resume_from_checkpoint\ntrainer.train(ckpt)"),
+            None
+        );
+        assert_eq!(ignored("trainer.train(ckpt)"), None);
+        // No Trainer call in the script (a helper module trains): cannot be told.
+        assert_eq!(ignored("from mylib import run\nrun()"), None);
     }
 
     #[test]

@@ -472,7 +472,7 @@ fn string_literals(s: &str) -> Option<Vec<String>> {
 
 /// `src` without `#` comments, and the same with every string literal's content
 /// blanked (docstrings, help texts), for looking at the code alone.
-fn split_code(src: &str) -> (String, String) {
+pub(crate) fn split_code(src: &str) -> (String, String) {
     let (mut code, mut bare) = (String::with_capacity(src.len()), String::new());
     let mut chars = src.chars().peekable();
     let mut in_comment = false;

@@ -356,8 +356,12 @@ impl<'c> Run<'c> {
             return;
         };
         let why = format!("the command refused {added} (exit {code}: {line})");
-        self.report.term.say(&format!("attempt {n}: {why}, which oomguard added to resume from this run's checkpoint; that is oomguard's doing, not the run's failure: the command cannot be told where to resume, so each later attempt starts from the beginning and trains the steps before it again (a policy's [resume] table describes another way the script resumes)"));
-        self.now.resumer.refuse(why);
+        if self.now.resumer.relaunch_flags().iter().any(|f| f == added) {
+            self.report.term.say(&format!("attempt {n}: {why}, which oomguard added to turn the script's own search of its output folder off; that is oomguard's doing, not the run's failure: it is never added again (a relaunch may stop on an output folder that holds files: give the script's own spelling of that switch yourself)"));
+        } else {
+            self.report.term.say(&format!("attempt {n}: {why}, which oomguard added to resume from this run's checkpoint; that is oomguard's doing, not the run's failure: the command cannot be told where to resume, so each later attempt starts from the beginning and trains the steps before it again (a policy's [resume] table describes another way the script resumes)"));
+        }
+        self.now.resumer.refuse(why, added);
     }
 
     /// Journal (and say, through the terminal) decision `d` after attempt `n`, resuming
