@@ -25,6 +25,17 @@ use std::process::Command;
 use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(420);
 
+/// The last line of a test trainer's `--oomguard_report` (what the last launch ran with,
+/// resumed from and reached); `Value::Null` when there is none.
+fn last_report(report: &Path) -> Value {
+    std::fs::read_to_string(report)
+        .unwrap_or_default()
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default()
+}
+
 /// Tests that start torchrun rendezvous and gloo process groups on this host take
 /// turns: run side by side under load, their ranks' timeouts fire.
 static TORCHRUN: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -356,12 +367,7 @@ fn hf_trainer_oom_resumes_from_its_real_checkpoint_and_finishes() {
     run.check("steps in log_history", vec![1, 2, 3, 4, 5, 6], logged);
     // Note: trainer_state.json's train_batch_size is restored from the resumed checkpoint
     // (transformers 5.x keeps the first run's value), so the settings come from the report.
-    let text = std::fs::read_to_string(&report).unwrap_or_default();
-    let last: Value = text
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_default();
+    let last = last_report(&report);
     run.check("final micro-batch", Some(4), last["micro"].as_u64());
     run.check(
         "final gradient accumulation",
@@ -497,12 +503,7 @@ fn a_script_that_calls_trainer_train_bare_is_not_told_to_resume_and_says_it_star
         "steps_lost >= 2",
         &lost,
     );
-    let text = std::fs::read_to_string(&report).unwrap_or_default();
-    let last: Value = text
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_default();
+    let last = last_report(&report);
     run.check("reached max_steps", Some(6), last["global_step"].as_u64());
     run.check("global batch kept", Some(8), last["global_batch"].as_u64());
 }
@@ -566,12 +567,7 @@ fn a_script_that_stops_on_a_non_empty_output_dir_is_relaunched_with_overwrite_ou
         Some(out.join("checkpoint-2").display().to_string()),
         resume_arg(&second),
     );
-    let text = std::fs::read_to_string(&report).unwrap_or_default();
-    let last: Value = text
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_default();
+    let last = last_report(&report);
     run.check(
         "resumed from checkpoint-2",
         Some(out.join("checkpoint-2").display().to_string()),
@@ -755,12 +751,7 @@ fn hf_trainer_host_oom_in_a_dataloader_worker_halves_the_workers() {
         })
         .unwrap_or_default();
     run.check("steps in log_history", vec![1, 2, 3, 4], logged);
-    let text = std::fs::read_to_string(&report).unwrap_or_default();
-    let last: Value = text
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_default();
+    let last = last_report(&report);
     run.check(
         "the finishing launch's workers",
         Some(2),
