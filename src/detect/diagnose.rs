@@ -139,26 +139,43 @@ pub fn diagnose_main(
 
 /// Stream a reader through a scanner in 1 MiB chunks (memory stays flat on huge logs).
 /// The scanner over all of `reader`, and the last [`TAIL`] bytes or more it read (where
-/// the OOM's traceback tells its phase).
+/// the OOM's traceback tells its phase). The reads go round a ring of chunks, so the
+/// bytes are never copied while the scan runs; the tail is put together once, at the end.
 pub(super) fn scan_reader(mut reader: Box<dyn Read>) -> std::io::Result<(Scanner, Vec<u8>)> {
+    const CHUNK: usize = 1 << 20;
+    const RING: usize = TAIL / CHUNK + 1;
     let mut scanner = Scanner::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut tail: Vec<u8> = Vec::new();
+    let mut ring: Vec<(Vec<u8>, usize)> = Vec::with_capacity(RING);
+    let mut at = 0;
     loop {
-        match reader.read(&mut buf) {
+        if ring.len() < RING {
+            ring.push((vec![0u8; CHUNK], 0));
+        }
+        let (buf, len) = &mut ring[at];
+        match reader.read(buf) {
             Ok(0) => break,
             Ok(n) => {
+                *len = n;
                 scanner.feed(Stream::Out, &buf[..n]);
-                if tail.len() + n > 2 * TAIL {
-                    tail.drain(..tail.len().saturating_sub(TAIL));
+                at = (at + 1) % RING;
+                if let Some(next) = ring.get_mut(at) {
+                    next.1 = 0;
                 }
-                tail.extend_from_slice(&buf[..n]);
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
     scanner.finish();
+    // Oldest first: the slot after the one being filled, round to it.
+    let n = ring.len();
+    let tail = (1..=n)
+        .flat_map(|i| {
+            let (buf, len) = &ring[(at + i) % n];
+            &buf[..*len]
+        })
+        .copied()
+        .collect();
     Ok((scanner, tail))
 }
 

@@ -118,11 +118,27 @@ pub(super) struct NumberPatterns {
     pub(super) device: Regex,
     pub(super) process: Regex,
     pub(super) this_process: Regex,
-    pub(super) tried_xla: Regex,
-    pub(super) free_xla: Regex,
-    pub(super) total_xla: Regex,
-    pub(super) tried_gaudi: Regex,
 }
+
+/// The numbers of XLA's (TPU) and Gaudi's allocators, in their own set: built at the
+/// first such message, not with [`NUMBERS`] as every run starts (see `scanner::warm`).
+pub(super) struct AcceleratorNumbers {
+    tried_xla: Regex,
+    free_xla: Regex,
+    total_xla: Regex,
+    tried_gaudi: Regex,
+}
+
+static ACCELERATOR_NUMBERS: LazyLock<AcceleratorNumbers> = LazyLock::new(|| {
+    let re = |p: &str| Regex::new(p).expect("accelerator number pattern");
+    AcceleratorNumbers {
+        // XLA prints sizes as "6.48G", "180.59M", "0B".
+        tried_xla: re(r"Attempting\s*to\s*(?:reserve|allocate)\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)\b"),
+        free_xla: re(r"There\s*are\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)\s*free"),
+        total_xla: re(r"HBM\s*capacity\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)"),
+        tried_gaudi: re(r"Allocation\s*failed\s*for\s*size::\s*(\d+)"),
+    }
+});
 
 pub(super) static NUMBERS: LazyLock<NumberPatterns> = LazyLock::new(|| {
     let re = |p: &str| Regex::new(&p.replace("SIZE", SIZE)).expect("number pattern");
@@ -156,11 +172,6 @@ pub(super) static NUMBERS: LazyLock<NumberPatterns> = LazyLock::new(|| {
         ),
         process: re(r"Process\s*(\d+)\s*has\s*SIZE"),
         this_process: re(r"this\s*process\s*has\s*SIZE"),
-        // XLA prints sizes as "6.48G", "180.59M", "0B".
-        tried_xla: re(r"Attempting\s*to\s*(?:reserve|allocate)\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)\b"),
-        free_xla: re(r"There\s*are\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)\s*free"),
-        total_xla: re(r"HBM\s*capacity\s*(\d+(?:\.\d+)?[KMGTP]?i?B?)"),
-        tried_gaudi: re(r"Allocation\s*failed\s*for\s*size::\s*(\d+)"),
     }
 });
 
@@ -208,10 +219,10 @@ pub(super) fn gpu_numbers(text: &str) -> OomNumbers {
                 .and_then(|c| c[1].parse::<u64>().ok())
         })
         .or_else(|| size_if("Requested", &n.tried_async, text))
-        .or_else(|| size_if("Attempting", &n.tried_xla, text))
+        .or_else(|| size_if("Attempting", &ACCELERATOR_NUMBERS.tried_xla, text))
         .or_else(|| {
             text.contains("size::")
-                .then(|| n.tried_gaudi.captures(text))
+                .then(|| ACCELERATOR_NUMBERS.tried_gaudi.captures(text))
                 .flatten()
                 .and_then(|c| c[1].parse::<u64>().ok())
         });
@@ -222,11 +233,11 @@ pub(super) fn gpu_numbers(text: &str) -> OomNumbers {
             .or_else(|| size_if("capac", &n.total_old, text))
             .or_else(|| size_if("allowed", &n.total_mps, text))
             .or_else(|| size_if("limit", &n.total_async, text))
-            .or_else(|| size_if("HBM", &n.total_xla, text)),
+            .or_else(|| size_if("HBM", &ACCELERATOR_NUMBERS.total_xla, text)),
         free_bytes: size_if("which", &n.free_new, text)
             .or_else(|| size_if("free", &n.free_old, text))
             .or_else(|| size_if("according", &n.free_async, text))
-            .or_else(|| size_if("There", &n.free_xla, text)),
+            .or_else(|| size_if("There are", &ACCELERATOR_NUMBERS.free_xla, text)),
         allocated_bytes: size_if("allocated", &n.allocated_new, text)
             .or_else(|| size_if("already", &n.allocated_old, text))
             .or_else(|| size_if("MPS", &n.allocated_mps, text)),

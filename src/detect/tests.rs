@@ -1420,3 +1420,26 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 ha
     assert!(v["phase"].is_null());
     assert_eq!(v["advice"], advice(&f));
 }
+
+/// `diagnose` keeps the end of what it read, in order, for the phase: at least the last
+/// 4 MiB of a longer log, all of a shorter one.
+#[test]
+fn diagnose_keeps_the_logs_end_in_order() {
+    let long: Vec<u8> = (0..600_000u32)
+        .flat_map(|i| format!("step {i}\n").into_bytes())
+        .collect();
+    assert!(long.len() > 5 << 20);
+    for input in [long.clone(), long[..3000].to_vec()] {
+        // A reader that hands out odd-sized pieces, as a pipe does.
+        struct Pieces(std::io::Cursor<Vec<u8>>);
+        impl std::io::Read for Pieces {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(300_007);
+                self.0.read(&mut buf[..n])
+            }
+        }
+        let (_, tail) = scan_reader(Box::new(Pieces(std::io::Cursor::new(input.clone())))).unwrap();
+        assert!(input.ends_with(&tail));
+        assert!(tail.len() >= (4 << 20).min(input.len()), "{}", tail.len());
+    }
+}
