@@ -152,14 +152,17 @@ pub(super) fn scan_reader(mut reader: Box<dyn Read>) -> std::io::Result<(Scanner
             ring.push((vec![0u8; CHUNK], 0));
         }
         let (buf, len) = &mut ring[at];
-        match reader.read(buf) {
+        match reader.read(&mut buf[*len..]) {
             Ok(0) => break,
             Ok(n) => {
-                *len = n;
-                scanner.feed(Stream::Out, &buf[..n]);
-                at = (at + 1) % RING;
-                if let Some(next) = ring.get_mut(at) {
-                    next.1 = 0;
+                scanner.feed(Stream::Out, &buf[*len..*len + n]);
+                *len += n;
+                // A slot is left only when full: a pipe's short reads fill it in pieces.
+                if *len == CHUNK {
+                    at = (at + 1) % RING;
+                    if let Some(next) = ring.get_mut(at) {
+                        next.1 = 0;
+                    }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
