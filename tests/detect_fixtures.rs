@@ -111,6 +111,7 @@ fn check_dir(dir: &Path) {
             "allocated_bytes",
             "reserved_unallocated_bytes",
             "other_processes",
+            "phase",
             "advice",
         ] {
             assert!(

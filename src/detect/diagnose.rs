@@ -100,7 +100,9 @@ pub(super) fn classify_file(path: Option<&Path>, kernel_log: Option<&Path>, json
     } else {
         std::fs::File::open(path.expect("a path")).map(|f| Box::new(f) as Box<dyn Read>)
     };
-    let (scanner, tail) = match reader.and_then(scan_reader) {
+    // A file's end is read again for the phase (`phase::from_log`), so the scan keeps
+    // nothing; standard input's is kept as it is read.
+    let (scanner, tail) = match reader.and_then(|r| scan_reader(r, stdin)) {
         Ok(s) => s,
         Err(e) => {
             crate::report::terminal::get().of("diagnose", &format!("cannot read {name}: {e}"));
@@ -111,7 +113,10 @@ pub(super) fn classify_file(path: Option<&Path>, kernel_log: Option<&Path>, json
     if let Some(victims) = victims {
         finding = with_kernel_record(finding, scanner.named_pids(), &victims);
     }
-    let seen = phase_of(&finding, &tail);
+    let seen = match path.filter(|_| !stdin) {
+        Some(p) if finding.kind == Kind::GpuOom => phase::from_log(p, &finding.line),
+        _ => phase_of(&finding, &tail),
+    };
     let text = if json {
         render_json(&finding, seen.as_ref()) + "\n"
     } else {
@@ -141,14 +146,18 @@ pub fn diagnose_main(
 /// The scanner over all of `reader`, and the last [`TAIL`] bytes or more it read (where
 /// the OOM's traceback tells its phase). The reads go round a ring of chunks, so the
 /// bytes are never copied while the scan runs; the tail is put together once, at the end.
-pub(super) fn scan_reader(mut reader: Box<dyn Read>) -> std::io::Result<(Scanner, Vec<u8>)> {
+pub(super) fn scan_reader(
+    mut reader: Box<dyn Read>,
+    keep_tail: bool,
+) -> std::io::Result<(Scanner, Vec<u8>)> {
     const CHUNK: usize = 1 << 20;
-    const RING: usize = TAIL / CHUNK + 1;
+    // Without a tail to keep, one chunk read over and over (it stays in the cache).
+    let ring_len = if keep_tail { TAIL / CHUNK + 1 } else { 1 };
     let mut scanner = Scanner::new();
-    let mut ring: Vec<(Vec<u8>, usize)> = Vec::with_capacity(RING);
+    let mut ring: Vec<(Vec<u8>, usize)> = Vec::with_capacity(ring_len);
     let mut at = 0;
     loop {
-        if ring.len() < RING {
+        if ring.len() < ring_len {
             ring.push((vec![0u8; CHUNK], 0));
         }
         let (buf, len) = &mut ring[at];
@@ -159,7 +168,7 @@ pub(super) fn scan_reader(mut reader: Box<dyn Read>) -> std::io::Result<(Scanner
                 *len += n;
                 // A slot is left only when full: a pipe's short reads fill it in pieces.
                 if *len == CHUNK {
-                    at = (at + 1) % RING;
+                    at = (at + 1) % ring_len;
                     if let Some(next) = ring.get_mut(at) {
                         next.1 = 0;
                     }

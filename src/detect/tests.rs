@@ -1394,7 +1394,7 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 ha
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("eval.log");
     std::fs::write(&path, log).unwrap();
-    let (scanner, tail) = scan_reader(Box::new(std::fs::File::open(&path).unwrap())).unwrap();
+    let (scanner, tail) = scan_reader(Box::new(std::fs::File::open(&path).unwrap()), true).unwrap();
     let f = scanner.finding();
     let seen = phase_of(&f, &tail);
     let v: serde_json::Value = serde_json::from_str(&render_json(&f, seen.as_ref())).unwrap();
@@ -1425,8 +1425,10 @@ torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 ha
 /// 4 MiB of a longer log, all of a shorter one.
 #[test]
 fn diagnose_keeps_the_logs_end_in_order() {
+    // Lines with no word the scanner looks at: only its literal search runs, so this
+    // test takes no pattern's cache from the allocation test running beside it.
     let long: Vec<u8> = (0..600_000u32)
-        .flat_map(|i| format!("step {i}\n").into_bytes())
+        .flat_map(|i| format!("row {i}\n").into_bytes())
         .collect();
     assert!(long.len() > 5 << 20);
     for input in [long.clone(), long[..3000].to_vec()] {
@@ -1438,7 +1440,8 @@ fn diagnose_keeps_the_logs_end_in_order() {
                 self.0.read(&mut buf[..n])
             }
         }
-        let (_, tail) = scan_reader(Box::new(Pieces(std::io::Cursor::new(input.clone())))).unwrap();
+        let (_, tail) =
+            scan_reader(Box::new(Pieces(std::io::Cursor::new(input.clone()))), true).unwrap();
         assert!(input.ends_with(&tail));
         assert!(tail.len() >= (4 << 20).min(input.len()), "{}", tail.len());
     }
