@@ -28,6 +28,7 @@ then checkpoint-20/trainer_state.json has global_step 20. Without
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import List
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -47,6 +48,11 @@ class ScriptArguments:
     short_until_step: int = field(default=0, metadata={
         "help": "steps before this one see batches cut to a quarter of max_seq_length "
                 "(like a dataset whose long samples come later), so a checkpoint exists before the OOM"})
+    torch_dtype: str = field(default="", metadata={
+        "help": "dtype the weights are made in (bfloat16, float16, float32; default float32)"})
+    use_peft: bool = field(default=False, metadata={"help": "train LoRA adapters (peft) on a frozen base"})
+    lora_r: int = field(default=16)
+    lora_target_modules: List[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -67,12 +73,17 @@ class StepCounter(TrainerCallback):
         self.step = state.global_step + 1
 
 
-def main():
+def main(extra=(), start=None, train=None):
+    """The run. `extra`: more argument dataclasses; `start`: called with (training_args,
+    *extra's instances) before training, returns the checkpoint to resume from (default:
+    --resume_from_checkpoint); `train`: called with the Trainer instead of
+    trainer.train(resume_from_checkpoint=...), returns the checkpoint it resumed from."""
     if not torch.cuda.is_available():
         sys.exit("gpu_hf_trainer.py needs a CUDA GPU (use hf_trainer_oom.py on CPU)")
-    parser = HfArgumentParser((ScriptArguments, TrainingArguments))
+    parser = HfArgumentParser((ScriptArguments, TrainingArguments, *extra))
     defaults = ["--report_to", "none", "--logging_steps", "1", "--save_strategy", "steps", "--seed", "0"]
-    script_args, training_args = parser.parse_args_into_dataclasses(args=defaults + sys.argv[1:])
+    script_args, training_args, *more = parser.parse_args_into_dataclasses(args=defaults + sys.argv[1:])
+    resume = start(training_args, *more) if start else training_args.resume_from_checkpoint
 
     total = torch.cuda.get_device_properties(0).total_memory
     if script_args.gpu_mem_gib > 0:
@@ -84,15 +95,21 @@ def main():
           flush=True)
 
     torch.manual_seed(0)
+    dtype = getattr(torch, script_args.torch_dtype) if script_args.torch_dtype else torch.float32
     if script_args.model_name_or_path:
         config = AutoConfig.from_pretrained(script_args.model_name_or_path)
         model = AutoModelForCausalLM.from_config(
-            config, attn_implementation=script_args.attn_implementation or "sdpa")
+            config, attn_implementation=script_args.attn_implementation or "sdpa", torch_dtype=dtype)
     else:
         config = GPT2Config(n_layer=4, n_embd=512, n_head=8, vocab_size=8192, n_positions=1024,
                             bos_token_id=0, eos_token_id=0,
                             attn_implementation=script_args.attn_implementation or "eager")
         model = GPT2LMHeadModel(config)
+    if script_args.use_peft:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=script_args.lora_r, lora_alpha=2 * script_args.lora_r,
+                                                 target_modules=script_args.lora_target_modules,
+                                                 task_type="CAUSAL_LM"))
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B parameters", flush=True)
     counter = StepCounter()
 
@@ -105,9 +122,12 @@ def main():
     model.register_forward_pre_hook(shorten_early_batches, with_kwargs=True)
     trainer = Trainer(model=model, args=training_args, callbacks=[counter],
                       train_dataset=RandomTokens(4096, seq, config.vocab_size))
-    if training_args.resume_from_checkpoint:
-        print(f"resuming from {training_args.resume_from_checkpoint}", flush=True)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    if train:
+        resume = train(trainer)
+    else:
+        if resume:
+            print(f"resuming from {resume}", flush=True)
+        trainer.train(resume_from_checkpoint=resume)
     gib = 1024 ** 3
     free, total = torch.cuda.mem_get_info()
     # The CUDA context and other non-PyTorch memory of this process: what the GPU has

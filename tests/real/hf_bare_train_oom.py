@@ -5,6 +5,8 @@ no argument. --output_dir, --save_steps and the other TrainingArguments parse as
 usual, and so does a resume path given on the command line, which the Trainer never
 reads: every launch trains from step 0.
 """
+import sys
+
 import hf_trainer_oom
 
 
@@ -14,4 +16,10 @@ def train(trainer):
 
 
 if __name__ == "__main__":
-    hf_trainer_oom.main(train=train)
+    # --on_gpu: the same start on gpu_hf_trainer.py's run (a real CUDA OOM; examples/gpu_checks.sh).
+    if "--on_gpu" in sys.argv:
+        sys.argv.remove("--on_gpu")
+        import gpu_hf_trainer as runner
+    else:
+        runner = hf_trainer_oom
+    runner.main(train=train)

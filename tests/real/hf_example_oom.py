@@ -12,6 +12,7 @@ before training they look at --output_dir themselves.
 so this script declares it, as scripts kept working on 5 do.
 """
 import os
+import sys
 from dataclasses import dataclass, field
 
 import hf_trainer_oom
@@ -45,4 +46,10 @@ def start(training_args, example):
 
 
 if __name__ == "__main__":
-    hf_trainer_oom.main(extra=(ExampleArguments,), start=start)
+    # --on_gpu: the same start on gpu_hf_trainer.py's run (a real CUDA OOM; examples/gpu_checks.sh).
+    if "--on_gpu" in sys.argv:
+        sys.argv.remove("--on_gpu")
+        import gpu_hf_trainer as runner
+    else:
+        runner = hf_trainer_oom
+    runner.main(extra=(ExampleArguments,), start=start)
