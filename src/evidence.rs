@@ -610,11 +610,6 @@ impl Evidence {
             .map(|w| w.words(self.step_reached.map(|r| r.step)))
             .unwrap_or_default()
     }
-
-    /// The size of the allocation that failed.
-    pub fn tried_to_allocate(&self) -> Option<u64> {
-        self.oom.as_ref()?.tried_to_allocate_bytes
-    }
 }
 
 /// "OOM", "OOM (tried to allocate 2.00 GiB on GPU 0, 1.06 GiB free)",

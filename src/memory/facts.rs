@@ -56,6 +56,11 @@ pub struct Facts {
     pub dtype_auto: Option<String>,
     /// Who loads the weights: what dtype they take when none is given.
     pub loader: Loader,
+    /// Mixed precision said to be off (`--bf16 false` with no `--fp16`,
+    /// accelerate's `mixed_precision: no`, Lightning's `precision: 32`), as said:
+    /// the activations are held in the weights' dtype, fp32's with fp32 weights.
+    /// `None` when nothing says so, or something turns it on.
+    pub no_mixed_precision: Option<String>,
 }
 
 /// Who calls `from_pretrained`, and so the dtype it loads the weights in when
@@ -76,6 +81,33 @@ pub enum Loader {
     LlamaFactory,
     /// torchtune: bf16 (read as a fact already).
     Torchtune,
+}
+
+/// Whether the run's mixed precision is said to be off, from its `bf16`, `fp16`,
+/// `mixed_precision` and `precision` keys: every one of them said, and each says off
+/// (`--bf16 false`, `mixed_precision: no`, `precision: 32-true`). The first that
+/// said so, as said.
+fn no_mixed_precision(said: &[&Pair]) -> Option<String> {
+    let off = |p: &Pair| {
+        let v = p
+            .value
+            .trim()
+            .trim_matches(['"', '\''])
+            .to_ascii_lowercase();
+        match p.last() {
+            "mixed_precision" => v == "no",
+            "precision" => matches!(v.as_str(), "32" | "32-true" | "64" | "64-true"),
+            _ => matches!(v.as_str(), "false" | "0" | "no" | "off"),
+        }
+    };
+    // A key said twice (`--bf16 true ... --bf16 false`): the last one counts.
+    let lasts: Vec<&Pair> = said
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| !said[i + 1..].iter().any(|q| q.last() == p.last()))
+        .map(|(_, p)| *p)
+        .collect();
+    (!lasts.is_empty() && lasts.iter().all(|p| off(p))).then(|| lasts[0].said())
 }
 
 fn truthy(v: &str) -> bool {
@@ -371,6 +403,9 @@ fn from_pairs(cmd: &Command, pairs: &[Pair]) -> Facts {
     } else {
         Loader::FromPretrained
     };
+
+    f.no_mixed_precision =
+        no_mixed_precision(&all(&["bf16", "fp16", "mixed_precision", "precision"]));
 
     // The weights' dtype.
     if let Some(p) = last(&["torch_dtype", "dtype", "model_dtype"]) {
@@ -731,6 +766,62 @@ mod tests {
             .map(|(n, t)| (n.to_string(), t.to_string()))
             .collect();
         read(&cmd(a), &files)
+    }
+
+    #[test]
+    fn mixed_precision_is_off_only_where_every_switch_said_says_so() {
+        let off = |args: &[&str], files: &[(&str, &str)]| facts(args, files).no_mixed_precision;
+        assert_eq!(
+            off(&["python", "train.py", "--bf16", "false"], &[]).as_deref(),
+            Some("--bf16 false")
+        );
+        assert!(
+            off(
+                &["python", "train.py", "--bf16", "true", "--bf16", "false"],
+                &[]
+            )
+            .is_some()
+        );
+        assert!(
+            off(
+                &["python", "train.py", "--bf16", "false", "--fp16", "true"],
+                &[]
+            )
+            .is_none()
+        );
+        assert!(off(&["python", "train.py", "--bf16"], &[]).is_none());
+        assert!(
+            off(&["python", "train.py"], &[]).is_none(),
+            "nothing said: unknown"
+        );
+        assert!(
+            off(
+                &["accelerate", "launch", "--mixed_precision", "no", "t.py"],
+                &[]
+            )
+            .is_some()
+        );
+        assert!(
+            off(
+                &["accelerate", "launch", "--mixed_precision", "bf16", "t.py"],
+                &[]
+            )
+            .is_none()
+        );
+        assert!(
+            off(
+                &["python", "t.py", "c.yaml"],
+                &[("c.yaml", "trainer:\n  precision: 32-true\n")]
+            )
+            .is_some()
+        );
+        assert!(
+            off(
+                &["python", "t.py", "c.yaml"],
+                &[("c.yaml", "trainer:\n  precision: bf16-mixed\n")]
+            )
+            .is_none()
+        );
     }
 
     #[test]

@@ -645,10 +645,13 @@ impl<'c> Run<'c> {
         ))
     }
 
-    /// The same allocation failing again right after the micro-batch was
-    /// halved: the trainer may not be using the new value (transformers 4.36 to
-    /// early 5.x restored train_batch_size from the checkpoint's
-    /// trainer_state.json on resume).
+    /// The same OOM again right after the micro-batch was halved: the same
+    /// allocation failing with the same memory in use (every figure both
+    /// messages print): the trainer may not be using the new value
+    /// (transformers 4.36 to early 5.x restored train_batch_size from the
+    /// checkpoint's trainer_state.json on resume). The same allocation alone
+    /// is no sign: a real CUDA OOM at a halved batch often fails on a block of
+    /// the same size, with less in use (seen on an H200, `examples/gpu_checks.sh`).
     pub(super) fn suspect(&mut self, n: u32, ev: &Evidence) {
         let last = self.past.attempts.iter().rev().find_map(|a| match &a.next {
             Next::Decided { decision, .. } => Some((a, decision.step)),
@@ -657,9 +660,17 @@ impl<'c> Run<'c> {
         let Some((prev, StepKind::HalveMicroBatch)) = last else {
             return;
         };
-        let before = prev.evidence.as_ref().and_then(Evidence::tried_to_allocate);
-        if before.is_some() && before == ev.tried_to_allocate() {
-            self.report.term.warn("the OOM tried to allocate exactly as much as before the micro-batch was halved; the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)");
+        let before = prev.evidence.as_ref().and_then(|e| e.oom.as_ref());
+        let same = |a: Option<u64>, b: Option<u64>| a.is_none() || b.is_none() || a == b;
+        let repeated = before.zip(ev.oom.as_ref()).is_some_and(|(b, e)| {
+            b.tried_to_allocate_bytes.is_some()
+                && b.tried_to_allocate_bytes == e.tried_to_allocate_bytes
+                && same(b.free_bytes, e.free_bytes)
+                && same(b.allocated_bytes, e.allocated_bytes)
+                && same(b.this_process_bytes, e.this_process_bytes)
+        });
+        if repeated {
+            self.report.term.warn("the OOM was the same as before the micro-batch was halved (the same allocation failed with the same memory in use); the trainer may be ignoring the new value (some transformers versions restore the batch size from the checkpoint on resume)");
             self.emit(Event::Suspect {
                 attempt: n,
                 why: "same allocation size after halving the micro-batch".into(),

@@ -1,0 +1,133 @@
+//! `oomguard estimate` against peaks PyTorch measured on a GPU: every row of
+//! `tests/fixtures/measured/*.json` (written from `tests/real/gpu_estimate_check.py`'s
+//! results on a lent GPU) is the same command, shape and flags, estimated again here.
+//! The estimate must stay within the band the policy's margin absorbs: never more
+//! than 10% under the measured peak (one more relaunch), never more than 15% over
+//! (a smaller micro-batch than fits).
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Run, spawn_env};
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(60);
+const GIB: f64 = (1u64 << 30) as f64;
+const UNDER: f64 = -10.0;
+const OVER: f64 = 15.0;
+
+/// A Python environment with transformers `version`, as on the GPU: its python.
+fn venv(dir: &Path, version: &str) -> String {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("python3"), "").unwrap();
+    std::fs::create_dir_all(
+        dir.join("lib/python3.12/site-packages")
+            .join(format!("transformers-{version}.dist-info")),
+    )
+    .unwrap();
+    bin.join("python3").display().to_string()
+}
+
+/// The estimate's total in GiB for one measured row.
+fn estimate(cwd: &Path, python: &str, gpu_gib: f64, row: &Value) -> (Run, f64) {
+    let model = cwd.join(row["model"].as_str().unwrap());
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(model.join("config.json"), row["config"].to_string()).unwrap();
+    let gpu = format!("{gpu_gib:.2}");
+    let micro = row["micro_batch"].to_string();
+    let seq = row["seq"].to_string();
+    let gc = row["grad_checkpointing"].as_bool().unwrap().to_string();
+    let mut args: Vec<&str> = vec![
+        "estimate",
+        "--json",
+        "--gpu-memory",
+        &gpu,
+        python,
+        "tests/real/gpu_hf_trainer.py",
+        "--model_name_or_path",
+        model.to_str().unwrap(),
+        "--per_device_train_batch_size",
+        &micro,
+        "--gradient_accumulation_steps",
+        "1",
+        "--max_seq_length",
+        &seq,
+        "--bf16",
+        "true",
+        "--gradient_checkpointing",
+        &gc,
+        "--max_steps",
+        "4",
+        "--save_strategy",
+        "no",
+        "--output_dir",
+        "out",
+        "--gpu_mem_gib",
+        "0",
+    ];
+    let flags: Vec<&str> = row["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    args.extend(flags);
+    let run = spawn_env(cwd, &args, &[]).wait(LIMIT);
+    let v: Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| run.fail("JSON on stdout", "a JSON object", &format!("{e}")));
+    let total: f64 = v["given"]["estimate"]
+        .as_object()
+        .unwrap_or_else(|| run.fail("an estimate", "given.estimate", &run.stdout))
+        .values()
+        .filter_map(Value::as_f64)
+        .sum();
+    (run, total / GIB)
+}
+
+#[test]
+fn every_measured_peak_is_estimated_within_the_margins_band() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/measured");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no measurements in {}", dir.display());
+    let mut rows = 0;
+    let mut outside = Vec::new();
+    for file in files {
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let python = venv(&tmp.path().join("venv"), "5.17.0");
+        let gpu = doc["gpu_gib"].as_f64().unwrap();
+        for row in doc["rows"].as_array().unwrap() {
+            let (run, est) = estimate(tmp.path(), &python, gpu, row);
+            run.check("estimate exit code", Some(0), run.code);
+            let peak = row["measured_peak_gib"].as_f64().unwrap();
+            let err = 100.0 * (est - peak) / peak;
+            let line = format!(
+                "{} mb{} s{} gc={} {:?}: estimate {est:.2} GiB, measured {peak:.2} GiB ({err:+.1}%)",
+                row["model"].as_str().unwrap(),
+                row["micro_batch"],
+                row["seq"],
+                row["grad_checkpointing"],
+                row["flags"].to_string(),
+            );
+            eprintln!("{line}");
+            if !(UNDER..=OVER).contains(&err) {
+                outside.push(line);
+            }
+            rows += 1;
+        }
+    }
+    assert!(rows >= 10, "only {rows} measured rows");
+    assert!(
+        outside.is_empty(),
+        "estimates outside {UNDER}%..+{OVER}% of the measured peak:\n{}",
+        outside.join("\n")
+    );
+}
