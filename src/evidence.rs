@@ -63,10 +63,14 @@ pub enum Outcome {
     Refused {
         code: i32,
         knob: Knob,
-        /// What oomguard added, as it stood in argv (without its value).
+        /// What oomguard added, as it stood in argv (without its value); for a
+        /// change that failed at start-up, `knob=value`.
         added: String,
-        /// The parser's line.
+        /// The parser's line; for a change that failed at start-up, the error's.
         line: String,
+        /// Not a parser's refusal: the attempt failed before its first step right
+        /// after oomguard changed `knob` (see [`failed_after_change`]).
+        at_start: bool,
     },
     /// The command's parser refused the argument oomguard added to tell it where to
     /// resume (`--resume_from_checkpoint`, a parser whose source does not show its
@@ -400,8 +404,14 @@ pub fn classify_attempt(
         }
         o => (o, None),
     };
+    let outcome = failed_after_change(
+        refused(outcome, &r.tail, added),
+        r.scanner.error_line(),
+        added,
+        steps_beyond,
+    );
     Classified {
-        outcome: refused(outcome, &r.tail, added),
+        outcome,
         unreadable,
         thrust_at,
     }
@@ -417,6 +427,10 @@ pub struct Added {
     /// The arguments that tell it where to resume, and the flags a relaunch
     /// carries, where the command did not have them (see `knobs::resume_added`).
     pub resume: Vec<String>,
+    /// The knobs the decision before this attempt changed, other than the
+    /// micro-batch and accumulation, each with `knob=value` — only where the
+    /// attempt decided on showed its training steps (see [`failed_after_change`]).
+    pub changed: Vec<(Knob, String)>,
 }
 
 /// A failure that is not an OOM, checked against what oomguard added to this
@@ -446,6 +460,7 @@ pub fn refused(outcome: Outcome, tail: &[u8], added: &Added) -> Outcome {
             knob: added.knobs[r.index].0,
             added: added.knobs[r.index].1.clone(),
             line: r.line,
+            at_start: false,
         },
         Some(r) => Outcome::ResumeRefused {
             code: *code,
@@ -453,6 +468,45 @@ pub fn refused(outcome: Outcome, tail: &[u8], added: &Added) -> Outcome {
             line: r.line,
         },
         None => outcome,
+    }
+}
+
+/// A failure that is not an OOM, before the attempt's first training step, right
+/// after oomguard changed a setting the command had run with (gradient
+/// checkpointing turned on, a ZeRO stage raised, an offload), where the attempt
+/// before showed its steps: taken as the command refusing that change (a model
+/// that "does not support gradient checkpointing", ZeRO-3 with a quantized base,
+/// DeepSpeed's CPU Adam failing to build), [`Outcome::Refused`] with `at_start`.
+/// `steps_beyond`: the step this attempt reached beyond the one it started from.
+/// A kill from outside (`why`) or any step trained is left as it is.
+pub fn failed_after_change(
+    outcome: Outcome,
+    error_line: Option<&str>,
+    added: &Added,
+    steps_beyond: &dyn Fn() -> Option<u64>,
+) -> Outcome {
+    let Outcome::Other {
+        code, why: None, ..
+    } = &outcome
+    else {
+        return outcome;
+    };
+    let Some((knob, change)) = added.changed.first() else {
+        return outcome;
+    };
+    if *code == 0 || steps_beyond().is_some() {
+        return outcome;
+    }
+    Outcome::Refused {
+        code: *code,
+        knob: *knob,
+        added: change.clone(),
+        line: error_line
+            .unwrap_or("no error line in its output")
+            .chars()
+            .take(400)
+            .collect(),
+        at_start: true,
     }
 }
 
@@ -1010,6 +1064,54 @@ srun: error: n1: task 0: Terminated\n";
         assert_eq!(o.kind(), OutcomeKind::OtherFailure);
     }
 
+    /// A failure before any step right after a change is the change refused; one
+    /// after training steps, a kill from outside, or one with nothing changed is not.
+    #[test]
+    fn a_failure_before_any_step_after_a_change_is_the_change_refused() {
+        let changed = Added {
+            changed: vec![(Knob::GradCheckpointing, "grad_checkpointing=true".into())],
+            ..Added::default()
+        };
+        let other = || Outcome::Other {
+            code: 1,
+            exit: "exit code 1".into(),
+            why: None,
+        };
+        let line = Some("ValueError: GPT2Model does not support gradient checkpointing.");
+        match failed_after_change(other(), line, &changed, &|| None) {
+            Outcome::Refused {
+                code: 1,
+                knob: Knob::GradCheckpointing,
+                added,
+                line,
+                at_start: true,
+            } => {
+                assert_eq!(added, "grad_checkpointing=true");
+                assert!(line.contains("does not support"), "{line}");
+            }
+            o => panic!("{o:?}"),
+        }
+        let trained = failed_after_change(other(), line, &changed, &|| Some(7));
+        assert_eq!(
+            trained.kind(),
+            OutcomeKind::OtherFailure,
+            "it trained steps"
+        );
+        let nothing = failed_after_change(other(), line, &Added::default(), &|| None);
+        assert_eq!(nothing.kind(), OutcomeKind::OtherFailure, "nothing changed");
+        let killed = Outcome::Other {
+            code: 137,
+            exit: "killed by SIGKILL".into(),
+            why: Some(crate::detect::NOT_THE_OOM_KILLER),
+        };
+        let killed = failed_after_change(killed, line, &changed, &|| None);
+        assert_eq!(
+            killed.kind(),
+            OutcomeKind::OtherFailure,
+            "killed from outside"
+        );
+    }
+
     #[test]
     fn outcome_names_are_the_journal_words() {
         for (k, name) in [
@@ -1032,6 +1134,7 @@ srun: error: n1: task 0: Terminated\n";
         let added = Added {
             knobs: vec![(Knob::GradAccum, "--gradient_accumulation_steps".to_string())],
             resume: Vec::new(),
+            changed: Vec::new(),
         };
         let log = "usage: train.py [-h]\ntrain.py: error: unrecognized arguments: --gradient_accumulation_steps 2\n";
         let r = report(log, launch::Exit::Code(2));
@@ -1041,6 +1144,7 @@ srun: error: n1: task 0: Terminated\n";
                 knob,
                 added,
                 line,
+                at_start: false,
             } => {
                 assert_eq!((code, knob), (2, Knob::GradAccum));
                 assert_eq!(added, "--gradient_accumulation_steps");
@@ -1073,6 +1177,7 @@ srun: error: n1: task 0: Terminated\n";
         let added = Added {
             knobs: vec![(Knob::GradAccum, "--gradient_accumulation_steps".to_string())],
             resume: vec!["--resume_from_checkpoint".to_string()],
+            changed: Vec::new(),
         };
         for log in [
             "train.py: error: unrecognized arguments: --resume_from_checkpoint out/checkpoint-10\n",

@@ -31,7 +31,7 @@
 //! | OOM during evaluation | halve the evaluation batch |
 //! | GPU OOM (spike or steady) | the memory model's pick, else the policy's next step, a step whose settings load the run's checkpoint first; none: stop 75 |
 //! | host OOM | undo a CPU offload oomguard made, else halve the DataLoader's workers, else stop |
-//! | rejected flag | drop the knob, decide the last OOM again without it |
+//! | rejected flag, or a change that failed before the first step | drop the knob, decide the last OOM again without it |
 //! | absurd request, other failure, a peer's failure | stop with the command's status |
 
 use std::path::PathBuf;

@@ -98,6 +98,72 @@ fn no_kept_claim(r: &Run) {
     );
 }
 
+/// A change the command accepts on its command line but not at start-up: the model
+/// "does not support gradient checkpointing" (a ValueError before any step). The
+/// attempt that turned it on is taken as the command refusing that change: the knob
+/// is dropped, the OOM decided again without it (a shorter sequence, micro-batch
+/// 1 being the floor) and the night goes on, where it used to stop as "not an
+/// out-of-memory error".
+#[test]
+fn a_change_that_fails_at_start_up_is_dropped_and_the_oom_decided_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = program("checkpointing_unsupported.py");
+    let (r, j) = run(
+        dir.path(),
+        &[
+            "python3",
+            &script,
+            "--per_device_train_batch_size",
+            "1",
+            "--max_seq_length",
+            "1024",
+            "--output_dir",
+            "out",
+        ],
+    );
+    r.check("exit code", Some(0), r.code);
+    let argvs = attempts(&j);
+    r.ensure(
+        "at least three attempts",
+        argvs.len() >= 3,
+        "3 or more",
+        &argvs,
+    );
+    r.ensure(
+        "attempt 2 turned gradient checkpointing on",
+        argvs[1].iter().any(|a| a == "--gradient_checkpointing"),
+        "--gradient_checkpointing",
+        &argvs[1],
+    );
+    r.ensure(
+        "the OOM is decided again without it: a shorter sequence, checkpointing never again",
+        argvs[2]
+            .windows(2)
+            .any(|w| w[0] == "--max_seq_length" && w[1] != "1024")
+            && !argvs[2..]
+                .concat()
+                .iter()
+                .any(|a| a == "--gradient_checkpointing"),
+        "--max_seq_length below 1024, no --gradient_checkpointing after attempt 2",
+        &argvs,
+    );
+    r.ensure(
+        "the user is told which change failed and why",
+        r.stderr.contains("failed before its first training step")
+            && r.stderr.contains("does not support gradient checkpointing")
+            && r.stderr.contains("grad_checkpointing=true"),
+        "the change and the error line",
+        &r.stderr,
+    );
+    let ends = outcomes(&j);
+    r.check(
+        "attempts 1 and 2",
+        vec!["cuda_oom", "rejected_addition"],
+        ends[..2].to_vec(),
+    );
+    r.check("the last attempt", Some(&"success"), ends.last());
+}
+
 /// The issue's case: a plain argparse script with `--per_device_train_batch_size` and
 /// gradient checkpointing but no accumulation option. oomguard reads its parser from
 /// the source before adding anything: the relaunch turns checkpointing on and never

@@ -317,6 +317,7 @@ fn one_row_per_rule() {
             knob: Knob::GradAccum,
             added: "--gradient_accumulation_steps".into(),
             line: "error: unrecognized arguments: --gradient_accumulation_steps 4".into(),
+            at_start: false,
         },
         None,
     );

@@ -342,8 +342,19 @@ impl<'c> Run<'c> {
         if !self.past.dropped.contains(&knob) {
             self.past.dropped.push(knob);
         }
-        if let Outcome::Refused { code, line, .. } = outcome {
-            self.report.term.say(&format!("attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"));
+        match outcome {
+            Outcome::Refused {
+                code,
+                line,
+                at_start: true,
+                ..
+            } => {
+                self.report.term.say(&format!("attempt {n} failed before its first training step (exit {code}: {line}) right after oomguard set {added}; taken as the command refusing that change: {knob} is dropped for the rest of the run and the OOM is decided again without it"));
+            }
+            Outcome::Refused { code, line, .. } => {
+                self.report.term.say(&format!("attempt {n}: the command refused {added}, which oomguard added for {knob} (exit {code}: {line}); that is oomguard's doing, not the run's failure: {knob} is dropped for the rest of the run"));
+            }
+            _ => {}
         }
     }
 
@@ -457,6 +468,30 @@ impl<'c> Run<'c> {
             steps_done: reached.map(|r| r.step.saturating_sub(self.started_from())),
             phase: None,
         }
+    }
+
+    /// What the last decision changed besides the micro-batch and accumulation,
+    /// each as `knob=value`, when the attempt it was decided on showed its
+    /// training steps (so that a next attempt without any is known to have
+    /// failed before its first): see `evidence::failed_after_change`.
+    pub(super) fn changed_since_steps(&self) -> Vec<(knobs::Knob, String)> {
+        let Some(last) = self.past.attempts.last() else {
+            return Vec::new();
+        };
+        let (Next::Decided { decision }, Some(ev)) = (&last.next, &last.evidence) else {
+            return Vec::new();
+        };
+        if ev.step_reached.is_none() {
+            return Vec::new();
+        }
+        decision
+            .after
+            .knobs
+            .iter()
+            .filter(|(k, _)| !matches!(k, knobs::Knob::MicroBatch | knobs::Knob::GradAccum))
+            .filter(|(k, v)| decision.before.knobs.get(k) != Some(*v))
+            .map(|(k, v)| (*k, format!("{k}={v}")))
+            .collect()
     }
 
     /// The step the attempt that ran since `started` began from: the checkpoint
