@@ -690,8 +690,17 @@ impl fmt::Display for Evidence {
             if let Some(d) = n.device {
                 write!(f, " on GPU {d}")?;
             }
-            if let Some(fr) = n.free_bytes {
-                write!(f, ", {} free", format_size(fr))?;
+            // Under a per-process cap the GPU's free memory says nothing of why
+            // the allocation failed: the cap and what this process held do.
+            match (n.allowed_bytes, n.free_bytes) {
+                (Some(cap), _) => {
+                    write!(f, ", {} allowed to this process", format_size(cap))?;
+                    if let Some(a) = n.allocated_bytes {
+                        write!(f, ", {} allocated", format_size(a))?;
+                    }
+                }
+                (None, Some(fr)) => write!(f, ", {} free", format_size(fr))?,
+                (None, None) => {}
             }
             f.write_str(")")?;
         }
@@ -717,6 +726,20 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "OOM (tried to allocate 2.00 GiB on GPU 0, 1.00 GiB free)"
+        );
+        // A per-process cap (set_per_process_memory_fraction): the GPU's 135 GiB
+        // free is not why it failed; the cap is (seen on an H200).
+        let capped = Evidence::cuda_oom(Some(OomNumbers {
+            device: Some(0),
+            tried_to_allocate_bytes: Some(256 << 20),
+            free_bytes: Some(135 << 30),
+            allowed_bytes: Some(4 << 30),
+            allocated_bytes: Some(3 << 30),
+            ..Default::default()
+        }));
+        assert_eq!(
+            capped.to_string(),
+            "OOM (tried to allocate 256.00 MiB on GPU 0, 4.00 GiB allowed to this process, 3.00 GiB allocated)"
         );
         e.outcome = OutcomeKind::HungAfterOom;
         assert!(e.hung());
