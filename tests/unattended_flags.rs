@@ -106,6 +106,17 @@ fn no_kept_claim(r: &Run) {
 /// out-of-memory error".
 #[test]
 fn a_change_that_fails_at_start_up_is_dropped_and_the_oom_decided_again() {
+    // The OOM after two steps, and one in the first step (no step printed, its
+    // traceback through training_step): either way the run had got past its start.
+    change_refused_at_start_up(&[]);
+    change_refused_at_start_up(&["--oom_at_first_step"]);
+}
+
+/// Where the attempt decided on never showed it got past its start (no step, no
+/// training frame in its traceback), a failure after the change cannot be told from
+/// the command's own: the run stops as before, the command's status.
+#[test]
+fn a_failure_after_a_change_stays_the_commands_where_no_attempt_got_past_its_start() {
     let dir = tempfile::tempdir().unwrap();
     let script = program("checkpointing_unsupported.py");
     let (r, j) = run(
@@ -115,12 +126,36 @@ fn a_change_that_fails_at_start_up_is_dropped_and_the_oom_decided_again() {
             &script,
             "--per_device_train_batch_size",
             "1",
-            "--max_seq_length",
-            "1024",
+            "--oom_before_training",
             "--output_dir",
             "out",
         ],
     );
+    r.check("exit code", Some(1), r.code);
+    r.check("outcomes", vec!["cuda_oom", "other_failure"], outcomes(&j));
+    r.ensure(
+        "said as the command's own failure",
+        r.stderr.contains("not an out-of-memory error"),
+        "not an out-of-memory error",
+        &r.stderr,
+    );
+}
+
+fn change_refused_at_start_up(extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = program("checkpointing_unsupported.py");
+    let mut args = vec![
+        "python3",
+        &script,
+        "--per_device_train_batch_size",
+        "1",
+        "--max_seq_length",
+        "1024",
+        "--output_dir",
+        "out",
+    ];
+    args.extend_from_slice(extra);
+    let (r, j) = run(dir.path(), &args);
     r.check("exit code", Some(0), r.code);
     let argvs = attempts(&j);
     r.ensure(

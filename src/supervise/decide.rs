@@ -471,9 +471,10 @@ impl<'c> Run<'c> {
     }
 
     /// What the last decision changed besides the micro-batch and accumulation,
-    /// each as `knob=value`, when the attempt it was decided on showed its
-    /// training steps (so that a next attempt without any is known to have
-    /// failed before its first): see `evidence::failed_after_change`.
+    /// each as `knob=value`, when the attempt it was decided on got past its
+    /// start: it showed training steps, or its OOM's traceback ran through a
+    /// training step or an evaluation (so that a next attempt failing with no
+    /// step is known to have failed earlier): see `evidence::failed_after_change`.
     pub(super) fn changed_since_steps(&self) -> Vec<(knobs::Knob, String)> {
         let Some(last) = self.past.attempts.last() else {
             return Vec::new();
@@ -481,7 +482,14 @@ impl<'c> Run<'c> {
         let (Next::Decided { decision }, Some(ev)) = (&last.next, &last.evidence) else {
             return Vec::new();
         };
-        if ev.step_reached.is_none() {
+        let trained = ev.step_reached.is_some()
+            || ev.phase.as_ref().is_some_and(|p| {
+                matches!(
+                    p.phase,
+                    crate::detect::phase::Phase::Training | crate::detect::phase::Phase::Evaluation
+                )
+            });
+        if !trained {
             return Vec::new();
         }
         decision
