@@ -9,25 +9,12 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Run, spawn_env};
+use common::{Run, fake_venv, spawn_env};
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
 const LLAMA_BF16: &str = r#"{"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 24, "intermediate_size": 5504, "num_attention_heads": 16, "vocab_size": 32000, "torch_dtype": "bfloat16"}"#;
-
-/// A Python environment with transformers `version` installed: its python.
-fn venv(dir: &Path, version: &str) -> String {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::fs::write(bin.join("python3"), "").unwrap();
-    std::fs::create_dir_all(
-        dir.join("lib/python3.12/site-packages")
-            .join(format!("transformers-{version}.dist-info")),
-    )
-    .unwrap();
-    bin.join("python3").display().to_string()
-}
 
 fn estimate(cwd: &Path, python: &str, extra: &[&str]) -> (Run, Value, Run) {
     let mut args = vec![
@@ -69,8 +56,8 @@ fn config_jsons_dtype_is_taken_where_from_pretrained_takes_it_and_said() {
     let m = t.path().join("m");
     std::fs::create_dir_all(&m).unwrap();
     std::fs::write(m.join("config.json"), LLAMA_BF16).unwrap();
-    let v5 = venv(&t.path().join("v5"), "5.23.0");
-    let v4 = venv(&t.path().join("v4"), "4.57.1");
+    let v5 = fake_venv(&t.path().join("v5"), "5.23.0");
+    let v4 = fake_venv(&t.path().join("v4"), "4.57.1");
 
     // transformers 5, no dtype flag: config.json's bf16, 2 + 2 + 4 bytes.
     let (r, v, text) = estimate(t.path(), &v5, &[]);

@@ -10,26 +10,13 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Run, spawn_env};
+use common::{Run, fake_venv, spawn_env};
 use serde_json::Value;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const GIB: f64 = (1u64 << 30) as f64;
 const UNDER: f64 = -10.0;
 const OVER: f64 = 15.0;
-
-/// A Python environment with transformers `version`, as on the GPU: its python.
-fn venv(dir: &Path, version: &str) -> String {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::fs::write(bin.join("python3"), "").unwrap();
-    std::fs::create_dir_all(
-        dir.join("lib/python3.12/site-packages")
-            .join(format!("transformers-{version}.dist-info")),
-    )
-    .unwrap();
-    bin.join("python3").display().to_string()
-}
 
 /// The estimate's total in GiB for one measured row.
 fn estimate(cwd: &Path, python: &str, gpu_gib: f64, row: &Value) -> (Run, f64) {
@@ -102,7 +89,7 @@ fn every_measured_peak_is_estimated_within_the_margins_band() {
     for file in files {
         let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
         let tmp = tempfile::tempdir().unwrap();
-        let python = venv(&tmp.path().join("venv"), "5.17.0");
+        let python = fake_venv(&tmp.path().join("venv"), "5.17.0");
         let gpu = doc["gpu_gib"].as_f64().unwrap();
         for row in doc["rows"].as_array().unwrap() {
             let (run, est) = estimate(tmp.path(), &python, gpu, row);

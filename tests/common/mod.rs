@@ -467,3 +467,17 @@ pub fn report(path: &Path) -> Vec<Value> {
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
 }
+
+/// A Python environment with transformers `version` installed, as oomguard reads one
+/// (`lib/python3.12/site-packages/transformers-VERSION.dist-info`): its python.
+pub fn fake_venv(dir: &Path, version: &str) -> String {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("python3"), "").unwrap();
+    std::fs::create_dir_all(
+        dir.join("lib/python3.12/site-packages")
+            .join(format!("transformers-{version}.dist-info")),
+    )
+    .unwrap();
+    bin.join("python3").display().to_string()
+}
