@@ -429,7 +429,7 @@ pub struct Added {
     pub resume: Vec<String>,
     /// The knobs the decision before this attempt changed, other than the
     /// micro-batch and accumulation, each with `knob=value` — only where the
-    /// attempt decided on showed its training steps (see [`failed_after_change`]).
+    /// attempt decided on got past its start (see [`failed_after_change`]).
     pub changed: Vec<(Knob, String)>,
 }
 
@@ -474,7 +474,7 @@ pub fn refused(outcome: Outcome, tail: &[u8], added: &Added) -> Outcome {
 /// A failure that is not an OOM, before the attempt's first training step, right
 /// after oomguard changed a setting the command had run with (gradient
 /// checkpointing turned on, a ZeRO stage raised, an offload), where the attempt
-/// before showed its steps: taken as the command refusing that change (a model
+/// before got past its start: taken as the command refusing that change (a model
 /// that "does not support gradient checkpointing", ZeRO-3 with a quantized base,
 /// DeepSpeed's CPU Adam failing to build), [`Outcome::Refused`] with `at_start`.
 /// `steps_beyond`: the step this attempt reached beyond the one it started from.

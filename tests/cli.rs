@@ -551,13 +551,9 @@ fn a_module_the_script_imports_is_edited_in_place_only_when_asked_and_restored()
     );
 }
 
-/// A real CUDA OOM at a halved micro-batch often fails on a block of the same
-/// size, with less memory in use (seen on an H200 under a 4 GiB cap: 256 MiB at
-/// micro-batch 32 and at 16, 3.77 then 3.70 GiB allocated): no warning then.
-#[test]
-fn the_same_allocation_with_less_in_use_after_halving_is_not_flagged() {
-    let t = tmp();
-    let oom = "import sys\nb = int(sys.argv[sys.argv.index('--per_device_train_batch_size') + 1])\nprint(f'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free. Of the allocated memory {20 + b / 100:.2f} GiB is allocated by PyTorch, and 60.78 MiB is reserved by PyTorch but unallocated.', file=sys.stderr)\nsys.exit(1)";
+/// `python3 -c oom --per_device_train_batch_size micro` under oomguard with two
+/// attempts (the second at the halved micro-batch), and its journal's text.
+fn halved_once(t: &tempfile::TempDir, oom: &str, micro: &str) -> (Run, String) {
     let r = Run::new(
         t.path(),
         [
@@ -569,17 +565,28 @@ fn the_same_allocation_with_less_in_use_after_halving_is_not_flagged() {
             "-c",
             oom,
             "--per_device_train_batch_size",
-            "32",
+            micro,
         ],
         &[],
     );
+    let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
+    (r, journal)
+}
+
+/// A real CUDA OOM at a halved micro-batch often fails on a block of the same
+/// size, with less memory in use (seen on an H200 under a 4 GiB cap: 256 MiB at
+/// micro-batch 32 and at 16, 3.77 then 3.70 GiB allocated): no warning then.
+#[test]
+fn the_same_allocation_with_less_in_use_after_halving_is_not_flagged() {
+    let t = tmp();
+    let oom = "import sys\nb = int(sys.argv[sys.argv.index('--per_device_train_batch_size') + 1])\nprint(f'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free. Of the allocated memory {20 + b / 100:.2f} GiB is allocated by PyTorch, and 60.78 MiB is reserved by PyTorch but unallocated.', file=sys.stderr)\nsys.exit(1)";
+    let (r, journal) = halved_once(&t, oom, "32");
     r.expect_code(75).expect_stderr("micro-batch 32 → 16");
     assert!(
         !r.stderr().contains("ignoring the new value"),
         "{}",
         r.describe("no warning that the trainer ignores the new value")
     );
-    let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
     assert!(!journal.contains("\"event\":\"suspect\""), "{journal}");
 }
 
@@ -588,24 +595,9 @@ fn the_same_allocation_after_halving_is_flagged_as_a_trainer_ignoring_the_new_va
     // A "trainer" that ignores its micro-batch flag: the same OOM every time.
     let t = tmp();
     let oom = "import sys; print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 23.65 GiB of which 1.19 GiB is free.', file=sys.stderr); sys.exit(1)";
-    let r = Run::new(
-        t.path(),
-        [
-            "--run-dir",
-            "run",
-            "--max-attempts",
-            "2",
-            "python3",
-            "-c",
-            oom,
-            "--per_device_train_batch_size",
-            "8",
-        ],
-        &[],
-    );
+    let (r, journal) = halved_once(&t, oom, "8");
     r.expect_code(75)
         .expect_stderr("the trainer may be ignoring the new value");
-    let journal = std::fs::read_to_string(t.path().join("run/journal.jsonl")).unwrap();
     assert!(journal.contains("\"event\":\"suspect\""), "{journal}");
 }
 

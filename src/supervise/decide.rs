@@ -475,7 +475,7 @@ impl<'c> Run<'c> {
     /// start: it showed training steps, or its OOM's traceback ran through a
     /// training step or an evaluation (so that a next attempt failing with no
     /// step is known to have failed earlier): see `evidence::failed_after_change`.
-    pub(super) fn changed_since_steps(&self) -> Vec<(knobs::Knob, String)> {
+    pub(super) fn changed_after_training(&self) -> Vec<(knobs::Knob, String)> {
         let Some(last) = self.past.attempts.last() else {
             return Vec::new();
         };

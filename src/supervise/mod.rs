@@ -477,7 +477,7 @@ impl<'c> Run<'c> {
         self.now.added = evidence::Added {
             knobs: knobs::added(&cfg.target.disc, &self.now.settings),
             resume: knobs::resume_added(&cfg.opts.argv, self.now.resumer.next(), &flags),
-            changed: self.changed_since_steps(),
+            changed: self.changed_after_training(),
         };
         let env_set: Vec<(OsString, OsString)> = self
             .now
