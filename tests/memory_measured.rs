@@ -18,8 +18,9 @@ const GIB: f64 = (1u64 << 30) as f64;
 const UNDER: f64 = -10.0;
 const OVER: f64 = 15.0;
 
-/// The estimate's total in GiB for one measured row.
-fn estimate(cwd: &Path, python: &str, gpu_gib: f64, row: &Value) -> (Run, f64) {
+/// The estimate's total in GiB for one measured row; `said` false leaves out every
+/// precision flag (`--bf16 true` and the row's own).
+fn estimate(cwd: &Path, python: &str, gpu_gib: f64, row: &Value, said: bool) -> (Run, f64) {
     let model = cwd.join(row["model"].as_str().unwrap());
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(model.join("config.json"), row["config"].to_string()).unwrap();
@@ -42,8 +43,6 @@ fn estimate(cwd: &Path, python: &str, gpu_gib: f64, row: &Value) -> (Run, f64) {
         "1",
         "--max_seq_length",
         &seq,
-        "--bf16",
-        "true",
         "--gradient_checkpointing",
         &gc,
         "--max_steps",
@@ -61,7 +60,10 @@ fn estimate(cwd: &Path, python: &str, gpu_gib: f64, row: &Value) -> (Run, f64) {
         .iter()
         .map(|f| f.as_str().unwrap())
         .collect();
-    args.extend(flags);
+    if said {
+        args.extend(["--bf16", "true"]);
+        args.extend(flags);
+    }
     let run = spawn_env(cwd, &args, &[]).wait(LIMIT);
     let v: Value = serde_json::from_str(&run.stdout)
         .unwrap_or_else(|e| run.fail("JSON on stdout", "a JSON object", &format!("{e}")));
@@ -92,7 +94,7 @@ fn every_measured_peak_is_estimated_within_the_margins_band() {
         let python = fake_venv(&tmp.path().join("venv"), "5.17.0");
         let gpu = doc["gpu_gib"].as_f64().unwrap();
         for row in doc["rows"].as_array().unwrap() {
-            let (run, est) = estimate(tmp.path(), &python, gpu, row);
+            let (run, est) = estimate(tmp.path(), &python, gpu, row, true);
             run.check("estimate exit code", Some(0), run.code);
             let peak = row["measured_peak_gib"].as_f64().unwrap();
             let err = 100.0 * (est - peak) / peak;
@@ -116,5 +118,35 @@ fn every_measured_peak_is_estimated_within_the_margins_band() {
         outside.is_empty(),
         "estimates outside {UNDER}%..+{OVER}% of the measured peak:\n{}",
         outside.join("\n")
+    );
+}
+
+/// A Trainer command that names no precision at all trains in fp32 (TrainingArguments'
+/// default): estimated as the measured `--bf16 false` row, not as autocast.
+#[test]
+fn a_trainer_command_naming_no_precision_is_estimated_as_the_measured_fp32_run() {
+    let file =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/measured/h200-2026-11-28.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let python = fake_venv(&tmp.path().join("venv"), "5.17.0");
+    let gpu = doc["gpu_gib"].as_f64().unwrap();
+    let fp32 = |r: &&Value| r["flags"] == serde_json::json!(["--bf16", "false"]);
+    let row = doc["rows"].as_array().unwrap().iter().find(fp32).unwrap();
+    let (run, said) = estimate(tmp.path(), &python, gpu, row, true);
+    run.check("estimate exit code", Some(0), run.code);
+    let (run, unsaid) = estimate(tmp.path(), &python, gpu, row, false);
+    run.check("estimate exit code", Some(0), run.code);
+    let peak = row["measured_peak_gib"].as_f64().unwrap();
+    let err = 100.0 * (unsaid - peak) / peak;
+    assert!(
+        (unsaid - said).abs() < 0.01 && (UNDER..=OVER).contains(&err),
+        "no precision flag: {unsaid:.2} GiB, --bf16 false: {said:.2} GiB, measured {peak:.2} GiB ({err:+.1}%)\n{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("neither --bf16 nor --fp16 said"),
+        "the estimate says why it took fp32:\n{}",
+        run.stdout
     );
 }

@@ -31,8 +31,8 @@ fn recognise(cmd: &Command) -> bool {
 /// A TRL trainer script (its `sft.py`, `dpo.py`, ... recipes, or one of
 /// yours built on its configs): `TrlParser` parses every `TrainingArguments`
 /// flag, and TRL's configs (`SFTConfig`, `DPOConfig`, `GRPOConfig`, ...)
-/// default to gradient checkpointing on and `logging_steps` 10.
-fn trl(cmd: &Command) -> bool {
+/// default to gradient checkpointing on, `logging_steps` 10 and bf16 on.
+pub(crate) fn trl(cmd: &Command) -> bool {
     cmd.tool() == Some("trl")
         || cmd
             .module()

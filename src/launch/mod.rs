@@ -1293,9 +1293,11 @@ fn read_output(
         }
         turn.caught_up &= s.size >= output::PIPE_SIZE;
         // Drain what is there (bounded, so the other stream and signals
-        // get their turn): fewer polls per byte.
+        // get their turn): fewer polls per byte. A pipe's read takes up to 64 KiB, a
+        // terminal's at most 4 KiB: the same bound in bytes is more reads.
         let mut emptied = false;
-        for _ in 0..8 {
+        let reads = if s.size > 0 { 8 } else { 64 };
+        for _ in 0..reads {
             match w.read_from(s.kind, s.fd.as_raw_fd()) {
                 Ok(Some((0, _))) => {
                     s.open = false;
