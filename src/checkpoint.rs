@@ -237,6 +237,9 @@ pub enum ResumeHow {
     Override { key: String, value: Option<String> },
     /// The framework resumes from its folder by itself (Megatron `--load` = `--save`).
     Automatic,
+    /// A bare switch that makes the program load the newest checkpoint of its folder
+    /// (OpenRLHF's `--load_checkpoint`): added when there is one to resume from.
+    Switch { flag: String },
 }
 
 /// A checkpoint format: where a family's checkpoints are under its root and when one is

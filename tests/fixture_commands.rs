@@ -209,6 +209,53 @@ fn split_command(text: &str) -> Option<ShellCommand> {
     (!cmd.argv.is_empty()).then_some(cmd)
 }
 
+/// A command assembled in a variable by a heredoc and word-split onto a launcher line
+/// (`read -r -d '' CMD <<EOF ... EOF`, then `deepspeed --module $CMD`): the first line
+/// after the heredoc that uses the variable, with the heredoc's text in its place, as
+/// the shell would run it. `None` when the snippet has no such heredoc.
+fn expand_heredoc_variable(text: &str) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (start, name, delim) = lines.iter().enumerate().find_map(|(i, l)| {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        if words.first() != Some(&"read") {
+            return None;
+        }
+        let at = words.iter().position(|w| w.starts_with("<<"))?;
+        let delim = words[at]
+            .trim_start_matches("<<")
+            .trim_start_matches('-')
+            .trim_matches(['\'', '"']);
+        let delim = if delim.is_empty() {
+            words.get(at + 1)?.trim_matches(['\'', '"'])
+        } else {
+            delim
+        };
+        Some((i, *words.get(at.checked_sub(1)?)?, delim))
+    })?;
+    let end = start + 1 + lines[start + 1..].iter().position(|l| l.trim() == delim)?;
+    let body = lines[start + 1..end].join("\n");
+    let uses = [format!("${{{name}}}"), format!("${name}")];
+    let line = lines[end + 1..].iter().find(|l| {
+        !l.trim_start().starts_with('#') && uses.iter().any(|u| l.contains(u.as_str()))
+    })?;
+    let mut line = line.trim().to_string();
+    for u in &uses {
+        line = line.replace(u.as_str(), &body);
+    }
+    Some(line)
+}
+
+#[test]
+fn a_heredoc_in_a_variable_is_expanded_where_the_variable_is_used() {
+    let text = "read -r -d '' cmds <<EOF\nm.train \\\n   --a 1 \\\n   --b\nEOF\n# --c\nif x; then\n    deepspeed --module $cmds\nfi\n";
+    let line = expand_heredoc_variable(text).unwrap();
+    assert_eq!(
+        split_command(&line).unwrap().argv,
+        vec!["deepspeed", "--module", "m.train", "--a", "1", "--b"]
+    );
+    assert_eq!(expand_heredoc_variable("torchrun t.py --a 1"), None);
+}
+
 #[test]
 fn splitter_handles_continuations_quotes_env_and_operators() {
     let c = split_command(
@@ -633,16 +680,6 @@ const EXCEPTIONS: &[(&str, &str, &str)] = &[
         "`--fsdp full_shard auto_wrap` is FSDP sharding, no offload",
     ),
     (
-        "45",
-        "*",
-        "the command is assembled in a heredoc and run as `deepspeed --module $training_commands`",
-    ),
-    (
-        "46",
-        "*",
-        "the command is assembled in a heredoc and run as `deepspeed --module $training_commands`",
-    ),
-    (
         "47",
         "micro_batch",
         "value behind a shell variable ($BATCH_SIZE_PER_GPU)",
@@ -1047,7 +1084,7 @@ fn fixture_corpus_knobs_found_as_labelled() {
         let text = fs::read_to_string(dir.join("command.txt")).unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let home = tempfile::tempdir().unwrap();
-        let cmd = split_command(&text);
+        let cmd = split_command(&expand_heredoc_variable(&text).unwrap_or(text));
         let files = case_files(dir);
 
         let mut plan: Option<J> = None;

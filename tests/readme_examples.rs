@@ -55,6 +55,8 @@ enum Ckpt {
     Megatron(&'static str),
     /// fairseq: `DIR/checkpoint_1_100.pt` and its copy `DIR/checkpoint_last.pt`.
     Fairseq(&'static str),
+    /// A DeepSpeed engine's: `DIR/global_step100/mp_rank_00_model_states.pt` and `DIR/latest`.
+    DeepSpeed(&'static str),
 }
 
 /// A `torch.save` zip: local header, then the end-of-central-directory record.
@@ -127,6 +129,13 @@ fn checkpoint(root: &Path, c: Ckpt) -> String {
             fs::write(d.join("checkpoint_1_100.pt"), zip_bytes()).unwrap();
             fs::write(d.join("checkpoint_last.pt"), zip_bytes()).unwrap();
             format!("{dir}/checkpoint_last.pt")
+        }
+        Ckpt::DeepSpeed(dir) => {
+            let d = root.join(dir).join("global_step100");
+            fs::create_dir_all(&d).unwrap();
+            fs::write(d.join("mp_rank_00_model_states.pt"), zip_bytes()).unwrap();
+            fs::write(root.join(dir).join("latest"), "global_step100").unwrap();
+            format!("{dir}/global_step100")
         }
     }
 }
@@ -450,6 +459,18 @@ mode = \"selective\"
             layout: Some("hugging-face"),
             resume_how: &["--training.resume_from_checkpoint"],
             rung2_has: &["--training.per_device_train_batch_size", "4"],
+        },
+    );
+    m.insert(
+        "OpenRLHF",
+        Expect {
+            files: &[],
+            checkpoint: Some(Ckpt::DeepSpeed("ckpt/sft")),
+            first_step: "halve_micro_batch",
+            layout: Some("deepspeed"),
+            // A bare switch: OpenRLHF loads the checkpoint `latest` names by itself.
+            resume_how: &["--ckpt.load_enable"],
+            rung2_has: &["--train.micro_batch_size", "2", "--train.batch_size", "256"],
         },
     );
     m.insert(

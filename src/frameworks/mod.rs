@@ -30,6 +30,7 @@ pub mod lightning;
 mod litgpt;
 pub mod megatron;
 pub mod nanogpt;
+mod openrlhf;
 mod oumi;
 mod recipes;
 mod torchtitan;
@@ -247,6 +248,7 @@ impl Family {
 
 /// Every family, in the order their layouts are tried.
 pub static FAMILIES: &[&Family] = &[
+    &openrlhf::FAMILY,
     &torchtune::FAMILY,
     &megatron::FAMILY,
     &lightning::FAMILY,

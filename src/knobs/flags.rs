@@ -571,6 +571,12 @@ pub(super) fn apply_resume(
 ) {
     let (flag, value, equals) = match &r.how {
         ResumeHow::Automatic => return,
+        ResumeHow::Switch { flag } => {
+            if !Command::parse(out).has_flag(&[flag.as_str()]) {
+                append.push(flag.into());
+            }
+            return;
+        }
         ResumeHow::Flag { flag, equals } => (flag.as_str(), r.path.clone(), *equals),
         ResumeHow::Const {
             flag,

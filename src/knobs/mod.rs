@@ -553,9 +553,9 @@ pub fn resume_added(
     use crate::checkpoint::ResumeHow;
     let cmd = Command::parse(argv);
     let arg = resume.and_then(|r| match &r.how {
-        ResumeHow::Flag { flag, .. } | ResumeHow::Const { flag, .. } => {
-            (!cmd.has_flag(&[flag.as_str()])).then(|| flag.clone())
-        }
+        ResumeHow::Flag { flag, .. }
+        | ResumeHow::Const { flag, .. }
+        | ResumeHow::Switch { flag } => (!cmd.has_flag(&[flag.as_str()])).then(|| flag.clone()),
         ResumeHow::Override { key, .. } => cmd
             .override_value(&[key.as_str()])
             .is_none()
@@ -827,7 +827,9 @@ pub fn resume_refused(
         return None;
     }
     let flag = match &layout.how {
-        ResumeHow::Flag { flag, .. } | ResumeHow::Const { flag, .. } => flag,
+        ResumeHow::Flag { flag, .. }
+        | ResumeHow::Const { flag, .. }
+        | ResumeHow::Switch { flag } => flag,
         _ => return None,
     };
     if matches!(layout.kind, Kind::Format(f) if f.id == frameworks::hf::CHECKPOINTS.id)

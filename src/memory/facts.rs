@@ -100,11 +100,19 @@ fn no_mixed_precision(said: &[&Pair]) -> Option<String> {
             _ => matches!(v.as_str(), "false" | "0" | "no" | "off"),
         }
     };
-    // A key said twice (`--bf16 true ... --bf16 false`): the last one counts.
+    // A key said twice (`--bf16 true ... --bf16 false`): the last one counts. A
+    // DeepSpeed config's `bf16.enabled` and `fp16.enabled` are two keys.
+    let name = |p: &Pair| {
+        if p.last() == "enabled" {
+            p.key.clone()
+        } else {
+            p.last().to_string()
+        }
+    };
     let lasts: Vec<&Pair> = said
         .iter()
         .enumerate()
-        .filter(|(i, p)| !said[i + 1..].iter().any(|q| q.last() == p.last()))
+        .filter(|(i, p)| !said[i + 1..].iter().any(|q| name(q) == name(p)))
         .map(|(_, p)| *p)
         .collect();
     (!lasts.is_empty() && lasts.iter().all(|p| off(p))).then(|| lasts[0].said())
@@ -404,7 +412,15 @@ fn from_pairs(cmd: &Command, pairs: &[Pair]) -> Facts {
         Loader::FromPretrained
     };
 
-    let precision = all(&["bf16", "fp16", "mixed_precision", "precision"]);
+    // A DeepSpeed config's `bf16: {enabled: ...}` is a switch too.
+    let precision: Vec<&Pair> = pairs
+        .iter()
+        .filter(|p| {
+            ["bf16", "fp16", "mixed_precision", "precision"].contains(&p.last())
+                || p.key.ends_with("bf16.enabled")
+                || p.key.ends_with("fp16.enabled")
+        })
+        .collect();
     f.no_mixed_precision = no_mixed_precision(&precision);
     // A Hugging Face Trainer (or an accelerate script of the same arguments) that names
     // none of them trains in fp32: TrainingArguments' bf16 and fp16 default to false,
@@ -814,6 +830,22 @@ mod tests {
             Some("neither --bf16 nor --fp16 said: fp32, the Trainer's default")
         );
         assert!(off(&[&trainer[..], &["--bf16"]].concat(), &[]).is_none());
+        let ds = [&trainer[..], &["--deepspeed", "ds.json"]].concat();
+        assert!(
+            off(&ds, &[("ds.json", r#"{"bf16": {"enabled": true}}"#)]).is_none(),
+            "a DeepSpeed config's bf16 turns it on"
+        );
+        assert!(
+            off(
+                &ds,
+                &[(
+                    "ds.json",
+                    r#"{"bf16": {"enabled": false}, "fp16": {"enabled": false}}"#
+                )]
+            )
+            .is_some(),
+            "both of DeepSpeed's switches off"
+        );
         assert!(
             off(
                 &["python", "run_clm.py", "args.yaml"],
