@@ -173,6 +173,15 @@ pub enum Event {
         path: String,
         why: String,
     },
+    /// A half-written checkpoint of this run's (`path`, `why`) renamed `to` before the
+    /// relaunch that follows `attempt`, so that the script's own folder search
+    /// (`get_last_checkpoint`) does not load it.
+    CheckpointMovedAside {
+        attempt: u32,
+        path: String,
+        to: String,
+        why: String,
+    },
     /// The newer checkpoints skipped beyond the first few named in
     /// `checkpoint_skipped` lines: how many, and why, counted.
     CheckpointsSkipped {
@@ -409,6 +418,7 @@ impl Event {
             | Event::Refused { attempt, .. }
             | Event::ResumeRefused { attempt, .. }
             | Event::CheckpointSkipped { attempt, .. }
+            | Event::CheckpointMovedAside { attempt, .. }
             | Event::CheckpointsSkipped { attempt, .. }
             | Event::CheckpointsIgnored { attempt, .. }
             | Event::WorkLost { attempt, .. }

@@ -18,7 +18,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::checkpoint::{self, Baseline, Checkpoint, Found, Layout, ResumeHow};
+use crate::checkpoint::{self, Baseline, Checkpoint, Found, Layout, ResumeHow, SkipKind};
 use crate::detect::saves::Announced;
 use crate::knobs::ResumeArg;
 
@@ -177,6 +177,16 @@ fn starts_as(layout: &Layout) -> StartsAs {
         (None, Some(p)) => StartsAs::OwnPick(p.clone()),
         (None, None) => StartsAs::Fresh,
     }
+}
+
+/// A half-written checkpoint of this run's, moved out of the way of the script's own
+/// search (see [`Resumer::move_aside_half_written`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovedAside {
+    pub from: PathBuf,
+    pub to: PathBuf,
+    /// Why it is not complete.
+    pub why: String,
 }
 
 /// The resume point of a run (see the module's theory of operation).
@@ -374,6 +384,67 @@ impl Resumer {
             .collect()
     }
 
+    /// Before a relaunch told no checkpoint (this run has none complete, and the script
+    /// picked none as it first started), of a script that searches its folder by itself
+    /// with nothing carried to turn the search off (transformers 5's examples and the
+    /// recipes copied from them: `get_last_checkpoint`, the highest-numbered
+    /// `checkpoint-N` whole or not, and no `--overwrite_output_dir`): the search would
+    /// load the checkpoint this run left half-written (an OOM while saving) and the
+    /// relaunch would die on it. Each such folder of this run's is renamed
+    /// `oomguard-incomplete-checkpoint-N` beside it, never deleted: the search passes it
+    /// over and the trainer writes that step anew. `Err`: a rename that failed, said.
+    pub fn move_aside_half_written(&self) -> Vec<Result<MovedAside, String>> {
+        let Some(layout) = &self.layout else {
+            return Vec::new();
+        };
+        if self.next.is_some()
+            || layout.own.is_none()
+            || layout.user_resume.is_some()
+            || !self.relaunch_flags().is_empty()
+        {
+            return Vec::new();
+        }
+        let found = checkpoint::find(layout, &self.baseline, Duration::ZERO);
+        found
+            .skipped
+            .iter()
+            .filter(|s| s.kind == SkipKind::Incomplete)
+            .filter(|s| {
+                s.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    n.strip_prefix("checkpoint-")
+                        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                })
+            })
+            .map(|s| {
+                let name = s.path.file_name().unwrap_or_default().to_string_lossy();
+                let to = (1..)
+                    .map(|k| {
+                        let n = if k == 1 {
+                            format!("oomguard-incomplete-{name}")
+                        } else {
+                            format!("oomguard-incomplete-{name}-{k}")
+                        };
+                        s.path.with_file_name(n)
+                    })
+                    .find(|p| !p.exists())
+                    .unwrap_or_default();
+                std::fs::rename(&s.path, &to)
+                    .map(|()| MovedAside {
+                        from: s.path.clone(),
+                        to: to.clone(),
+                        why: s.why.clone(),
+                    })
+                    .map_err(|e| {
+                        format!(
+                            "could not move {} aside to {}: {e}; the script's own search may load it",
+                            s.path.display(),
+                            to.display()
+                        )
+                    })
+            })
+            .collect()
+    }
+
     /// The next attempt resumes from `path`, as copy 0 of the job decided
     /// (`None`: as the user wrote the command).
     pub fn follow(&mut self, path: Option<PathBuf>) {
@@ -447,6 +518,52 @@ mod tests {
         );
         let disc = crate::knobs::discover(&cmd, &[], &|_| None, &|p| p.to_path_buf()).unwrap();
         crate::knobs::layout(&cmd, &disc, None).expect("an HF output folder is a layout")
+    }
+
+    #[test]
+    fn a_half_written_checkpoint_is_moved_out_of_the_way_of_a_search_nothing_turns_off() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("out");
+        fs::create_dir_all(&root).unwrap();
+        let mut l = layout(&root);
+        l.own = Some(crate::checkpoint::OwnSearch {
+            picked: None,
+            off: None,
+        });
+        let mut r = Resumer::new(Some(l.clone()), Duration::ZERO);
+        r.take_baseline();
+        // This run's save died after the weights: no trainer_state.json.
+        let half = root.join("checkpoint-4");
+        fs::create_dir_all(&half).unwrap();
+        fs::write(half.join("model.safetensors"), b"x").unwrap();
+        let res = r.search();
+        r.resume_from(&res, res.step());
+        assert!(r.next().is_none());
+        let moved = r.move_aside_half_written();
+        let to = root.join("oomguard-incomplete-checkpoint-4");
+        assert_eq!(moved.len(), 1);
+        assert_eq!(moved[0].as_ref().unwrap().to, to);
+        assert!(!half.exists() && to.join("model.safetensors").exists());
+        // Again, the same step half-written: a second name, nothing overwritten.
+        fs::create_dir_all(&half).unwrap();
+        fs::write(half.join("model.safetensors"), b"x").unwrap();
+        let moved = r.move_aside_half_written();
+        assert_eq!(
+            moved[0].as_ref().unwrap().to,
+            root.join("oomguard-incomplete-checkpoint-4-2")
+        );
+        // Where the flag that turns the search off is carried, or a checkpoint is
+        // named, nothing is moved.
+        fs::create_dir_all(&half).unwrap();
+        fs::write(half.join("model.safetensors"), b"x").unwrap();
+        l.own = Some(crate::checkpoint::OwnSearch {
+            picked: None,
+            off: Some("--overwrite_output_dir".into()),
+        });
+        let mut r = Resumer::new(Some(l), Duration::ZERO);
+        r.take_baseline();
+        assert!(r.move_aside_half_written().is_empty());
+        assert!(half.exists());
     }
 
     #[test]

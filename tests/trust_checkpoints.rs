@@ -452,3 +452,76 @@ fn a_resume_table_cannot_reach_outside_the_checkpoint_or_drop_its_flag() {
         );
     }
 }
+
+/// A script that resumes by itself from its folder's newest `checkpoint-N`, whole or
+/// not (`tests/children/self_resuming.py`: `get_last_checkpoint`, transformers 5's
+/// examples, with no flag that turns the search off), dies of an OOM while saving
+/// `checkpoint-2`, its first save. The relaunch (the same settings: a save's OOM is
+/// retried once) would load that half-written folder and die on it ("Can't find a valid
+/// checkpoint", the end of the night before): it is moved aside first, renamed beside
+/// it, never deleted, said and journaled, and the run finishes, its own checkpoints
+/// whole.
+#[test]
+fn a_half_written_checkpoint_is_moved_out_of_a_self_resuming_scripts_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let run_dir = dir.path().join("run");
+    let marker = dir.path().join("save-oomed");
+    let script = repo().join("tests/children/self_resuming.py");
+    let r = oomguard(
+        dir.path(),
+        &[
+            "--run-dir",
+            run_dir.to_str().unwrap(),
+            "python3",
+            script.to_str().unwrap(),
+            "--output_dir",
+            out.to_str().unwrap(),
+            "--per_device_train_batch_size",
+            "4",
+            "--save_oom_once",
+            marker.to_str().unwrap(),
+        ],
+        None,
+        LIMIT,
+    );
+    r.check("exit code", Some(0), r.code);
+    r.ensure(
+        "no attempt loaded the half-written checkpoint",
+        !r.stdout.contains("Can't find a valid checkpoint") && r.stdout.contains("training done"),
+        "the run finished",
+        &r.stdout,
+    );
+    let j = r.journal(&run_dir);
+    let moved: Vec<(String, String)> = events(&j, "checkpoint_moved_aside")
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap().to_string(),
+                e["to"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let to = out.join("oomguard-incomplete-checkpoint-2");
+    r.check(
+        "the half-written checkpoint-2, moved once",
+        vec![(path_str(&out.join("checkpoint-2")), path_str(&to))],
+        moved,
+    );
+    assert!(to.join("model.safetensors").exists(), "kept, not deleted");
+    for step in [2, 4] {
+        let c = out.join(format!("checkpoint-{step}"));
+        assert!(c.join("trainer_state.json").exists(), "{} whole", c.display());
+    }
+    r.ensure(
+        "the terminal says what was moved and why",
+        r.stderr.contains("moved ") && r.stderr.contains("oomguard-incomplete-checkpoint-2"),
+        "a moved line",
+        &r.stderr,
+    );
+    r.check(
+        "attempts (the save's OOM retried once at the same settings)",
+        2,
+        events(&j, "attempt_start").len(),
+    );
+}

@@ -431,6 +431,31 @@ impl<'c> Run<'c> {
         flow
     }
 
+    /// Before attempt `n`: this run's half-written checkpoints out of the way of a
+    /// script's own folder search (see `Resumer::move_aside_half_written`), said and
+    /// journaled.
+    fn move_aside_half_written(&mut self, n: u32) {
+        for m in self.now.resumer.move_aside_half_written() {
+            match m {
+                Ok(m) => {
+                    self.report.term.info(&format!(
+                        "moved {} aside to {} ({}): the script resumes by itself from its folder's newest checkpoint-N, whole or not; delete it once the run is done",
+                        m.from.display(),
+                        m.to.display(),
+                        m.why
+                    ));
+                    self.emit(Event::CheckpointMovedAside {
+                        attempt: n - 1,
+                        path: events::path(&m.from),
+                        to: events::path(&m.to),
+                        why: m.why,
+                    });
+                }
+                Err(e) => self.report.term.warn(&e),
+            }
+        }
+    }
+
     /// Materialize the settings (writing changed config copies), journal the
     /// attempt, and build what to launch. `Err`: the exit code.
     fn prepare(&mut self, n: u32) -> Result<(launch::Spec, SystemTime), i32> {
@@ -446,6 +471,7 @@ impl<'c> Run<'c> {
         };
         if n > 1 {
             self.config_changes(n);
+            self.move_aside_half_written(n);
         }
         // The first attempt runs the command as written; a relaunch carries the flags
         // that keep a script's own folder search from overriding where it resumes.
