@@ -226,6 +226,11 @@ impl Target {
             l.own = own;
             disc.warnings.extend(warning);
         }
+        if layout.is_some()
+            && let Some(why) = crate::frameworks::saves_none(&cmd)
+        {
+            disc.warnings.push(why);
+        }
         let resume_refused = layout
             .as_ref()
             .and_then(|l| knobs::resume_refused(&cmd, &disc, l));

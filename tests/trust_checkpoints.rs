@@ -511,7 +511,11 @@ fn a_half_written_checkpoint_is_moved_out_of_a_self_resuming_scripts_way() {
     assert!(to.join("model.safetensors").exists(), "kept, not deleted");
     for step in [2, 4] {
         let c = out.join(format!("checkpoint-{step}"));
-        assert!(c.join("trainer_state.json").exists(), "{} whole", c.display());
+        assert!(
+            c.join("trainer_state.json").exists(),
+            "{} whole",
+            c.display()
+        );
     }
     r.ensure(
         "the terminal says what was moved and why",

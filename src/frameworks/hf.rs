@@ -271,6 +271,16 @@ fn accepts_added(cmd: &Command, flag: &str) -> bool {
     )
 }
 
+/// The Trainer saves nothing while it trains under `--save_strategy no`.
+fn saves_none(cmd: &Command) -> Option<String> {
+    let v = cmd.value(&["--save_strategy", "--save-strategy"])?;
+    v.trim().eq_ignore_ascii_case("no").then(|| {
+        format!(
+            "the Trainer saves no checkpoint while it trains (--save_strategy {v}): after an OOM each relaunch starts from the beginning; give --save_strategy steps --save_steps N to resume from the last multiple of N"
+        )
+    })
+}
+
 pub static FAMILY: Family = Family {
     name: "hf",
     recognise,
@@ -373,6 +383,7 @@ pub static FAMILY: Family = Family {
     layout,
     logging,
     output_hint: "--output_dir",
+    saves_none,
     ..Family::NONE
 };
 
@@ -687,6 +698,22 @@ if os.path.isdir(training_args.output_dir) and training_args.do_train and not tr
         assert_eq!(ignored("trainer.train(ckpt)"), None);
         // No Trainer call in the script (a helper module trains): cannot be told.
         assert_eq!(ignored("from mylib import run\nrun()"), None);
+    }
+
+    #[test]
+    fn a_trainer_told_to_save_nothing_is_said_to_start_over_after_an_oom() {
+        let w = saves_none(&argv(
+            "python train.py --per_device_train_batch_size 8 --output_dir o --save_strategy no",
+        ))
+        .unwrap();
+        assert!(w.contains("(--save_strategy no)"), "{w}");
+        assert_eq!(
+            saves_none(&argv(
+                "python train.py --output_dir o --save_strategy steps"
+            )),
+            None
+        );
+        assert_eq!(saves_none(&argv("python train.py --output_dir o")), None);
     }
 
     #[test]

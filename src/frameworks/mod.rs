@@ -213,6 +213,10 @@ pub struct Family {
     pub logging: fn(&Command, &Ctx) -> Option<crate::progress::Logging>,
     /// What the step numbers its output prints count, when not the steps done.
     pub counting: Option<crate::progress::Counting>,
+    /// Why the command saves no checkpoint while it trains (OpenRLHF's default
+    /// `--ckpt.save_steps -1`, the Trainer's `--save_strategy no`), said before the
+    /// run: after an OOM every relaunch starts from the beginning.
+    pub saves_none: fn(&Command) -> Option<String>,
 }
 
 impl Family {
@@ -243,6 +247,7 @@ impl Family {
         micro_floor: |_| None,
         logging: |_, _| None,
         counting: None,
+        saves_none: |_| None,
     };
 }
 
@@ -526,6 +531,12 @@ pub fn accum_covers_world(cmd: &Command) -> bool {
 /// family that says.
 pub fn micro_floor(cmd: &Command) -> Option<(u64, String)> {
     recognised(cmd).find_map(|f| (f.micro_floor)(cmd))
+}
+
+/// Why the command saves no checkpoint while it trains: the first recognised family
+/// that says.
+pub fn saves_none(cmd: &Command) -> Option<String> {
+    recognised(cmd).find_map(|f| (f.saves_none)(cmd))
 }
 
 /// How often the command's trainer prints a log line per step that names no

@@ -85,6 +85,35 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
     })
 }
 
+/// OpenRLHF saves a checkpoint every `--ckpt.save_steps` steps, none at its default (-1).
+fn saves_none(cmd: &Command) -> Option<String> {
+    layout(
+        cmd,
+        &Ctx {
+            recipe_output_dir: None,
+            recipe_value: &|_| None,
+        },
+    )?;
+    let flag = if dotted(cmd) {
+        "--ckpt.save_steps"
+    } else {
+        "--save_steps"
+    };
+    let every = cmd
+        .value(&[flag])
+        .and_then(|v| v.trim().parse::<i64>().ok());
+    if every.is_some_and(|n| n > 0) {
+        return None;
+    }
+    let said = match every {
+        Some(n) => format!("{flag} {n}"),
+        None => format!("{flag} left at its default, -1"),
+    };
+    Some(format!(
+        "OpenRLHF saves no checkpoint while it trains ({said}): after an OOM each relaunch starts from the beginning; give {flag} N to resume from the last multiple of N"
+    ))
+}
+
 pub static FAMILY: Family = Family {
     name: "openrlhf",
     recognise,
@@ -123,6 +152,7 @@ pub static FAMILY: Family = Family {
     accepts_added,
     layout,
     output_hint: "--ckpt.path",
+    saves_none,
     ..Family::NONE
 };
 
@@ -169,6 +199,31 @@ mod tests {
             .is_none()
         );
         assert!(!recognise(&cmd("deepspeed train.py --zero_stage 2")));
+    }
+
+    #[test]
+    fn a_run_that_saves_no_checkpoint_is_said_to_start_over_after_an_oom() {
+        let none = |s: &str| saves_none(&cmd(s));
+        let w =
+            none("deepspeed --module openrlhf.cli.train_sft --train.micro_batch_size 2").unwrap();
+        assert!(
+            w.contains("--ckpt.save_steps left at its default, -1"),
+            "{w}"
+        );
+        let w = none(
+            "deepspeed --module openrlhf.cli.train_sft --micro_train_batch_size 2 --save_steps -1",
+        )
+        .unwrap();
+        assert!(
+            w.contains("(--save_steps -1)") && w.contains("give --save_steps N"),
+            "{w}"
+        );
+        assert_eq!(
+            none("deepspeed --module openrlhf.cli.train_sft --ckpt.save_steps 100"),
+            None
+        );
+        // PPO is not resumed at all: nothing to say of its saves here.
+        assert_eq!(none("python -m openrlhf.cli.train_ppo_ray"), None);
     }
 
     fn no_ctx() -> Ctx<'static> {
