@@ -28,20 +28,10 @@ fn carried_through(dotted: bool) {
         f("--ckpt.save_steps", "--save_steps"),
         f("--ckpt.load_enable", "--load_checkpoint"),
     );
-    let args = [
-        "--run-dir",
-        run_dir.to_str().unwrap(),
-        "python3",
-        script.to_str().unwrap(),
-        micro,
-        "4",
-        batch,
-        "64",
-        path,
-        "ck",
-        save,
-        "2",
-    ];
+    let command = ["python3", script.to_str().unwrap(), micro, "4", batch, "64"];
+    let mut args = vec!["--run-dir", run_dir.to_str().unwrap()];
+    args.extend(command);
+    args.extend([path, "ck", save, "2"]);
     let r = oomguard(dir.path(), &args, None, LIMIT);
     r.check("exit code", Some(0), r.code);
     let j = r.journal(&run_dir);
@@ -91,20 +81,7 @@ fn carried_through(dotted: bool) {
         "the settings that fit, with the switch",
         &r.stderr,
     );
-    let plan = oomguard(
-        dir.path(),
-        &[
-            "plan",
-            "python3",
-            script.to_str().unwrap(),
-            micro,
-            "4",
-            batch,
-            "64",
-        ],
-        None,
-        LIMIT,
-    );
+    let plan = oomguard(dir.path(), &[&["plan"][..], &command].concat(), None, LIMIT);
     plan.ensure(
         "plan names the default checkpoint folder and the derived accumulation",
         plan.stdout
