@@ -55,12 +55,14 @@ fn accepts_added(cmd: &Command, flag: &str) -> bool {
     flag.contains('.') == dotted(cmd)
 }
 
+/// The trainers that save and load one DeepSpeed checkpoint folder: SFT, DPO and the
+/// reward model (PPO runs its actors under Ray, with a checkpoint folder per model).
+fn resumable_task(cmd: &Command) -> Option<&str> {
+    task(cmd).filter(|t| recognise(cmd) && matches!(*t, "sft" | "dpo" | "rm"))
+}
+
 fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
-    if !recognise(cmd) {
-        return None;
-    }
-    // PPO runs its actors under Ray, with a checkpoint folder per model.
-    let task = task(cmd).filter(|t| matches!(*t, "sft" | "dpo" | "rm"))?;
+    let task = resumable_task(cmd)?;
     let (path_flag, switch) = if dotted(cmd) {
         ("--ckpt.path", "--ckpt.load_enable")
     } else {
@@ -87,13 +89,7 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
 
 /// OpenRLHF saves a checkpoint every `--ckpt.save_steps` steps, none at its default (-1).
 fn saves_none(cmd: &Command) -> Option<String> {
-    layout(
-        cmd,
-        &Ctx {
-            recipe_output_dir: None,
-            recipe_value: &|_| None,
-        },
-    )?;
+    resumable_task(cmd)?;
     let flag = if dotted(cmd) {
         "--ckpt.save_steps"
     } else {
