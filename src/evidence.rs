@@ -851,6 +851,7 @@ mod tests {
             world_size: 2,
             accum_covers_world: false,
             micro_floor: 0,
+            fsdp_offload: false,
         };
         let policy = crate::policy::Policy::load("default").unwrap();
         let rules = Rules {

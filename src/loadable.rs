@@ -259,6 +259,7 @@ mod tests {
             world_size: 2,
             accum_covers_world: false,
             micro_floor: 0,
+            fsdp_offload: false,
         };
         for (k, v) in pairs {
             s.knobs.insert(*k, v.clone());

@@ -776,6 +776,19 @@ fn after_load_oom(
             ),
         });
     }
+    // FSDP has one offload, the optimizer step's with the parameters'.
+    if cur.fsdp_offload
+        && let Some((after, what)) = policy::offload_param(&step(StepKind::OffloadParam), cur)
+    {
+        return PhaseFix::Step(Decision {
+            step: StepKind::OffloadParam,
+            before: cur.clone(),
+            after,
+            reason: format!(
+                "{ev} ({how}), again after a retry at the same settings: {what}, so that the optimizer's state is loaded into host memory; the batch is unchanged"
+            ),
+        });
+    }
     // The command as written offloads the optimizer's state and the load still
     // overflows: the parameters too (ZeRO-3), so that the weights are loaded
     // into host memory. Only where the user chose offloading: a parameter
@@ -800,7 +813,11 @@ fn after_load_oom(
     PhaseFix::Stop {
         not: match cur
             .knobs
-            .get(&Knob::OffloadOptimizer)
+            .get(if cur.fsdp_offload {
+                &Knob::OffloadParam
+            } else {
+                &Knob::OffloadOptimizer
+            })
             .and_then(Value::as_offload)
         {
             Some(o) if *o != Offload::None => PeakNot::Offloaded(o.clone()),

@@ -675,6 +675,9 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
             StepKind::ShortenSeq if !disc.knobs.contains_key(&Knob::SeqLen) => {
                 Some("seq_len is not bound (--knob seq_len=FLAG)".into())
             }
+            StepKind::OffloadOptimizer if disc.settings().fsdp_offload => Some(
+                "FSDP has no optimizer-only offload: its CPU offload takes the optimizer step with the parameters (offload_param)".into(),
+            ),
             StepKind::RaiseZeroStage | StepKind::OffloadOptimizer
                 if !disc.knobs.contains_key(&Knob::ZeroStage) =>
             {
@@ -687,7 +690,7 @@ pub fn not_applicable(policy: &Policy, disc: &Discovery) -> Vec<NotApplicable> {
                 Some("the ZeRO stage is a flag, with no config file to offload in".into())
             }
             StepKind::OffloadParam if !disc.knobs.contains_key(&Knob::OffloadParam) => Some(
-                "no DeepSpeed config in the command to offload parameters in (offload_param needs ZeRO stage 3)".into(),
+                "no DeepSpeed config in the command to offload parameters in (offload_param needs ZeRO stage 3), and no FSDP offload setting (the Trainer's FSDP words such as full_shard, accelerate's fsdp_offload_params, a recipe's fsdp_config.offload_params or fsdp_cpu_offload)".into(),
             ),
             _ => None,
         };
@@ -893,10 +896,27 @@ pub(crate) fn offload_optimizer(step: &Step, cur: &Settings) -> Option<(Settings
 pub(crate) fn offload_param(step: &Step, cur: &Settings) -> Option<(Settings, String)> {
     let mut next = cur.clone();
     let dev = cur.knobs.get(&Knob::OffloadParam)?.as_offload()?;
-    let stage = cur.int(Knob::ZeroStage)?;
     if *dev != Offload::None {
         return None;
     }
+    // FSDP's CPUOffload: with any sharding, to the CPU only, the gradients and
+    // the optimizer step going with the parameters.
+    if cur.fsdp_offload {
+        next.knobs
+            .insert(Knob::OffloadParam, Value::Offload(Offload::Cpu));
+        let nvme = if step.nvme_path.is_some() {
+            "; FSDP has no NVMe offload, so the policy's nvme_path is not used"
+        } else {
+            ""
+        };
+        return Some((
+            next,
+            format!(
+                "parameters offloaded to CPU with FSDP's CPU offload (their gradients and the optimizer step too; slower steps{nvme})"
+            ),
+        ));
+    }
+    let stage = cur.int(Knob::ZeroStage)?;
     // As for the optimizer: at world size 1 the offload raises the stage to 3 itself.
     let raised = if stage != 3 {
         if cur.world_size > 1 {
@@ -986,6 +1006,7 @@ pub(crate) mod tests {
             world_size: 2,
             accum_covers_world: false,
             micro_floor: 0,
+            fsdp_offload: false,
         }
     }
 
@@ -1073,6 +1094,57 @@ pub(crate) mod tests {
         let default = Policy::load("default").unwrap();
         let d = next_rung(&default, &alone, &oom()).unwrap();
         assert_ne!(d.step, StepKind::HalveMicroBatch);
+    }
+
+    /// FSDP's CPU offload (no ZeRO knob, the offload FSDP's): after the batch and
+    /// checkpointing, at any world size, to the CPU even where the policy names
+    /// an NVMe path (FSDP has none), and before any shorter sequence.
+    #[test]
+    fn an_fsdp_run_offloads_to_the_cpu_after_the_batch_and_checkpointing() {
+        for world in [1, 4] {
+            let mut s = settings(2, 2, Some(2048), false);
+            s.world_size = world;
+            s.fsdp_offload = true;
+            s.knobs
+                .insert(Knob::OffloadParam, Value::Offload(Offload::None));
+            let p = Policy::load("default").unwrap();
+            let mut steps = vec![];
+            let mut cur = s.clone();
+            while let Some(d) = next_rung(&p, &cur, &oom()) {
+                steps.push(d.step);
+                cur = d.after;
+            }
+            assert_eq!(
+                &steps[..4],
+                &[
+                    StepKind::HalveMicroBatch,
+                    StepKind::EnableGradCheckpointing,
+                    StepKind::OffloadParam,
+                    StepKind::ShortenSeq,
+                ],
+                "world {world}"
+            );
+            assert_eq!(cur.knobs[&Knob::OffloadParam], Value::Offload(Offload::Cpu));
+
+            let nvme = Step {
+                kind: StepKind::OffloadParam,
+                min: 0,
+                factor: 0.5,
+                multiple_of: 1,
+                max: 0,
+                nvme_path: Some("/nvme".into()),
+            };
+            let (after, what) = offload_param(&nvme, &s).unwrap();
+            assert_eq!(
+                after.knobs[&Knob::OffloadParam],
+                Value::Offload(Offload::Cpu)
+            );
+            assert!(what.contains("FSDP has no NVMe offload"), "{what}");
+            // A DeepSpeed offload at the same settings needs its stage.
+            let mut ds = s.clone();
+            ds.fsdp_offload = false;
+            assert_eq!(offload_param(&nvme, &ds), None);
+        }
     }
 
     /// Results first: every results-preserving step (micro-batch, checkpointing,

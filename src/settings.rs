@@ -235,6 +235,12 @@ pub struct Settings {
     /// a halving stops there (see `frameworks::Family::micro_floor`).
     #[serde(skip)]
     pub micro_floor: u64,
+    /// The parameter offload is FSDP's (`CPUOffload`: the `offload` word of
+    /// `--fsdp`, accelerate's `fsdp_offload_params`, a recipe's
+    /// `fsdp_cpu_offload`): it needs no ZeRO stage, takes the gradients and
+    /// the optimizer step to the CPU with the parameters, and has no NVMe.
+    #[serde(skip)]
+    pub fsdp_offload: bool,
 }
 
 /// "micro_batch=4 grad_accum=8 seq_len=1024", as `plan` and the messages show it.

@@ -105,7 +105,13 @@ pub static FAMILY: Family = Family {
         ),
         (
             Knob::OffloadParam,
-            &["--offload_param_device", "--offload-param-device"],
+            &[
+                "--offload_param_device",
+                "--offload-param-device",
+                // FSDP's CPU offload (parameters, gradients, the optimizer step).
+                "--fsdp_offload_params",
+                "--fsdp-offload-params",
+            ],
         ),
     ],
     // FSDP full-shard through accelerate's own flags, added only on several
@@ -138,6 +144,13 @@ pub static FAMILY: Family = Family {
             KeySpec {
                 knob: Knob::OffloadParam,
                 key: "deepspeed_config.offload_param_device",
+                absent: None,
+            },
+            // FSDP's CPU offload, a bool: parameters, gradients and the
+            // optimizer step (there is no optimizer-only offload).
+            KeySpec {
+                knob: Knob::OffloadParam,
+                key: "fsdp_config.fsdp_offload_params",
                 absent: None,
             },
             KeySpec {

@@ -355,6 +355,9 @@ pub static FAMILY: Family = Family {
                 "--validation_batch_size",
             ],
         ),
+        // FSDP's CPU offload: the `offload` word among `--fsdp`'s sharding
+        // words (`full_shard auto_wrap offload`); bound only to those words.
+        (Knob::OffloadParam, &["--fsdp"]),
     ],
     added_flags: &[
         (

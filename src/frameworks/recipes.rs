@@ -139,6 +139,16 @@ pub static FAMILY: Family = Family {
                 "checkpoint_activations",
             ],
         ),
+        // FSDP's CPU offload, a bool: axolotl's `fsdp_config` (both
+        // versions' spellings), torchtune's `fsdp_cpu_offload`.
+        (
+            Knob::OffloadParam,
+            &[
+                "fsdp_config.offload_params",
+                "fsdp_config.fsdp_offload_params",
+                "fsdp_cpu_offload",
+            ],
+        ),
         (
             Knob::DataloaderWorkers,
             &["dataloader_num_workers", "num_workers"],

@@ -137,7 +137,11 @@ pub static FAMILY: Family = Family {
         (Knob::MicroBatch, &["batch_size"]),
         (Knob::SeqLen, &["tokenizer.max_seq_len"]),
     ],
-    own_override_keys: &[(Knob::MicroBatch, &["batch_size"])],
+    own_override_keys: &[
+        (Knob::MicroBatch, &["batch_size"]),
+        // FSDP's CPU offload in the distributed recipes (`fsdp_cpu_offload=True`).
+        (Knob::OffloadParam, &["fsdp_cpu_offload"]),
+    ],
     packaged_config,
     layout,
     output_hint: "output_dir=",

@@ -134,6 +134,20 @@ pub fn scalar_to_value(knob: Knob, s: &Scalar) -> Option<Value> {
             _ => None,
         },
         Knob::OffloadOptimizer | Knob::OffloadParam => match s {
+            // FSDP's CPU offload is a bool (`fsdp_offload_params: false`,
+            // `fsdp_cpu_offload: True`); DeepSpeed's is a device.
+            Scalar::Bool(b) => Some(Value::Offload(if *b {
+                Offload::Cpu
+            } else {
+                Offload::None
+            })),
+            Scalar::Str(x) if matches!(x.to_ascii_lowercase().as_str(), "true" | "false") => {
+                Some(Value::Offload(if x.eq_ignore_ascii_case("true") {
+                    Offload::Cpu
+                } else {
+                    Offload::None
+                }))
+            }
             Scalar::Str(x) if x != "auto" => Some(Value::Offload(Offload::read(x))),
             Scalar::Null => Some(Value::Offload(Offload::None)),
             _ => None,
@@ -183,7 +197,20 @@ pub fn value_to_scalar(v: &Value, old: Option<&Scalar>) -> Scalar {
             ),
             _ => Scalar::Bool(*b),
         },
-        Value::Offload(o) => Scalar::Str(o.to_string()),
+        // An FSDP offload stays a bool.
+        Value::Offload(o) => match old {
+            Some(Scalar::Bool(_)) => Scalar::Bool(*o != Offload::None),
+            Some(Scalar::Str(s)) if matches!(s.to_ascii_lowercase().as_str(), "true" | "false") => {
+                let on = if *o != Offload::None { "true" } else { "false" };
+                let upper = s.starts_with(|c: char| c.is_ascii_uppercase());
+                Scalar::Str(if upper {
+                    on[..1].to_ascii_uppercase() + &on[1..]
+                } else {
+                    on.to_string()
+                })
+            }
+            _ => Scalar::Str(o.to_string()),
+        },
     }
 }
 

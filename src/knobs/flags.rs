@@ -42,7 +42,58 @@ fn checkpointing_mode(s: &str) -> Option<bool> {
     }
 }
 
+/// FSDP's sharding words, of which `--fsdp` takes one or more (with `auto_wrap`
+/// and `offload`): a value without one is not FSDP's words (transformers 5's
+/// `--fsdp true`, whose offload is `fsdp_config`'s `cpu_offload`).
+const FSDP_SHARDING: &[&str] = &[
+    "full_shard",
+    "shard_grad_op",
+    "hybrid_shard",
+    "hybrid_shard_zero2",
+];
+
+/// Whether `v` is `--fsdp`'s words (`full_shard auto_wrap`).
+fn fsdp_words(v: &str) -> bool {
+    v.split_whitespace()
+        .any(|w| FSDP_SHARDING.contains(&w.to_ascii_lowercase().as_str()))
+}
+
+/// FSDP's CPU offload on a flag: the `offload` word among `--fsdp`'s words,
+/// or a bool (accelerate's `--fsdp_offload_params true`).
+fn fsdp_offload(v: &str) -> Option<Offload> {
+    let on = if fsdp_words(v) {
+        v.split_whitespace()
+            .any(|w| w.eq_ignore_ascii_case("offload"))
+    } else {
+        parse_bool(v)?
+    };
+    Some(if on { Offload::Cpu } else { Offload::None })
+}
+
+/// `--fsdp`'s words with the `offload` word added or taken out, the others
+/// kept in their order.
+fn with_offload_word(old: &str, on: bool) -> String {
+    let mut words: Vec<&str> = old
+        .split_whitespace()
+        .filter(|w| !w.eq_ignore_ascii_case("offload"))
+        .collect();
+    if on {
+        words.push("offload");
+    }
+    words.join(" ")
+}
+
 fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static str)> {
+    if matches!(knob, Knob::OffloadOptimizer | Knob::OffloadParam) && occ.name.contains("fsdp") {
+        const FSDP: &str =
+            "FSDP's sharding words (full_shard auto_wrap, with offload or not), or true or false";
+        return match occ.value.as_deref() {
+            Some(v) => fsdp_offload(v)
+                .map(Value::Offload)
+                .ok_or((v.to_string(), FSDP)),
+            None => Ok(Value::Offload(Offload::Cpu)),
+        };
+    }
     if matches!(knob, Knob::OffloadOptimizer | Knob::OffloadParam) {
         return match occ.value.as_deref() {
             Some(v) => Offload::parse(v)
@@ -89,6 +140,11 @@ fn bind_flag(
     let flag = first.name.clone();
     let mine: Vec<&Occurrence> = occs.iter().filter(|o| o.name == flag).collect();
     let last = mine.last().expect("at least the first occurrence");
+    // `--fsdp` holds the parameter offload only as FSDP's words: `--fsdp true`
+    // (transformers 5), or a script's own bare `--fsdp`, does not.
+    if flag == "--fsdp" && !last.value.as_deref().is_some_and(fsdp_words) {
+        return Ok(None);
+    }
     let value = parse_value(knob, last).map_err(|(value, expected)| KnobError::BadValue {
         knob,
         flag: flag.clone(),
@@ -545,6 +601,13 @@ fn role_prefixed_checkpointing(occs: &[Occurrence]) -> Option<Bound> {
 fn render(new: &Value, old: Option<&str>) -> String {
     match new {
         Value::Int(n) => n.to_string(),
+        // FSDP's offload: a word of `--fsdp`'s, or a bool as the flag had it.
+        Value::Offload(o) if old.is_some_and(fsdp_words) => {
+            with_offload_word(old.unwrap_or_default(), *o != Offload::None)
+        }
+        Value::Offload(o) if old.and_then(parse_bool).is_some() => {
+            render(&Value::Bool(*o != Offload::None), old)
+        }
         // An offload device on a flag: the NVMe path has no place there.
         Value::Offload(o) => o.device().to_string(),
         Value::Bool(b) => {
@@ -1534,5 +1597,78 @@ mod tests {
             strs(&mat(&a, &d, &s, None).argv),
             "python t.py ds.offload_optimizer_device=nvme"
         );
+    }
+
+    /// `--fsdp`'s words hold FSDP's CPU offload: the word `offload` added and
+    /// taken out, the others kept; the settings say the offload is FSDP's.
+    /// `--fsdp true` (transformers 5) and a script's own bare `--fsdp` hold
+    /// none, and are no error.
+    #[test]
+    fn fsdp_words_hold_the_cpu_offload() {
+        let mut a = argv(
+            "torchrun --nproc_per_node=4 train.py --per_device_train_batch_size 1 --fsdp X --output_dir out",
+        );
+        a[6] = "full_shard auto_wrap".into();
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let s = d.settings();
+        assert_eq!(s.knobs[&Knob::OffloadParam], Value::Offload(Offload::None));
+        assert!(s.fsdp_offload);
+        let mut on = s.clone();
+        on.knobs
+            .insert(Knob::OffloadParam, Value::Offload(Offload::Cpu));
+        let m = mat(&a, &d, &on, None);
+        assert_eq!(m.argv[6], "full_shard auto_wrap offload");
+
+        a[6] = "full_shard offload auto_wrap".into();
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(
+            d.settings().knobs[&Knob::OffloadParam],
+            Value::Offload(Offload::Cpu)
+        );
+        let mut off = d.settings();
+        off.knobs
+            .insert(Knob::OffloadParam, Value::Offload(Offload::None));
+        assert_eq!(mat(&a, &d, &off, None).argv[6], "full_shard auto_wrap");
+
+        for other in [
+            "train.py --per_device_train_batch_size 1 --fsdp true",
+            "train.py --per_device_train_batch_size 1 --fsdp",
+        ] {
+            let d = discover_all(&argv(other), &[], &no_env).unwrap();
+            assert!(
+                !d.knobs.contains_key(&Knob::OffloadParam),
+                "{other}: {:?}",
+                d.knobs.get(&Knob::OffloadParam)
+            );
+            assert!(!d.settings().fsdp_offload);
+        }
+    }
+
+    /// accelerate's `--fsdp_offload_params false` is FSDP's offload, written back
+    /// as a bool; DeepSpeed's `--offload_param_device none` stays a device.
+    #[test]
+    fn accelerates_fsdp_offload_flag_is_a_bool() {
+        let a = argv(
+            "accelerate launch --use_fsdp --fsdp_offload_params false train.py --per_device_train_batch_size 1",
+        );
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let s = d.settings();
+        assert!(s.fsdp_offload);
+        let mut on = s.clone();
+        on.knobs
+            .insert(Knob::OffloadParam, Value::Offload(Offload::Cpu));
+        assert_eq!(
+            strs(&mat(&a, &d, &on, None).argv),
+            "accelerate launch --use_fsdp --fsdp_offload_params true train.py --per_device_train_batch_size 1"
+        );
+        let a = argv(
+            "accelerate launch --use_deepspeed --zero_stage 3 --offload_param_device none train.py --per_device_train_batch_size 1",
+        );
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert!(!d.settings().fsdp_offload);
+        let mut on = d.settings();
+        on.knobs
+            .insert(Knob::OffloadParam, Value::Offload(Offload::Cpu));
+        assert!(strs(&mat(&a, &d, &on, None).argv).contains("--offload_param_device cpu"));
     }
 }

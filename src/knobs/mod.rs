@@ -57,6 +57,23 @@ pub enum Binding {
     },
 }
 
+impl Binding {
+    /// Whether the place is FSDP's: its name says so (`--fsdp`,
+    /// `fsdp_config.fsdp_offload_params`, `fsdp_cpu_offload`,
+    /// `actor.fsdp_config.param_offload`); no DeepSpeed setting is spelled so.
+    pub fn names_fsdp(&self) -> bool {
+        let name = match self {
+            Binding::Flag { flag, .. } | Binding::AddFlag { flag } => flag,
+            Binding::Env { var, .. } => var,
+            Binding::DerivedFromGlobalBatch { flag, .. } => flag,
+            Binding::Config { key, .. }
+            | Binding::Override { key, .. }
+            | Binding::AddOverride { key, .. } => key,
+        };
+        name.to_ascii_lowercase().contains("fsdp")
+    }
+}
+
 impl fmt::Display for Binding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -207,6 +224,10 @@ impl Discovery {
             world_size: self.world.size,
             accum_covers_world: self.accum_covers_world,
             micro_floor: self.micro_floor,
+            fsdp_offload: self
+                .knobs
+                .get(&Knob::OffloadParam)
+                .is_some_and(|b| b.binding.names_fsdp()),
         }
     }
 }
@@ -1299,6 +1320,7 @@ mod tests {
             world_size: 1,
             accum_covers_world: false,
             micro_floor: 0,
+            fsdp_offload: false,
         };
         let first = s(8, 4);
         let same = per_rank_ratio(&first, &s(8, 4)).unwrap();

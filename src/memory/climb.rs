@@ -205,6 +205,7 @@ mod tests {
             world_size: 1,
             accum_covers_world: false,
             micro_floor: 0,
+            fsdp_offload: false,
         }
     }
 

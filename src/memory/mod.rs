@@ -440,7 +440,8 @@ fn view(s: &Settings, default_seq: u64) -> View {
         } else {
             s.int(Knob::ZeroStage).unwrap_or(0)
         },
-        off_opt: off(Knob::OffloadOptimizer),
+        // FSDP's CPU offload takes the optimizer step with the parameters.
+        off_opt: off(Knob::OffloadOptimizer) || (s.fsdp_offload && off(Knob::OffloadParam)),
         off_param: off(Knob::OffloadParam),
         world: s.world_size.max(1),
         deepspeed: s.knobs.contains_key(&Knob::ZeroStage),
@@ -464,8 +465,12 @@ pub fn estimate_scaled(m: &ModelSpec, s: &Settings, calib: f64, states: f64) -> 
     if let Some(f) = m.fsdp.as_ref().filter(|f| f.stage > v.stage) {
         v.stage = f.stage;
         n = f.degree.map_or(n, |d| d.min(n));
-        v.off_opt |= f.offload;
-        v.off_param |= f.offload;
+        // The command's own offload, unless the settings hold it (an FSDP
+        // offload knob): then theirs, which a step may have changed.
+        if !s.fsdp_offload {
+            v.off_opt |= f.offload;
+            v.off_param |= f.offload;
+        }
     }
     let trainable = m.params * m.trainable;
     let bytes = per_param(m.optimizer, m.weight_bytes, v.deepspeed);
@@ -727,6 +732,7 @@ mod tests {
             world_size: world,
             accum_covers_world: false,
             micro_floor: 0,
+            fsdp_offload: false,
         }
     }
 
@@ -770,6 +776,35 @@ mod tests {
         assert_eq!(t(Optimizer::Adam8bit, 4.0, true), 10.0);
         assert_eq!(t(Optimizer::AdamW, 2.0, false), 8.0);
         assert_eq!(t(Optimizer::Sgd, 4.0, false), 12.0);
+    }
+
+    /// FSDP's CPU offload held by the settings (`fsdp_offload`): on, the states
+    /// leave the GPU, optimizer's with the parameters'; off (an offload the
+    /// command had, undone after a host OOM), they are back, whatever the
+    /// command said.
+    #[test]
+    fn fsdps_offload_knob_moves_the_states_and_the_optimizer_with_them() {
+        let cfg = r#"{"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 11008,
+            "num_attention_heads": 32, "vocab_size": 32000, "model_type": "llama"}"#;
+        let mut m = ModelSpec::from_config_json("x", cfg).unwrap();
+        let mut s = settings(1, 8, 2048, true, 0, 4);
+        s.knobs.remove(&Knob::ZeroStage);
+        s.knobs.remove(&Knob::OffloadOptimizer);
+        s.fsdp_offload = true;
+        let states = |m: &ModelSpec, s: &Settings| {
+            let e = estimate(m, s, 1.0);
+            e.total() - e.activations
+        };
+        for offload_written in [false, true] {
+            m.fsdp = Fsdp::from_strategy("full_shard auto_wrap", "fsdp".into());
+            m.fsdp.as_mut().unwrap().offload = offload_written;
+            let off = states(&m, &s);
+            let mut on = s.clone();
+            on.knobs
+                .insert(Knob::OffloadParam, Value::Offload(Offload::Cpu));
+            let on = states(&m, &on);
+            assert!(on < off / 3.0, "written {offload_written}: {on} vs {off}");
+        }
     }
 
     #[test]

@@ -329,6 +329,7 @@ impl Summary<'_> {
                 world_size: self.story.start.world_size,
                 accum_covers_world: false,
                 micro_floor: 0,
+                fsdp_offload: false,
             }
             .global_batch(),
         }
