@@ -21,12 +21,13 @@ fn carried_through(dotted: bool) {
     let script = repo().join("tests/children/openrlhf/cli/train_sft.py");
     let run_dir = dir.path().join("run");
     let f = |new: &'static str, old: &'static str| if dotted { new } else { old };
-    let (micro, batch, path, save, load) = (
+    let (micro, batch, path, save, load, adam) = (
         f("--train.micro_batch_size", "--micro_train_batch_size"),
         f("--train.batch_size", "--train_batch_size"),
         f("--ckpt.path", "--ckpt_path"),
         f("--ckpt.save_steps", "--save_steps"),
         f("--ckpt.load_enable", "--load_checkpoint"),
+        f("--ds.adam_offload", "--adam_offload"),
     );
     let command = ["python3", script.to_str().unwrap(), micro, "4", batch, "64"];
     let mut args = vec!["--run-dir", run_dir.to_str().unwrap()];
@@ -90,6 +91,20 @@ fn carried_through(dotted: bool) {
                 .stdout
                 .contains(&format!("derived: {batch} 64 / micro-batch / world size")),
         "the layout and the derivation",
+        &plan.stdout,
+    );
+    plan.ensure(
+        "its optimizer offload switch is a rung, added bare in the command's spelling",
+        plan.stdout.lines().any(|l| {
+            l.starts_with("  offload_optimizer ") && l.contains(&format!("would add {adam}"))
+        }) && plan
+            .stdout
+            .contains("offload_optimizer (offload_optimizer none → cpu)")
+            && plan
+                .stdout
+                .lines()
+                .any(|l| l.contains("argv:") && l.ends_with(&format!(" {adam}"))),
+        &format!("offload_optimizer none absent; would add {adam}, and a rung ending with it"),
         &plan.stdout,
     );
     assert!(Path::new(&dir.path().join("ck/latest")).exists());

@@ -356,8 +356,9 @@ fn the_smaller_batch_policy_carries_a_plain_argparse_script_at_a_smaller_global_
 /// `plan` and the run say why it does not resume.
 /// A DeepSpeed-Chat script's parser goes through `deepspeed.add_config_arguments` and the
 /// script makes its folder with `mkdir(parents=True)`: its options are still read, and
-/// the micro-batch, sequence length and checkpointing it leaves to their defaults are
-/// knobs oomguard adds (before, both read as a parser built elsewhere: no knob at all).
+/// the micro-batch, sequence length, checkpointing, ZeRO stage and `--offload` switch it
+/// leaves to their defaults are knobs oomguard adds (before, both read as a parser built
+/// elsewhere: no knob at all).
 #[test]
 fn a_deepspeed_chat_script_gets_the_knobs_its_parser_has_from_their_defaults() {
     let dir = tempfile::tempdir().unwrap();
@@ -413,6 +414,38 @@ fn a_deepspeed_chat_script_gets_the_knobs_its_parser_has_from_their_defaults() {
             "absent; would add --gradient_checkpointing".to_string(),
         ),
         knob("grad_checkpointing"),
+    );
+    p.check(
+        "the ZeRO stage from the parser's default",
+        (Value::from(0), "absent; would add --zero_stage".to_string()),
+        knob("zero_stage"),
+    );
+    p.check(
+        "its --offload switch is the optimizer's offload",
+        (
+            Value::from("none"),
+            "absent; would add --offload".to_string(),
+        ),
+        knob("offload_optimizer"),
+    );
+    let offload = v["ladder"]
+        .as_array()
+        .and_then(|l| l.iter().find(|r| r["step"] == "offload_optimizer"))
+        .map(|r| {
+            r["argv"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap_or("").to_string())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    p.ensure(
+        "the offload rung adds the bare switch, with the stage offload needs",
+        offload.last().map(String::as_str) == Some("--offload")
+            && offload.windows(2).any(|w| w == ["--zero_stage", "2"]),
+        "... --zero_stage 2 --offload",
+        &offload,
     );
     p.check("global batch", Some(64), v["global_batch"].as_u64());
 }

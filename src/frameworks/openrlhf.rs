@@ -127,6 +127,11 @@ pub static FAMILY: Family = Family {
             ],
         ),
         (Knob::ZeroStage, &["--ds.zero_stage", "--zero_stage"]),
+        // Its switch for DeepSpeed's optimizer offload to the CPU.
+        (
+            Knob::OffloadOptimizer,
+            &["--ds.adam_offload", "--adam_offload"],
+        ),
     ],
     global_batch_keys: &["train.batch_size", "train_batch_size"],
     added_flags: &[
@@ -144,6 +149,16 @@ pub static FAMILY: Family = Family {
         (Knob::ZeroStage, "--zero_stage", AbsentValue::Int(2)),
         (Knob::SeqLen, "--data.max_len", AbsentValue::Int(2048)),
         (Knob::SeqLen, "--max_len", AbsentValue::Int(2048)),
+        (
+            Knob::OffloadOptimizer,
+            "--ds.adam_offload",
+            AbsentValue::NoOffload,
+        ),
+        (
+            Knob::OffloadOptimizer,
+            "--adam_offload",
+            AbsentValue::NoOffload,
+        ),
     ],
     accepts_added,
     layout,

@@ -83,6 +83,13 @@ fn with_offload_word(old: &str, on: bool) -> String {
     words.join(" ")
 }
 
+/// Switches that turn DeepSpeed's optimizer offload to the CPU on, bare
+/// (`store_true`): OpenRLHF's `--adam_offload` / `--ds.adam_offload`,
+/// DeepSpeed-Chat's `--offload`. Added bare, never given a device.
+pub(crate) fn offload_switch(flag: &str) -> bool {
+    matches!(flag, "--offload" | "--adam_offload" | "--ds.adam_offload")
+}
+
 fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static str)> {
     if matches!(knob, Knob::OffloadOptimizer | Knob::OffloadParam) && occ.name.contains("fsdp") {
         const FSDP: &str =
@@ -92,6 +99,14 @@ fn parse_value(knob: Knob, occ: &Occurrence) -> Result<Value, (String, &'static 
                 .map(Value::Offload)
                 .ok_or((v.to_string(), FSDP)),
             None => Ok(Value::Offload(Offload::Cpu)),
+        };
+    }
+    if matches!(knob, Knob::OffloadOptimizer | Knob::OffloadParam) && offload_switch(&occ.name) {
+        return match occ.value.as_deref() {
+            None => Ok(Value::Offload(Offload::Cpu)),
+            Some(v) => parse_bool(v)
+                .map(|on| Value::Offload(if on { Offload::Cpu } else { Offload::None }))
+                .ok_or((v.to_string(), "a bare switch")),
         };
     }
     if matches!(knob, Knob::OffloadOptimizer | Knob::OffloadParam) {
@@ -364,14 +379,23 @@ pub fn discover(
             Knob::GradAccum,
             Knob::SeqLen,
             Knob::GradCheckpointing,
+            Knob::ZeroStage,
+            Knob::OffloadOptimizer,
         ] {
             if knobs.contains_key(&knob) || not_accepted.iter().any(|(k, _)| *k == knob) {
                 continue;
             }
-            let Some(flag) = frameworks::flag_spellings(knob, cmd)
-                .into_iter()
-                .find(|f| opts.accepts(f))
-            else {
+            // DeepSpeed-Chat's `--offload` (store_true) turns on the offload of the
+            // ZeRO config it builds; only beside a ZeRO stage it takes.
+            let spellings = if knob == Knob::OffloadOptimizer {
+                if !knobs.contains_key(&Knob::ZeroStage) {
+                    continue;
+                }
+                vec!["--offload".to_string()]
+            } else {
+                frameworks::flag_spellings(knob, cmd)
+            };
+            let Some(flag) = spellings.into_iter().find(|f| opts.accepts(f)) else {
                 continue;
             };
             use super::accepts::ArgDefault;
@@ -382,6 +406,10 @@ pub fn discover(
                     Value::Int(n)
                 }
                 (Knob::GradCheckpointing, Some(ArgDefault::StoreTrue)) => Value::Bool(false),
+                (Knob::ZeroStage, Some(ArgDefault::Int(n))) if n <= 3 => Value::Int(n),
+                (Knob::OffloadOptimizer, Some(ArgDefault::StoreTrue)) => {
+                    Value::Offload(Offload::None)
+                }
                 _ => continue,
             };
             notes.push(format!(
@@ -745,6 +773,12 @@ pub(super) fn apply_binding(
                 Value::Int(n) => {
                     append.push(flag.into());
                     append.push(n.to_string().into());
+                }
+                // A switch: bare when on, left out when off.
+                Value::Offload(o) if offload_switch(flag) => {
+                    if *o != Offload::None {
+                        append.push(flag.into());
+                    }
                 }
                 // The device only: an NVMe path has no place in a flag.
                 Value::Offload(o) => {
@@ -1670,5 +1704,29 @@ mod tests {
         on.knobs
             .insert(Knob::OffloadParam, Value::Offload(Offload::Cpu));
         assert!(strs(&mat(&a, &d, &on, None).argv).contains("--offload_param_device cpu"));
+    }
+
+    /// An optimizer offload switch the command gives (OpenRLHF's
+    /// `--ds.adam_offload`) is the offload on; absent, it is added bare.
+    #[test]
+    fn an_offload_switch_is_on_when_given_and_added_bare() {
+        let a = argv(
+            "deepspeed --module openrlhf.cli.train_sft --train.micro_batch_size 1 --ds.adam_offload",
+        );
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        assert_eq!(
+            d.settings().knobs[&Knob::OffloadOptimizer],
+            Value::Offload(Offload::Cpu)
+        );
+        let a = argv("deepspeed --module openrlhf.cli.train_sft --micro_train_batch_size 1");
+        let d = discover_all(&a, &[], &no_env).unwrap();
+        let mut on = d.settings();
+        assert_eq!(
+            on.knobs[&Knob::OffloadOptimizer],
+            Value::Offload(Offload::None)
+        );
+        on.knobs
+            .insert(Knob::OffloadOptimizer, Value::Offload(Offload::Cpu));
+        assert!(strs(&mat(&a, &d, &on, None).argv).ends_with(" --adam_offload"));
     }
 }

@@ -2,7 +2,9 @@
 """The shape of DeepSpeed-Chat's training scripts (step1_supervised_finetuning/main.py and its
 siblings): a literal argparse parser handed to deepspeed.add_config_arguments, which adds only
 DeepSpeed's own options, and the output folder made with mkdir(parents=True). The micro-batch,
-the sequence length and checkpointing are options with defaults the command may leave out.
+the sequence length, checkpointing, the ZeRO stage and `--offload` (the optimizer's, and at
+stage 3 the parameters', in the ZeRO config it builds) are options with defaults the command
+may leave out.
 Read by `oomguard plan`, never run."""
 import argparse
 from pathlib import Path
@@ -20,6 +22,7 @@ def parse_args():
     parser.add_argument("--output_dir", type=str, default=None)
     parser.add_argument("--zero_stage", type=int, default=0)
     parser.add_argument("--gradient_checkpointing", action="store_true")
+    parser.add_argument("--offload", action="store_true", help="Enable ZeRO Offload techniques.")
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args()
 

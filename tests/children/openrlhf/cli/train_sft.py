@@ -28,6 +28,7 @@ p.add_argument("--data.max_len", "--max_len", dest="max_len", type=int, default=
 p.add_argument("--model.gradient_checkpointing_enable", "--gradient_checkpointing",
                dest="checkpointing", action="store_true", default=False)
 p.add_argument("--ds.zero_stage", "--zero_stage", dest="zero_stage", type=int, default=2)
+p.add_argument("--ds.adam_offload", "--adam_offload", dest="adam_offload", action="store_true")
 p.add_argument("--ckpt.path", "--ckpt_path", dest="ckpt_path",
                default="./ckpt/checkpoints_sft")
 p.add_argument("--ckpt.save_steps", "--save_steps", dest="save_steps", type=int, default=-1)
