@@ -227,7 +227,7 @@ impl Target {
             disc.warnings.extend(warning);
         }
         if layout.is_some()
-            && let Some(why) = crate::frameworks::saves_none(&cmd)
+            && let Some(why) = knobs::saves_none(&cmd, &disc)
         {
             disc.warnings.push(why);
         }

@@ -381,3 +381,57 @@ fn an_in_process_batch_size_finder_is_named_and_never_fought() {
     let lines = std::fs::read_to_string(&report).unwrap_or_default();
     run.check("the Trainer finished once", 1, lines.lines().count());
 }
+
+/// A recipe that turns the Trainer's saves off (`save_strategy: "no"` in a TRL
+/// recipe, YAML 1.1's bare `no` in an axolotl config) is warned before the run, as
+/// `--save_strategy no` is: after an OOM each relaunch starts from the beginning.
+#[test]
+fn a_recipe_that_saves_nothing_is_warned_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("sft.py"), "from trl import SFTConfig, TrlParser\n").unwrap();
+    let plan = |args: &[&str]| {
+        let mut all = vec!["plan"];
+        all.extend_from_slice(args);
+        let r = oomguard(d, &all, None, LIMIT);
+        r.check("plan exit code", Some(0), r.code);
+        r
+    };
+    let warned = |r: &Run| {
+        r.stdout
+            .contains("the Trainer saves no checkpoint while it trains (save_strategy: no in its recipe): after an OOM each relaunch starts from the beginning")
+    };
+    for (file, text, argv) in [
+        (
+            "recipe.yaml",
+            "per_device_train_batch_size: 4\noutput_dir: out\nsave_strategy: \"no\"\n",
+            &["accelerate", "launch", "sft.py", "--config", "recipe.yaml"][..],
+        ),
+        (
+            "ax.yml",
+            "base_model: m\nmicro_batch_size: 4\noutput_dir: out\nsave_strategy: no\n",
+            &["axolotl", "train", "ax.yml"][..],
+        ),
+    ] {
+        std::fs::write(d.join(file), text).unwrap();
+        let r = plan(argv);
+        r.ensure(
+            "the warning, naming the recipe's key",
+            warned(&r),
+            "save_strategy: no in its recipe",
+            &r.stdout,
+        );
+        std::fs::write(
+            d.join(file),
+            text.replace("\"no\"", "steps").replace(": no", ": steps"),
+        )
+        .unwrap();
+        let r = plan(argv);
+        r.ensure(
+            "no warning for a recipe that saves",
+            !warned(&r) && !r.stdout.contains("saves no checkpoint"),
+            "no warning",
+            &r.stdout,
+        );
+    }
+}

@@ -10,12 +10,13 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::{AbsentValue, Family};
+use super::{AbsentValue, Ctx, Family};
 use crate::checkpoint::{
     Format, Kind, Layout, NotComplete, OwnSearch, ResumeHow, index_complete, no_temporaries,
     numbered_dirs, plain_name, read_in, read_small, recorded_step, weights_complete,
 };
 use crate::command::Command;
+use crate::files::Scalar;
 use crate::progress::Logging;
 use crate::settings::Knob;
 
@@ -272,11 +273,21 @@ fn accepts_added(cmd: &Command, flag: &str) -> bool {
 }
 
 /// The Trainer saves nothing while it trains under `--save_strategy no`.
-fn saves_none(cmd: &Command) -> Option<String> {
-    let v = cmd.value(&["--save_strategy", "--save-strategy"])?;
+pub(crate) fn saves_none(cmd: &Command, ctx: &Ctx) -> Option<String> {
+    // The command line wins over the recipe (`save_strategy: "no"` in a TRL or
+    // alignment-handbook recipe, an axolotl or LLaMA-Factory config).
+    let (said, v) = match cmd.value(&["--save_strategy", "--save-strategy"]) {
+        Some(v) => (format!("--save_strategy {v}"), v.to_string()),
+        None => match (ctx.recipe_value)("save_strategy")? {
+            Scalar::Str(s) => (format!("save_strategy: {s} in its recipe"), s),
+            // YAML 1.1 reads a bare `no` as false.
+            Scalar::Bool(false) => ("save_strategy: no in its recipe".into(), "no".into()),
+            _ => return None,
+        },
+    };
     v.trim().eq_ignore_ascii_case("no").then(|| {
         format!(
-            "the Trainer saves no checkpoint while it trains (--save_strategy {v}): after an OOM each relaunch starts from the beginning; give --save_strategy steps --save_steps N to resume from the last multiple of N"
+            "the Trainer saves no checkpoint while it trains ({said}): after an OOM each relaunch starts from the beginning; give save_strategy steps and save_steps N to resume from the last multiple of N"
         )
     })
 }
@@ -705,18 +716,44 @@ if os.path.isdir(training_args.output_dir) and training_args.do_train and not tr
 
     #[test]
     fn a_trainer_told_to_save_nothing_is_said_to_start_over_after_an_oom() {
-        let w = saves_none(&argv(
+        let with = |recipe: Option<Scalar>, cmd: &str| {
+            let value = move |k: &str| (k == "save_strategy").then(|| recipe.clone()).flatten();
+            let ctx = Ctx {
+                recipe_output_dir: None,
+                recipe_value: &value,
+            };
+            saves_none(&argv(cmd), &ctx)
+        };
+        let w = with(
+            None,
             "python train.py --per_device_train_batch_size 8 --output_dir o --save_strategy no",
-        ))
+        )
         .unwrap();
         assert!(w.contains("(--save_strategy no)"), "{w}");
         assert_eq!(
-            saves_none(&argv(
-                "python train.py --output_dir o --save_strategy steps"
-            )),
+            with(None, "python train.py --output_dir o --save_strategy steps"),
             None
         );
-        assert_eq!(saves_none(&argv("python train.py --output_dir o")), None);
+        assert_eq!(with(None, "python train.py --output_dir o"), None);
+        // A recipe's key, quoted or YAML 1.1's bare `no` (false); the command line wins.
+        for v in [Scalar::Str("no".into()), Scalar::Bool(false)] {
+            let w = with(Some(v), "python sft.py --config recipe.yaml").unwrap();
+            assert!(w.contains("(save_strategy: no in its recipe)"), "{w}");
+        }
+        assert_eq!(
+            with(
+                Some(Scalar::Str("no".into())),
+                "python sft.py --config recipe.yaml --save_strategy steps"
+            ),
+            None
+        );
+        assert_eq!(
+            with(
+                Some(Scalar::Str("steps".into())),
+                "python sft.py --config r.yaml"
+            ),
+            None
+        );
     }
 
     #[test]

@@ -216,7 +216,7 @@ pub struct Family {
     /// Why the command saves no checkpoint while it trains (OpenRLHF's default
     /// `--ckpt.save_steps -1`, the Trainer's `--save_strategy no`), said before the
     /// run: after an OOM every relaunch starts from the beginning.
-    pub saves_none: fn(&Command) -> Option<String>,
+    pub saves_none: fn(&Command, &Ctx) -> Option<String>,
 }
 
 impl Family {
@@ -247,7 +247,7 @@ impl Family {
         micro_floor: |_| None,
         logging: |_, _| None,
         counting: None,
-        saves_none: |_| None,
+        saves_none: |_, _| None,
     };
 }
 
@@ -535,8 +535,8 @@ pub fn micro_floor(cmd: &Command) -> Option<(u64, String)> {
 
 /// Why the command saves no checkpoint while it trains: the first recognised family
 /// that says.
-pub fn saves_none(cmd: &Command) -> Option<String> {
-    recognised(cmd).find_map(|f| (f.saves_none)(cmd))
+pub fn saves_none(cmd: &Command, ctx: &Ctx) -> Option<String> {
+    recognised(cmd).find_map(|f| (f.saves_none)(cmd, ctx))
 }
 
 /// How often the command's trainer prints a log line per step that names no

@@ -88,7 +88,7 @@ fn layout(cmd: &Command, _: &Ctx) -> Option<Layout> {
 }
 
 /// OpenRLHF saves a checkpoint every `--ckpt.save_steps` steps, none at its default (-1).
-fn saves_none(cmd: &Command) -> Option<String> {
+fn saves_none(cmd: &Command, _: &Ctx) -> Option<String> {
     resumable_task(cmd)?;
     let flag = if dotted(cmd) {
         "--ckpt.save_steps"
@@ -214,7 +214,12 @@ mod tests {
 
     #[test]
     fn a_run_that_saves_no_checkpoint_is_said_to_start_over_after_an_oom() {
-        let none = |s: &str| saves_none(&cmd(s));
+        let no_recipe = |_: &str| None;
+        let ctx = Ctx {
+            recipe_output_dir: None,
+            recipe_value: &no_recipe,
+        };
+        let none = |s: &str| saves_none(&cmd(s), &ctx);
         let w =
             none("deepspeed --module openrlhf.cli.train_sft --train.micro_batch_size 2").unwrap();
         assert!(

@@ -175,6 +175,8 @@ pub static FAMILY: Family = Family {
     layout,
     world,
     output_hint: "a recipe's output_dir:",
+    // axolotl's and LLaMA-Factory's configs take the Trainer's `save_strategy`.
+    saves_none: super::hf::saves_none,
     ..Family::NONE
 };
 

@@ -894,6 +894,12 @@ fn with_recipes<R>(found: &config::Found, f: impl FnOnce(&frameworks::Ctx<'_>) -
     })
 }
 
+/// Why the command saves no checkpoint while it trains, with its recipes read
+/// (see `frameworks::saves_none`).
+pub fn saves_none(cmd: &Command, disc: &Discovery) -> Option<String> {
+    with_recipes(&disc.config, |ctx| frameworks::saves_none(cmd, ctx))
+}
+
 /// What the step numbers the command's trainer prints count, with its config
 /// files read (see `frameworks::counting_in`).
 pub fn counting(cmd: &Command, disc: &Discovery) -> crate::progress::Counting {
