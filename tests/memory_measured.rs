@@ -21,6 +21,18 @@ const OVER: f64 = 15.0;
 /// The estimate's total in GiB for one measured row; `said` false leaves out every
 /// precision flag (`--bf16 true` and the row's own).
 fn estimate(cwd: &Path, python: &str, gpu_gib: f64, row: &Value, said: bool) -> (Run, f64) {
+    estimate_env(cwd, python, gpu_gib, row, said, &[])
+}
+
+/// [`estimate`] with `envs` set for oomguard.
+fn estimate_env(
+    cwd: &Path,
+    python: &str,
+    gpu_gib: f64,
+    row: &Value,
+    said: bool,
+    envs: &[(&str, &str)],
+) -> (Run, f64) {
     let model = cwd.join(row["model"].as_str().unwrap());
     std::fs::create_dir_all(&model).unwrap();
     std::fs::write(model.join("config.json"), row["config"].to_string()).unwrap();
@@ -64,7 +76,7 @@ fn estimate(cwd: &Path, python: &str, gpu_gib: f64, row: &Value, said: bool) -> 
         args.extend(["--bf16", "true"]);
         args.extend(flags);
     }
-    let run = spawn_env(cwd, &args, &[]).wait(LIMIT);
+    let run = spawn_env(cwd, &args, envs).wait(LIMIT);
     let v: Value = serde_json::from_str(&run.stdout)
         .unwrap_or_else(|e| run.fail("JSON on stdout", "a JSON object", &format!("{e}")));
     let total: f64 = v["given"]["estimate"]
@@ -147,6 +159,66 @@ fn a_trainer_command_naming_no_precision_is_estimated_as_the_measured_fp32_run()
     assert!(
         run.stdout.contains("neither --bf16 nor --fp16 said"),
         "the estimate says why it took fp32:\n{}",
+        run.stdout
+    );
+}
+
+/// `accelerate launch` hands its mixed precision to the script as
+/// ACCELERATE_MIXED_PRECISION, which the Trainer takes when neither --bf16 nor
+/// --fp16 is said: the same command is then estimated as autocast, as with
+/// `--bf16 true`, and with `no` as the fp32 run.
+#[test]
+fn the_environments_accelerate_mixed_precision_is_the_runs_precision() {
+    let file =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/measured/h200-2026-11-28.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let python = fake_venv(&tmp.path().join("venv"), "5.17.0");
+    let gpu = doc["gpu_gib"].as_f64().unwrap();
+    let fp32 = |r: &&Value| r["flags"] == serde_json::json!(["--bf16", "false"]);
+    let mut row = doc["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(fp32)
+        .unwrap()
+        .clone();
+    row["flags"] = serde_json::json!([]);
+    let (run, bf16) = estimate(tmp.path(), &python, gpu, &row, true);
+    run.check("estimate exit code", Some(0), run.code);
+    let (run, unsaid) = estimate(tmp.path(), &python, gpu, &row, false);
+    run.check("estimate exit code", Some(0), run.code);
+    let (run, env_bf16) = estimate_env(
+        tmp.path(),
+        &python,
+        gpu,
+        &row,
+        false,
+        &[("ACCELERATE_MIXED_PRECISION", "bf16")],
+    );
+    run.check("estimate exit code", Some(0), run.code);
+    assert!(
+        (env_bf16 - bf16).abs() < 0.01 && unsaid > bf16 + 0.5,
+        "ACCELERATE_MIXED_PRECISION=bf16: {env_bf16:.2} GiB, --bf16 true: {bf16:.2} GiB, neither: {unsaid:.2} GiB\n{}",
+        run.stdout
+    );
+    let (run, env_no) = estimate_env(
+        tmp.path(),
+        &python,
+        gpu,
+        &row,
+        false,
+        &[("ACCELERATE_MIXED_PRECISION", "no")],
+    );
+    run.check("estimate exit code", Some(0), run.code);
+    assert!(
+        (env_no - unsaid).abs() < 0.01,
+        "ACCELERATE_MIXED_PRECISION=no: {env_no:.2} GiB, neither said: {unsaid:.2} GiB"
+    );
+    assert!(
+        run.stdout
+            .contains("mixed_precision: no in the environment's ACCELERATE_MIXED_PRECISION"),
+        "the estimate says where it read it:\n{}",
         run.stdout
     );
 }

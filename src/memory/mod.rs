@@ -245,6 +245,14 @@ pub fn find_model(cmd: &Command, files: &[String], env: &dyn Fn(&str) -> Option<
             .iter()
             .filter_map(|f| facts::read_file(f)),
     );
+    // `accelerate launch` hands its mixed precision to the script so, and the
+    // Trainer takes it from there when neither --bf16 nor --fp16 is said.
+    if let Some(v) = env("ACCELERATE_MIXED_PRECISION") {
+        texts.push((
+            "the environment's ACCELERATE_MIXED_PRECISION".into(),
+            format!("mixed_precision: {v}\n"),
+        ));
+    }
     let mut names: Vec<String> = cmd
         .value(&[
             "--model_name_or_path",
