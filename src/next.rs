@@ -776,29 +776,24 @@ fn after_load_oom(
             ),
         });
     }
-    // FSDP has one offload, the optimizer step's with the parameters'.
-    if cur.fsdp_offload
-        && let Some((after, what)) = policy::offload_param(&step(StepKind::OffloadParam), cur)
-    {
-        return PhaseFix::Step(Decision {
-            step: StepKind::OffloadParam,
-            before: cur.clone(),
-            after,
-            reason: format!(
-                "{ev} ({how}), again after a retry at the same settings: {what}, so that the optimizer's state is loaded into host memory; the batch is unchanged"
-            ),
-        });
-    }
-    // The command as written offloads the optimizer's state and the load still
-    // overflows: the parameters too (ZeRO-3), so that the weights are loaded
-    // into host memory. Only where the user chose offloading: a parameter
+    // FSDP has one offload, the optimizer step's with the parameters'. Under
+    // ZeRO-3, where the command as written offloads the optimizer's state and the
+    // load still overflows: the parameters too, so that the weights are loaded
+    // into host memory; only where the user chose offloading: a parameter
     // offload slows every step more than any other change.
     let user_offloads = first
         .knobs
         .get(&Knob::OffloadOptimizer)
         .and_then(Value::as_offload)
         .is_some_and(|o| *o != Offload::None);
-    if user_offloads
+    let loaded = if cur.fsdp_offload {
+        Some("the optimizer's state is")
+    } else if user_offloads {
+        Some("the weights are")
+    } else {
+        None
+    };
+    if let Some(loaded) = loaded
         && let Some((after, what)) = policy::offload_param(&step(StepKind::OffloadParam), cur)
     {
         return PhaseFix::Step(Decision {
@@ -806,7 +801,7 @@ fn after_load_oom(
             before: cur.clone(),
             after,
             reason: format!(
-                "{ev} ({how}), again after a retry at the same settings: {what}, so that the weights are loaded into host memory; the batch is unchanged"
+                "{ev} ({how}), again after a retry at the same settings: {what}, so that {loaded} loaded into host memory; the batch is unchanged"
             ),
         });
     }

@@ -44,6 +44,18 @@ fn run(dir: &Path, path_first: Option<&Path>, args: &[&str]) -> (Run, Vec<Value>
     (r, j)
 }
 
+/// The training flags both runs give: micro-batch 1 with checkpointing on, so
+/// that the offload is the one step left that keeps the batch.
+const TRAINING: [&str; 7] = [
+    "--output_dir",
+    "out",
+    "--per_device_train_batch_size",
+    "1",
+    "--gradient_accumulation_steps",
+    "4",
+    "--gradient_checkpointing",
+];
+
 fn outcomes(j: &[Value]) -> Vec<&str> {
     j.iter()
         .filter(|e| e["event"] == "attempt_end")
@@ -71,18 +83,11 @@ fn a_trainer_sharded_with_fsdp_words_is_carried_by_the_offload_word() {
         dir.path(),
         None,
         &[
-            python.to_str().unwrap(),
-            &script,
-            "--output_dir",
-            "out",
-            "--per_device_train_batch_size",
-            "1",
-            "--gradient_accumulation_steps",
-            "4",
-            "--gradient_checkpointing",
-            "--fsdp",
-            "full_shard auto_wrap",
-        ],
+            &[python.to_str().unwrap(), &script][..],
+            &TRAINING,
+            &["--fsdp", "full_shard auto_wrap"],
+        ]
+        .concat(),
     );
     r.check("exit code", Some(0), r.code);
     r.check("outcomes", vec!["cuda_oom", "success"], outcomes(&j));
@@ -158,19 +163,16 @@ fn an_accelerate_fsdp_config_is_carried_by_fsdp_offload_params_in_the_runs_copy(
         dir.path(),
         Some(&bin),
         &[
-            "accelerate",
-            "launch",
-            "--config_file",
-            "fsdp.yaml",
-            &script,
-            "--output_dir",
-            "out",
-            "--per_device_train_batch_size",
-            "1",
-            "--gradient_accumulation_steps",
-            "4",
-            "--gradient_checkpointing",
-        ],
+            &[
+                "accelerate",
+                "launch",
+                "--config_file",
+                "fsdp.yaml",
+                &script,
+            ][..],
+            &TRAINING,
+        ]
+        .concat(),
     );
     r.check("exit code", Some(0), r.code);
     r.check("outcomes", vec!["cuda_oom", "success"], outcomes(&j));

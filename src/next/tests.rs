@@ -350,6 +350,15 @@ fn one_row_per_rule() {
             Value::Offload(Offload::None),
         ))
     };
+    // FSDP's one offload, not yet on.
+    let fsdp_case = {
+        let mut f = with(s.clone(), Knob::OffloadParam, Value::Offload(Offload::None));
+        f.fsdp_offload = true;
+        Case {
+            retried: vec![When::Loading],
+            ..Case::at(f)
+        }
+    };
     let last_refusing = Case {
         max_attempts: 2,
         ..Case {
@@ -462,6 +471,12 @@ fn one_row_per_rule() {
         (
             "OOM while loading, retried, the optimizer offloaded: the parameters too",
             &params_case,
+            gpu_oom(gpu(Some(0), Some(Phase::Loading)), false),
+            "relaunch phase_step: offload_param none→cpu",
+        ),
+        (
+            "OOM while loading, retried, under FSDP: its CPU offload",
+            &fsdp_case,
             gpu_oom(gpu(Some(0), Some(Phase::Loading)), false),
             "relaunch phase_step: offload_param none→cpu",
         ),
