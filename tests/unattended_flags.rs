@@ -448,6 +448,41 @@ fn a_deepspeed_chat_script_gets_the_knobs_its_parser_has_from_their_defaults() {
         &offload,
     );
     p.check("global batch", Some(64), v["global_batch"].as_u64());
+    // Given already, `--offload` is the offload on, as written: never added again.
+    let given = oomguard(
+        dir.path(),
+        &[
+            "plan",
+            "--json",
+            "deepspeed",
+            "--num_gpus",
+            "1",
+            &script,
+            "--model_name_or_path",
+            "facebook/opt-350m",
+            "--zero_stage",
+            "2",
+            "--offload",
+            "--deepspeed",
+            "--output_dir",
+            "out",
+        ],
+        None,
+        LIMIT,
+    );
+    given.check("plan exit code", Some(0), given.code);
+    let v: Value = serde_json::from_str(&given.stdout).unwrap_or_default();
+    given.check(
+        "the switch given is the offload on",
+        (Value::from("cpu"), "flag --offload".to_string()),
+        (
+            v["knobs"]["offload_optimizer"]["value"].clone(),
+            v["knobs"]["offload_optimizer"]["binding"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        ),
+    );
 }
 
 #[test]

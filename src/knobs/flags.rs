@@ -388,7 +388,12 @@ pub fn discover(
             // DeepSpeed-Chat's `--offload` (store_true) turns on the offload of the
             // ZeRO config it builds; only beside a ZeRO stage it takes.
             let spellings = if knob == Knob::OffloadOptimizer {
-                if !knobs.contains_key(&Knob::ZeroStage) {
+                if !knobs.contains_key(&Knob::ZeroStage) || !opts.accepts("--offload") {
+                    continue;
+                }
+                // Given already: the offload is on, as written.
+                if let Some(b) = bind_flag(knob, occs, &["--offload"])? {
+                    knobs.insert(knob, b);
                     continue;
                 }
                 vec!["--offload".to_string()]
