@@ -1320,12 +1320,20 @@ fn ways_out(
         )
     };
     let world = s.world_size.max(1);
-    let stage = s.int(Knob::ZeroStage);
+    // FSDP shards as the ZeRO stage it matches (full_shard: 3), and its offload
+    // is the parameters' with the optimizer's.
+    let fsdp = cal.model.fsdp.as_ref();
+    let stage = s.int(Knob::ZeroStage).or(fsdp.map(|f| f.stage));
     let off = |k: Knob| {
         s.knobs
             .get(&k)
             .and_then(Value::as_offload)
             .is_some_and(|o| !matches!(o, Offload::None | Offload::Other(_)))
+    };
+    let fsdp_offloaded = if s.fsdp_offload {
+        off(Knob::OffloadParam)
+    } else {
+        fsdp.is_some_and(|f| f.offload)
     };
     let with = |f: &dyn Fn(&mut Settings)| {
         let mut t = s.clone();
@@ -1353,7 +1361,7 @@ fn ways_out(
             need(&cal.model, &z3)
         ));
     }
-    if !off(Knob::OffloadOptimizer) || !off(Knob::OffloadParam) {
+    if !fsdp_offloaded && (!off(Knob::OffloadOptimizer) || !off(Knob::OffloadParam)) {
         let cpu = with(&|t| {
             t.knobs.insert(Knob::ZeroStage, Value::Int(3));
             t.knobs
@@ -1361,7 +1369,7 @@ fn ways_out(
             t.knobs
                 .insert(Knob::OffloadParam, Value::Offload(Offload::Cpu));
         });
-        let bound = s.knobs.contains_key(&Knob::OffloadOptimizer);
+        let bound = s.knobs.contains_key(&Knob::OffloadOptimizer) || s.fsdp_offload;
         out.push(format!(
             "CPU offload: optimizer states and parameters in CPU memory (DeepSpeed ZeRO-3 `offload_optimizer`/`offload_param` `device: cpu`, or FSDP `cpu_offload`; slower steps{}): {}",
             if bound {

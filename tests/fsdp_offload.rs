@@ -278,3 +278,72 @@ fn plan_shows_the_offload_rung_in_fsdps_words() {
         &r.stdout,
     );
 }
+
+/// When nothing fits, the ways out of an FSDP run do not offer what it already
+/// does: it is sharded (no "ZeRO-3 or FSDP: shard"), and once its offload is on,
+/// no CPU offload either.
+#[test]
+fn the_ways_out_of_an_fsdp_run_do_not_offer_what_it_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("m")).unwrap();
+    std::fs::write(
+        d.join("m/config.json"),
+        r#"{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 11008, "num_attention_heads": 32, "vocab_size": 32000}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("train.py"),
+        "from transformers import HfArgumentParser, TrainingArguments\n",
+    )
+    .unwrap();
+    let estimate = |fsdp: &str| {
+        let r = oomguard(
+            d,
+            &[
+                "estimate",
+                "--gpu-memory",
+                "2",
+                "torchrun",
+                "--nproc_per_node",
+                "4",
+                "train.py",
+                "--model_name_or_path",
+                "m",
+                "--bf16",
+                "true",
+                "--per_device_train_batch_size",
+                "1",
+                "--gradient_accumulation_steps",
+                "8",
+                "--gradient_checkpointing",
+                "--fsdp",
+                fsdp,
+                "--output_dir",
+                "out",
+            ],
+            None,
+            LIMIT,
+        );
+        r.check("estimate exit code", Some(0), r.code);
+        r
+    };
+    for fsdp in ["full_shard auto_wrap", "full_shard auto_wrap offload"] {
+        let r = estimate(fsdp);
+        r.ensure(
+            "nothing fits, and the ways out are said",
+            r.stdout.contains("ways out"),
+            "ways out",
+            &r.stdout,
+        );
+        r.ensure(
+            "a sharded run is not told to shard, nor an offloading one to offload",
+            !r.stdout.contains("ZeRO-3 or FSDP: shard")
+                && !r
+                    .stdout
+                    .contains("CPU offload: optimizer states and parameters"),
+            "no sharding and no CPU offload among the ways out",
+            &r.stdout,
+        );
+    }
+}
