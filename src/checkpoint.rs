@@ -805,6 +805,16 @@ pub fn index_complete(dir: &Path, index: &str) -> Result<(), NotComplete> {
     Ok(())
 }
 
+/// The step in a checkpoint folder's name `{prefix}N{suffix}`, N digits only:
+/// `checkpoint-+10` is not a checkpoint name (`u64::from_str` would take the sign).
+pub fn step_in_name(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
+    let digits = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 pub fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint> {
     let mut out: Vec<Checkpoint> = fs::read_dir(root)
         .into_iter()
@@ -819,13 +829,7 @@ pub fn numbered_dirs(root: &Path, prefix: &str, suffix: &str) -> Vec<Checkpoint>
         })
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            // Digits only: `checkpoint-+10` is not a checkpoint name
-            // (`u64::from_str` would take the sign).
-            let digits = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
-            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            let step = digits.parse::<u64>().ok()?;
+            let step = step_in_name(&name, prefix, suffix)?;
             Some(Checkpoint {
                 path: e.path(),
                 step,

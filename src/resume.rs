@@ -410,10 +410,11 @@ impl Resumer {
             .iter()
             .filter(|s| s.kind == SkipKind::Incomplete)
             .filter(|s| {
-                s.path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                    n.strip_prefix("checkpoint-")
-                        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-                })
+                s.path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| checkpoint::step_in_name(n, "checkpoint-", ""))
+                    .is_some()
             })
             .map(|s| {
                 let name = s.path.file_name().unwrap_or_default().to_string_lossy();

@@ -63,14 +63,21 @@ fn outcomes(j: &[Value]) -> Vec<&str> {
         .collect()
 }
 
-/// The one decision of the run: its step and its reason.
-fn the_decision(r: &Run, j: &[Value]) -> (String, String) {
+/// The run was carried: an OOM, then success after one decision, FSDP's CPU
+/// offload, said with what goes with it.
+fn carried_by_the_offload(r: &Run, j: &[Value]) {
+    r.check("exit code", Some(0), r.code);
+    r.check("outcomes", vec!["cuda_oom", "success"], outcomes(j));
     let d = events(j, "decision");
     r.check("one decision", 1, d.len());
-    (
-        d[0]["step"].as_str().unwrap_or("").to_string(),
-        d[0]["reason"].as_str().unwrap_or("").to_string(),
-    )
+    r.check("the step", Some("offload_param"), d[0]["step"].as_str());
+    let reason = d[0]["reason"].as_str().unwrap_or("");
+    r.ensure(
+        "the reason names FSDP's offload and what goes with it",
+        reason.contains("FSDP's CPU offload") && reason.contains("optimizer step"),
+        "FSDP's CPU offload ... optimizer step",
+        reason,
+    );
 }
 
 #[test]
@@ -89,16 +96,7 @@ fn a_trainer_sharded_with_fsdp_words_is_carried_by_the_offload_word() {
         ]
         .concat(),
     );
-    r.check("exit code", Some(0), r.code);
-    r.check("outcomes", vec!["cuda_oom", "success"], outcomes(&j));
-    let (step, reason) = the_decision(&r, &j);
-    r.check("the step", "offload_param", step.as_str());
-    r.ensure(
-        "the reason names FSDP's offload and what goes with it",
-        reason.contains("FSDP's CPU offload") && reason.contains("optimizer step"),
-        "FSDP's CPU offload ... optimizer step",
-        &reason,
-    );
+    carried_by_the_offload(&r, &j);
     let argvs: Vec<Vec<String>> = events(&j, "attempt_start")
         .into_iter()
         .map(argv_of)
@@ -174,10 +172,7 @@ fn an_accelerate_fsdp_config_is_carried_by_fsdp_offload_params_in_the_runs_copy(
         ]
         .concat(),
     );
-    r.check("exit code", Some(0), r.code);
-    r.check("outcomes", vec!["cuda_oom", "success"], outcomes(&j));
-    let (step, _) = the_decision(&r, &j);
-    r.check("the step", "offload_param", step.as_str());
+    carried_by_the_offload(&r, &j);
     r.ensure(
         "accelerate handed FSDP the offload",
         r.stdout.contains("FSDP_OFFLOAD_PARAMS=false")

@@ -133,21 +133,27 @@ fn every_measured_peak_is_estimated_within_the_margins_band() {
     );
 }
 
+/// The measured H200 run with mixed precision said off (`--bf16 false`), the GPU's
+/// size, and a fake transformers 5.17 venv's python in `tmp`.
+fn fp32_row(tmp: &Path) -> (Value, f64, String) {
+    let file =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/measured/h200-2026-11-28.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let python = fake_venv(&tmp.join("venv"), "5.17.0");
+    let fp32 = |r: &&Value| r["flags"] == serde_json::json!(["--bf16", "false"]);
+    let row = doc["rows"].as_array().unwrap().iter().find(fp32).unwrap();
+    (row.clone(), doc["gpu_gib"].as_f64().unwrap(), python)
+}
+
 /// A Trainer command that names no precision at all trains in fp32 (TrainingArguments'
 /// default): estimated as the measured `--bf16 false` row, not as autocast.
 #[test]
 fn a_trainer_command_naming_no_precision_is_estimated_as_the_measured_fp32_run() {
-    let file =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/measured/h200-2026-11-28.json");
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let python = fake_venv(&tmp.path().join("venv"), "5.17.0");
-    let gpu = doc["gpu_gib"].as_f64().unwrap();
-    let fp32 = |r: &&Value| r["flags"] == serde_json::json!(["--bf16", "false"]);
-    let row = doc["rows"].as_array().unwrap().iter().find(fp32).unwrap();
-    let (run, said) = estimate(tmp.path(), &python, gpu, row, true);
+    let (row, gpu, python) = fp32_row(tmp.path());
+    let (run, said) = estimate(tmp.path(), &python, gpu, &row, true);
     run.check("estimate exit code", Some(0), run.code);
-    let (run, unsaid) = estimate(tmp.path(), &python, gpu, row, false);
+    let (run, unsaid) = estimate(tmp.path(), &python, gpu, &row, false);
     run.check("estimate exit code", Some(0), run.code);
     let peak = row["measured_peak_gib"].as_f64().unwrap();
     let err = 100.0 * (unsaid - peak) / peak;
@@ -169,20 +175,8 @@ fn a_trainer_command_naming_no_precision_is_estimated_as_the_measured_fp32_run()
 /// `--bf16 true`, and with `no` as the fp32 run.
 #[test]
 fn the_environments_accelerate_mixed_precision_is_the_runs_precision() {
-    let file =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/measured/h200-2026-11-28.json");
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let python = fake_venv(&tmp.path().join("venv"), "5.17.0");
-    let gpu = doc["gpu_gib"].as_f64().unwrap();
-    let fp32 = |r: &&Value| r["flags"] == serde_json::json!(["--bf16", "false"]);
-    let mut row = doc["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(fp32)
-        .unwrap()
-        .clone();
+    let (mut row, gpu, python) = fp32_row(tmp.path());
     row["flags"] = serde_json::json!([]);
     let (run, bf16) = estimate(tmp.path(), &python, gpu, &row, true);
     run.check("estimate exit code", Some(0), run.code);

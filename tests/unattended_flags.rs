@@ -363,9 +363,9 @@ fn the_smaller_batch_policy_carries_a_plain_argparse_script_at_a_smaller_global_
 fn a_deepspeed_chat_script_gets_the_knobs_its_parser_has_from_their_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let script = program("dschat_main.py");
-    let p = oomguard(
-        dir.path(),
-        &[
+    // `plan --json` of the script under the deepspeed launcher with `flags`.
+    let plan = |flags: &[&str]| {
+        let mut args = vec![
             "plan",
             "--json",
             "deepspeed",
@@ -374,23 +374,22 @@ fn a_deepspeed_chat_script_gets_the_knobs_its_parser_has_from_their_defaults() {
             &script,
             "--model_name_or_path",
             "facebook/opt-350m",
-            "--gradient_accumulation_steps",
-            "4",
-            "--deepspeed",
-            "--output_dir",
-            "out",
-        ],
-        None,
-        LIMIT,
-    );
-    p.check("plan exit code", Some(0), p.code);
-    let v: Value = serde_json::from_str(&p.stdout).unwrap_or_default();
-    let knob = |k: &str| {
+        ];
+        args.extend_from_slice(flags);
+        args.extend(["--deepspeed", "--output_dir", "out"]);
+        let p = oomguard(dir.path(), &args, None, LIMIT);
+        p.check("plan exit code", Some(0), p.code);
+        let v: Value = serde_json::from_str(&p.stdout).unwrap_or_default();
+        (p, v)
+    };
+    let knob_of = |v: &Value, k: &str| {
         (
             v["knobs"][k]["value"].clone(),
             v["knobs"][k]["binding"].as_str().unwrap_or("").to_string(),
         )
     };
+    let (p, v) = plan(&["--gradient_accumulation_steps", "4"]);
+    let knob = |k: &str| knob_of(&v, k);
     p.check(
         "micro-batch from the parser's default",
         (
@@ -449,39 +448,11 @@ fn a_deepspeed_chat_script_gets_the_knobs_its_parser_has_from_their_defaults() {
     );
     p.check("global batch", Some(64), v["global_batch"].as_u64());
     // Given already, `--offload` is the offload on, as written: never added again.
-    let given = oomguard(
-        dir.path(),
-        &[
-            "plan",
-            "--json",
-            "deepspeed",
-            "--num_gpus",
-            "1",
-            &script,
-            "--model_name_or_path",
-            "facebook/opt-350m",
-            "--zero_stage",
-            "2",
-            "--offload",
-            "--deepspeed",
-            "--output_dir",
-            "out",
-        ],
-        None,
-        LIMIT,
-    );
-    given.check("plan exit code", Some(0), given.code);
-    let v: Value = serde_json::from_str(&given.stdout).unwrap_or_default();
+    let (given, v) = plan(&["--zero_stage", "2", "--offload"]);
     given.check(
         "the switch given is the offload on",
         (Value::from("cpu"), "flag --offload".to_string()),
-        (
-            v["knobs"]["offload_optimizer"]["value"].clone(),
-            v["knobs"]["offload_optimizer"]["binding"]
-                .as_str()
-                .unwrap_or("")
-                .to_string(),
-        ),
+        knob_of(&v, "offload_optimizer"),
     );
 }
 
